@@ -1,0 +1,25 @@
+"""hvd_trainer: Horovod-style data-parallel training for MXNet Gluon, installable with pip.
+
+This package is framework-free: the collectives below work on NumPy arrays and importing it
+does not import MXNet. ``DistributedTrainer`` and ``broadcast_parameters`` resolve lazily to
+the MXNet adapter in :mod:`hvd_trainer.mxnet`.
+"""
+from .diagnostics import MismatchError
+from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
+                  allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,
+                  grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter,
+                  reducescatter)
+from .runtime import (ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
+                      is_initialized, local_rank, local_size, rank, remove_process_set, shutdown,
+                      size)
+
+__version__ = "0.1.0"
+
+_MXNET_NAMES = ("DistributedTrainer", "DistributedOptimizer", "broadcast_parameters")
+
+
+def __getattr__(name: str):
+    if name in _MXNET_NAMES:
+        from . import mxnet as adapter
+        return getattr(adapter, name)
+    raise AttributeError(f"module 'hvd_trainer' has no attribute {name!r}")

@@ -1,0 +1,55 @@
+"""Communicators: the byte-moving layer under the collectives.
+
+Every backend implements :class:`Communicator` on flat, C-contiguous NumPy buffers. Backends
+know nothing about tensor names, scaling or frameworks; ``ops.py`` builds on them.
+"""
+from typing import Any, List, Optional, Protocol, Sequence
+
+import numpy as np
+
+# Reduction operators a communicator understands, mapped to the NumPy ufunc that applies them.
+REDUCE_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+
+
+class Communicator(Protocol):
+    """A group of ranks that can run collectives on flat NumPy buffers in place."""
+
+    rank: int
+    size: int
+
+    def allreduce(self, buf: np.ndarray, op: str) -> None:
+        """Reduce ``buf`` elementwise across ranks with ``op`` (a REDUCE_UFUNCS key), in place."""
+
+    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
+        """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements)."""
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+        """Concatenate every rank's ``send`` (``counts[i]`` elements from rank i) into ``recv``."""
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        """Overwrite ``buf`` on every rank with root's ``buf``."""
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        """Send ``send_counts[i]`` consecutive elements to rank i; receive likewise into ``recv``."""
+
+    def allgather_object(self, obj: Any) -> List[Any]:
+        """Gather one picklable object from every rank, in rank order."""
+
+    def broadcast_object(self, obj: Any, root: int) -> Any:
+        """Return root's picklable object on every rank."""
+
+    def split(self, ranks: Sequence[int]) -> Optional["Communicator"]:
+        """Collective over all ranks: a communicator of ``ranks`` (None on ranks outside it)."""
+
+    def local_and_cross(self) -> "tuple[Communicator, Communicator]":
+        """Ranks sharing this host, and ranks with the same local rank across hosts."""
+
+    def barrier(self) -> None:
+        """Wait until every rank has arrived."""
+
+    def abort(self, code: int) -> None:
+        """End every rank of the job with exit status ``code``."""
+
+    def free(self) -> None:
+        """Release the communicator's resources; it may not be used afterwards."""

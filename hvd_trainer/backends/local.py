@@ -1,0 +1,49 @@
+"""A size-1 world that needs no MPI, so `python train.py` runs without a launcher."""
+import os
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+
+class LocalCommunicator:
+    """Every collective of a single rank is a copy or nothing at all."""
+
+    rank = 0
+    size = 1
+
+    def allreduce(self, buf: np.ndarray, op: str) -> None:
+        pass  # one rank: the reduction of a single contribution is that contribution
+
+    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
+        return buf[: counts[0]]
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+        recv[: counts[0]] = send[: counts[0]]
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        pass
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        recv[: recv_counts[0]] = send[: send_counts[0]]
+
+    def allgather_object(self, obj: Any) -> List[Any]:
+        return [obj]
+
+    def broadcast_object(self, obj: Any, root: int) -> Any:
+        return obj
+
+    def split(self, ranks: Sequence[int]) -> Optional["LocalCommunicator"]:
+        return self if 0 in ranks else None
+
+    def local_and_cross(self) -> "tuple[LocalCommunicator, LocalCommunicator]":
+        return self, self
+
+    def barrier(self) -> None:
+        pass
+
+    def abort(self, code: int) -> None:
+        os._exit(code)
+
+    def free(self) -> None:
+        pass

@@ -1,0 +1,187 @@
+"""MPI communicator over mpi4py's buffer API, with a ring allreduce written here.
+
+Two allreduce algorithms:
+
+* ``ring``: reduce-scatter then allgather over ``Sendrecv`` with the left and right
+  neighbours. The buffer is cut into ``size`` chunks whose lengths differ by at most one
+  element, so every count (zero, fewer elements than ranks, odd) and every world size works.
+  It reduces any NumPy dtype with a ufunc, including float16, which MPI cannot sum: each hop
+  adds in float32 and rounds once to float16.
+* ``native``: the MPI library's ``MPI_Allreduce``, for dtypes and ops MPI defines.
+
+``auto`` uses native below ``ring_threshold`` bytes and the ring at or above it; the default
+threshold comes from ``benchmarks/allreduce.py`` (see benchmarks/README.md). Buffers travel as
+raw bytes except in native reductions, so MPI never needs to know a dtype it lacks.
+"""
+import pickle
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import REDUCE_UFUNCS
+
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+# Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
+_NATIVE_KINDS = {"i", "u", "f"}
+ALGORITHMS = ("ring", "native", "auto")
+
+
+def _bytes(buf: np.ndarray) -> list:
+    return [buf.view(np.uint8), MPI.BYTE]
+
+
+def _chunk_bounds(count: int, parts: int) -> List[int]:
+    """Offsets cutting ``count`` elements into ``parts`` chunks differing by at most one."""
+    base, extra = divmod(count, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+class MPICommunicator:
+    """Collectives over one mpi4py communicator."""
+
+    def __init__(self, comm: "MPI.Comm", algorithm: str = "auto", ring_threshold: int = 1 << 20):
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"allreduce algorithm {algorithm!r} is unknown; use one of {ALGORITHMS} "
+                             f"(HVD_ALLREDUCE_ALGO)")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.algorithm = algorithm
+        self.ring_threshold = ring_threshold
+        self._scratch: Dict[np.dtype, np.ndarray] = {}
+
+    # -- allreduce -------------------------------------------------------------------------
+    def allreduce(self, buf: np.ndarray, op: str) -> None:
+        if self.size == 1 or buf.size == 0:
+            return
+        if self._use_native(buf, op):
+            self.comm.Allreduce(MPI.IN_PLACE, buf, _MPI_OPS[op])
+        else:
+            self.ring_allreduce(buf, op)
+
+    def _use_native(self, buf: np.ndarray, op: str) -> bool:
+        if buf.dtype.kind not in _NATIVE_KINDS or buf.dtype == np.float16:
+            return False
+        if self.algorithm == "auto":
+            return buf.nbytes < self.ring_threshold
+        return self.algorithm == "native"
+
+    def ring_allreduce(self, buf: np.ndarray, op: str) -> None:
+        """Reduce-scatter then allgather around the ring; ``buf`` is flat and contiguous."""
+        bounds = _chunk_bounds(buf.size, self.size)
+        self._ring_reduce_scatter(buf, bounds, op)
+        self._ring_allgather(buf, bounds)
+
+    def _ring_reduce_scatter(self, buf: np.ndarray, bounds: List[int], op: str) -> None:
+        # After step s, rank r holds chunk (r - s - 2) mod p reduced over s + 2 ranks, so after
+        # p - 1 steps it holds chunk r reduced over all ranks.
+        p, r = self.size, self.rank
+        right, left = (r + 1) % p, (r - 1) % p
+        ufunc = REDUCE_UFUNCS[op]
+        widen = np.float32 if buf.dtype == np.float16 else None
+        scratch = self._scratch_for(buf.dtype, max(b - a for a, b in zip(bounds, bounds[1:])))
+        for step in range(p - 1):
+            send_c, recv_c = (r - step - 1) % p, (r - step - 2) % p
+            send = buf[bounds[send_c]:bounds[send_c + 1]]
+            mine = buf[bounds[recv_c]:bounds[recv_c + 1]]
+            incoming = scratch[: mine.size]
+            self.comm.Sendrecv(_bytes(send), right, 0, _bytes(incoming), left, 0)
+            ufunc(mine, incoming, out=mine, dtype=widen)
+
+    def _ring_allgather(self, buf: np.ndarray, bounds: List[int]) -> None:
+        p, r = self.size, self.rank
+        right, left = (r + 1) % p, (r - 1) % p
+        for step in range(p - 1):
+            send_c, recv_c = (r - step) % p, (r - step - 1) % p
+            self.comm.Sendrecv(_bytes(buf[bounds[send_c]:bounds[send_c + 1]]), right, 1,
+                               _bytes(buf[bounds[recv_c]:bounds[recv_c + 1]]), left, 1)
+
+    def _scratch_for(self, dtype: np.dtype, count: int) -> np.ndarray:
+        """A reusable receive buffer, grown on demand, so steady state allocates nothing."""
+        held = self._scratch.get(dtype)
+        if held is None or held.size < count:
+            held = np.empty(count, dtype)
+            self._scratch[dtype] = held
+        return held[:count]
+
+    # -- other collectives -----------------------------------------------------------------
+    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
+        bounds = [0]
+        for c in counts:
+            bounds.append(bounds[-1] + c)
+        if self.size > 1:
+            # The ring's first phase leaves each rank's own chunk fully reduced.
+            self._ring_reduce_scatter(buf, bounds, op)
+        return buf[bounds[self.rank]:bounds[self.rank + 1]]
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+        item = send.dtype.itemsize
+        byte_counts = [c * item for c in counts]
+        displs = np.cumsum([0] + byte_counts[:-1]).tolist()
+        self.comm.Allgatherv(_bytes(send), [recv.view(np.uint8), byte_counts, displs, MPI.BYTE])
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if self.size > 1 and buf.size:
+            self.comm.Bcast(_bytes(buf), root)
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        item = send.dtype.itemsize
+        sc = [c * item for c in send_counts]
+        rc = [c * item for c in recv_counts]
+        sd = np.cumsum([0] + sc[:-1]).tolist()
+        rd = np.cumsum([0] + rc[:-1]).tolist()
+        self.comm.Alltoallv([send.view(np.uint8), sc, sd, MPI.BYTE],
+                            [recv.view(np.uint8), rc, rd, MPI.BYTE])
+
+    def allgather_object(self, obj: Any) -> List[Any]:
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        counts = self.comm.allgather(data.size)
+        out = np.empty(sum(counts), np.uint8)
+        self.allgatherv(data, out, counts)
+        bounds = np.cumsum([0] + counts)
+        return [pickle.loads(out[a:b].tobytes()) for a, b in zip(bounds, bounds[1:])]
+
+    def broadcast_object(self, obj: Any, root: int) -> Any:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if self.rank == root else b""
+        length = self.comm.bcast(len(data), root)
+        buf = np.frombuffer(data, np.uint8).copy() if self.rank == root else np.empty(length, np.uint8)
+        self.broadcast(buf, root)
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
+
+    def split(self, ranks: Sequence[int]) -> Optional["MPICommunicator"]:
+        member = self.rank in ranks
+        sub = self.comm.Split(0 if member else MPI.UNDEFINED, sorted(ranks).index(self.rank) if member else 0)
+        if sub == MPI.COMM_NULL:
+            return None
+        return MPICommunicator(sub, self.algorithm, self.ring_threshold)
+
+    def local_and_cross(self) -> Tuple["MPICommunicator", "MPICommunicator"]:
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        cross = self.comm.Split(local.Get_rank(), self.rank)
+        return (MPICommunicator(local, self.algorithm, self.ring_threshold),
+                MPICommunicator(cross, self.algorithm, self.ring_threshold))
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+    def free(self) -> None:
+        if self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
+            self.comm.Free()
+
+
+def world(algorithm: str, ring_threshold: int) -> MPICommunicator:
+    """The communicator of every process the MPI launcher started."""
+    return MPICommunicator(MPI.COMM_WORLD, algorithm, ring_threshold)
+
+
+def library_version() -> str:
+    """The MPI library's own version line, for diagnostics."""
+    return MPI.Get_library_version().splitlines()[0].strip()

@@ -1,0 +1,87 @@
+"""Tensor fusion: pack many small tensors into a few flat buckets, reduce each bucket once.
+
+A bucket holds tensors of one dtype, in call order, up to the fusion threshold in bytes; a
+tensor larger than the threshold gets a bucket of its own. Bucket storage persists in a
+:class:`BufferPool` keyed by (dtype, bucket index), so a training loop that issues the same
+grouped call every step allocates nothing after the first step.
+"""
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+
+def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
+    """Group tensor indices into buckets: same dtype, call order, at most ``threshold`` bytes."""
+    open_bucket: Dict[np.dtype, Tuple[List[int], int]] = {}
+    buckets: List[List[int]] = []
+    for i, (n, dt) in enumerate(zip(nbytes, dtypes)):
+        members, filled = open_bucket.get(dt, (None, 0))
+        if members is None or filled + n > threshold:
+            members, filled = [], 0
+            buckets.append(members)
+        members.append(i)
+        open_bucket[dt] = (members, filled + n)
+    return buckets
+
+
+class BufferPool:
+    """Flat buffers that survive across calls; each grows to the largest size ever asked."""
+
+    def __init__(self):
+        self._buffers: Dict[Tuple[np.dtype, int], np.ndarray] = {}
+
+    def get(self, dtype: np.dtype, slot: int, count: int) -> np.ndarray:
+        """A flat view of ``count`` elements of the buffer for (``dtype``, ``slot``)."""
+        held = self._buffers.get((dtype, slot))
+        if held is None or held.size < count:
+            held = np.empty(count, dtype)
+            self._buffers[(dtype, slot)] = held
+        return held[:count]
+
+
+def pack(tensors: Sequence[np.ndarray], out: np.ndarray, scale: float = 1.0) -> None:
+    """Copy ``tensors`` back to back into the flat ``out``, multiplied by ``scale``."""
+    offset = 0
+    for t in tensors:
+        dest = out[offset:offset + t.size]
+        if scale == 1.0:
+            dest[...] = t.reshape(-1)
+        else:
+            np.multiply(t.reshape(-1), scale, out=dest, casting="unsafe")
+        offset += t.size
+
+
+def unpack(flat: np.ndarray, outputs: Sequence[np.ndarray], scale: float = 1.0) -> None:
+    """Copy consecutive slices of ``flat`` into ``outputs`` (contiguous), multiplied by ``scale``."""
+    offset = 0
+    for o in outputs:
+        src = flat[offset:offset + o.size]
+        if scale == 1.0:
+            o.reshape(-1)[...] = src
+        else:
+            np.multiply(src, scale, out=o.reshape(-1), casting="unsafe")
+        offset += o.size
+
+
+def fused(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray], pool: BufferPool,
+          threshold: int, reduce: Callable[[np.ndarray], None],
+          prescale: float = 1.0, postscale: float = 1.0) -> None:
+    """Run ``reduce`` (an in-place op on a flat buffer) over ``tensors`` bucket by bucket.
+
+    Results land in ``outputs`` (C-contiguous, same shapes), which may be ``tensors`` themselves.
+    """
+    plan = plan_buckets([t.nbytes for t in tensors], [t.dtype for t in tensors], threshold)
+    for slot, members in enumerate(plan):
+        ins = [tensors[i] for i in members]
+        outs = [outputs[i] for i in members]
+        if len(members) == 1:
+            # A lone tensor is reduced in its output; no bucket copy needed.
+            pack(ins, outs[0].reshape(-1), prescale)
+            reduce(outs[0].reshape(-1))
+            if postscale != 1.0:
+                unpack(outs[0].reshape(-1), outs, postscale)
+            continue
+        buf = pool.get(ins[0].dtype, slot, sum(t.size for t in ins))
+        pack(ins, buf, prescale)
+        reduce(buf)
+        unpack(buf, outs, postscale)

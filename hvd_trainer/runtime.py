@@ -1,0 +1,267 @@
+"""The process's place in the job: init/shutdown, ranks and sizes, process sets, configuration.
+
+``init()`` picks the backend: MPI when a launcher started this process (hvdrun, mpiexec,
+srun), otherwise a size-1 local world, so ``python train.py`` needs no MPI at all. Every
+collective calls ``init()`` lazily, and calling it again is harmless.
+"""
+import os
+import sys
+import threading
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from .backends import Communicator
+
+# Variables that MPI launchers and Slurm set in every rank's environment.
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                  "MPI_LOCALNRANKS", "HVD_LAUNCHED")
+
+DEFAULT_FUSION_THRESHOLD = 64 << 20  # bytes; chosen in benchmarks/README.md
+DEFAULT_RING_THRESHOLD = 1 << 20  # bytes; `auto` switches from native to ring here
+
+
+def env(name: str, default: Optional[str] = None) -> Optional[str]:
+    """Read ``HVD_<name>``, falling back to Horovod's ``HOROVOD_<name>`` spelling."""
+    value = os.environ.get("HVD_" + name)
+    if value is None:
+        value = os.environ.get("HOROVOD_" + name)
+    return default if value in (None, "") else value
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer setting from the environment; a malformed value is an error naming it."""
+    raw = env(name)
+    if raw is None:
+        return default
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise ValueError(f"HVD_{name}={raw!r} is not a number; set it to an integer") from None
+
+
+class ProcessSet:
+    """A subset of ranks that runs collectives among themselves (Horovod's ProcessSet).
+
+    Create it with ranks, register it with :func:`add_process_set` on every rank, then pass
+    it as ``process_set=`` to any collective. ``global_process_set`` holds all ranks.
+    """
+
+    def __init__(self, ranks: Optional[Iterable[int]] = None):
+        self.ranks: Optional[List[int]] = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id: Optional[int] = None
+        self.comm: Optional[Communicator] = None
+
+    def size(self) -> int:
+        """Number of ranks in the set."""
+        _require_registered(self)
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's rank within the set; ValueError if it is not a member."""
+        return communicator(self).rank
+
+    def included(self) -> bool:
+        """Whether this process belongs to the set."""
+        _require_registered(self)
+        return self.comm is not None
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+
+
+class _State:
+    def __init__(self, world: Communicator, backend: str):
+        self.world = world
+        self.backend = backend
+        self.local, self.cross = world.local_and_cross()
+        self.process_sets: Dict[int, ProcessSet] = {}
+        self.next_set_id = 1
+        self.fusion_threshold = env_int("FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
+
+
+_state: Optional[_State] = None
+_lock = threading.RLock()
+
+
+def _launched_by_mpi() -> bool:
+    if env("BACKEND") == "mpi":
+        return True
+    if env("BACKEND") == "local":
+        return False
+    if any(v in os.environ for v in _LAUNCHER_VARS):
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+def _make_world(comm: Any) -> "tuple[Communicator, str]":
+    if comm is None and not _launched_by_mpi():
+        from .backends.local import LocalCommunicator
+        return LocalCommunicator(), "local"
+    try:
+        from .backends import mpi
+    except ImportError as e:
+        raise RuntimeError(
+            "this process was started by an MPI launcher but mpi4py cannot be imported "
+            f"({e}); install it with `pip install mpi4py mpich` (or mpi4py against your "
+            "system MPI)") from e
+    algorithm = env("ALLREDUCE_ALGO", "auto")
+    threshold = env_int("RING_THRESHOLD", DEFAULT_RING_THRESHOLD)
+    if comm is None:
+        return mpi.world(algorithm, threshold), "mpi"
+    return mpi.MPICommunicator(comm, algorithm, threshold), "mpi"
+
+
+def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+    """Join the job. ``comm`` may be an mpi4py communicator to run on instead of COMM_WORLD.
+
+    ``process_sets`` are registered as if passed to :func:`add_process_set`. A second call
+    does nothing except register further process sets.
+    """
+    global _state
+    with _lock:
+        if _state is None:
+            world, backend = _make_world(comm)
+            _state = _State(world, backend)
+            global_process_set.ranks = list(range(world.size))
+            global_process_set.process_set_id = 0
+            global_process_set.comm = world
+            _state.process_sets[0] = global_process_set
+            if world.size > 1:
+                _install_abort_hook(world)
+    for ps in process_sets or ():
+        add_process_set(ps)
+
+
+def _install_abort_hook(world: Communicator) -> None:
+    """An uncaught exception on one rank ends every rank instead of leaving them waiting."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.write(f"hvd_trainer: uncaught {kind.__name__} on rank {world.rank}; "
+                         "aborting the job\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        world.abort(1)
+
+    sys.excepthook = hook
+
+
+def shutdown() -> None:
+    """Leave the job: free process sets. MPI itself is finalised by mpi4py at exit."""
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        for ps in list(_state.process_sets.values()):
+            if ps is not global_process_set and ps.comm is not None:
+                ps.comm.free()
+            ps.comm, ps.process_set_id = None, None
+        _state = None
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has run (explicitly or lazily)."""
+    return _state is not None
+
+
+def state() -> _State:
+    """The runtime state, initialising lazily."""
+    if _state is None:
+        init()
+    return _state
+
+
+def rank() -> int:
+    """This process's rank in the world."""
+    return state().world.rank
+
+
+def size() -> int:
+    """Number of processes in the world."""
+    return state().world.size
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host (MPI's shared-memory split)."""
+    return state().local.rank
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return state().local.size
+
+
+def cross_rank() -> int:
+    """Rank among the processes with this local rank, one per host."""
+    return state().cross.rank
+
+
+def cross_size() -> int:
+    """Number of hosts taking part (processes sharing this local rank)."""
+    return state().cross.size
+
+
+def backend_name() -> str:
+    """'mpi' or 'local'."""
+    return state().backend
+
+
+def fusion_threshold() -> int:
+    """Largest bucket, in bytes, that grouped collectives pack tensors into."""
+    return state().fusion_threshold
+
+
+def _require_registered(ps: ProcessSet) -> None:
+    state()
+    if ps.process_set_id is None:
+        raise ValueError(f"{ps!r} is not registered; call add_process_set() on every rank first")
+
+
+def communicator(ps: ProcessSet) -> Communicator:
+    """The communicator behind a process set; ValueError if this rank is not a member."""
+    _require_registered(ps)
+    if ps.comm is None:
+        raise ValueError(f"rank {rank()} is not a part of process set {ps.process_set_id} "
+                         f"(ranks {ps.ranks}); call this collective only on its member ranks")
+    return ps.comm
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Register a process set; a collective call that every rank of the world must make."""
+    st = state()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.ranks is None or not ps.ranks:
+        raise ValueError("add_process_set: the process set needs a non-empty list of ranks")
+    bad = [r for r in ps.ranks if not 0 <= r < st.world.size]
+    if bad or len(set(ps.ranks)) != len(ps.ranks):
+        raise ValueError(f"add_process_set: ranks {ps.ranks} must be distinct and within "
+                         f"0..{st.world.size - 1}")
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps!r} is already registered")
+    with _lock:
+        for known in st.process_sets.values():
+            if known.ranks == ps.ranks:
+                raise ValueError(f"a process set with ranks {ps.ranks} already exists "
+                                 f"(id {known.process_set_id}); reuse it")
+        ps.comm = st.world.split(ps.ranks)
+        ps.process_set_id = st.next_set_id
+        st.next_set_id += 1
+        st.process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank; False if it was not registered."""
+    st = state()
+    if process_set is global_process_set or process_set.process_set_id not in st.process_sets:
+        return False
+    with _lock:
+        st.world.barrier()
+        del st.process_sets[process_set.process_set_id]
+        if process_set.comm is not None:
+            process_set.comm.free()
+        process_set.comm, process_set.process_set_id = None, None
+    return True
