@@ -1,0 +1,73 @@
+"""Moving NDArray data to and from the NumPy buffers the core works on.
+
+CPU NDArrays are exposed without a copy: ``MXNDArrayGetData`` gives the address of the
+array's memory, which NumPy wraps as a view. MXNet is asynchronous, so a view is taken only
+after the engine has finished the writes (for reading) or all pending accesses (for writing)
+to that array. Arrays on a GPU are copied through host memory.
+"""
+import ctypes
+
+import mxnet as mx
+import numpy as np
+
+
+def _data_pointer(array: mx.nd.NDArray) -> int:
+    ptr = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    return ptr.value or 0
+
+
+def _view(array: mx.nd.NDArray) -> np.ndarray:
+    dtype = np.dtype(array.dtype)
+    nbytes = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(array.shape, dtype)
+    raw = (ctypes.c_byte * nbytes).from_address(_data_pointer(array))
+    return np.frombuffer(raw, dtype).reshape(array.shape)
+
+
+def is_host(array: mx.nd.NDArray) -> bool:
+    """Whether the NDArray lives in host memory, so it can be viewed without a copy."""
+    return array.context.device_type in ("cpu", "cpu_pinned", "cpu_shared")
+
+
+def check_dense(array: mx.nd.NDArray, arg: str) -> mx.nd.NDArray:
+    """Reject anything but a dense NDArray, naming the argument."""
+    if not isinstance(array, mx.nd.NDArray):
+        raise TypeError(f"{arg} must be an mxnet NDArray, got {type(array).__name__}")
+    if array.stype != "default":
+        raise TypeError(f"{arg} has storage type {array.stype!r}; this collective takes dense "
+                        "NDArrays (use .tostype('default'))")
+    return array
+
+
+def read_view(array: mx.nd.NDArray) -> np.ndarray:
+    """A NumPy array with the NDArray's current values: a view on CPU, a copy on GPU.
+
+    Do not write through it; use :func:`write_view` for that.
+    """
+    if not is_host(array):
+        return array.asnumpy()
+    array.wait_to_read()
+    return _view(array)
+
+
+def write_view(array: mx.nd.NDArray) -> np.ndarray:
+    """A writable NumPy view of a host NDArray once every pending engine access has finished."""
+    if not is_host(array):
+        raise ValueError(f"write_view needs a host NDArray, got one on {array.context}")
+    mx.base.check_call(mx.base._LIB.MXNDArrayWaitToWrite(array.handle))
+    return _view(array)
+
+
+def assign(array: mx.nd.NDArray, values: np.ndarray) -> None:
+    """Copy ``values`` into ``array`` (same shape), directly on CPU, through the engine on GPU."""
+    if is_host(array):
+        write_view(array)[...] = values
+    else:
+        array[:] = values
+
+
+def to_ndarray(values: np.ndarray, ctx: mx.Context) -> mx.nd.NDArray:
+    """A new NDArray on ``ctx`` holding ``values``."""
+    return mx.nd.array(values, ctx=ctx, dtype=values.dtype)
