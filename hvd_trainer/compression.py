@@ -1,7 +1,8 @@
 """Gradient compressors: how a tensor is encoded before it travels and decoded after.
 
 A compressor turns a tensor into a payload plus a context, and the payload plus context back
-into a tensor. Payloads that can be summed where they are (fp16) ride the ring allreduce.
+into a tensor. Tensors may be NumPy arrays or anything with ``dtype`` and ``astype`` (NDArrays),
+so Horovod scripts that call ``Compression.fp16.compress`` themselves keep working. Payloads that can be summed where they are (fp16) ride the ring allreduce.
 """
 from typing import Any, Tuple
 
@@ -31,8 +32,9 @@ class FP16Compressor(Compressor):
 
     @staticmethod
     def compress(tensor: np.ndarray) -> Tuple[np.ndarray, Any]:
-        if tensor.dtype.kind == "f" and tensor.dtype != np.float16:
-            return tensor.astype(np.float16), tensor.dtype
+        dtype = np.dtype(tensor.dtype)
+        if dtype.kind == "f" and dtype != np.float16:
+            return tensor.astype(np.float16), dtype
         return tensor, None
 
     @staticmethod
