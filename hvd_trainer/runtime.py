@@ -214,6 +214,30 @@ def fusion_threshold() -> int:
     return state().fusion_threshold
 
 
+def mpi_built() -> bool:
+    """Whether the MPI backend can run here (mpi4py imports)."""
+    try:
+        from .backends import mpi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gloo_built() -> bool:
+    """Gloo is not a backend of hvd_trainer."""
+    return False
+
+
+def nccl_built() -> bool:
+    """No NCCL backend ships yet (see the README's limitations)."""
+    return False
+
+
+def ccl_built() -> bool:
+    """oneCCL is not a backend of hvd_trainer."""
+    return False
+
+
 def _require_registered(ps: ProcessSet) -> None:
     state()
     if ps.process_set_id is None:
