@@ -39,6 +39,12 @@ class BufferPool:
         return held[:count]
 
 
+def _scale_into(src: np.ndarray, scale: float, dest: np.ndarray) -> None:
+    # float16 scales in float32 so the factor itself is not rounded to float16.
+    dtype = np.float32 if src.dtype == np.float16 else None
+    np.multiply(src, scale, out=dest, casting="unsafe", dtype=dtype)
+
+
 def pack(tensors: Sequence[np.ndarray], out: np.ndarray, scale: float = 1.0) -> None:
     """Copy ``tensors`` back to back into the flat ``out``, multiplied by ``scale``."""
     offset = 0
@@ -47,7 +53,7 @@ def pack(tensors: Sequence[np.ndarray], out: np.ndarray, scale: float = 1.0) -> 
         if scale == 1.0:
             dest[...] = t.reshape(-1)
         else:
-            np.multiply(t.reshape(-1), scale, out=dest, casting="unsafe")
+            _scale_into(t.reshape(-1), scale, dest)
         offset += t.size
 
 
@@ -59,7 +65,7 @@ def unpack(flat: np.ndarray, outputs: Sequence[np.ndarray], scale: float = 1.0) 
         if scale == 1.0:
             o.reshape(-1)[...] = src
         else:
-            np.multiply(src, scale, out=o.reshape(-1), casting="unsafe")
+            _scale_into(src, scale, o.reshape(-1))
         offset += o.size
 
 

@@ -145,11 +145,11 @@ def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
     _check_array(tensor, "tensor")
-    comm = runtime.communicator(process_set)
-    tensor = np.ascontiguousarray(tensor)
     if tensor.ndim == 0:
         raise ValueError("tensor must have at least one dimension for allgather; "
                          "reshape a scalar to shape (1,)")
+    comm = runtime.communicator(process_set)
+    tensor = np.ascontiguousarray(tensor)
     name = _name("allgather", name)
     rows = diagnostics.agree(comm, {"kind": "allgather", "name": name,
                                     "tensors": [_describe(tensor, name, dim0=False)]},
@@ -198,10 +198,10 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
     returned too (``(output, received_splits)``) only when ``splits`` is given.
     """
     _check_array(tensor, "tensor")
-    comm = runtime.communicator(process_set)
-    tensor = np.ascontiguousarray(tensor)
     if tensor.ndim == 0:
         raise ValueError("tensor must have at least one dimension for alltoall")
+    comm = runtime.communicator(process_set)
+    tensor = np.ascontiguousarray(tensor)
     rows = tensor.shape[0]
     if splits is None:
         if rows % comm.size:

@@ -1,0 +1,61 @@
+"""Bucket planning and packing, against hand-worked plans and NumPy."""
+import numpy as np
+
+from hvd_trainer import fusion
+
+
+def test_plan_fills_buckets_in_order_up_to_threshold():
+    f4, i4 = np.dtype(np.float32), np.dtype(np.int32)
+    # 40 + 40 fit under 100; the third opens a new bucket; the 150-byte one exceeds the
+    # threshold and stands alone; int32 tensors never share a bucket with float32 ones.
+    plan = fusion.plan_buckets([40, 40, 40, 150, 8, 8], [f4, f4, f4, f4, i4, f4], 100)
+    assert plan == [[0, 1], [2], [3], [4], [5]]
+
+
+def test_plan_exact_threshold_fits():
+    f4 = np.dtype(np.float32)
+    assert fusion.plan_buckets([50, 50, 1], [f4] * 3, 100) == [[0, 1], [2]]
+
+
+def test_pack_unpack_round_trip_with_scale():
+    rng = np.random.default_rng(0)
+    tensors = [rng.random(s).astype(np.float32) for s in [(3, 4), (0,), (), (7,)]]
+    flat = np.empty(sum(t.size for t in tensors), np.float32)
+    fusion.pack(tensors, flat, scale=2.0)
+    np.testing.assert_array_equal(flat, np.concatenate([t.ravel() * 2 for t in tensors]))
+    outs = [np.empty_like(t) for t in tensors]
+    fusion.unpack(flat, outs, scale=0.25)
+    for t, o in zip(tensors, outs):
+        np.testing.assert_allclose(o, t * 0.5, rtol=1e-7)
+
+
+def test_float16_scaling_keeps_factor_precision():
+    x = np.full(4, 3.0, np.float16)
+    out = np.empty_like(x)
+    fusion.unpack(x, [out], scale=1 / 3)
+    # Rounding 1/3 to float16 first would give 0.9995; float32 scaling gives exactly 1.
+    np.testing.assert_array_equal(out, np.ones(4, np.float16))
+
+
+def test_buffer_pool_reuses_memory_in_steady_state():
+    pool = fusion.BufferPool()
+    first = pool.get(np.dtype(np.float32), 0, 100)
+    again = pool.get(np.dtype(np.float32), 0, 80)
+    assert np.shares_memory(first, again)
+    assert not np.shares_memory(first, pool.get(np.dtype(np.float32), 1, 10))
+
+
+def test_fused_reduces_every_bucket_once_and_scales():
+    tensors = [np.arange(5, dtype=np.float64), np.ones((2, 2)), np.full(3, 2, np.int64)]
+    outs = [np.empty_like(t) for t in tensors]
+    calls = []
+
+    def double(flat):
+        calls.append(flat.size)
+        flat *= 2
+
+    fusion.fused(tensors, outs, fusion.BufferPool(), threshold=1 << 20, reduce=double,
+                 prescale=1.0, postscale=0.5)
+    assert sorted(calls) == [3, 9]  # one float64 bucket (5 + 4 elements), one int64
+    for t, o in zip(tensors, outs):
+        np.testing.assert_array_equal(o, t)

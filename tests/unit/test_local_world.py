@@ -1,0 +1,88 @@
+"""Without a launcher the world has one rank and needs no MPI; collectives follow Horovod."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hvd_trainer as hvd
+from hvd_trainer import runtime
+from hvd_trainer.backends.mpi import _chunk_bounds
+
+
+def test_plain_python_gives_a_size_one_world_without_mpi():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI", "OMPI", "PMIX", "SLURM", "HVD_", "HOROVOD_", "MPI_"))}
+    code = ("import sys, numpy as np, hvd_trainer as h; "
+            "print(h.size(), h.rank(), h.local_size(), h.allreduce(np.arange(3.)).tolist(), "
+            "'mpi4py' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["1", "0", "1", "[0.0,", "1.0,", "2.0]", "False"]
+
+
+def test_size_one_collectives():
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0), 2 * x)
+    np.testing.assert_array_equal(hvd.allgather(x), x)
+    np.testing.assert_array_equal(hvd.broadcast(x, root_rank=0), x)
+    np.testing.assert_array_equal(hvd.reducescatter(x), x)
+    out, received = hvd.alltoall(x, splits=[2])
+    np.testing.assert_array_equal(out, x)
+    assert received.tolist() == [2]
+    assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+    assert hvd.allgather_object(3) == [3]
+
+
+def test_init_twice_is_harmless_and_state_survives():
+    hvd.init()
+    hvd.init()
+    assert hvd.is_initialized() and hvd.size() == 1
+
+
+@pytest.mark.parametrize("call, error, word", [
+    (lambda: hvd.allreduce([1.0]), TypeError, "tensor must be a numpy.ndarray"),
+    (lambda: hvd.allreduce(np.array([object()])), TypeError, "dtype object"),
+    (lambda: hvd.allreduce(np.zeros(2), op=7), ValueError, "op=7"),
+    (lambda: hvd.broadcast(np.zeros(2), root_rank=1), ValueError, "root_rank=1"),
+    (lambda: hvd.broadcast(np.zeros(2), root_rank=-1), ValueError, "root_rank=-1"),
+    (lambda: hvd.allreduce_(np.zeros((3, 3))[::2]), ValueError, "C-contiguous"),
+    (lambda: hvd.grouped_allreduce_([np.zeros(2), np.zeros(3).view()[::-1]]), ValueError, "tensors[1]"),
+    (lambda: hvd.allgather(np.float32(1.0)), TypeError, "numpy.ndarray"),
+    (lambda: hvd.allgather(np.array(1.0)), ValueError, "at least one dimension"),
+    (lambda: hvd.alltoall(np.zeros(3), splits=[2]), ValueError, "splits"),
+])
+def test_bad_arguments_name_the_problem(call, error, word):
+    with pytest.raises(error) as info:
+        call()
+    assert word in str(info.value)
+
+
+def test_out_of_place_accepts_strided_input():
+    x = np.arange(12.0).reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), x)
+
+
+def test_unregistered_process_set_is_an_error():
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce(np.zeros(1), process_set=hvd.ProcessSet([0]))
+
+
+def test_env_reads_horovod_spelling_as_fallback(monkeypatch):
+    monkeypatch.delenv("HVD_FUSION_THRESHOLD", raising=False)
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1024")
+    assert runtime.env_int("FUSION_THRESHOLD", 7) == 1024
+    monkeypatch.setenv("HVD_FUSION_THRESHOLD", "2048")
+    assert runtime.env_int("FUSION_THRESHOLD", 7) == 2048
+    monkeypatch.setenv("HVD_FUSION_THRESHOLD", "lots")
+    with pytest.raises(ValueError, match="HVD_FUSION_THRESHOLD"):
+        runtime.env_int("FUSION_THRESHOLD", 7)
+
+
+@pytest.mark.parametrize("count, parts", [(0, 3), (2, 3), (10, 3), (9, 3), (7, 2)])
+def test_ring_chunks_cover_the_buffer_evenly(count, parts):
+    bounds = _chunk_bounds(count, parts)
+    sizes = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == count and len(sizes) == parts
+    assert sizes.max() - sizes.min() <= (1 if count else 0)
