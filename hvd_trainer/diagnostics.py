@@ -1,8 +1,8 @@
 """Agreement between ranks before a collective runs.
 
 Every collective first exchanges an 8-byte digest of what each rank is about to do (kind,
-names, dtypes, shapes, op, root, scale factors) plus one integer the collective needs anyway
-(the first dimension for allgather). If the digests differ, the ranks exchange the full
+names, dtypes, shapes, op, root, scale factors), in one small allreduce, or in an allgather
+that also carries an integer the collective needs anyway (the first dimension for allgather). If the digests differ, the ranks exchange the full
 descriptions and every rank raises the same :class:`MismatchError`, naming the tensor, the
 field and each rank's value. So a disagreement never hangs and never reads past a buffer.
 """
@@ -20,15 +20,32 @@ class MismatchError(RuntimeError):
 
 def _digest(description: Dict[str, Any]) -> int:
     raw = hashlib.blake2b(repr(description).encode(), digest_size=8).digest()
-    return int(np.frombuffer(raw, np.int64)[0])
+    return int.from_bytes(raw, "little", signed=True)
 
 
-def agree(comm: Communicator, description: Dict[str, Any], extra: int = 0) -> List[int]:
-    """Check that every rank describes the same collective; return every rank's ``extra``.
+def _raise_mismatch(comm: Communicator, description: Dict[str, Any]) -> None:
+    every = comm.allgather_object(description)
+    raise MismatchError(describe_mismatch(every))
+
+
+def agree(comm: Communicator, description: Dict[str, Any]) -> None:
+    """Check that every rank describes the same collective, in one tiny allreduce.
 
     ``description`` maps field names to plain values; its ``tensors`` entry, if any, is a
     list of per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ.
     """
+    if comm.size == 1:
+        return
+    digest = _digest(description)
+    # max(d) == -max(-d) exactly when every rank's digest is the same.
+    both = np.array([digest, -digest], np.int64)
+    comm.allreduce(both, "max")
+    if both[0] != -both[1]:
+        _raise_mismatch(comm, description)
+
+
+def agree_gather(comm: Communicator, description: Dict[str, Any], extra: int) -> List[int]:
+    """:func:`agree`, also returning every rank's ``extra`` (e.g. its first dimension)."""
     if comm.size == 1:
         return [extra]
     mine = np.array([_digest(description), extra], np.int64)
@@ -36,8 +53,7 @@ def agree(comm: Communicator, description: Dict[str, Any], extra: int = 0) -> Li
     comm.allgatherv(mine, gathered, [2] * comm.size)
     digests = gathered[0::2]
     if (digests != digests[0]).any():
-        every = comm.allgather_object(description)
-        raise MismatchError(describe_mismatch(every))
+        _raise_mismatch(comm, description)
     return gathered[1::2].tolist()
 
 

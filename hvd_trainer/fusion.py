@@ -82,8 +82,10 @@ def fused(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray], pool: Bu
         outs = [outputs[i] for i in members]
         if len(members) == 1:
             # A lone tensor is reduced in its output; no bucket copy needed.
-            pack(ins, outs[0].reshape(-1), prescale)
-            reduce(outs[0].reshape(-1))
+            flat = outs[0].reshape(-1)
+            if ins[0] is not outs[0] or prescale != 1.0:
+                pack(ins, flat, prescale)
+            reduce(flat)
             if postscale != 1.0:
                 unpack(outs[0].reshape(-1), outs, postscale)
             continue

@@ -151,7 +151,7 @@ def allgather(tensor: np.ndarray, name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     tensor = np.ascontiguousarray(tensor)
     name = _name("allgather", name)
-    rows = diagnostics.agree(comm, {"kind": "allgather", "name": name,
+    rows = diagnostics.agree_gather(comm, {"kind": "allgather", "name": name,
                                     "tensors": [_describe(tensor, name, dim0=False)]},
                              extra=tensor.shape[0])
     row = int(np.prod(tensor.shape[1:], dtype=np.int64))

@@ -14,6 +14,7 @@ threshold comes from ``benchmarks/allreduce.py`` (see benchmarks/README.md). Buf
 raw bytes except in native reductions, so MPI never needs to know a dtype it lacks.
 """
 import pickle
+from itertools import accumulate
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -121,7 +122,7 @@ class MPICommunicator:
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         item = send.dtype.itemsize
         byte_counts = [c * item for c in counts]
-        displs = np.cumsum([0] + byte_counts[:-1]).tolist()
+        displs = [0, *accumulate(byte_counts[:-1])]
         self.comm.Allgatherv(_bytes(send), [recv.view(np.uint8), byte_counts, displs, MPI.BYTE])
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
@@ -133,8 +134,8 @@ class MPICommunicator:
         item = send.dtype.itemsize
         sc = [c * item for c in send_counts]
         rc = [c * item for c in recv_counts]
-        sd = np.cumsum([0] + sc[:-1]).tolist()
-        rd = np.cumsum([0] + rc[:-1]).tolist()
+        sd = [0, *accumulate(sc[:-1])]
+        rd = [0, *accumulate(rc[:-1])]
         self.comm.Alltoallv([send.view(np.uint8), sc, sd, MPI.BYTE],
                             [recv.view(np.uint8), rc, rd, MPI.BYTE])
 
