@@ -4,14 +4,14 @@ This package is framework-free: the collectives below work on NumPy arrays and i
 does not import MXNet. ``DistributedTrainer`` and ``broadcast_parameters`` resolve lazily to
 the MXNet adapter in :mod:`hvd_trainer.mxnet`.
 """
-from .diagnostics import MismatchError
+from .diagnostics import MismatchError, start_timeline, stop_timeline
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
                   allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,
                   grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter,
                   reducescatter)
-from .runtime import (ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
-                      is_initialized, local_rank, local_size, rank, remove_process_set, shutdown,
-                      size)
+from .runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, gloo_built,
+                      global_process_set, init, is_initialized, local_rank, local_size, mpi_built,
+                      nccl_built, rank, remove_process_set, shutdown, size)
 
 __version__ = "0.1.0"
 

@@ -88,14 +88,16 @@ def _grouped_allreduce_into(tensors: Sequence[np.ndarray], outputs: Sequence[np.
     comm = runtime.communicator(process_set)
     base = _name(kind, name)
     names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
-    diagnostics.agree(comm, {
-        "kind": kind, "name": base, "op": op.name, "prescale_factor": float(prescale_factor),
-        "postscale_factor": float(postscale_factor),
-        "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
+    with diagnostics.span(base, "NEGOTIATE"):
+        diagnostics.agree(comm, {
+            "kind": kind, "name": base, "op": op.name, "prescale_factor": float(prescale_factor),
+            "postscale_factor": float(postscale_factor),
+            "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
     pre, post = _scales(op, comm, prescale_factor, postscale_factor)
     backend_op = _BACKEND_OP[op]
-    fusion.fused(tensors, outputs, _pool, runtime.fusion_threshold(),
-                 lambda flat: comm.allreduce(flat, backend_op), pre, post)
+    with diagnostics.span(base, "ALLREDUCE"):
+        fusion.fused(tensors, outputs, _pool, runtime.fusion_threshold(),
+                     lambda flat: comm.allreduce(flat, backend_op), pre, post)
 
 
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -151,12 +153,14 @@ def allgather(tensor: np.ndarray, name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     tensor = np.ascontiguousarray(tensor)
     name = _name("allgather", name)
-    rows = diagnostics.agree_gather(comm, {"kind": "allgather", "name": name,
-                                    "tensors": [_describe(tensor, name, dim0=False)]},
-                             extra=tensor.shape[0])
+    with diagnostics.span(name, "NEGOTIATE"):
+        rows = diagnostics.agree_gather(comm, {"kind": "allgather", "name": name,
+                                               "tensors": [_describe(tensor, name, dim0=False)]},
+                                        extra=tensor.shape[0])
     row = int(np.prod(tensor.shape[1:], dtype=np.int64))
     out = np.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
-    comm.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
+    with diagnostics.span(name, "ALLGATHER"):
+        comm.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
     return out
 
 
@@ -175,9 +179,11 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     root = _check_root(root_rank, comm)
     name = _name("broadcast", name)
-    diagnostics.agree(comm, {"kind": "broadcast", "name": name, "root_rank": root,
-                             "tensors": [_describe(tensor, name)]})
-    comm.broadcast(tensor.reshape(-1), root)
+    with diagnostics.span(name, "NEGOTIATE"):
+        diagnostics.agree(comm, {"kind": "broadcast", "name": name, "root_rank": root,
+                                 "tensors": [_describe(tensor, name)]})
+    with diagnostics.span(name, "BROADCAST"):
+        comm.broadcast(tensor.reshape(-1), root)
     return tensor
 
 

@@ -4,6 +4,7 @@
 srun), otherwise a size-1 local world, so ``python train.py`` needs no MPI at all. Every
 collective calls ``init()`` lazily, and calling it again is harmless.
 """
+import atexit
 import os
 import sys
 import threading
@@ -130,6 +131,11 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             _state.process_sets[0] = global_process_set
             if world.size > 1:
                 _install_abort_hook(world)
+            timeline = env("TIMELINE")
+            if timeline:
+                from . import diagnostics
+                diagnostics.start_timeline(timeline)
+                atexit.register(diagnostics.stop_timeline)
     for ps in process_sets or ():
         add_process_set(ps)
 

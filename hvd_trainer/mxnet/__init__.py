@@ -1,0 +1,18 @@
+"""The horovod.mxnet API on hvd_trainer: a Horovod script runs after `import hvd_trainer.mxnet as hvd`.
+
+Runtime functions, process sets, reduction ops and compressors come from the framework-free
+core; the collectives here take and return NDArrays.
+"""
+from ..compression import Compression
+from ..diagnostics import MismatchError
+from ..ops import Average, Max, Min, Product, Sum
+from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,
+                       gloo_built, global_process_set, init, is_initialized, local_rank,
+                       local_size, mpi_built, nccl_built, rank, remove_process_set, shutdown,
+                       size)
+from .ops import (allgather, allgather_object, allreduce, allreduce_, alltoall, broadcast,
+                  broadcast_, broadcast_object, grouped_allgather, grouped_allreduce,
+                  grouped_allreduce_, grouped_reducescatter, reducescatter)
+from .optimizer import DistributedOptimizer
+from .parameters import broadcast_parameters
+from .trainer import DistributedTrainer

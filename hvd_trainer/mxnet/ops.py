@@ -1,0 +1,210 @@
+"""Horovod's MXNet collectives on NDArrays, built on the framework-free core.
+
+NDArrays go in and come out: the ``*_`` variants write into the NDArray they are given, the
+others return new NDArrays on the input's context. Host NDArrays are reduced through
+zero-copy views of their memory (see bridge.py), so an in-place op moves no data besides
+the communication itself and an out-of-place one copies its input once; GPU arrays travel
+through host memory. Every op waits for pending MXNet writes to its inputs first.
+
+``priority`` is accepted for compatibility with Horovod and has no effect: calls run in the
+order they are made, which is the same order on every rank.
+"""
+import warnings
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import mxnet as mx
+import numpy as np
+
+from .. import ops as core
+from ..ops import Average, Sum, allgather_object, broadcast_object  # noqa: F401 (re-exported)
+from ..runtime import ProcessSet, global_process_set
+from . import bridge
+
+NDArray = mx.nd.NDArray
+
+
+def _resolve_op(op: Any, average: Optional[bool]) -> Any:
+    """Horovod's rule: ``op`` wins, ``average`` is the deprecated spelling, Average by default."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("pass either op= or the deprecated average=, not both")
+        return op
+    if average is not None:
+        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def _as_list(tensors: Sequence[NDArray]) -> List[NDArray]:
+    if isinstance(tensors, (NDArray, np.ndarray)):
+        raise TypeError("tensors must be a list of NDArrays, got a single "
+                        f"{type(tensors).__name__}; wrap it in a list")
+    return [bridge.check_dense(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+
+
+def _buffers(tensors: Sequence[NDArray]) -> List[np.ndarray]:
+    """Writable host buffers for in-place work: the arrays' own memory on the host."""
+    return [bridge.write_view(t) if bridge.is_host(t) else t.asnumpy() for t in tensors]
+
+
+def _write_back(tensors: Sequence[NDArray], buffers: Sequence[np.ndarray]) -> None:
+    """Copy host results into device arrays (host arrays were worked on in place)."""
+    for t, b in zip(tensors, buffers):
+        if not bridge.is_host(t):
+            bridge.assign(t, b)
+
+
+def _copy(tensor: NDArray) -> NDArray:
+    """A new NDArray with the tensor's values, on its context: the one copy of an op."""
+    out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
+    if bridge.is_host(tensor):
+        np.copyto(bridge.write_view(out), bridge.read_view(tensor))
+    else:
+        out[:] = tensor
+    return out
+
+
+def _adopt(values: np.ndarray, ctx: mx.Context) -> NDArray:
+    """An NDArray on ``ctx`` holding a fresh NumPy result, sharing its memory on ``cpu(0)``."""
+    if ctx == mx.cpu(0) and values.size and values.flags.c_contiguous:
+        try:
+            return mx.nd.from_numpy(values, zero_copy=True)
+        except ValueError:  # a dtype DLPack cannot describe (int8): copy instead
+            pass
+    return bridge.to_ndarray(values, ctx)
+
+
+# -- allreduce ------------------------------------------------------------------------------
+def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None,
+                       name: Optional[str] = None, priority: int = 0,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set,
+                       op: Any = None) -> List[NDArray]:
+    """Reduce each NDArray across ranks in place, fused into as few messages as the core can.
+
+    ``op`` is Average, Sum, Min, Max or Product (Average if neither it nor ``average`` is
+    given). Returns ``tensors``.
+    """
+    op = _resolve_op(op, average)
+    tensors = _as_list(tensors)
+    if not tensors:
+        return tensors
+    buffers = _buffers(tensors)
+    core.grouped_allreduce_(buffers, op, name, prescale_factor, postscale_factor, process_set)
+    _write_back(tensors, buffers)
+    return tensors
+
+
+def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None,
+                      name: Optional[str] = None, priority: int = 0,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
+                      op: Any = None) -> List[NDArray]:
+    """Like :func:`grouped_allreduce_` but leaves ``tensors`` alone and returns new NDArrays."""
+    op = _resolve_op(op, average)
+    return grouped_allreduce_([_copy(t) for t in _as_list(tensors)], None, name, priority,
+                              prescale_factor, postscale_factor, process_set, op)
+
+
+def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None,
+               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
+    """Reduce ``tensor`` across ranks in place (Average unless ``op``/``average`` say otherwise).
+
+    The result is ``op`` over ``tensor * prescale_factor`` from every rank, times
+    ``postscale_factor``. Returns ``tensor``.
+    """
+    op = _resolve_op(op, average)
+    buffers = _buffers([bridge.check_dense(tensor, "tensor")])
+    core.allreduce_(buffers[0], op, name, prescale_factor, postscale_factor, process_set)
+    _write_back([tensor], buffers)
+    return tensor
+
+
+def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None,
+              priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
+    """Like :func:`allreduce_` but leaves ``tensor`` alone and returns a new NDArray."""
+    op = _resolve_op(op, average)
+    return allreduce_(_copy(bridge.check_dense(tensor, "tensor")), None, name, priority,
+                      prescale_factor, postscale_factor, process_set, op)
+
+
+# -- allgather ------------------------------------------------------------------------------
+def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> NDArray:
+    """Concatenate every rank's ``tensor`` along dim 0 (whose length may differ per rank)."""
+    bridge.check_dense(tensor, "tensor")
+    return _adopt(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
+
+
+def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
+                      process_set: ProcessSet = global_process_set) -> List[NDArray]:
+    """:func:`allgather` each NDArray of a list; returns the gathered NDArrays in order."""
+    tensors = _as_list(tensors)
+    gathered = core.grouped_allgather([bridge.read_view(t) for t in tensors], name, process_set)
+    return [_adopt(g, t.context) for g, t in zip(gathered, tensors)]
+
+
+# -- broadcast ------------------------------------------------------------------------------
+def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+               process_set: ProcessSet = global_process_set) -> NDArray:
+    """Overwrite ``tensor`` on every rank with ``root_rank``'s values; returns ``tensor``."""
+    buffers = _buffers([bridge.check_dense(tensor, "tensor")])
+    core.broadcast_(buffers[0], root_rank, name, process_set)
+    _write_back([tensor], buffers)
+    return tensor
+
+
+def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> NDArray:
+    """A new NDArray holding ``root_rank``'s ``tensor``, on this rank's ``tensor.context``."""
+    return broadcast_(_copy(bridge.check_dense(tensor, "tensor")), root_rank, name, priority,
+                      process_set)
+
+
+# -- alltoall -------------------------------------------------------------------------------
+def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDArray] = None,
+             name: Optional[str] = None, priority: int = 0,
+             process_set: ProcessSet = global_process_set
+             ) -> Union[NDArray, Tuple[NDArray, NDArray]]:
+    """Send ``splits[i]`` rows of ``tensor`` (dim 0, in order) to rank i; return what arrives.
+
+    Without ``splits`` dim 0 is divided equally. As in Horovod, ``(output, received_splits)``
+    is returned only when ``splits`` is given; ``received_splits`` is an int32 NDArray on the
+    CPU.
+    """
+    bridge.check_dense(tensor, "tensor")
+    if isinstance(splits, NDArray):
+        splits = splits.asnumpy()
+    result = core.alltoall(bridge.read_view(tensor), splits, name, process_set)
+    if splits is None:
+        return _adopt(result, tensor.context)
+    output, received = result
+    return _adopt(output, tensor.context), mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32)
+
+
+# -- reducescatter --------------------------------------------------------------------------
+def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
+                          name: Optional[str] = None, priority: int = 0,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[NDArray]:
+    """:func:`reducescatter` of each NDArray of a list, agreed on in one exchange."""
+    tensors = _as_list(tensors)
+    shares = core.grouped_reducescatter([bridge.read_view(t) for t in tensors], op, name,
+                                        process_set, prescale_factor, postscale_factor)
+    return [_adopt(s, t.context) for s, t in zip(shares, tensors)]
+
+
+def reducescatter(tensor: NDArray, op: Any = Average, name: Optional[str] = None,
+                  priority: int = 0, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> NDArray:
+    """Reduce ``tensor`` across ranks and return this rank's rows of the result.
+
+    Dim 0 is split as evenly as possible, the lower ranks taking one extra row each.
+    """
+    bridge.check_dense(tensor, "tensor")
+    return grouped_reducescatter([tensor], op, name, priority, process_set,
+                                 prescale_factor, postscale_factor)[0]

@@ -1,0 +1,249 @@
+"""DistributedTrainer: gluon.Trainer whose gradient reduction is a ring allreduce across ranks."""
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Type
+
+import mxnet as mx
+import numpy as np
+
+from .. import ops, runtime
+from ..compression import Compression, Compressor
+from ..runtime import ProcessSet, global_process_set
+from . import bridge
+from .parameters import broadcast_named
+
+_COMPRESSION_TYPES: Dict[str, Type[Compressor]] = {"fp16": Compression.fp16}
+
+
+def _param_list(params: Any) -> List[mx.gluon.Parameter]:
+    """Gluon's parameter order (sorted keys for a dict, given order for a list), checked."""
+    if isinstance(params, (dict, mx.gluon.ParameterDict)):
+        keyed = [(key, params[key]) for key in sorted(params.keys())]
+    elif isinstance(params, (list, tuple)):
+        keyed = list(enumerate(params))
+    else:
+        raise ValueError(f"params is a {type(params).__name__}; pass net.collect_params(), "
+                         "a dict of name -> Parameter or a list of Parameters")
+    for key, param in keyed:
+        if not isinstance(param, mx.gluon.Parameter):
+            raise ValueError(f"params[{key!r}] is a {type(param).__name__}, not a gluon "
+                             "Parameter; pass net.collect_params() or Parameters only")
+        if param._stype != "default":
+            raise ValueError(
+                f"Parameter {param.name!r} has stype={param._stype!r}; DistributedTrainer "
+                "allreduces dense weights only. Create the weight dense (the default stype) and "
+                "give it sparse_grad=True instead (e.g. Embedding(..., sparse_grad=True)).")
+    return [param for _, param in keyed]
+
+
+def _compressor(compression: Type[Compressor],
+                compression_params: Optional[Dict[str, Any]]) -> Type[Compressor]:
+    """Map MXNet's ``compression_params`` onto a compressor; ``compression`` when it is None."""
+    if compression_params is None:
+        return compression
+    if compression is not Compression.none:
+        raise ValueError("pass either compression= or compression_params=, not both")
+    if not isinstance(compression_params, dict) or "type" not in compression_params:
+        raise ValueError(f"compression_params={compression_params!r} must be a dict with a "
+                         "'type' key, e.g. {'type': 'fp16'}")
+    kind = compression_params["type"]
+    if kind not in _COMPRESSION_TYPES:
+        raise ValueError(f"compression_params type {kind!r} is not supported yet; supported: "
+                         f"{sorted(_COMPRESSION_TYPES)}")
+    extra = sorted(set(compression_params) - {"type"})
+    if extra:
+        raise ValueError(f"compression_params for {kind!r} takes no options, got {extra}")
+    return _COMPRESSION_TYPES[kind]
+
+
+def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
+    """Split into ``groups`` contiguous, nearly equal, non-empty runs (one run for 0)."""
+    if groups <= 0 or groups >= len(items):
+        return [items] if groups <= 0 else [[x] for x in items]
+    base, extra = divmod(len(items), groups)
+    runs, start = [], 0
+    for g in range(groups):
+        end = start + base + (1 if g < extra else 0)
+        runs.append(items[start:end])
+        start = end
+    return runs
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A ``gluon.Trainer`` for data-parallel training: gradients are summed across ranks.
+
+    Takes ``gluon.Trainer``'s arguments unchanged, plus Horovod's keywords. Decisions:
+
+    - It calls :func:`hvd_trainer.init` and broadcasts the ``root_rank``'s weights at
+      construction; a parameter with deferred initialisation is broadcast when the first
+      forward pass initialises it, so the first gradients already use the root's weights.
+    - Gradients are summed; ``gradient_predivide_factor / size`` is folded into
+      ``rescale_grad`` and ``1 / gradient_predivide_factor`` scales gradients before the sum (as
+      Horovod), so N ranks calling ``step(B)`` match one process calling ``step(N * B)``.
+    - Updates always happen locally (``update_on_kvstore=True`` is refused). ``kvstore`` is
+      ignored with one warning; ``compression_params={'type': 'fp16'}`` means
+      ``compression=Compression.fp16``.
+    - Tensor names are ``prefix`` + the parameter's index in Gluon's order (sorted keys of a
+      dict), so two trainers in one process need different prefixes.
+    - Several contexts per process: fresh gradients are summed locally into the first
+      context's buffer, allreduced once, and copied back to every context.
+    - Stale gradients: ranks exchange which gradients are fresh. One fresh on some rank is
+      reduced everywhere, stale ranks contributing zeros, and then counts as fresh on every
+      rank and context, so all ranks apply the same update: its gradient is the fresh ranks'
+      sum over the global batch. One fresh nowhere is left untouched, so Gluon's
+      ``ignore_stale_grad`` decides on every rank alike.
+    - ``save_states`` is written by the process set's rank 0 through a temporary file and
+      ``os.replace``; ``load_states`` is read by rank 0 and broadcast, so every rank gets the
+      same state even without a shared file system.
+    - Dense gradients only for now: a ``sparse_grad=True`` parameter raises at the first step.
+      Gradients on a GPU are staged through host memory.
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
+                 compression_params=None, update_on_kvstore=None, *,
+                 compression: Type[Compressor] = Compression.none,
+                 gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
+                 root_rank: int = 0, process_set: ProcessSet = global_process_set,
+                 num_groups: int = 0):
+        if update_on_kvstore:
+            raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
+                             "allreduces gradients and updates on every rank; pass "
+                             "update_on_kvstore=None or False")
+        if kvstore not in ("device", None):
+            warnings.warn(f"DistributedTrainer ignores kvstore={kvstore!r}: gradients are "
+                          "summed by allreduce instead", stacklevel=2)
+        if prefix is not None and not isinstance(prefix, str):
+            raise ValueError(f"prefix={prefix!r} must be a string or None")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} must "
+                             "be positive")
+        if int(num_groups) != num_groups or num_groups < 0:
+            raise ValueError(f"num_groups={num_groups!r} must be a non-negative integer")
+        param_list = _param_list(params)
+        self._compression = _compressor(compression, compression_params)
+        runtime.init()
+        self._process_set = process_set
+        self._size = process_set.size()
+        super().__init__(param_list, optimizer, optimizer_params=optimizer_params,
+                         kvstore=None, update_on_kvstore=False)
+        self._prefix = prefix or ""
+        self._predivide = float(gradient_predivide_factor)
+        self._scale *= self._predivide / self._size
+        self._num_groups = int(num_groups)
+        self._root_rank = root_rank
+        self._fresh = np.zeros(len(self._params), np.int8)
+        self._sparse_grads = [p.name for p in self._params if p._grad_stype != "default"]
+        if self._size > 1:
+            broadcast_named([(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)],
+                            root_rank, process_set)
+
+    def _allreduce_grads(self):
+        if self._sparse_grads:
+            raise ValueError(f"parameters {self._sparse_grads} have sparse gradients "
+                             "(sparse_grad=True), "
+                             "which DistributedTrainer does not support yet; create them with "
+                             "sparse_grad=False")
+        indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
+        if self._size == 1 and len(self._contexts) == 1:
+            return
+        buffers = {}
+        for i in indices:
+            buffers[i] = self._local_sum(self._params[i])
+            self._fresh[i] = buffers[i] is not None
+        if self._size > 1:
+            fresh = self._fresh[indices]
+            ops.allreduce_(fresh, ops.Max, f"{self._prefix}fresh", process_set=self._process_set)
+            self._fresh[indices] = fresh
+        reduced = [i for i in indices if self._fresh[i]]
+        for i in reduced:
+            if buffers[i] is None:
+                buffers[i] = self._zeroed_first(self._params[i])
+        if self._size > 1 and reduced:
+            self._allreduce(reduced, buffers)
+        for i in reduced:
+            self._publish(self._params[i], buffers[i])
+
+    def _local_sum(self, param: mx.gluon.Parameter) -> Optional[np.ndarray]:
+        """Sum this process's fresh gradients into the first context's (host) buffer.
+
+        Returns None when no context has a fresh gradient.
+        """
+        data, grads = param.list_data(), param.list_grad()
+        fresh = [g for d, g in zip(data, grads) if d._fresh_grad]
+        if not fresh:
+            return None
+        buf = self._first_buffer(grads[0])
+        if fresh[0] is not grads[0]:
+            buf[...] = 0
+        for g in fresh:
+            if g is not grads[0]:
+                buf += bridge.read_view(g)
+        return buf
+
+    def _zeroed_first(self, param: mx.gluon.Parameter) -> np.ndarray:
+        """A stale rank's contribution: zeros in the first context's gradient buffer."""
+        buf = self._first_buffer(param.list_grad()[0])
+        buf[...] = 0
+        return buf
+
+    @staticmethod
+    def _first_buffer(grad: mx.nd.NDArray) -> np.ndarray:
+        """The gradient itself on the host; a host copy for a GPU gradient."""
+        return bridge.write_view(grad) if bridge.is_host(grad) else grad.asnumpy()
+
+    def _allreduce(self, reduced: List[int], buffers: Dict[int, np.ndarray]) -> None:
+        """Sum the buffers across ranks in place, in ``num_groups`` grouped calls."""
+        compress = self._compression.compress
+        for group in _split(reduced, self._num_groups):
+            payloads, ctxs = zip(*(compress(buffers[i]) for i in group))
+            ops.grouped_allreduce_(list(payloads), ops.Sum,
+                                   f"{self._prefix}grad.{group[0]}:{group[-1]}",
+                                   prescale_factor=1.0 / self._predivide,
+                                   process_set=self._process_set)
+            for i, payload, ctx in zip(group, payloads, ctxs):
+                if payload is not buffers[i]:
+                    buffers[i][...] = self._compression.decompress(payload, ctx)
+
+    @staticmethod
+    def _publish(param: mx.gluon.Parameter, buf: np.ndarray) -> None:
+        """Write the reduced gradient to every context and mark it fresh there."""
+        grads = param.list_grad()
+        for k, g in enumerate(grads):
+            if k > 0 or not bridge.is_host(g):
+                bridge.assign(g, buf)
+        for d in param.list_data():
+            d._fresh_grad = True
+
+    def save_states(self, fname: str) -> None:
+        """Write the optimizer state once (rank 0, atomically); every rank returns after it."""
+        error = None
+        if self._process_set.rank() == 0:
+            tmp = f"{fname}.tmp.{os.getpid()}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(self._updaters[0].get_states(dump_optimizer=True))
+                os.replace(tmp, fname)
+            except OSError as e:
+                error = f"rank 0 could not write {fname!r}: {e}"
+        error = ops.broadcast_object(error, 0, f"{self._prefix}save_states", self._process_set)
+        if error:
+            raise OSError(error)
+
+    def load_states(self, fname: str) -> None:
+        """Read the optimizer state on rank 0 and give every rank the same copy."""
+        states, error = None, None
+        if self._process_set.rank() == 0:
+            try:
+                with open(fname, "rb") as f:
+                    states = f.read()
+            except OSError as e:
+                error = f"rank 0 could not read {fname!r}: {e}"
+        states, error = ops.broadcast_object((states, error), 0, f"{self._prefix}load_states",
+                                             self._process_set)
+        if error:
+            raise OSError(error)
+        for updater in self._updaters:
+            updater.set_states(states)
+            updater.optimizer = self._updaters[0].optimizer
+        self._optimizer = self._updaters[0].optimizer
+        self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
