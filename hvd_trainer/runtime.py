@@ -5,6 +5,7 @@ srun), otherwise a size-1 local world, so ``python train.py`` needs no MPI at al
 collective calls ``init()`` lazily, and calling it again is harmless.
 """
 import atexit
+import logging
 import os
 import sys
 import threading
@@ -15,6 +16,8 @@ from .backends import Communicator
 # Variables that MPI launchers and Slurm set in every rank's environment.
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                   "MPI_LOCALNRANKS", "HVD_LAUNCHED")
+
+log = logging.getLogger("hvd_trainer")
 
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # bytes; chosen in benchmarks/README.md
 DEFAULT_RING_THRESHOLD = 1 << 20  # bytes; `auto` switches from native to ring here
@@ -123,8 +126,12 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
     global _state
     with _lock:
         if _state is None:
+            _configure_logging()
             world, backend = _make_world(comm)
             _state = _State(world, backend)
+            log.debug("rank %d of %d on the %s backend (%s), fusion threshold %d bytes",
+                      world.rank, world.size, backend, getattr(world, "algorithm", "-"),
+                      _state.fusion_threshold)
             global_process_set.ranks = list(range(world.size))
             global_process_set.process_set_id = 0
             global_process_set.comm = world
@@ -138,6 +145,20 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
                 atexit.register(diagnostics.stop_timeline)
     for ps in process_sets or ():
         add_process_set(ps)
+
+
+def _configure_logging() -> None:
+    """HVD_LOG_LEVEL (debug, info, warning, error) sets the level of the 'hvd_trainer' logger."""
+    level = env("LOG_LEVEL")
+    if level is None:
+        return
+    if level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"HVD_LOG_LEVEL={level!r} is not a level; use debug, info, warning or error")
+    log.setLevel(level.upper())
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("hvd_trainer %(levelname)s: %(message)s"))
+        log.addHandler(handler)
 
 
 def _install_abort_hook(world: Communicator) -> None:
