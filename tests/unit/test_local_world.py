@@ -86,3 +86,15 @@ def test_ring_chunks_cover_the_buffer_evenly(count, parts):
     sizes = np.diff(bounds)
     assert bounds[0] == 0 and bounds[-1] == count and len(sizes) == parts
     assert sizes.max() - sizes.min() <= (1 if count else 0)
+
+
+def test_log_level_debug_reports_the_backend():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI", "PMIX", "HVD_"))}
+    env["HVD_LOG_LEVEL"] = "debug"
+    err = subprocess.run([sys.executable, "-c", "import hvd_trainer as h; h.init()"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stderr
+    assert "rank 0 of 1 on the local backend" in err
+    env["HVD_LOG_LEVEL"] = "chatty"
+    proc = subprocess.run([sys.executable, "-c", "import hvd_trainer as h; h.init()"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "HVD_LOG_LEVEL='chatty'" in proc.stderr
