@@ -1,0 +1,134 @@
+"""DistributedTrainer and broadcast_parameters in a one-rank world: argument errors, warnings,
+and plain gluon.Trainer behaviour when there is nobody to reduce with."""
+import os
+import warnings
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+from hvd_trainer.compression import Compression
+from hvd_trainer.mxnet.parameters import broadcast_parameters
+from hvd_trainer.mxnet.trainer import DistributedTrainer, _split
+
+
+def dense(in_units=3, units=2):
+    net = gluon.nn.Dense(units, in_units=in_units)
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def train(net, trainer, ctxs, steps=3):
+    rng = np.random.RandomState(0)
+    for _ in range(steps):
+        x = rng.uniform(size=(4, 3)).astype(np.float32)
+        with autograd.record():
+            losses = [net(mx.nd.array(part, ctx=c)).sum()
+                      for part, c in zip(np.array_split(x, len(ctxs)), ctxs)]
+        autograd.backward(losses)
+        trainer.step(4)
+
+
+def test_update_on_kvstore_true_is_refused():
+    with pytest.raises(ValueError, match="update_on_kvstore=True"):
+        DistributedTrainer(dense().collect_params(), "sgd", update_on_kvstore=True)
+
+
+def test_sparse_weight_is_refused_with_its_name_and_the_fix():
+    weight = gluon.Parameter("table_weight", shape=(5, 2), stype="row_sparse")
+    weight.initialize()
+    with pytest.raises(ValueError, match=r"'table_weight'.*row_sparse.*sparse_grad=True"):
+        DistributedTrainer({"table": weight}, "sgd")
+
+
+def test_non_parameter_is_refused_naming_it():
+    params = dict(dense().collect_params())
+    params["stray"] = mx.nd.zeros(3)
+    with pytest.raises(ValueError, match=r"params\['stray'\] is a NDArray"):
+        DistributedTrainer(params, "sgd")
+    with pytest.raises(ValueError, match=r"params\[1\] is a str"):
+        DistributedTrainer([list(params.values())[0], "bias"], "sgd")
+
+
+@pytest.mark.parametrize("kvstore", ["dist_sync", "local"])
+def test_other_kvstore_warns_once(kvstore):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DistributedTrainer(dense().collect_params(), "sgd", kvstore=kvstore)
+    assert len(caught) == 1 and "allreduce" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("kvstore", ["device", None])
+def test_default_kvstore_is_silent(kvstore):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DistributedTrainer(dense().collect_params(), "sgd", kvstore=kvstore)
+    assert not caught
+
+
+def test_compression_params():
+    trainer = DistributedTrainer(dense().collect_params(), "sgd",
+                                 compression_params={"type": "fp16"})
+    assert trainer._compression is Compression.fp16
+    with pytest.raises(ValueError, match="'2bit' is not supported yet"):
+        DistributedTrainer(dense().collect_params(), "sgd",
+                           compression_params={"type": "2bit", "threshold": 0.5})
+    with pytest.raises(ValueError, match="either compression= or compression_params="):
+        DistributedTrainer(dense().collect_params(), "sgd", compression=Compression.fp16,
+                           compression_params={"type": "fp16"})
+
+
+def test_sparse_gradients_are_refused_at_the_first_step():
+    net = gluon.nn.Embedding(10, 2, sparse_grad=True)
+    net.initialize()
+    trainer = DistributedTrainer(net.collect_params(), "sgd")
+    with autograd.record():
+        loss = net(mx.nd.array([1, 2])).sum()
+    loss.backward()
+    with pytest.raises(ValueError, match="sparse gradients.*not support yet"):
+        trainer.step(2)
+
+
+def test_broadcast_parameters_names_a_bad_value():
+    with pytest.raises(ValueError, match=r"params\['w'\] is a list"):
+        broadcast_parameters({"w": [1.0]})
+    with pytest.raises(ValueError, match="params is a list"):
+        broadcast_parameters([mx.nd.zeros(2)])
+
+
+@pytest.mark.parametrize("ctxs", [[mx.cpu(0)], [mx.cpu(0), mx.cpu(1)]])
+def test_one_rank_matches_gluon_trainer(ctxs):
+    nets = [dense(), dense()]
+    nets[0].initialize(ctx=ctxs, force_reinit=True)
+    nets[1].initialize(ctx=[mx.cpu()], force_reinit=True)
+    nets[1].weight.set_data(nets[0].weight.data(ctxs[0]))
+    opt = {"learning_rate": 0.1, "momentum": 0.9}
+    train(nets[0], DistributedTrainer(nets[0].collect_params(), "sgd", dict(opt)), ctxs)
+    train(nets[1], gluon.Trainer(nets[1].collect_params(), "sgd", dict(opt)), [mx.cpu()])
+    for ctx in ctxs:
+        np.testing.assert_allclose(nets[0].weight.data(ctx).asnumpy(),
+                                   nets[1].weight.data().asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_save_and_load_states_round_trip(tmp_path):
+    net = dense()
+    trainer = DistributedTrainer(net.collect_params(), "adam", {"learning_rate": 0.01})
+    train(net, trainer, [mx.cpu()], steps=2)
+    fname = str(tmp_path / "states")
+    trainer.save_states(fname)
+    assert os.listdir(tmp_path) == ["states"]
+    other = DistributedTrainer(net.collect_params(), "adam", {"learning_rate": 0.01})
+    other.load_states(fname)
+    for (a_mean, a_var), (b_mean, b_var) in zip(trainer._updaters[0].states.values(),
+                                                other._updaters[0].states.values()):
+        np.testing.assert_array_equal(a_mean.asnumpy(), b_mean.asnumpy())
+        np.testing.assert_array_equal(a_var.asnumpy(), b_var.asnumpy())
+    with pytest.raises(OSError, match="could not read"):
+        other.load_states(str(tmp_path / "missing"))
+
+
+def test_split_into_groups():
+    assert _split(list(range(7)), 0) == [list(range(7))]
+    assert _split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert _split(list(range(2)), 5) == [[0], [1]]
