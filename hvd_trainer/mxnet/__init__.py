@@ -1,10 +1,10 @@
-"""The horovod.mxnet API on hvd_trainer: a Horovod script runs after `import hvd_trainer.mxnet as hvd`.
+"""horovod.mxnet's API: a Horovod script runs unchanged after `import hvd_trainer.mxnet as hvd`.
 
 Runtime functions, process sets, reduction ops and compressors come from the framework-free
 core; the collectives here take and return NDArrays.
 """
 from ..compression import Compression
-from ..diagnostics import MismatchError
+from ..diagnostics import MismatchError, start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum
 from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,
                        gloo_built, global_process_set, init, is_initialized, local_rank,

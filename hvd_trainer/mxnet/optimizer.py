@@ -1,0 +1,144 @@
+"""DistributedOptimizer: Horovod's optimizer wrapper for the MXNet Module API.
+
+``mx.mod.Module.fit(..., kvstore=None, optimizer=DistributedOptimizer(opt))`` sums every
+gradient across ranks just before the wrapped optimizer applies it. The ``1/size`` of the
+average is folded into ``rescale_grad`` once at construction (as Horovod does), so N ranks with
+batch B each update exactly like one process with batch N*B.
+"""
+from typing import Any, List, Sequence
+
+import mxnet as mx
+
+from .. import ops as core
+from .. import runtime
+from ..ops import Sum
+from ..runtime import ProcessSet, global_process_set
+from . import bridge
+
+_OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set")
+
+
+def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
+    """``items`` in up to ``groups`` consecutive non-empty runs, the earlier ones longer by one."""
+    base, extra = divmod(len(items), groups)
+    runs, start = [], 0
+    for g in range(groups):
+        stop = start + base + (1 if g < extra else 0)
+        if stop > start:
+            runs.append(items[start:stop])
+        start = stop
+    return runs
+
+
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Wraps an ``mx.optimizer.Optimizer`` so that ``update`` allreduces gradients first.
+
+    ``gradient_predivide_factor`` f scales gradients by 1/f before the sum and f/size after
+    (through ``rescale_grad``). ``num_groups`` > 0 reduces each update's gradients in that
+    many grouped calls; 0 reduces them in one fused call. Every other attribute and method,
+    read or written, is the wrapped optimizer's (``rescale_grad`` included: it already holds
+    the folded ``f/size``).
+    """
+
+    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, process_set: ProcessSet = global_process_set):
+        # The base __init__ is not called: all state lives in the wrapped optimizer.
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise TypeError("optimizer must be an mx.optimizer.Optimizer, got "
+                            f"{type(optimizer).__name__}; create it with mx.optimizer.create()")
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("optimizer is already a DistributedOptimizer; wrap it only once")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} must be "
+                             "positive")
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_gradient_predivide_factor", float(gradient_predivide_factor))
+        object.__setattr__(self, "_num_groups", int(num_groups))
+        object.__setattr__(self, "_process_set", process_set)
+        optimizer.rescale_grad *= gradient_predivide_factor / process_set.size()
+
+    def __getattr__(self, item: str) -> Any:
+        if item in _OWN:  # not set yet (unpickling): do not recurse into the wrapped optimizer
+            raise AttributeError(item)
+        return getattr(self._optimizer, item)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        # Module.init_optimizer sets idx2name here; it must reach the optimizer that uses it.
+        if key in _OWN:
+            object.__setattr__(self, key, value)
+        else:
+            setattr(self._optimizer, key, value)
+
+    def __getstate__(self) -> dict:
+        ps = self._process_set
+        return {"optimizer": self._optimizer,
+                "gradient_predivide_factor": self._gradient_predivide_factor,
+                "num_groups": self._num_groups,
+                "process_set_ranks": None if ps is global_process_set else ps.ranks}
+
+    def __setstate__(self, state: dict) -> None:
+        ranks = state["process_set_ranks"]
+        if ranks is None:
+            process_set = global_process_set
+        else:
+            found = [ps for ps in runtime.state().process_sets.values() if ps.ranks == ranks]
+            if not found:
+                raise ValueError(f"the pickled DistributedOptimizer reduces over process set "
+                                 f"ranks {ranks}; register it with add_process_set() first")
+            process_set = found[0]
+        object.__setattr__(self, "_optimizer", state["optimizer"])
+        object.__setattr__(self, "_gradient_predivide_factor",
+                           state["gradient_predivide_factor"])
+        object.__setattr__(self, "_num_groups", state["num_groups"])
+        object.__setattr__(self, "_process_set", process_set)
+
+    @property
+    def learning_rate(self) -> float:
+        """The wrapped optimizer's current learning rate."""
+        return self._optimizer.learning_rate
+
+    def _allreduce(self, index: Any, grad: Any) -> None:
+        """Sum the gradients of one update call across ranks, in place."""
+        if self._process_set.size() == 1:
+            return
+        indices = list(index) if isinstance(index, (list, tuple)) else [index]
+        grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
+        for i, g in zip(indices, grads):
+            bridge.check_dense(g, f"the gradient of parameter index {i}")
+        groups = [(indices, grads)] if self._num_groups <= 0 else list(
+            zip(_split(indices, self._num_groups), _split(grads, self._num_groups)))
+        for group_indices, group_grads in groups:
+            buffers = [bridge.write_view(g) if bridge.is_host(g) else g.asnumpy()
+                       for g in group_grads]
+            core.grouped_allreduce_(buffers, Sum, f"DistributedOptimizer.{group_indices[0]}:"
+                                    f"{group_indices[-1]}",
+                                    1.0 / self._gradient_predivide_factor, 1.0,
+                                    self._process_set)
+            for g, b in zip(group_grads, buffers):
+                if not bridge.is_host(g):
+                    bridge.assign(g, b)
+
+    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Allreduce ``grad`` (one NDArray or a list, matching ``index``), then update."""
+        self._allreduce(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Allreduce ``grad``, then run the wrapped optimizer's multi-precision update."""
+        self._allreduce(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+
+def _forward(name: str):
+    def method(self, *args, **kwargs):
+        return getattr(self._optimizer, name)(*args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"The wrapped optimizer's ``{name}``."
+    return method
+
+
+# Methods that mx.optimizer.Optimizer defines would otherwise run on the (stateless) wrapper.
+for _name in ("create_state", "create_state_multi_precision", "set_learning_rate",
+              "set_lr_scale", "set_lr_mult", "set_wd_mult", "_set_current_context",
+              "_update_count", "_get_lrs", "_get_lr", "_get_wds", "_get_wd"):
+    setattr(DistributedOptimizer, _name, _forward(_name))
