@@ -56,6 +56,11 @@ def test_assign_and_to_ndarray():
     assert y.context == mx.cpu(1) and y.dtype == np.float16
 
 
+def test_empty_arrays_have_empty_views():
+    x = mx.nd.empty((0, 3))
+    assert bridge.read_view(x).shape == (0, 3) and bridge.write_view(x).shape == (0, 3)
+
+
 def test_check_dense_names_the_argument():
     with pytest.raises(TypeError, match="grads\\[2\\] must be an mxnet NDArray"):
         bridge.check_dense(np.ones(3), "grads[2]")

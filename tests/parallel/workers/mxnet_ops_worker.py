@@ -171,6 +171,13 @@ outs = hvd.grouped_reducescatter([nd(inputs[RANK]), nd(second[RANK])], op=hvd.Su
 check(outs[0], total[lo:lo + shares[RANK]], "grouped_reducescatter[0]")
 check(outs[1], np.sum(second, axis=0)[RANK:RANK + 1], "grouped_reducescatter[1]")
 
+# Fewer rows than ranks: the last ranks get empty shares; a rank may also gather zero rows.
+inputs = [data(72, r, (1, 2)) for r in range(SIZE)]
+check(hvd.reducescatter(nd(inputs[RANK]), op=hvd.Sum), np.sum(inputs, axis=0)[RANK:RANK + 1],
+      "reducescatter with one row")
+inputs = [data(73, r, (r, 2), "int32") for r in range(SIZE)]  # rank 0 contributes no rows
+check(hvd.allgather(nd(inputs[RANK])), np.concatenate(inputs), "allgather with an empty part")
+
 # -- objects -----------------------------------------------------------------------------------
 assert hvd.broadcast_object({"from": RANK, "list": [RANK]}, root_rank=1) == {"from": 1, "list": [1]}
 assert hvd.allgather_object(("r", RANK)) == [("r", r) for r in range(SIZE)]
