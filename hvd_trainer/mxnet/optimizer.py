@@ -2,8 +2,8 @@
 
 ``mx.mod.Module.fit(..., kvstore=None, optimizer=DistributedOptimizer(opt))`` sums every
 gradient across ranks just before the wrapped optimizer applies it. The ``1/size`` of the
-average is folded into ``rescale_grad`` once at construction (as Horovod does), so N ranks with
-batch B each update exactly like one process with batch N*B.
+average is folded into the wrapped optimizer's ``rescale_grad`` (as Horovod does), so N ranks
+with batch B each update exactly like one process with batch N*B.
 """
 from typing import Any, List, Sequence
 
@@ -15,7 +15,8 @@ from ..ops import Sum
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
 
-_OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set")
+_OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
+        "_rescale_grad")
 
 
 def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
@@ -36,8 +37,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     ``gradient_predivide_factor`` f scales gradients by 1/f before the sum and f/size after
     (through ``rescale_grad``). ``num_groups`` > 0 reduces each update's gradients in that
     many grouped calls; 0 reduces them in one fused call. Every other attribute and method,
-    read or written, is the wrapped optimizer's (``rescale_grad`` included: it already holds
-    the folded ``f/size``).
+    read or written, is the wrapped optimizer's, except ``rescale_grad``: it reads and writes
+    in per-rank terms (e.g. 1/B) while the wrapped optimizer holds it times ``f/size``. So
+    Module's check of ``rescale_grad`` passes, and a ``gluon.Trainer`` setting it each step
+    keeps the average.
     """
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
@@ -55,7 +58,18 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         object.__setattr__(self, "_gradient_predivide_factor", float(gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", int(num_groups))
         object.__setattr__(self, "_process_set", process_set)
-        optimizer.rescale_grad *= gradient_predivide_factor / process_set.size()
+        self.rescale_grad = optimizer.rescale_grad
+
+    @property
+    def rescale_grad(self) -> float:
+        """The gradient scale in per-rank terms; the wrapped optimizer applies it times f/size."""
+        return self._rescale_grad
+
+    @rescale_grad.setter
+    def rescale_grad(self, value: float) -> None:
+        object.__setattr__(self, "_rescale_grad", value)
+        self._optimizer.rescale_grad = (value * self._gradient_predivide_factor
+                                        / self._process_set.size())
 
     def __getattr__(self, item: str) -> Any:
         if item in _OWN:  # not set yet (unpickling): do not recurse into the wrapped optimizer
@@ -64,7 +78,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def __setattr__(self, key: str, value: Any) -> None:
         # Module.init_optimizer sets idx2name here; it must reach the optimizer that uses it.
-        if key in _OWN:
+        if key in _OWN or key == "rescale_grad":
             object.__setattr__(self, key, value)
         else:
             setattr(self._optimizer, key, value)
@@ -73,7 +87,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         ps = self._process_set
         return {"optimizer": self._optimizer,
                 "gradient_predivide_factor": self._gradient_predivide_factor,
-                "num_groups": self._num_groups,
+                "num_groups": self._num_groups, "rescale_grad": self._rescale_grad,
                 "process_set_ranks": None if ps is global_process_set else ps.ranks}
 
     def __setstate__(self, state: dict) -> None:
@@ -91,6 +105,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                            state["gradient_predivide_factor"])
         object.__setattr__(self, "_num_groups", state["num_groups"])
         object.__setattr__(self, "_process_set", process_set)
+        object.__setattr__(self, "_rescale_grad", state["rescale_grad"])
 
     @property
     def learning_rate(self) -> float:

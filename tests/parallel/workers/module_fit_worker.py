@@ -2,7 +2,8 @@
 
 Every rank also runs the single-process reference itself (plain optimizer, no communication)
 on the whole data set, so the comparison needs nothing from the other ranks. Rank 0's initial
-weights reach the others through broadcast_parameters. Prints "module fit ok" on success.
+weights reach the others through broadcast_parameters. The last case is Horovod's older Gluon
+recipe, gluon.Trainer(kvstore=None) with a DistributedOptimizer. Prints "module fit ok".
 """
 import logging
 import pickle
@@ -16,7 +17,6 @@ import hvd_trainer.mxnet as hvd
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 BATCH, STEPS, FEATURES, CLASSES = 8, 4, 12, 4
-warnings.filterwarnings("ignore", message="Optimizer created manually")
 logging.getLogger().setLevel(logging.ERROR)
 
 
@@ -37,8 +37,12 @@ def initial_params(seed: int) -> dict:
 def fit(x: np.ndarray, y: np.ndarray, batch: int, optimizer, params: dict, kvstore) -> dict:
     it = mx.io.NDArrayIter(x, y, batch_size=batch, shuffle=False, label_name="softmax_label")
     mod = mx.mod.Module(network(), context=mx.cpu())
-    mod.fit(it, num_epoch=1, optimizer=optimizer, arg_params=params, kvstore=kvstore,
-            eval_metric="acc")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod.fit(it, num_epoch=1, optimizer=optimizer, arg_params=params, kvstore=kvstore,
+                eval_metric="acc")
+    # Module warns when rescale_grad is not 1/batch; the wrapper's reads as 1/(per-rank batch).
+    assert not [w for w in caught if "rescale_grad" in str(w.message)], caught[0].message
     return {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
 
 
@@ -67,6 +71,7 @@ for make, options, kvstore in CASES:
     opt = hvd.DistributedOptimizer(inner, **options)
     factor = options.get("gradient_predivide_factor", 1.0)
     assert abs(inner.rescale_grad - factor / (BATCH * SIZE)) < 1e-12, inner.rescale_grad
+    assert opt.rescale_grad == 1.0 / BATCH
     params = initial_params(1 if RANK == 0 else 100 + RANK)  # only rank 0's survive
     hvd.broadcast_parameters(params, root_rank=0)
     got = fit(X[mine], Y[mine], BATCH, opt, params, kvstore)
@@ -75,6 +80,33 @@ for make, options, kvstore in CASES:
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5,
                                    err_msg=f"{type(inner).__name__} {options}: {name}")
     assert opt.idx2name == inner.idx2name and inner.idx2name, "idx2name must reach the optimizer"
+
+
+
+def gluon_steps(x: np.ndarray, y: np.ndarray, batch: int, optimizer) -> list:
+    """STEPS steps of gluon.Trainer(kvstore=None) on consecutive batches of (x, y)."""
+    net = mx.gluon.nn.Dense(CLASSES, in_units=FEATURES)
+    net.initialize()
+    params = net.collect_params()
+    rng = np.random.default_rng(3)
+    for p in params.values():
+        p.set_data(mx.nd.array(rng.normal(0, 0.3, p.shape)))
+    trainer = mx.gluon.Trainer(params, optimizer, kvstore=None)
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    for k in range(STEPS):
+        rows = slice(k * batch, (k + 1) * batch)
+        with mx.autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[rows])), mx.nd.array(y[rows]))
+        loss.backward()
+        trainer.step(batch)
+    return [p.data().asnumpy() for p in params.values()]  # weight, bias
+
+
+reference = gluon_steps(X, Y, SIZE * BATCH, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+got = gluon_steps(X[mine], Y[mine], BATCH,
+                  hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)))
+for name, g, want in zip(("weight", "bias"), got, reference):
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=f"gluon.Trainer {name}")
 
 # Delegation and pickling keep the wrapper transparent.
 opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
