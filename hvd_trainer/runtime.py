@@ -80,6 +80,7 @@ class _State:
         self.world = world
         self.backend = backend
         self.local, self.cross = world.local_and_cross()
+        self.homogeneous = len(set(world.allgather_object(self.local.size))) == 1
         self.process_sets: Dict[int, ProcessSet] = {}
         self.next_set_id = 1
         self.fusion_threshold = env_int("FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
@@ -248,6 +249,44 @@ def mpi_built() -> bool:
     except ImportError:
         return False
     return True
+
+
+def mpi_enabled() -> bool:
+    """Whether this job runs on MPI (False in a launcher-less size-1 world)."""
+    return state().backend == "mpi"
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
+    if not mpi_enabled():
+        return False
+    from .backends import mpi
+    return mpi.threads_supported()
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    return state().homogeneous
+
+
+def gloo_enabled() -> bool:
+    """Gloo is not a backend of hvd_trainer."""
+    return False
+
+
+def cuda_built() -> bool:
+    """No CUDA code path ships yet (see the README's limitations)."""
+    return False
+
+
+def rocm_built() -> bool:
+    """ROCm is not supported."""
+    return False
+
+
+def ddl_built() -> bool:
+    """IBM DDL is not supported."""
+    return False
 
 
 def gloo_built() -> bool:

@@ -183,6 +183,11 @@ def world(algorithm: str, ring_threshold: int) -> MPICommunicator:
     return MPICommunicator(MPI.COMM_WORLD, algorithm, ring_threshold)
 
 
+def threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE."""
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
 def library_version() -> str:
     """The MPI library's own version line, for diagnostics."""
     return MPI.Get_library_version().splitlines()[0].strip()

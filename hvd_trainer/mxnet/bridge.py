@@ -6,6 +6,7 @@ after the engine has finished the writes (for reading) or all pending accesses (
 to that array. Arrays on a GPU are copied through host memory.
 """
 import ctypes
+import math
 
 import mxnet as mx
 import numpy as np
@@ -19,10 +20,11 @@ def _data_pointer(array: mx.nd.NDArray) -> int:
 
 def _view(array: mx.nd.NDArray) -> np.ndarray:
     dtype = np.dtype(array.dtype)
-    nbytes = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(array.shape) * dtype.itemsize
     if nbytes == 0:
         return np.empty(array.shape, dtype)
     raw = (ctypes.c_byte * nbytes).from_address(_data_pointer(array))
+    raw._owner = array  # the view keeps the NDArray, and so its memory, alive
     return np.frombuffer(raw, dtype).reshape(array.shape)
 
 
@@ -69,5 +71,13 @@ def assign(array: mx.nd.NDArray, values: np.ndarray) -> None:
 
 
 def to_ndarray(values: np.ndarray, ctx: mx.Context) -> mx.nd.NDArray:
-    """A new NDArray on ``ctx`` holding ``values``."""
+    """An NDArray on ``ctx`` holding ``values``, which the caller must not reuse afterwards.
+
+    On ``cpu(0)`` the NDArray adopts the NumPy memory (no copy); elsewhere it is one copy.
+    """
+    if ctx == mx.cpu(0) and values.size and values.flags.c_contiguous:
+        try:
+            return mx.nd.from_numpy(values, zero_copy=True)
+        except ValueError:  # a dtype DLPack cannot describe (int8): copy instead
+            pass
     return mx.nd.array(values, ctx=ctx, dtype=values.dtype)

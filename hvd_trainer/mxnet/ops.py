@@ -65,16 +65,6 @@ def _copy(tensor: NDArray) -> NDArray:
     return out
 
 
-def _adopt(values: np.ndarray, ctx: mx.Context) -> NDArray:
-    """An NDArray on ``ctx`` holding a fresh NumPy result, sharing its memory on ``cpu(0)``."""
-    if ctx == mx.cpu(0) and values.size and values.flags.c_contiguous:
-        try:
-            return mx.nd.from_numpy(values, zero_copy=True)
-        except ValueError:  # a dtype DLPack cannot describe (int8): copy instead
-            pass
-    return bridge.to_ndarray(values, ctx)
-
-
 # -- allreduce ------------------------------------------------------------------------------
 def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None,
                        name: Optional[str] = None, priority: int = 0,
@@ -136,7 +126,7 @@ def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dim 0 (whose length may differ per rank)."""
     bridge.check_dense(tensor, "tensor")
-    return _adopt(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
+    return bridge.to_ndarray(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
 
 
 def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
@@ -144,7 +134,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
     """:func:`allgather` each NDArray of a list; returns the gathered NDArrays in order."""
     tensors = _as_list(tensors)
     gathered = core.grouped_allgather([bridge.read_view(t) for t in tensors], name, process_set)
-    return [_adopt(g, t.context) for g, t in zip(gathered, tensors)]
+    return [bridge.to_ndarray(g, t.context) for g, t in zip(gathered, tensors)]
 
 
 # -- broadcast ------------------------------------------------------------------------------
@@ -180,9 +170,9 @@ def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDA
         splits = splits.asnumpy()
     result = core.alltoall(bridge.read_view(tensor), splits, name, process_set)
     if splits is None:
-        return _adopt(result, tensor.context)
+        return bridge.to_ndarray(result, tensor.context)
     output, received = result
-    return _adopt(output, tensor.context), mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32)
+    return bridge.to_ndarray(output, tensor.context), mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32)
 
 
 # -- reducescatter --------------------------------------------------------------------------
@@ -195,7 +185,7 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
     tensors = _as_list(tensors)
     shares = core.grouped_reducescatter([bridge.read_view(t) for t in tensors], op, name,
                                         process_set, prescale_factor, postscale_factor)
-    return [_adopt(s, t.context) for s, t in zip(shares, tensors)]
+    return [bridge.to_ndarray(s, t.context) for s, t in zip(shares, tensors)]
 
 
 def reducescatter(tensor: NDArray, op: Any = Average, name: Optional[str] = None,

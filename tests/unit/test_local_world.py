@@ -98,3 +98,10 @@ def test_log_level_debug_reports_the_backend():
     proc = subprocess.run([sys.executable, "-c", "import hvd_trainer as h; h.init()"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "HVD_LOG_LEVEL='chatty'" in proc.stderr
+
+
+def test_capability_queries_answer_for_a_size_one_world():
+    assert hvd.mpi_built() is True  # mpi4py is installed with the test extra
+    assert (hvd.mpi_enabled(), hvd.mpi_threads_supported(), hvd.is_homogeneous()) == (False, False, True)
+    assert not any(f() for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.nccl_built, hvd.ccl_built,
+                                 hvd.cuda_built, hvd.rocm_built, hvd.ddl_built))
