@@ -10,6 +10,7 @@ from .. import ops, runtime
 from ..compression import Compression, Compressor
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
+from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named
 
 _COMPRESSION_TYPES: Dict[str, Type[Compressor]] = {"fp16": Compression.fp16}
@@ -80,6 +81,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     - Gradients are summed; ``gradient_predivide_factor / size`` is folded into
       ``rescale_grad`` and ``1 / gradient_predivide_factor`` scales gradients before the sum (as
       Horovod), so N ranks calling ``step(B)`` match one process calling ``step(N * B)``.
+      With one rank nothing is reduced and the factor has no effect.
     - Updates always happen locally (``update_on_kvstore=True`` is refused). ``kvstore`` is
       ignored with one warning; ``compression_params={'type': 'fp16'}`` means
       ``compression=Compression.fp16``.
@@ -95,6 +97,8 @@ class DistributedTrainer(mx.gluon.Trainer):
     - ``save_states`` is written by the process set's rank 0 through a temporary file and
       ``os.replace``; ``load_states`` is read by rank 0 and broadcast, so every rank gets the
       same state even without a shared file system.
+    - A ``DistributedOptimizer`` passed as ``optimizer`` is unwrapped with a warning (as in
+      Horovod), keeping its per-rank ``rescale_grad``, so gradients are not reduced twice.
     - Dense gradients only for now: a ``sparse_grad=True`` parameter raises at the first step.
       Gradients on a GPU are staged through host memory.
     """
@@ -119,6 +123,12 @@ class DistributedTrainer(mx.gluon.Trainer):
                              "be positive")
         if int(num_groups) != num_groups or num_groups < 0:
             raise ValueError(f"num_groups={num_groups!r} must be a non-negative integer")
+        if isinstance(optimizer, DistributedOptimizer):
+            warnings.warn("DistributedTrainer reduces gradients itself; it uses the optimizer "
+                          "inside the DistributedOptimizer it was given", stacklevel=2)
+            per_rank_scale = optimizer.rescale_grad
+            optimizer = optimizer._optimizer
+            optimizer.rescale_grad = per_rank_scale
         param_list = _param_list(params)
         self._compression = _compressor(compression, compression_params)
         runtime.init()
@@ -128,9 +138,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                          kvstore=None, update_on_kvstore=False)
         self._prefix = prefix or ""
         self._predivide = float(gradient_predivide_factor)
-        self._scale *= self._predivide / self._size
+        # One rank reduces nothing, so there is no predivision to undo.
+        self._scale *= (self._predivide if self._size > 1 else 1.0) / self._size
         self._num_groups = int(num_groups)
-        self._root_rank = root_rank
         self._fresh = np.zeros(len(self._params), np.int8)
         self._sparse_grads = [p.name for p in self._params if p._grad_stype != "default"]
         if self._size > 1:
@@ -140,12 +150,11 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _allreduce_grads(self):
         if self._sparse_grads:
             raise ValueError(f"parameters {self._sparse_grads} have sparse gradients "
-                             "(sparse_grad=True), "
-                             "which DistributedTrainer does not support yet; create them with "
-                             "sparse_grad=False")
-        indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
+                             "(sparse_grad=True), which DistributedTrainer does not support "
+                             "yet; create them with sparse_grad=False")
         if self._size == 1 and len(self._contexts) == 1:
             return
+        indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
         buffers = {}
         for i in indices:
             buffers[i] = self._local_sum(self._params[i])

@@ -9,6 +9,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from hvd_trainer.compression import Compression
+from hvd_trainer.mxnet.optimizer import DistributedOptimizer
 from hvd_trainer.mxnet.parameters import broadcast_parameters
 from hvd_trainer.mxnet.trainer import DistributedTrainer, _split
 
@@ -97,14 +98,16 @@ def test_broadcast_parameters_names_a_bad_value():
         broadcast_parameters([mx.nd.zeros(2)])
 
 
-@pytest.mark.parametrize("ctxs", [[mx.cpu(0)], [mx.cpu(0), mx.cpu(1)]])
-def test_one_rank_matches_gluon_trainer(ctxs):
+@pytest.mark.parametrize("ctxs,predivide", [([mx.cpu(0)], 1.0), ([mx.cpu(0)], 4.0),
+                                            ([mx.cpu(0), mx.cpu(1)], 1.0)])
+def test_one_rank_matches_gluon_trainer(ctxs, predivide):
     nets = [dense(), dense()]
     nets[0].initialize(ctx=ctxs, force_reinit=True)
     nets[1].initialize(ctx=[mx.cpu()], force_reinit=True)
     nets[1].weight.set_data(nets[0].weight.data(ctxs[0]))
     opt = {"learning_rate": 0.1, "momentum": 0.9}
-    train(nets[0], DistributedTrainer(nets[0].collect_params(), "sgd", dict(opt)), ctxs)
+    train(nets[0], DistributedTrainer(nets[0].collect_params(), "sgd", dict(opt),
+                                      gradient_predivide_factor=predivide), ctxs)
     train(nets[1], gluon.Trainer(nets[1].collect_params(), "sgd", dict(opt)), [mx.cpu()])
     for ctx in ctxs:
         np.testing.assert_allclose(nets[0].weight.data(ctx).asnumpy(),
@@ -132,3 +135,12 @@ def test_split_into_groups():
     assert _split(list(range(7)), 0) == [list(range(7))]
     assert _split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
     assert _split(list(range(2)), 5) == [[0], [1]]
+
+
+def test_distributed_optimizer_is_unwrapped_once():
+    inner = mx.optimizer.SGD(learning_rate=0.1, rescale_grad=0.5)
+    wrapped = DistributedOptimizer(inner, gradient_predivide_factor=2.0)
+    with pytest.warns(UserWarning, match="DistributedOptimizer"):
+        trainer = DistributedTrainer(dense().collect_params(), wrapped)
+    assert trainer.optimizer is inner
+    assert trainer._scale == 0.5  # the per-rank value, not the wrapper's predivided one

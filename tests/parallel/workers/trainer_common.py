@@ -92,7 +92,8 @@ def forward_backward(net: gluon.Block, x: np.ndarray, y: np.ndarray,
     """Split the rows over the contexts, forward, and backward the summed per-sample losses."""
     xs, ys = np.array_split(x, len(ctxs)), np.array_split(y, len(ctxs))
     with autograd.record():
-        losses = [loss_fn(net(mx.nd.array(a, ctx=c, dtype=dtype)), mx.nd.array(b, ctx=c, dtype=dtype))
+        losses = [loss_fn(net(mx.nd.array(a, ctx=c, dtype=dtype)),
+                          mx.nd.array(b, ctx=c, dtype=dtype))
                   for a, b, c in zip(xs, ys, ctxs)]
     autograd.backward(losses)
 

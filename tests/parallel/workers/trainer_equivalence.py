@@ -7,7 +7,6 @@ update and after the last, and compares them with a plain gluon.Trainer referenc
 import mxnet as mx
 
 import hvd_trainer
-from hvd_trainer.mxnet.trainer import DistributedTrainer
 from trainer_common import (close, first_context, forward_backward, global_batches, make_net,
                             my_rows, reference, same_on_all_ranks, seed_per_rank, snapshot)
 
@@ -24,16 +23,16 @@ CASES = [
     ("sgd momentum wd, deferred init, set_learning_rate", "sgd",
      lambda: {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3},
      dict(deferred=True, hook=halve_lr_at_3)),
-    ("adam, num_groups=2, gradient_predivide_factor=2", "adam",
+    ("adam, num_groups=2", "adam",
      lambda: {"learning_rate": 0.01},
-     dict(trainer_kwargs={"num_groups": 2, "gradient_predivide_factor": 2.0})),
+     dict(trainer_kwargs={"num_groups": 2})),
     ("clip_gradient with allreduce_grads() + update()", "sgd",
      lambda: {"learning_rate": 0.5, "clip_gradient": 0.02},
      dict(split=True)),
-    ("lr_scheduler", "sgd",
+    ("lr_scheduler, gradient_predivide_factor=3, num_groups=3", "sgd",
      lambda: {"learning_rate": 0.2, "momentum": 0.5,
               "lr_scheduler": mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.2)},
-     {}),
+     dict(trainer_kwargs={"gradient_predivide_factor": 3.0, "num_groups": 3})),
     ("multi_precision float16 weights", "sgd",
      lambda: {"learning_rate": 0.1, "momentum": 0.9, "multi_precision": True},
      dict(dtype="float16", rtol=1e-2, atol=2e-3)),
@@ -52,7 +51,7 @@ def run_case(index, name, optimizer, make_params, deferred=False, hook=None, spl
     seed_per_rank()
     net = make_net(deferred, dtype)
     net.initialize(mx.init.Xavier(), ctx=list(ctxs))
-    trainer = DistributedTrainer(net.collect_params(), optimizer, make_params(),
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), optimizer, make_params(),
                                  prefix=f"case{index}.", **(trainer_kwargs or {}))
     for step, (x, y) in enumerate(batches):
         forward_backward(net, my_rows(x), my_rows(y), ctxs, dtype)

@@ -14,7 +14,6 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer
-from hvd_trainer.mxnet.trainer import DistributedTrainer
 from trainer_common import (IN, OUT, close, first_context, forward_backward, global_batches, load,
                             loss_fn, make_net, my_rows, reference, same_on_all_ranks,
                             seed_per_rank, snapshot)
@@ -36,9 +35,10 @@ def two_prefixes():
     nets = [make_net(), make_net(deferred=True)]
     for net in nets:
         net.initialize(mx.init.Xavier())
-    trainers = [DistributedTrainer(nets[0].collect_params(), "sgd", dict(SGD), prefix="a."),
-                DistributedTrainer(nets[1].collect_params(), "adam", {"learning_rate": 0.01},
-                                   prefix="b.")]
+    trainers = [
+        hvd_trainer.DistributedTrainer(nets[0].collect_params(), "sgd", dict(SGD), prefix="a."),
+        hvd_trainer.DistributedTrainer(nets[1].collect_params(), "adam", {"learning_rate": 0.01},
+                                       prefix="b.")]
     starts = []
     for step, batch_pair in enumerate(zip(batches_a, batches_b)):
         for net, trainer, (x, y) in zip(nets, trainers, batch_pair):
@@ -92,7 +92,8 @@ def stale_gradients():
     net = Heads()
     net.initialize(mx.init.Xavier())
     unused_before = net.unused.weight.data().asnumpy()
-    trainer = DistributedTrainer(net.collect_params(), "sgd", dict(SGD), prefix="stale.")
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd", dict(SGD),
+                                             prefix="stale.")
     for step, (x, y) in enumerate(batches):
         with autograd.record():
             loss = net.loss(mx.nd.array(my_rows(x)), mx.nd.array(my_rows(y)),
@@ -139,9 +140,9 @@ def save_and_resume(directory):
 
     def make_trainer(net):
         scheduler = mx.lr_scheduler.FactorScheduler(step=1, factor=0.9, base_lr=0.01)
-        return DistributedTrainer(net.collect_params(), "adam",
-                                  {"learning_rate": 0.01, "lr_scheduler": scheduler},
-                                  prefix="resume.")
+        return hvd_trainer.DistributedTrainer(net.collect_params(), "adam",
+                                              {"learning_rate": 0.01, "lr_scheduler": scheduler},
+                                              prefix="resume.")
 
     def train(net, trainer, part):
         for x, y in part:
