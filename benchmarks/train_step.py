@@ -124,8 +124,9 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for name in MODELS:
         one, two = best["single"][name], best["distributed"][name]
-        print(f"| {name} | {one['tensors']} | {one['megabytes']:.1f} | {one['seconds'] * 1e3:.1f} | "
-              f"{two['seconds'] * 1e3:.1f} | {one['seconds'] / two['seconds']:.2f} | "
+        print(f"| {name} | {one['tensors']} | {one['megabytes']:.1f} | "
+              f"{one['seconds'] * 1e3:.1f} | {two['seconds'] * 1e3:.1f} | "
+              f"{one['seconds'] / two['seconds']:.2f} | "
               f"{HOROVOD[name]:.2f} |")
 
 

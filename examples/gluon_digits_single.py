@@ -2,10 +2,10 @@
 
 gluon_digits.py (hvd_trainer.DistributedTrainer) and gluon_digits_single.py (gluon.Trainer)
 differ only in that line and its import. Run either as a plain script, or on several
-processes (hvdrun -np 2 python gluon_digits.py): each process then trains on its own
-rank-strided shard of the training set, and the distributed trainer sums the gradients. The data ships with scikit-learn,
-so nothing is downloaded. Rank 0 prints, per epoch, the loss and accuracy on the full
-training and test sets and the training throughput of the whole job.
+processes (hvdrun -np 2 python examples/gluon_digits.py): each process then trains on its
+own rank-strided shard of the training set, and the distributed trainer sums the gradients.
+The data ships with scikit-learn, so nothing is downloaded. Rank 0 prints, per epoch, the
+loss and accuracy on the full training and test sets and the whole job's throughput.
 """
 import argparse
 import os
@@ -53,9 +53,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=32, help="samples per process and step")
     parser.add_argument("--lr", type=float, default=0.004,
-                        help="Adam learning rate of the first epoch; each epoch multiplies it by 0.9")
+                        help="Adam learning rate of epoch 1; each epoch multiplies it by 0.9")
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the initial weights and the shuffling; the test split is fixed")
+                        help="seed of the initial weights and shuffling (the test split is fixed)")
     args = parser.parse_args()
     rank, size = launcher_rank_and_size()
 
