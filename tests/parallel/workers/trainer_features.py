@@ -3,7 +3,8 @@
 - two trainers with different prefixes in one process;
 - a parameter used on one rank only (stale elsewhere): no hang, and its gradient is the fresh
   rank's gradient over the global batch; a parameter used nowhere is left to ignore_stale_grad;
-- save_states / load_states: a resumed run continues exactly like an uninterrupted one.
+- save_states / load_states: a resumed run continues exactly like an uninterrupted one;
+- broadcast_parameters on a dict of NDArrays and on a ParameterDict with deferred shapes.
 Run with the pytest temporary directory as the only argument.
 """
 import os
@@ -15,7 +16,7 @@ from mxnet import autograd, gluon
 
 import hvd_trainer
 from trainer_common import (IN, OUT, close, first_context, forward_backward, global_batches, load,
-                            loss_fn, make_net, my_rows, reference, same_on_all_ranks,
+                            loss_fn, make_net, my_rows, params, reference, same_on_all_ranks,
                             seed_per_rank, snapshot)
 
 PER_RANK = 4
@@ -176,7 +177,28 @@ def save_and_resume(directory):
     say("save_states / load_states resume exactly")
 
 
+def broadcast_dicts():
+    """Every rank ends with rank 0's values, deferred parameters once the forward sets them."""
+    seed_per_rank()
+    arrays = {"b": mx.nd.random.uniform(shape=(3, 2)), "a": mx.nd.random.uniform(shape=(5,))}
+    mine = {k: v.asnumpy() for k, v in arrays.items()}
+    hvd_trainer.broadcast_parameters(arrays, root_rank=0, prefix="arrays.")
+    net = make_net(deferred=True)
+    net.initialize(mx.init.Xavier(), ctx=[mx.cpu(0), mx.cpu(1)])
+    hvd_trainer.broadcast_parameters(net.collect_params(), root_rank=0, prefix="net.")
+    net(mx.nd.ones((2, IN), ctx=mx.cpu(1)))
+    theirs = hvd_trainer.broadcast_object(
+        (mine, first_context(net)) if hvd_trainer.rank() == 0 else None, 0)
+    for k, v in arrays.items():
+        assert np.array_equal(v.asnumpy(), theirs[0][k]), f"array {k!r} differs from rank 0's"
+    for p, want in zip(params(net), theirs[1]):
+        for d in p.list_data():
+            assert np.array_equal(d.asnumpy(), want), f"{p.name} differs from rank 0's"
+    say("broadcast_parameters on NDArrays and on deferred Parameters over two contexts")
+
+
 def main():
+    broadcast_dicts()
     two_prefixes()
     stale_gradients()
     save_and_resume(sys.argv[1])
