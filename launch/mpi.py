@@ -1,0 +1,197 @@
+"""Finding the mpiexec that belongs to mpi4py's MPI library, and speaking its dialect.
+
+MPICH and Intel MPI ship the Hydra process manager; Open MPI ships its own mpirun. They differ in
+how the environment reaches the ranks, how hosts are written and whether a node may run more
+ranks than it has cores, so the command line is built per flavour.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+HYDRA = "hydra"
+OPENMPI = "openmpi"
+FLAVOUR_NAMES = {HYDRA: "MPICH/Intel MPI (Hydra)", OPENMPI: "Open MPI"}
+
+INSTALL_HINT = (
+    "install one with `pip install mpi4py mpich`, or install a system MPI (e.g. "
+    "`apt-get install openmpi-bin libopenmpi-dev`) and then `pip install mpi4py`; "
+    "or name the launcher with --mpiexec PATH (or HVD_MPIEXEC=PATH)"
+)
+
+# Variables that describe an enclosing Open MPI job; mpirun sets its own for the new job.
+_OPENMPI_PRIVATE_PREFIXES = ("OMPI_", "PMIX_", "PRTE_")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_LIBMPI = re.compile(r"/libmpi(ch)?\.so")
+
+
+class MPIError(Exception):
+    """No usable MPI launcher; the message says what is wrong and how to fix it."""
+
+
+class Launcher(NamedTuple):
+    """An mpiexec/mpirun executable and the flavour (HYDRA or OPENMPI) of its arguments."""
+
+    path: str
+    flavour: str
+
+
+def flavour_of(path: str) -> Optional[str]:
+    """Tell Hydra from Open MPI by what ``path --version`` prints; None if it is neither."""
+    try:
+        result = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = result.stdout.decode(errors="replace")
+    if "Open MPI" in text or "OpenRTE" in text:
+        return OPENMPI
+    if "HYDRA" in text or "Intel(R) MPI" in text or "MPICH" in text:
+        return HYDRA
+    return None
+
+
+def mpi_library() -> Tuple[Optional[str], List[str]]:
+    """Ask mpi4py, without initialising MPI, for its library's version text and libmpi's folders.
+
+    Returns (None, []) when mpi4py or its MPI library cannot be loaded.
+    """
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        version = MPI.Get_library_version()
+    except Exception:  # ImportError, or a RuntimeError/OSError when libmpi cannot be loaded
+        return None, []
+    folders: List[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if _LIBMPI.search(path) and os.path.dirname(path) not in folders:
+                    folders.append(os.path.dirname(path))
+    except OSError:  # not Linux: fall back to the interpreter's and PATH's folders
+        pass
+    return version, folders
+
+
+def library_flavour(version: Optional[str]) -> Optional[str]:
+    """The launcher flavour that matches an MPI library version text (None if unknown)."""
+    if not version:
+        return None
+    if "Open MPI" in version:
+        return OPENMPI
+    if any(name in version for name in ("MPICH", "Intel", "MVAPICH")):
+        return HYDRA
+    return None
+
+
+def _candidate_folders(library_folders: Sequence[str]) -> List[str]:
+    """Folders that may hold the launcher: next to libmpi first, then the interpreter's, then PATH."""
+    folders = []
+    for lib in library_folders:
+        folders += [os.path.join(lib, os.pardir, "bin"), os.path.join(lib, os.pardir, os.pardir, "bin"), lib]
+    folders += [os.path.join(sys.prefix, "bin"), os.path.dirname(sys.executable)]
+    folders += os.environ.get("PATH", "").split(os.pathsep)
+    unique = []
+    for folder in folders:
+        folder = os.path.normpath(folder) if folder else ""
+        if folder and folder not in unique:
+            unique.append(folder)
+    return unique
+
+
+def find_launcher(requested: Optional[str] = None) -> Launcher:
+    """The launcher to use: ``requested`` (or $HVD_MPIEXEC) if given, else the one matching mpi4py's MPI.
+
+    Raises MPIError naming the problem and the fix when there is none.
+    """
+    requested = requested or os.environ.get("HVD_MPIEXEC")
+    if requested:
+        path = shutil.which(requested)
+        if path is None:
+            raise MPIError(f"mpiexec {requested!r} (from --mpiexec or HVD_MPIEXEC) does not exist "
+                           "or is not executable; give the full path of an mpiexec or mpirun")
+        flavour = flavour_of(path)
+        if flavour is None:
+            print(f"hvdrun: warning: cannot tell from `{path} --version` whether it is Hydra or "
+                  "Open MPI; using Hydra's arguments", file=sys.stderr)
+        return Launcher(path, flavour or HYDRA)
+    version, library_folders = mpi_library()
+    wanted = library_flavour(version)
+    others = []
+    for folder in _candidate_folders(library_folders):
+        for name in ("mpiexec", "mpirun"):
+            path = os.path.join(folder, name)
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                continue
+            flavour = flavour_of(path)
+            if flavour is not None and wanted in (None, flavour):
+                return Launcher(path, flavour)
+            others.append(path)
+    if version and others:
+        raise MPIError(f"mpi4py uses {version.splitlines()[0].strip()!r} but the launchers found "
+                       f"({', '.join(others)}) belong to another MPI; pass the matching one with "
+                       "--mpiexec PATH")
+    raise MPIError(f"no MPI launcher (mpiexec or mpirun) found; {INSTALL_HINT}")
+
+
+def parse_hosts(spec: str) -> List[Tuple[str, int]]:
+    """Parse ``host:slots,host,...`` (slots default to 1) into (host, slots) pairs."""
+    hosts = []
+    for entry in spec.split(","):
+        host, _, slots = entry.strip().partition(":")
+        hosts.append(_host(host, slots or "1", entry))
+    return hosts
+
+
+def read_hostfile(path: str) -> List[Tuple[str, int]]:
+    """Read a hostfile with one ``host slots=N``, ``host:N`` or bare ``host`` a line; # starts a comment."""
+    hosts = []
+    with open(path) as lines:
+        for line in lines:
+            entry = line.split("#", 1)[0].strip()
+            if not entry:
+                continue
+            if "slots=" in entry:
+                host, _, slots = entry.partition("slots=")
+            else:
+                host, _, slots = entry.partition(":")
+            hosts.append(_host(host.strip(), slots.strip() or "1", entry))
+    return hosts
+
+
+def _host(host: str, slots: str, entry: str) -> Tuple[str, int]:
+    """Check one host entry; the error quotes the entry and the expected form."""
+    if not host or not slots.isdigit() or int(slots) < 1:
+        raise ValueError(f"bad host entry {entry!r}: expected host:slots or 'host slots=N' with N >= 1")
+    return host, int(slots)
+
+
+def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],
+                  mpi_args: Sequence[str], program: Sequence[str],
+                  environ: Mapping[str, str]) -> List[str]:
+    """The launcher command line that runs ``program`` on ``np`` ranks with all of ``environ``.
+
+    Hydra forwards the whole environment with -genvall and oversubscribes by default; Open MPI
+    needs ``-x NAME`` per variable, --oversubscribe, and --allow-run-as-root under root.
+    """
+    command = [launcher.path, "-n", str(np)]
+    host_list = ",".join(f"{host}:{slots}" for host, slots in hosts)
+    if launcher.flavour == OPENMPI:
+        command.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            command.append("--allow-run-as-root")
+        if hosts:
+            command += ["-H", host_list]
+        for name in sorted(environ):
+            if _VARIABLE_NAME.match(name) and not name.startswith(_OPENMPI_PRIVATE_PREFIXES):
+                command += ["-x", name]
+    else:
+        command.append("-genvall")
+        if hosts:
+            command += ["-hosts", host_list]
+    return command + list(mpi_args) + list(program)

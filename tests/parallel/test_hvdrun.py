@@ -1,0 +1,263 @@
+"""The hvdrun launcher, run for real on 2 and 3 ranks with small helper scripts.
+
+The scripts are plain Python (some use mpi4py directly), so these tests do not depend on
+hvd_trainer's core. Every run has a timeout, so a broken launcher fails instead of hanging.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hvd_trainer_launch import mpi
+
+HVDRUN = [sys.executable, "-m", "hvd_trainer_launch.hvdrun"]
+TIMEOUT = 60
+
+
+def script(tmp_path, name, body, prelude=""):
+    """Write ``prelude`` plus the dedented ``body`` into tmp_path/name and return its path."""
+    path = tmp_path / name
+    path.write_text(prelude + textwrap.dedent(body))
+    return str(path)
+
+
+def hvdrun(*args, env=None, timeout=TIMEOUT):
+    """Run hvdrun to the end; return the CompletedProcess (text output) and the seconds it took."""
+    start = time.monotonic()
+    result = subprocess.run(HVDRUN + [str(arg) for arg in args], env=env, capture_output=True,
+                            text=True, timeout=timeout)
+    return result, time.monotonic() - start
+
+
+RANK = "import os; rank = int(os.environ.get('PMI_RANK') or os.environ['OMPI_COMM_WORLD_RANK'])\n"
+
+
+def test_output_lines_carry_rank_and_stream(tmp_path):
+    talk = script(tmp_path, "talk.py", prelude=RANK, body="""
+        import sys
+        print("out", rank)
+        print("err", rank, file=sys.stderr)
+        sys.stdout.write("partial")
+    """)
+    result, _ = hvdrun("-np", 2, sys.executable, talk)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:out {rank}\n" in result.stdout
+        assert f"[{rank}]<stdout>:partial\n" in result.stdout
+        assert f"[{rank}]<stderr>:err {rank}\n" in result.stderr
+
+    bare, _ = hvdrun("--no-prefix", "-np", 2, sys.executable, talk)
+    assert bare.returncode == 0, bare.stderr
+    assert sorted(bare.stdout.splitlines()) == ["out 0", "out 1", "partial", "partial"]
+    assert sorted(bare.stderr.splitlines()) == ["err 0", "err 1"]
+
+
+def test_failing_rank_ends_job_with_its_code(tmp_path):
+    fail = script(tmp_path, "fail.py", prelude=RANK, body="""
+        import sys, time
+        if rank == 1:
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    result, seconds = hvdrun("-np", 3, sys.executable, fail)
+    assert result.returncode == 3, result.stderr
+    assert seconds < 15
+    assert "hvdrun: rank 1 exited with code 3 (first failure); ending the job" in result.stderr
+    assert "#hvdrun-exit" not in result.stderr + result.stdout
+
+
+ABORT_HOOK = """
+    import os, sys
+    from mpi4py import MPI
+
+    def abort_on_exception(kind, value, traceback):
+        sys.__excepthook__(kind, value, traceback)
+        sys.stderr.flush()
+        if EXIT_UNDER_WORKER and os.environ.get("HVDRUN_WORKER"):
+            os._exit(1)
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_on_exception
+    if MPI.COMM_WORLD.rank == 1:
+        raise ValueError("boom on rank 1")
+    MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_uncaught_exception_with_mpi_abort_ends_job(tmp_path):
+    crash = script(tmp_path, "crash.py", ABORT_HOOK, prelude="EXIT_UNDER_WORKER = False\n")
+    result, seconds = hvdrun("-np", 3, sys.executable, crash)
+    assert result.returncode != 0
+    assert seconds < 15
+
+
+def test_uncaught_exception_exit_under_worker_keeps_traceback(tmp_path):
+    crash = script(tmp_path, "crash.py", ABORT_HOOK, prelude="EXIT_UNDER_WORKER = True\n")
+    result, seconds = hvdrun("-np", 3, sys.executable, crash)
+    assert result.returncode == 1, result.stderr
+    assert seconds < 15
+    assert "[1]<stderr>:ValueError: boom on rank 1\n" in result.stderr
+    assert "hvdrun: rank 1 exited with code 1 (first failure)" in result.stderr
+
+
+def test_environment_and_flags_reach_every_rank(tmp_path):
+    show = script(tmp_path, "show.py", prelude=RANK, body="""
+        names = ["MY_CUSTOM_VAR", "HVD_FUSION_THRESHOLD", "HVD_TIMELINE", "HVD_LOG_LEVEL",
+                 "HVD_STALL_CHECK_TIME_SECONDS", "HVD_STALL_SHUTDOWN_TIME_SECONDS"]
+        print(rank, *[os.environ.get(name) for name in names])
+    """)
+    env = dict(os.environ, MY_CUSTOM_VAR="forwarded value")
+    timeline = tmp_path / "timeline.json"
+    result, _ = hvdrun("-np", 2, "--fusion-threshold-mb", 1.5, "--timeline-filename", timeline,
+                       "--stall-check-time-seconds", 30, "--stall-shutdown-time-seconds", 120,
+                       "--verbose", "--no-prefix", sys.executable, show, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "hvdrun: running: " in result.stderr
+    expected = f"forwarded value {1536 * 1024} {timeline} debug 30 120"
+    assert sorted(result.stdout.splitlines()) == [f"0 {expected}", f"1 {expected}"]
+
+
+def _alive(pid):
+    """True if the process exists and is not a zombie (an unreaped zombie has already ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="checks processes through /proc")
+def test_sigterm_to_hvdrun_ends_every_rank(tmp_path):
+    sleeper = script(tmp_path, "sleeper.py", prelude=RANK, body=f"""
+        import time
+        with open(os.path.join({str(tmp_path)!r}, "pid.%d" % rank), "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(60)
+    """)
+    launcher = subprocess.Popen(HVDRUN + ["-np", "2", sys.executable, sleeper],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        pid_files = [tmp_path / "pid.0", tmp_path / "pid.1"]
+        deadline = time.monotonic() + 30
+        while not all(path.exists() and path.read_text() for path in pid_files):
+            assert time.monotonic() < deadline, "ranks did not start"
+            time.sleep(0.1)
+        pids = [int(path.read_text()) for path in pid_files]
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert b"hvdrun: received SIGTERM; ending the job" in stderr
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_output_filename_writes_per_rank_files(tmp_path):
+    talk = script(tmp_path, "talk.py", prelude=RANK, body="""
+        import sys
+        print("out", rank)
+        print("err", rank, file=sys.stderr)
+    """)
+    folder = tmp_path / "logs" / "run1"
+    result, _ = hvdrun("-np", 2, "--output-filename", folder, sys.executable, talk)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert (folder / f"rank.{rank}" / "stdout").read_text() == f"out {rank}\n"
+        assert (folder / f"rank.{rank}" / "stderr").read_text() == f"err {rank}\n"
+
+
+def test_check_build_reports_mpi():
+    result, _ = hvdrun("--check-build")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("MPI library:") and "not found" not in line for line in lines)
+    assert any(line.startswith("mpiexec:") for line in lines)
+    assert any(line.startswith("numpy:") for line in lines)
+
+
+def test_missing_mpiexec_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no" / "mpiexec"
+    result, _ = hvdrun("--mpiexec", missing, "-np", 2, sys.executable, "-c", "pass")
+    assert result.returncode != 0
+    assert str(missing) in result.stderr and "not executable" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "0", "python", "x.py"], "-np must be >= 1"),
+    (["-np", "2"], "missing command"),
+    (["python", "x.py"], "-np N is required"),
+    (["-np", "2", "-H", "a:0", "python", "x.py"], "bad host entry 'a:0'"),
+])
+def test_bad_arguments_are_clear_errors(args, message):
+    result, _ = hvdrun(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_no_mpi_found_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.delenv("HVD_MPIEXEC", raising=False)
+    monkeypatch.setattr(mpi, "mpi_library", lambda: (None, []))
+    monkeypatch.setattr(mpi, "_candidate_folders", lambda library_folders: [str(tmp_path)])
+    with pytest.raises(mpi.MPIError, match="pip install mpi4py mpich"):
+        mpi.find_launcher()
+
+
+def test_hostfile_forms(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\nnode2:2\nnode3\n")
+    assert mpi.read_hostfile(str(hostfile)) == [("node1", 4), ("node2", 2), ("node3", 1)]
+    assert mpi.parse_hosts("a:4,b") == [("a", 4), ("b", 1)]
+
+
+def test_allreduce_through_hvdrun_on_three_ranks(tmp_path):
+    allreduce = script(tmp_path, "allreduce.py", """
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        print("size", comm.size, "sum", comm.allreduce(comm.rank + 1, op=MPI.SUM))
+    """)
+    result, _ = hvdrun("-np", 3, "--no-prefix", sys.executable, allreduce)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["size 3 sum 6"] * 3
+
+
+def _openmpi_launcher():
+    """An Open MPI mpirun on this machine, or None."""
+    for name in ("mpirun.openmpi", "/usr/bin/mpirun.openmpi", "/usr/bin/mpirun"):
+        path = shutil.which(name)
+        if path and mpi.flavour_of(path) == mpi.OPENMPI:
+            return path
+    return None
+
+
+@pytest.mark.skipif(_openmpi_launcher() is None, reason="Open MPI (openmpi-bin) is not installed")
+def test_open_mpi_prefixes_environment_and_exit_code(tmp_path):
+    talk = script(tmp_path, "talk.py", prelude=RANK, body="""
+        import sys, time
+        print("var", rank, os.environ.get("MY_CUSTOM_VAR"), os.environ.get("HVD_FUSION_THRESHOLD"))
+        print("err", rank, file=sys.stderr)
+        if len(sys.argv) > 1:
+            if rank == 1:
+                sys.exit(int(sys.argv[1]))
+            time.sleep(60)
+    """)
+    env = dict(os.environ, MY_CUSTOM_VAR="x")
+    launcher = _openmpi_launcher()
+    result, _ = hvdrun("--mpiexec", launcher, "-np", 3, "--fusion-threshold-mb", 1, sys.executable,
+                       talk, env=env)
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        assert f"[{rank}]<stdout>:var {rank} x {1 << 20}\n" in result.stdout
+        assert f"[{rank}]<stderr>:err {rank}\n" in result.stderr
+    failed, seconds = hvdrun("--mpiexec", launcher, "-np", 3, sys.executable, talk, 4)
+    assert failed.returncode == 4
+    assert seconds < 15
+    assert "hvdrun: rank 1 exited with code 4 (first failure)" in failed.stderr
