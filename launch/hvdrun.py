@@ -192,7 +192,8 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay) -> int:
         time.sleep(0.05)
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
-    relay.close()
+    if not any(reader.is_alive() for reader in readers):
+        relay.close()
     if received:
         return 128 + received[0]
     if relay.failure is not None:
