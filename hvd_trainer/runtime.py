@@ -163,15 +163,22 @@ def _configure_logging() -> None:
 
 
 def _install_abort_hook(world: Communicator) -> None:
-    """An uncaught exception on one rank ends every rank instead of leaving them waiting."""
+    """An uncaught exception on one rank ends every rank instead of leaving them waiting.
+
+    Under hvdrun the rank exits at once with status 1 (without MPI_Finalize, which would wait
+    for the others): the launcher then ends the job, and the traceback, which MPI_Abort's kill
+    can overtake, still reaches the output. Under any other launcher it calls MPI_Abort.
+    """
     previous = sys.excepthook
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
         sys.stderr.write(f"hvd_trainer: uncaught {kind.__name__} on rank {world.rank}; "
-                         "aborting the job\n")
+                         "ending the job\n")
         sys.stderr.flush()
         sys.stdout.flush()
+        if os.environ.get("HVDRUN_WORKER"):
+            os._exit(1)
         world.abort(1)
 
     sys.excepthook = hook
