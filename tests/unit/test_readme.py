@@ -1,0 +1,23 @@
+"""The README's two opening commands are what CI runs and what a new user types."""
+import os
+import re
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bash_blocks():
+    with open(os.path.join(REPO, "README.md")) as f:
+        return re.findall(r"```bash\n(.*?)\n```", f.read(), re.S)
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    test_command = _bash_blocks()[1]
+    assert "pytest" in test_command
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        assert test_command in f.read().splitlines()
+
+
+def test_first_command_trains_the_example_on_two_ranks():
+    first = _bash_blocks()[0]
+    assert first.endswith("hvdrun -np 2 python examples/gluon_digits.py")
+    assert os.path.exists(os.path.join(REPO, "examples", "gluon_digits.py"))
