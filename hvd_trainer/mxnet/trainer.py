@@ -1,19 +1,21 @@
 """DistributedTrainer: gluon.Trainer whose gradient reduction is a ring allreduce across ranks."""
 import os
+import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Type
+from typing import Any, Dict, List, Optional, Sequence, Type, Union
 
 import mxnet as mx
 import numpy as np
 
-from .. import ops, runtime
-from ..compression import Compression, Compressor
+from .. import ops, runtime, sparse
+from ..compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
+                           GatherCompressor)
+from ..compression import from_params as compression_from_params
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
+from . import sparse as sparse_nd
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named
-
-_COMPRESSION_TYPES: Dict[str, Type[Compressor]] = {"fp16": Compression.fp16}
 
 
 def _param_list(params: Any) -> List[mx.gluon.Parameter]:
@@ -37,24 +39,15 @@ def _param_list(params: Any) -> List[mx.gluon.Parameter]:
     return [param for _, param in keyed]
 
 
-def _compressor(compression: Type[Compressor],
-                compression_params: Optional[Dict[str, Any]]) -> Type[Compressor]:
+def _compressor(compression: Union[Type[Compressor], GatherCompressor],
+                compression_params: Optional[Dict[str, Any]]
+                ) -> Union[Type[Compressor], GatherCompressor]:
     """Map MXNet's ``compression_params`` onto a compressor; ``compression`` when it is None."""
     if compression_params is None:
         return compression
     if compression is not Compression.none:
         raise ValueError("pass either compression= or compression_params=, not both")
-    if not isinstance(compression_params, dict) or "type" not in compression_params:
-        raise ValueError(f"compression_params={compression_params!r} must be a dict with a "
-                         "'type' key, e.g. {'type': 'fp16'}")
-    kind = compression_params["type"]
-    if kind not in _COMPRESSION_TYPES:
-        raise ValueError(f"compression_params type {kind!r} is not supported yet; supported: "
-                         f"{sorted(_COMPRESSION_TYPES)}")
-    extra = sorted(set(compression_params) - {"type"})
-    if extra:
-        raise ValueError(f"compression_params for {kind!r} takes no options, got {extra}")
-    return _COMPRESSION_TYPES[kind]
+    return compression_from_params(compression_params)
 
 
 def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
@@ -99,8 +92,11 @@ class DistributedTrainer(mx.gluon.Trainer):
       same state even without a shared file system.
     - A ``DistributedOptimizer`` passed as ``optimizer`` is unwrapped with a warning (as in
       Horovod), keeping its per-rank ``rescale_grad``, so gradients are not reduced twice.
-    - Dense gradients only for now: a ``sparse_grad=True`` parameter raises at the first step.
-      Gradients on a GPU are staged through host memory.
+    - Row-sparse gradients (``sparse_grad=True``) are allgathered as ids and rows, duplicates
+      summed, and stay row_sparse (see :mod:`hvd_trainer.sparse`); they go by dense allreduce
+      when the ranks together send more rows than the tensor has, or always with
+      ``sparse_as_dense=True``. ``sparse_exchanges`` says how each travelled at the last step.
+      Compression applies to dense gradients only. GPU gradients are staged through host memory.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
@@ -108,7 +104,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                  compression: Type[Compressor] = Compression.none,
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: int = 0, process_set: ProcessSet = global_process_set,
-                 num_groups: int = 0):
+                 num_groups: int = 0, sparse_as_dense: bool = False):
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
                              "allreduces gradients and updates on every rank; pass "
@@ -131,6 +127,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             optimizer.rescale_grad = per_rank_scale
         param_list = _param_list(params)
         self._compression = _compressor(compression, compression_params)
+        self._feedback = (ErrorFeedbackSum(self._compression)
+                          if isinstance(self._compression, GatherCompressor) else None)
+        self.communication_stats = CommStats()
         runtime.init()
         self._process_set = process_set
         self._size = process_set.size()
@@ -142,28 +141,29 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._scale *= (self._predivide if self._size > 1 else 1.0) / self._size
         self._num_groups = int(num_groups)
         self._fresh = np.zeros(len(self._params), np.int8)
-        self._sparse_grads = [p.name for p in self._params if p._grad_stype != "default"]
+        self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self.sparse_exchanges: Dict[str, sparse.Exchange] = {}
         if self._size > 1:
             broadcast_named([(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)],
                             root_rank, process_set)
 
     def _allreduce_grads(self):
-        if self._sparse_grads:
-            raise ValueError(f"parameters {self._sparse_grads} have sparse gradients "
-                             "(sparse_grad=True), which DistributedTrainer does not support "
-                             "yet; create them with sparse_grad=False")
         if self._size == 1 and len(self._contexts) == 1:
             return
         indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
         buffers = {}
         for i in indices:
-            buffers[i] = self._local_sum(self._params[i])
+            local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
+            buffers[i] = local_sum(self._params[i])
             self._fresh[i] = buffers[i] is not None
         if self._size > 1:
             fresh = self._fresh[indices]
             ops.allreduce_(fresh, ops.Max, f"{self._prefix}fresh", process_set=self._process_set)
             self._fresh[indices] = fresh
-        reduced = [i for i in indices if self._fresh[i]]
+        self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
+                            buffers)
+        reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads]
         for i in reduced:
             if buffers[i] is None:
                 buffers[i] = self._zeroed_first(self._params[i])
@@ -171,6 +171,19 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._allreduce(reduced, buffers)
         for i in reduced:
             self._publish(self._params[i], buffers[i])
+
+    def _reduce_sparse(self, indices: List[int], local: Dict[int, Any]) -> None:
+        """Reduce row-sparse gradients (a stale rank sends no rows) and write them back."""
+        prescale = 1.0 / self._predivide if self._size > 1 else 1.0
+        for i in indices:
+            param = self._params[i]
+            ids, rows = local[i] if local[i] is not None else sparse_nd.no_rows(param)
+            ids, rows, exchange = sparse.allreduce_rows(
+                ids, rows, param.shape[0], f"{self._prefix}grad.{i}",
+                prescale_factor=prescale, force_dense=self._sparse_as_dense,
+                process_set=self._process_set)
+            self.sparse_exchanges[param.name] = exchange
+            sparse_nd.publish_rows(param, ids, rows)
 
     def _local_sum(self, param: mx.gluon.Parameter) -> Optional[np.ndarray]:
         """Sum this process's fresh gradients into the first context's (host) buffer.
@@ -201,17 +214,37 @@ class DistributedTrainer(mx.gluon.Trainer):
         return bridge.write_view(grad) if bridge.is_host(grad) else grad.asnumpy()
 
     def _allreduce(self, reduced: List[int], buffers: Dict[int, np.ndarray]) -> None:
-        """Sum the buffers across ranks in place, in ``num_groups`` grouped calls."""
-        compress = self._compression.compress
+        """Sum the buffers across ranks in place, in ``num_groups`` grouped calls.
+
+        Tensors a GatherCompressor accepts go by one allgather per group (with error feedback,
+        see ``compression.ErrorFeedbackSum``), the others by allreduce; the traffic of the
+        step lands in ``communication_stats``.
+        """
+        stats = self.communication_stats = CommStats()
+        feedback = self._feedback
+        compressor = self._compression if feedback is None else Compression.none
         for group in _split(reduced, self._num_groups):
-            payloads, ctxs = zip(*(compress(buffers[i]) for i in group))
-            ops.grouped_allreduce_(list(payloads), ops.Sum,
-                                   f"{self._prefix}grad.{group[0]}:{group[-1]}",
+            name = f"{self._prefix}grad.{group[0]}:{group[-1]}"
+            packed = [i for i in group if feedback and feedback.compressor.accepts(buffers[i])]
+            if packed:
+                feedback.sum_([(i, buffers[i]) for i in packed], f"{name}.packed",
+                              1.0 / self._predivide, self._process_set, stats)
+            dense = [i for i in group if i not in packed]
+            if not dense:
+                continue
+            tic = time.perf_counter()
+            payloads, ctxs = zip(*(compressor.compress(buffers[i]) for i in dense))
+            stats.encode_seconds += time.perf_counter() - tic
+            ops.grouped_allreduce_(list(payloads), ops.Sum, name,
                                    prescale_factor=1.0 / self._predivide,
                                    process_set=self._process_set)
-            for i, payload, ctx in zip(group, payloads, ctxs):
+            stats.add_allreduce(sum(p.nbytes for p in payloads),
+                                sum(buffers[i].nbytes for i in dense), self._size)
+            tic = time.perf_counter()
+            for i, payload, ctx in zip(dense, payloads, ctxs):
                 if payload is not buffers[i]:
-                    buffers[i][...] = self._compression.decompress(payload, ctx)
+                    buffers[i][...] = compressor.decompress(payload, ctx)
+            stats.decode_seconds += time.perf_counter() - tic
 
     @staticmethod
     def _publish(param: mx.gluon.Parameter, buf: np.ndarray) -> None:

@@ -80,17 +80,6 @@ def test_compression_params():
                            compression_params={"type": "fp16"})
 
 
-def test_sparse_gradients_are_refused_at_the_first_step():
-    net = gluon.nn.Embedding(10, 2, sparse_grad=True)
-    net.initialize()
-    trainer = DistributedTrainer(net.collect_params(), "sgd")
-    with autograd.record():
-        loss = net(mx.nd.array([1, 2])).sum()
-    loss.backward()
-    with pytest.raises(ValueError, match="sparse gradients.*not support yet"):
-        trainer.step(2)
-
-
 def test_broadcast_parameters_names_a_bad_value():
     with pytest.raises(ValueError, match=r"params\['w'\] is a list"):
         broadcast_parameters({"w": [1.0]})
