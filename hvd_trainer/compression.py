@@ -1,12 +1,38 @@
-"""Gradient compressors: how a tensor is encoded before it travels and decoded after.
+"""Gradient compressors: how a gradient is encoded before it travels and decoded after.
 
-A compressor turns a tensor into a payload plus a context, and the payload plus context back
-into a tensor. Tensors may be NumPy arrays or anything with ``dtype`` and ``astype`` (NDArrays),
-so Horovod scripts that call ``Compression.fp16.compress`` themselves keep working. Payloads that can be summed where they are (fp16) ride the ring allreduce.
+Two kinds, by transport:
+
+- Horovod's :class:`Compressor` (``Compression.none``, ``Compression.fp16``): the payload is an
+  array that can be summed where it is, so it rides the ring allreduce.
+- :class:`GatherCompressor` (2-bit, 1-bit, top-k): packed payloads that cannot be summed.
+  Every rank encodes its gradient (keeping what it did not send in a per-tensor residual),
+  the payloads travel by one allgather, and every rank decodes and sums all of them in rank
+  order, so every rank applies bit-identical updates.
+
+:func:`from_params` maps MXNet's ``compression_params`` onto one of these. Tensors may be NumPy
+arrays or, for :class:`Compressor`, anything with ``dtype`` and ``astype`` (NDArrays), so
+Horovod scripts that call ``Compression.fp16.compress`` themselves keep working.
 """
-from typing import Any, Tuple
+import abc
+import math
+import numbers
+import pickle
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
+
+from . import ops
+from .runtime import ProcessSet, global_process_set
+
+# Encoders work through long tensors in chunks of this many elements (512 KiB of float32),
+# so that each vectorised pass runs in the L2 cache instead of main memory.
+_CHUNK = 1 << 17
+_U32 = np.dtype("<u4")
+_F32 = np.dtype("<f4")
+_I32 = np.dtype("<i4")
 
 
 class Compressor:
@@ -47,3 +73,387 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+class GatherCompressor(abc.ABC):
+    """A compressor with error feedback whose payloads travel by allgather; subclass to add one.
+
+    A subclass implements three methods on flat float32 arrays:
+
+    - ``encode(grad, residual)``: add ``grad`` into ``residual`` (this rank's error-feedback
+      state for the tensor, same size, starts at zero), return the payload as a 1-D ``uint8``
+      array of exactly ``wire_bytes(grad.size)`` bytes, and subtract from ``residual`` what the
+      payload carries, so that decoded payloads plus the residual always sum to the inputs.
+    - ``decode_add(payload, out)``: add the values the payload carries to ``out``.
+    - ``wire_bytes(size)``: the payload's length for a tensor of ``size`` elements.
+
+    Only float32 tensors of at least ``min_size`` elements are compressed; the others (integer,
+    float16/64, biases and other tiny tensors, whose payload would save next to nothing) are
+    summed uncompressed. Pass an instance as ``DistributedTrainer(compression=...)``.
+    """
+
+    min_size = 1024
+
+    @abc.abstractmethod
+    def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        """The payload for ``grad``; updates ``residual`` (error feedback) in place."""
+
+    @abc.abstractmethod
+    def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
+        """Add the values ``payload`` carries to ``out``."""
+
+    @abc.abstractmethod
+    def wire_bytes(self, size: int) -> int:
+        """Payload length in bytes for a tensor of ``size`` elements."""
+
+    def accepts(self, tensor: np.ndarray) -> bool:
+        """Whether ``tensor`` is compressed (float32, ``min_size`` elements or more)."""
+        return tensor.dtype == np.float32 and tensor.size >= self.min_size
+
+
+# -- 2-bit ----------------------------------------------------------------------------------
+def _two_bit_table(threshold: np.float32) -> np.ndarray:
+    """Decoded values of each byte: 4 codes, the first in the top two bits; 11 → +t, 10 → −t."""
+    codes = (np.arange(256)[:, None] >> np.array([6, 4, 2, 0])) & 3
+    return np.select([codes == 3, codes == 2], [threshold, -threshold], 0).astype(np.float32)
+
+
+def _encode_2bit(grad: np.ndarray, residual: np.ndarray, threshold: np.float32,
+                 out: np.ndarray) -> None:
+    """MXNet's quantize_2bit, vectorised: residual += grad; ≥ t emits +t, ≤ −t emits −t."""
+    pos, neg = np.zeros(_CHUNK, bool), np.zeros(_CHUNK, bool)
+    sign, step = np.empty(_CHUNK, np.int8), np.empty(_CHUNK, np.float32)
+    codes, part = np.empty(_CHUNK // 4, _U32), np.empty(_CHUNK // 4, _U32)
+    for start in range(0, grad.size, _CHUNK):
+        r = residual[start:start + _CHUNK]
+        n = r.size
+        r += grad[start:start + n]
+        np.greater_equal(r, threshold, out=pos[:n])
+        np.less_equal(r, -threshold, out=neg[:n])
+        if n < _CHUNK:  # the tail packs as zero codes
+            pos[n:], neg[n:] = False, False
+        np.subtract(pos[:n].view(np.int8), neg[:n].view(np.int8), out=sign[:n])
+        np.multiply(sign[:n], threshold, out=step[:n])
+        r -= step[:n]
+        # Each uint32 holds the booleans of 4 elements, one per byte: code 3 (+t), 2 (−t), 0.
+        np.multiply(pos.view(_U32), 3, out=codes)
+        np.left_shift(neg.view(_U32), 1, out=part)
+        codes += part
+        # Byte k of the payload: element 4k in bits 7-6, then 4k+1, 4k+2, 4k+3 (MXNet's order).
+        words = (n + 3) // 4
+        c = codes[:words]
+        packed = np.left_shift(c, 6)
+        for shift in (4, 14, 24):
+            np.right_shift(c, shift, out=part[:words])
+            packed |= part[:words]
+        np.copyto(out[start // 4:start // 4 + words], packed, casting="unsafe")
+
+
+def _decode_2bit_add(payload: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+    for start in range(0, out.size, _CHUNK):
+        o = out[start:start + _CHUNK]
+        o += np.take(table, payload[start // 4:start // 4 + (o.size + 3) // 4],
+                     axis=0).reshape(-1)[:o.size]
+
+
+class TwoBit(GatherCompressor):
+    """MXNet's 2-bit compression with error feedback, bit-compatible with its KVStore.
+
+    The residual accumulates the gradient; a residual ≥ t emits +t and one ≤ −t emits −t, each
+    subtracted from the residual; anything else emits 0. 16 values per 32 bits (codes 11, 10,
+    00 in MXNet's layout). A NaN compares false, as in MXNet: it emits 0 and stays in the
+    residual, so that element sends 0 from then on.
+    """
+
+    def __init__(self, threshold: float = 0.5):
+        self.threshold = np.float32(threshold)
+        self._table = _two_bit_table(self.threshold)
+
+    def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        out = np.empty(self.wire_bytes(grad.size), np.uint8)
+        out[grad.size // 4:] = 0
+        _encode_2bit(grad, residual, self.threshold, out)
+        return out
+
+    def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
+        _decode_2bit_add(payload, self._table, out)
+
+    def wire_bytes(self, size: int) -> int:
+        return 4 * math.ceil(size / 16)
+
+
+class ScaledTwoBit(TwoBit):
+    """2-bit compression whose threshold is ``threshold`` × the tensor's mean |gradient|.
+
+    Each rank sets its threshold per tensor and step from the gradient it is about to send, and
+    sends it (4 bytes) with the codes, so the threshold follows the gradients' scale and needs
+    no tuning: ``threshold`` is in units of mean |g| (default 1).
+    """
+
+    def __init__(self, threshold: float = 1.0):
+        super().__init__(threshold)
+
+    def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        total = sum(float(np.add.reduce(np.abs(grad[s:s + _CHUNK]), dtype=np.float64))
+                    for s in range(0, grad.size, _CHUNK))
+        scale = np.float32(self.threshold * total / max(grad.size, 1))
+        out = np.empty(self.wire_bytes(grad.size), np.uint8)
+        out[:4] = np.frombuffer(scale.astype(_F32).tobytes(), np.uint8)
+        codes = out[4:]
+        codes[grad.size // 4:] = 0
+        _encode_2bit(grad, residual, scale, codes)
+        return out
+
+    def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
+        scale = payload[:4].view(_F32)[0]
+        _decode_2bit_add(payload[4:], _two_bit_table(scale), out)
+
+    def wire_bytes(self, size: int) -> int:
+        return 4 + super().wire_bytes(size)
+
+
+# -- 1-bit ----------------------------------------------------------------------------------
+class OneBit(GatherCompressor):
+    """MXNet 1.x's 1-bit compression (gradient_compression-inl.h, quantize_1bit).
+
+    The residual accumulates the gradient; a residual > ``threshold`` emits +1 and subtracts 1,
+    anything else emits −1 and adds 1. The threshold only decides the sign (any number, 0 means
+    the residual's sign); the values sent are ±1 whatever the threshold, so gradients should be
+    of order 1 or the learning rate scaled to match. 32 values per 32 bits, first value in the
+    top bit. A NaN compares false: it emits −1 and stays in the residual.
+    """
+
+    def __init__(self, threshold: float = 0.5):
+        self.threshold = np.float32(threshold)
+        bits = (np.arange(256)[:, None] >> np.arange(7, -1, -1)) & 1
+        self._table = np.where(bits == 1, 1.0, -1.0).astype(np.float32)
+
+    def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.wire_bytes(grad.size), np.uint8)
+        above = np.empty(_CHUNK, bool)
+        step = np.empty(_CHUNK, np.float32)
+        for start in range(0, grad.size, _CHUNK):
+            r = residual[start:start + _CHUNK]
+            n = r.size
+            r += grad[start:start + n]
+            np.greater(r, self.threshold, out=above[:n])
+            np.multiply(above[:n], np.float32(2), out=step[:n])
+            step[:n] -= 1
+            r -= step[:n]
+            packed = np.packbits(above[:n])
+            out[start // 8:start // 8 + packed.size] = packed
+        return out
+
+    def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
+        for start in range(0, out.size, _CHUNK):
+            o = out[start:start + _CHUNK]
+            o += np.take(self._table, payload[start // 8:start // 8 + (o.size + 7) // 8],
+                         axis=0).reshape(-1)[:o.size]
+
+    def wire_bytes(self, size: int) -> int:
+        return 4 * math.ceil(size / 32)
+
+
+# -- top-k ----------------------------------------------------------------------------------
+class TopK(GatherCompressor):
+    """Top-k sparsification with error feedback: send the ``ratio`` largest |residual| entries.
+
+    The residual accumulates the gradient; the ceil(ratio × size) entries of largest magnitude
+    are sent as (int32 index, float32 value) pairs and zeroed in the residual. A NaN counts as
+    larger than any number, so it is sent and reaches the weights, as it would uncompressed.
+    """
+
+    # Above this size, candidates are preselected by a threshold estimated from a sample.
+    _SAMPLED = 1 << 16
+
+    def __init__(self, ratio: float):
+        self.ratio = float(ratio)
+
+    def count(self, size: int) -> int:
+        """Entries sent for a tensor of ``size`` elements."""
+        return min(size, max(1, math.ceil(self.ratio * size)))
+
+    def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        k = self.count(grad.size)
+        magnitude = np.empty(grad.size, np.float32)
+        for start in range(0, grad.size, _CHUNK):
+            r = residual[start:start + _CHUNK]
+            r += grad[start:start + r.size]
+            np.abs(r, out=magnitude[start:start + r.size])
+        index = None
+        if grad.size > self._SAMPLED and 2 * k < grad.size:
+            # Entries not below a sample's quantile at twice the wanted fraction: about 2k
+            # candidates. If there are k or more, the exact top k is among them.
+            sample = magnitude[::grad.size // self._SAMPLED]
+            q = int(sample.size * (1 - 2 * k / grad.size))
+            cut = np.partition(sample, q)[q]
+            candidates = np.flatnonzero(~(magnitude < cut))
+            if candidates.size >= k:
+                pick = np.argpartition(magnitude[candidates], candidates.size - k)
+                index = candidates[pick[candidates.size - k:]]
+        if index is None:
+            index = np.argpartition(magnitude, grad.size - k)[grad.size - k:]
+        out = np.empty(8 * k, np.uint8)
+        out[:4 * k].view(_I32)[:] = index
+        out[4 * k:].view(_F32)[:] = residual[index]
+        residual[index] = 0
+        return out
+
+    def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
+        k = payload.size // 8
+        out[payload[:4 * k].view(_I32)] += payload[4 * k:].view(_F32)
+
+    def wire_bytes(self, size: int) -> int:
+        return 8 * self.count(size)
+
+
+# -- compression_params ---------------------------------------------------------------------
+_TYPES = {"fp16": (None, {}), "2bit": (TwoBit, {"threshold": 0.5}),
+          "1bit": (OneBit, {"threshold": 0.5}), "topk": (TopK, {"ratio": None}),
+          "scaled_2bit": (ScaledTwoBit, {"threshold": 1.0})}
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{what}={value!r} must be a finite number")
+    return float(value)
+
+
+def from_params(params: Dict[str, Any]) -> Union[Type[Compressor], GatherCompressor]:
+    """The compressor for MXNet-style ``compression_params``, with every option checked.
+
+    Types: ``fp16``; ``2bit`` and ``1bit`` (``threshold``, default 0.5 as in MXNet);
+    ``scaled_2bit`` (``threshold`` in units of the tensor's mean |g|, default 1); ``topk``
+    (``ratio`` in (0, 1], required). Every type but fp16 also takes ``min_size``.
+    """
+    valid = ", ".join(repr(t) for t in _TYPES)
+    if not isinstance(params, dict) or "type" not in params:
+        raise ValueError(f"compression_params={params!r} must be a dict with a 'type' key, "
+                         f"e.g. {{'type': '2bit', 'threshold': 0.5}}; types: {valid}")
+    kind = params["type"]
+    if kind not in _TYPES:
+        raise ValueError(f"compression_params type {kind!r} is unknown; valid types: {valid}")
+    cls, defaults = _TYPES[kind]
+    allowed = set(defaults) | ({"min_size"} if cls else set())
+    unknown = sorted(set(params) - allowed - {"type"})
+    if unknown:
+        raise ValueError(f"compression_params for {kind!r} got unknown keys {unknown}; it "
+                         f"takes {sorted(allowed) or 'no options'}")
+    if cls is None:
+        return Compression.fp16
+    options = {key: params.get(key, default) for key, default in defaults.items()}
+    if "ratio" in options:
+        if options["ratio"] is None:
+            raise ValueError("compression_params for 'topk' needs 'ratio', the fraction of "
+                             "entries sent, e.g. {'type': 'topk', 'ratio': 0.01}")
+        ratio = _number(options["ratio"], "ratio")
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio={ratio!r} must be in (0, 1]: the fraction of each "
+                             "tensor's entries sent per step")
+    if "threshold" in options:
+        threshold = _number(options["threshold"], "threshold")
+        if kind != "1bit" and threshold <= 0:
+            raise ValueError(f"threshold={threshold!r} must be positive for {kind!r}: a "
+                             "residual reaching ±threshold is sent")
+    compressor = cls(**options)
+    if "min_size" in params:
+        min_size = params["min_size"]
+        if isinstance(min_size, bool) or not isinstance(min_size, numbers.Integral) \
+                or min_size < 0:
+            raise ValueError(f"min_size={min_size!r} must be a non-negative integer: tensors "
+                             "with fewer elements are sent uncompressed")
+        compressor.min_size = int(min_size)
+    return compressor
+
+
+# -- the allgather path and its accounting --------------------------------------------------
+@dataclass
+class CommStats:
+    """One rank's traffic and codec time, summed over the collectives of a training step.
+
+    Bytes follow the algorithms: a ring allreduce of B bytes sends and receives 2(N−1)/N·B
+    per rank; an allgather of P bytes per rank sends (N−1)·P and receives the others'
+    payloads. ``dense_bytes`` is what a float allreduce of the same gradients would send.
+    """
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    dense_bytes: int = 0
+    encode_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    def add_allreduce(self, payload_bytes: int, dense_bytes: int, size: int) -> None:
+        """Count a ring allreduce of ``payload_bytes`` standing for ``dense_bytes``."""
+        ring = 2 * (size - 1) / size
+        self.bytes_sent += round(ring * payload_bytes)
+        self.bytes_received += round(ring * payload_bytes)
+        self.dense_bytes += round(ring * dense_bytes)
+
+
+class ErrorFeedbackSum:
+    """Sums gradients across ranks through a :class:`GatherCompressor`, with one residual per
+    tensor key on this rank (the state ``save_states`` keeps)."""
+
+    def __init__(self, compressor: GatherCompressor):
+        self.compressor = compressor
+        self.residuals: Dict[Hashable, np.ndarray] = {}
+
+    def load(self, every_rank: Optional[List[Dict[Hashable, np.ndarray]]], rank: int,
+             size: int) -> None:
+        """Take this rank's residuals from every rank's saved ones; zeros when there are none
+        or they were saved by a different number of ranks (with a warning)."""
+        if every_rank is not None and len(every_rank) != size:
+            warnings.warn(f"the saved error-feedback residuals come from {len(every_rank)} "
+                          f"ranks, this job has {size}; they start again from zero")
+            every_rank = None
+        self.residuals = {} if every_rank is None else dict(every_rank[rank])
+
+    def sum_(self, named: Sequence[Tuple[str, np.ndarray]], name: str, scale: float = 1.0,
+             process_set: ProcessSet = global_process_set,
+             stats: Optional[CommStats] = None) -> None:
+        """Replace each (C-contiguous float32) tensor by the sum over ranks of what they sent,
+        times ``scale``; one allgather carries every payload."""
+        codec = self.compressor
+        sizes = [codec.wire_bytes(t.size) for _, t in named]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        send = np.empty(offsets[-1], np.uint8)
+        tic = time.perf_counter()
+        for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
+            residual = self.residuals.setdefault(key, np.zeros(t.size, np.float32))
+            send[start:end] = codec.encode(t.reshape(-1), residual)
+        encoded = time.perf_counter()
+        every = ops.allgather(send, name, process_set).reshape(-1, send.size)
+        gathered = time.perf_counter()
+        for (_, t), start, end in zip(named, offsets[:-1], offsets[1:]):
+            flat = t.reshape(-1)
+            flat[...] = 0
+            for payload in every:  # rank order, the same on every rank
+                codec.decode_add(payload[start:end], flat)
+            if scale != 1.0:
+                flat *= np.float32(scale)
+        if stats is not None:
+            ranks = every.shape[0]
+            stats.bytes_sent += (ranks - 1) * send.size
+            stats.bytes_received += (ranks - 1) * send.size
+            stats.dense_bytes += round(2 * (ranks - 1) / ranks * sum(t.nbytes for _, t in named))
+            stats.encode_seconds += encoded - tic
+            stats.decode_seconds += time.perf_counter() - gathered
+
+
+# -- residuals in state files ---------------------------------------------------------------
+_RESIDUALS_MAGIC = b"hvd_trainer residuals 1\n"
+
+
+def attach_residuals(states: bytes, every_rank: Optional[List[Dict[Hashable, np.ndarray]]]
+                     ) -> bytes:
+    """Optimizer states with every rank's residuals appended; ``states`` alone when None."""
+    if every_rank is None:
+        return states
+    return _RESIDUALS_MAGIC + pickle.dumps((states, every_rank), pickle.HIGHEST_PROTOCOL)
+
+
+def detach_residuals(data: bytes) -> Tuple[bytes, Optional[List[Dict[Hashable, np.ndarray]]]]:
+    """Split what :func:`attach_residuals` wrote; plain optimizer states have no residuals."""
+    if not data.startswith(_RESIDUALS_MAGIC):
+        return data, None
+    return pickle.loads(data[len(_RESIDUALS_MAGIC):])
