@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import ops, runtime, sparse
 from ..compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
-                           GatherCompressor)
+                           GatherCompressor, attach_residuals, detach_residuals)
 from ..compression import from_params as compression_from_params
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
@@ -78,6 +78,11 @@ class DistributedTrainer(mx.gluon.Trainer):
     - Updates always happen locally (``update_on_kvstore=True`` is refused). ``kvstore`` is
       ignored with one warning; ``compression_params={'type': 'fp16'}`` means
       ``compression=Compression.fp16``.
+    - ``compression_params`` of type 2bit, 1bit, topk or scaled_2bit (or a
+      ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
+      ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
+      order; the residuals of error feedback are per rank and go into ``save_states``.
+      ``communication_stats`` holds the last step's traffic and codec time.
     - Tensor names are ``prefix`` + the parameter's index in Gluon's order (sorted keys of a
       dict), so two trainers in one process need different prefixes.
     - Several contexts per process: fresh gradients are summed locally into the first
@@ -259,11 +264,16 @@ class DistributedTrainer(mx.gluon.Trainer):
     def save_states(self, fname: str) -> None:
         """Write the optimizer state once (rank 0, atomically); every rank returns after it."""
         error = None
+        residuals = None  # every rank's error-feedback residuals, kept with the states
+        if self._feedback is not None:
+            residuals = ops.allgather_object(self._feedback.residuals,
+                                             f"{self._prefix}residuals", self._process_set)
         if self._process_set.rank() == 0:
             tmp = f"{fname}.tmp.{os.getpid()}"
             try:
                 with open(tmp, "wb") as f:
-                    f.write(self._updaters[0].get_states(dump_optimizer=True))
+                    f.write(attach_residuals(self._updaters[0].get_states(dump_optimizer=True),
+                                             residuals))
                 os.replace(tmp, fname)
             except OSError as e:
                 error = f"rank 0 could not write {fname!r}: {e}"
@@ -284,6 +294,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                                              self._process_set)
         if error:
             raise OSError(error)
+        states, residuals = detach_residuals(states)
+        if self._feedback is not None:
+            self._feedback.load(residuals, self._process_set.rank(), self._size)
         for updater in self._updaters:
             updater.set_states(states)
             updater.optimizer = self._updaters[0].optimizer

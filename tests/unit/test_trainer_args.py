@@ -72,9 +72,9 @@ def test_compression_params():
     trainer = DistributedTrainer(dense().collect_params(), "sgd",
                                  compression_params={"type": "fp16"})
     assert trainer._compression is Compression.fp16
-    with pytest.raises(ValueError, match="'2bit' is not supported yet"):
+    with pytest.raises(ValueError, match="'3bit' is unknown; valid types: 'fp16', '2bit'"):
         DistributedTrainer(dense().collect_params(), "sgd",
-                           compression_params={"type": "2bit", "threshold": 0.5})
+                           compression_params={"type": "3bit", "threshold": 0.5})
     with pytest.raises(ValueError, match="either compression= or compression_params="):
         DistributedTrainer(dense().collect_params(), "sgd", compression=Compression.fp16,
                            compression_params={"type": "fp16"})
