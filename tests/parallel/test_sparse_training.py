@@ -1,10 +1,14 @@
 """Row-sparse gradients on 2 and 3 ranks against a single-process gluon.Trainer reference.
 
-One launch per world size runs every case of workers/sparse_equivalence.py (see its docstring).
+One launch per world size runs every case of workers/sparse_equivalence.py (see its docstring);
+one more runs the example on a small vocabulary.
 """
+import os
+import re
+
 import pytest
 
-from runner import run_ranks
+from runner import REPO, run_ranks
 
 SPARSE_CASES = 7
 
@@ -14,3 +18,12 @@ def test_sparse_gradients_match_one_process_on_the_global_batch(np_):
     out = run_ranks("sparse_equivalence.py", np_, timeout=120).stdout
     assert out.count("all sparse equivalence cases passed") == np_
     assert out.count("OK ") == SPARSE_CASES
+
+
+def test_example_reports_both_paths_and_the_sparse_one_moves_fewer_bytes():
+    out = run_ranks(os.path.join(REPO, "examples", "sparse_embedding.py"), 2,
+                    ["--vocab", "20000", "--dim", "16", "--docs", "512", "--epochs", "1"]).stdout
+    moved = {path: float(mb) for path, mb in
+             re.findall(r"(sparse|dense) +path: \d+ rows sent, ([\d.]+) MB per step", out)}
+    assert set(moved) == {"sparse", "dense"}, out
+    assert moved["sparse"] < moved["dense"] / 5, out
