@@ -194,8 +194,9 @@ class ScaledTwoBit(TwoBit):
         super().__init__(threshold)
 
     def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
-        total = sum(float(np.add.reduce(np.abs(grad[s:s + _CHUNK]), dtype=np.float64))
-                    for s in range(0, grad.size, _CHUNK))
+        magnitude = np.empty(min(grad.size, _CHUNK), np.float32)
+        total = sum(float(np.abs(grad[s:s + _CHUNK], out=magnitude[:grad[s:s + _CHUNK].size])
+                          .sum()) for s in range(0, grad.size, _CHUNK))
         scale = np.float32(self.threshold * total / max(grad.size, 1))
         out = np.empty(self.wire_bytes(grad.size), np.uint8)
         out[:4] = np.frombuffer(scale.astype(_F32).tobytes(), np.uint8)

@@ -1,12 +1,10 @@
 """Compressed DistributedTrainer on 2 and 3 ranks: MXNet's own 2-bit as reference, identical
 weights on every rank, residuals in save_states, byte counts; digits convergence."""
-import os
 import re
-import sys
 
 import pytest
 
-from runner import REPO, run_ranks
+from runner import run_ranks
 
 CASES = 5
 
@@ -16,3 +14,15 @@ def test_compression_cases(np_, tmp_path):
     out = run_ranks("compression_cases.py", np_, [str(tmp_path)], timeout=120).stdout
     assert out.count("all compression cases passed") == np_
     assert out.count("OK ") == CASES
+
+
+def test_digits_scaled_2bit_and_topk_match_uncompressed():
+    """The digits example on 2 ranks, its default 25 epochs: the scaled 2-bit variant and
+    top-k 0.01 each end within 2 points of uncompressed test accuracy."""
+    settings = ["none", "scaled_2bit", "topk,ratio=0.01"]
+    out = run_ranks("compression_digits.py", 2, settings, timeout=240).stdout
+    final = [float(a) for a in re.findall(r"epoch 25 .* test acc ([0-9.]+)", out)]
+    assert len(final) == len(settings), out
+    dense, scaled, topk = final
+    assert scaled >= dense - 0.02 and topk >= dense - 0.02, dict(zip(settings, final))
+    assert "last step: sent" in out
