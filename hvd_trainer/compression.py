@@ -409,7 +409,7 @@ class ErrorFeedbackSum:
             every_rank = None
         self.residuals = {} if every_rank is None else dict(every_rank[rank])
 
-    def sum_(self, named: Sequence[Tuple[str, np.ndarray]], name: str, scale: float = 1.0,
+    def sum_(self, named: Sequence[Tuple[Hashable, np.ndarray]], name: str, scale: float = 1.0,
              process_set: ProcessSet = global_process_set,
              stats: Optional[CommStats] = None) -> None:
         """Replace each (C-contiguous float32) tensor by the sum over ranks of what they sent,
@@ -421,7 +421,12 @@ class ErrorFeedbackSum:
         tic = time.perf_counter()
         for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
             residual = self.residuals.setdefault(key, np.zeros(t.size, np.float32))
-            send[start:end] = codec.encode(t.reshape(-1), residual)
+            payload = codec.encode(t.reshape(-1), residual)
+            if payload.dtype != np.uint8 or payload.shape != (end - start,):
+                raise ValueError(f"{type(codec).__name__}.encode returned {payload.dtype} of "
+                                 f"shape {payload.shape}; it must return wire_bytes(size) = "
+                                 f"{end - start} bytes as a 1-D uint8 array")
+            send[start:end] = payload
         encoded = time.perf_counter()
         every = ops.allgather(send, name, process_set).reshape(-1, send.size)
         gathered = time.perf_counter()

@@ -19,6 +19,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer
+from hvd_trainer.compression import GatherCompressor
 
 FEATURES, HIDDEN, CLASSES, PER_RANK, STEPS = 20, 64, 16, 8, 6
 SGD = {"learning_rate": 0.1, "momentum": 0.9}
@@ -138,13 +139,39 @@ def topk_everything_is_uncompressed():
     say("topk ratio 1 equals uncompressed training")
 
 
+class Int8(GatherCompressor):
+    """The README's example of a user compressor."""
+
+    def __init__(self, step=1e-3):
+        self.step = np.float32(step)
+
+    def encode(self, grad, residual):
+        residual += grad
+        q = np.clip(np.rint(residual / self.step), -127, 127).astype(np.int8)
+        residual -= q * self.step
+        return q.view(np.uint8)
+
+    def decode_add(self, payload, out):
+        out += payload.view(np.int8) * self.step
+
+    def wire_bytes(self, size):
+        return size
+
+
 def every_type_same_on_all_ranks():
     for params in ({"type": "1bit", "threshold": 0.0}, {"type": "topk", "ratio": 0.01},
-                   {"type": "scaled_2bit"}, {"type": "fp16"}, {"type": "2bit", "min_size": 0}):
-        start, end, _, _ = distributed(params, batches(9), bias=True)
+                   {"type": "scaled_2bit"}, {"type": "fp16"}, {"type": "2bit", "min_size": 0},
+                   None):
+        kwargs = {"compression": Int8()} if params is None else None
+        start, end, trainer, _ = distributed(params, batches(9), bias=True,
+                                             trainer_kwargs=kwargs)
         same_on_all_ranks(end, str(params))
         assert any(not np.array_equal(a, b) for a, b in zip(start, end)), f"{params}: no update"
-    say("1bit, topk, scaled_2bit, fp16, 2bit with biases: identical weights on every rank")
+        if params is None:  # 1 byte per element of the two weights, by allgather
+            n = hvd_trainer.size()
+            assert trainer.communication_stats.bytes_sent >= (n - 1) * (1280 + 1024)
+    say("1bit, topk, scaled_2bit, fp16, 2bit with biases, a user's compressor: identical "
+        "weights on every rank")
 
 
 def resume_keeps_residuals(directory):
