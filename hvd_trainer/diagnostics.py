@@ -1,29 +1,72 @@
-"""Agreement between ranks before a collective runs.
+"""Agreement between ranks before a collective runs, the stall inspector, and the timeline.
 
-Every collective first exchanges an 8-byte digest of what each rank is about to do (kind,
-names, dtypes, shapes, op, root, scale factors), in one small allreduce, or in an allgather
-that also carries an integer the collective needs anyway (the first dimension for allgather). If the digests differ, the ranks exchange the full
+**Agreement.** Before a collective every rank contributes a record to one small nonblocking
+allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names, dtypes,
+shapes, op, root, scale factors), the digest's complement, and optional flags. The digests
+were all equal exactly when or(d) == ~or(~d). If they differ, the ranks exchange their full
 descriptions and every rank raises the same :class:`MismatchError`, naming the tensor, the
-field and each rank's value. So a disagreement never hangs and never reads past a buffer.
+field and each rank's value. Every agreement uses the same record, so even ranks that reached
+different kinds of collective meet in it: a disagreement never hangs and never reads past a
+buffer.
 
-The timeline (``HVD_TIMELINE=file`` or :func:`start_timeline`) records each collective's
-phases as a Chrome trace.
+**Cache.** A caller whose agreement already fixes the collectives that follow (the trainer's
+step: the names, shapes and dtypes of its gradients, and which are fresh, carried as flags)
+runs them inside :func:`covered`, where they skip their own exchange. So a steady-state
+training step pays one small exchange, and it carries the freshness flags it needs anyway.
+
+**Stall inspector.** A rank that waits in an agreement longer than
+``HVD_STALL_CHECK_TIME_SECONDS`` logs which ranks have not arrived and where the others wait
+(waiting ranks tell each other through the communicators' mailboxes); after
+``HVD_STALL_SHUTDOWN_TIME_SECONDS`` it ends the job.
+
+**Timeline.** ``HVD_TIMELINE=file`` or :func:`start_timeline` records phases per tensor as a
+Chrome trace.
 """
 import contextlib
 import hashlib
 import json
+import logging
 import threading
 import time
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import runtime
-from .backends import Communicator
+from .backends import Communicator, Request
+
+log = logging.getLogger("hvd_trainer")
+
+# Flags that travel inside the agreement record; more go in a second exchange once agreed.
+INLINE_FLAG_WORDS = 6
+_RECORD_WORDS = 2 + INLINE_FLAG_WORDS
+# A wait first polls without sleeping (most waits are shorter), then sleeps between polls,
+# doubling the pause up to a bound so a long wait costs little CPU yet ends promptly.
+_SPIN_SECONDS = 0.01
+_FIRST_PAUSE, _MAX_PAUSE = 1e-4, 0.02
 
 
 class MismatchError(RuntimeError):
     """Ranks called a collective with different arguments; raised on every rank alike."""
+
+
+class _Book:
+    """Per-communicator agreement state: exchanges so far, and whether collectives are covered."""
+
+    def __init__(self):
+        self.exchanges = 0
+        self.covered = 0
+
+
+_books: "weakref.WeakKeyDictionary[Communicator, _Book]" = weakref.WeakKeyDictionary()
+
+
+def _book(comm: Communicator) -> _Book:
+    book = _books.get(comm)
+    if book is None:
+        book = _books[comm] = _Book()
+    return book
 
 
 def _digest(description: Dict[str, Any]) -> int:
@@ -36,33 +79,183 @@ def _raise_mismatch(comm: Communicator, description: Dict[str, Any]) -> None:
     raise MismatchError(describe_mismatch(every))
 
 
-def agree(comm: Communicator, description: Dict[str, Any]) -> None:
-    """Check that every rank describes the same collective, in one tiny allreduce.
+def pack_flags(flags: np.ndarray) -> np.ndarray:
+    """Booleans as bits in int64 words, so that a bitwise-or allreduce ors them."""
+    bits = np.packbits(np.asarray(flags, bool))
+    words = np.zeros(-(-bits.size // 8) * 8, np.uint8)
+    words[:bits.size] = bits
+    return words.view(np.int64)
 
-    ``description`` maps field names to plain values; its ``tensors`` entry, if any, is a
-    list of per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ.
+
+def unpack_flags(words: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` booleans of :func:`pack_flags`' words."""
+    return np.unpackbits(np.ascontiguousarray(words).view(np.uint8))[:count].astype(bool)
+
+
+def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
+          flags: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """Check that every rank describes the same collective, in one small exchange.
+
+    ``describe()`` returns a dict of plain values; its ``tensors`` entry, if any, is a list of
+    per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ. ``flags``
+    (booleans) are or-ed across ranks in the same exchange and returned. Inside
+    :func:`covered` an agreement without flags is skipped and ``describe`` is not called.
     """
+    if flags is None and _book(comm).covered:
+        return None
     if comm.size == 1:
-        return
+        return None if flags is None else np.asarray(flags, bool).copy()
+    description = describe()
+    if flags is not None:
+        description = dict(description, flags=len(flags))
     digest = _digest(description)
-    # max(d) == -max(-d) exactly when every rank's digest is the same.
-    both = np.array([digest, -digest], np.int64)
-    comm.allreduce(both, "max")
-    if both[0] != -both[1]:
+    record = np.zeros(_RECORD_WORDS, np.int64)
+    record[0], record[1] = digest, ~digest
+    words = pack_flags(flags) if flags is not None else record[:0]
+    inline = min(words.size, INLINE_FLAG_WORDS)
+    record[2:2 + inline] = words[:inline]
+    book = _book(comm)
+    book.exchanges += 1
+    _wait(comm, comm.start_allreduce(record, "bor"),
+          f"{description.get('kind', 'collective')} {description.get('name')!r}", book.exchanges)
+    discard_posts(comm)
+    if record[0] != ~record[1]:
         _raise_mismatch(comm, description)
+    if flags is None:
+        return None
+    words = words.copy()
+    words[:inline] = record[2:2 + inline]
+    if words.size > inline:  # the ranks agree on len(flags), so this exchange matches
+        rest = words[inline:]
+        comm.allreduce(rest, "bor")
+        words[inline:] = rest
+    return unpack_flags(words, len(flags))
 
 
-def agree_gather(comm: Communicator, description: Dict[str, Any], extra: int) -> List[int]:
-    """:func:`agree`, also returning every rank's ``extra`` (e.g. its first dimension)."""
+def agree_gather(comm: Communicator, describe: Callable[[], Dict[str, Any]], extra: int
+                 ) -> List[int]:
+    """:func:`agree`, then return every rank's ``extra`` (e.g. its first dimension)."""
+    agree(comm, describe)
     if comm.size == 1:
         return [extra]
-    mine = np.array([_digest(description), extra], np.int64)
-    gathered = np.empty(2 * comm.size, np.int64)
-    comm.allgatherv(mine, gathered, [2] * comm.size)
-    digests = gathered[0::2]
-    if (digests != digests[0]).any():
-        _raise_mismatch(comm, description)
-    return gathered[1::2].tolist()
+    gathered = np.empty(comm.size, np.int64)
+    comm.allgatherv(np.array([extra], np.int64), gathered, [1] * comm.size)
+    return gathered.tolist()
+
+
+@contextlib.contextmanager
+def covered(comm: Communicator) -> Iterator[None]:
+    """Collectives on ``comm`` in this block skip their agreement exchange.
+
+    Only for a caller whose last :func:`agree` on ``comm`` already fixed, identically on
+    every rank, each collective the block runs (kind, names, shapes, dtypes, op).
+    """
+    book = _book(comm)
+    book.covered += 1
+    try:
+        yield
+    finally:
+        book.covered -= 1
+
+
+def agreements(comm: Communicator) -> int:
+    """How many agreement exchanges this rank has made on ``comm`` (a test and benchmark aid)."""
+    return _book(comm).exchanges
+
+
+# -- waiting, and the stall inspector -------------------------------------------------------
+def discard_posts(comm: Communicator) -> None:
+    """Drop stall posts that arrived after the wait they were about ended.
+
+    MPICH may kill a process that exits with unreceived messages, so every agreement (and
+    the runtime at exit) empties the mailbox; it costs one probe when it is empty.
+    """
+    comm.collect_posts()
+
+
+def _wait(comm: Communicator, request: Request, what: str, exchange: int) -> None:
+    """Poll ``request`` until it completes, inspecting the stall if it takes long."""
+    if request.test():
+        return
+    start = time.monotonic()
+    while time.monotonic() - start < _SPIN_SECONDS:
+        if request.test():
+            return
+    st = runtime.state()
+    inspector = StallInspector(comm, what, exchange, start, st.stall_check, st.stall_shutdown)
+    pause = _FIRST_PAUSE
+    while not request.test():
+        inspector.check(time.monotonic())
+        time.sleep(pause)
+        pause = min(2 * pause, _MAX_PAUSE)
+
+
+class StallInspector:
+    """Watches one long agreement wait and reports the ranks that have not arrived.
+
+    Halfway to the first deadline this rank posts where it waits ((exchange number, what))
+    to every other rank; a waiting rank that receives such a post answers with its own. At
+    ``check_seconds`` it logs a warning naming the ranks it has not heard from (they have not
+    submitted this collective: still computing, stuck, or gone) and those waiting in a
+    different collective; at ``shutdown_seconds`` it logs the same as an error and ends the
+    job. Zero disables either.
+    """
+
+    def __init__(self, comm: Communicator, what: str, exchange: int, start: float,
+                 check_seconds: float, shutdown_seconds: float):
+        self.comm, self.what, self.exchange, self.start = comm, what, exchange, start
+        self.check_seconds, self.shutdown_seconds = check_seconds, shutdown_seconds
+        deadlines = [t for t in (check_seconds, shutdown_seconds) if t > 0]
+        self.announce_after = min(deadlines) / 2 if deadlines else None
+        self.peers: Dict[int, Tuple[int, str]] = {}
+        self.announced = self.warned = False
+
+    def _announce(self) -> None:
+        self.announced = True
+        for peer in range(self.comm.size):
+            if peer != self.comm.rank:
+                self.comm.post(peer, (self.exchange, self.what))
+
+    def check(self, now: float) -> None:
+        """Exchange posts and act on the deadlines; call it while the wait goes on."""
+        waited = now - self.start
+        for source, (exchange, what) in self.comm.collect_posts():
+            if exchange < self.exchange:
+                continue  # from a wait that has ended since
+            self.peers[source] = (exchange, what)
+            if not self.announced:
+                self._announce()
+        if self.announce_after is None:
+            return
+        if not self.announced and waited >= self.announce_after:
+            self._announce()
+        if self.shutdown_seconds > 0 and waited >= self.shutdown_seconds:
+            log.error(self.report(waited))
+            runtime.abort_job(f"stalled for {waited:.1f} s, longer than "
+                              f"HVD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_seconds:g}; "
+                              "ending the job")
+        if self.check_seconds > 0 and not self.warned and waited >= self.check_seconds:
+            self.warned = True
+            log.warning(self.report(waited))
+
+    def report(self, waited: float) -> str:
+        """Which ranks have not submitted this collective, and where the others wait."""
+        def world(r: int) -> int:
+            return runtime.world_rank(self.comm, r)
+
+        here = {self.comm.rank} | {r for r, (n, w) in self.peers.items()
+                                   if (n, w) == (self.exchange, self.what)}
+        elsewhere = {r: w for r, (n, w) in self.peers.items() if r not in here}
+        missing = [r for r in range(self.comm.size) if r not in here and r not in elsewhere]
+        parts = [f"stall: rank {world(self.comm.rank)} has waited {waited:.1f} s for "
+                 f"{self.what}"]
+        if missing:
+            listed = ", ".join(str(world(r)) for r in missing)
+            parts.append(f"rank{'s' if len(missing) > 1 else ''} {listed} "
+                         f"{'have' if len(missing) > 1 else 'has'} not submitted it "
+                         "(still computing, stuck, or exited)")
+        parts += [f"rank {world(r)} waits for {w} instead" for r, w in sorted(elsewhere.items())]
+        return "; ".join(parts)
 
 
 def _differing(values: Sequence[Any]) -> bool:
@@ -73,33 +266,56 @@ def _by_rank(values: Sequence[Any]) -> str:
     return ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
 
 
+def _missing_tensors(every: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """'tensor 'x' is missing on rank 1' for tensors named on some ranks and not on others."""
+    names = [[t.get("name") for t in d.get("tensors", ())] for d in every]
+    notes = []
+    for name in dict.fromkeys(n for per_rank in names for n in per_rank):
+        absent = [r for r, per_rank in enumerate(names) if name not in per_rank]
+        if absent:
+            where = ", ".join(str(r) for r in absent)
+            notes.append(f"tensor {name!r} is missing on rank{'s' if len(absent) > 1 else ''} "
+                         f"{where}")
+    return "; ".join(notes) if notes else None
+
+
 def describe_mismatch(every: Sequence[Dict[str, Any]]) -> str:
     """One message naming the first field (and tensor) on which the ranks' descriptions differ."""
     first = every[0]
     what = f"{first.get('kind', 'collective')} {first.get('name')!r}"
-    for field in first:
-        if field == "tensors":
+    for field in dict.fromkeys(key for d in every for key in d):
+        if field in ("tensors", "flags"):
             continue
         values = [d.get(field) for d in every]
         if _differing(values):
             return f"{what}: ranks disagree on {field} ({_by_rank(values)})"
     counts = [len(d.get("tensors", ())) for d in every]
     if _differing(counts):
-        return f"{what}: ranks disagree on the number of tensors ({_by_rank(counts)})"
+        missing = _missing_tensors(every)
+        detail = f"; {missing}" if missing else ""
+        return (f"{what}: ranks disagree on the number of tensors ({_by_rank(counts)})"
+                f"{detail}")
     for i, tensor in enumerate(first.get("tensors", ())):
         for field in tensor:
             values = [d["tensors"][i][field] for d in every]
             if _differing(values):
                 return (f"{what}: ranks disagree on {field} of tensor {i} "
                         f"{tensor.get('name')!r} ({_by_rank(values)})")
+    values = [d.get("flags") for d in every]
+    if _differing(values):
+        return f"{what}: ranks disagree on the number of flags ({_by_rank(values)})"
     return f"{what}: ranks disagree ({_by_rank(every)})"
 
 
 class Timeline:
-    """A Chrome-trace (Perfetto, chrome://tracing) file of collective phases, one track per tensor.
+    """A Chrome-trace (Perfetto, chrome://tracing) file of phases, one track per tensor.
 
-    Events are appended as they finish, so a job that dies still leaves a readable prefix
-    (the trace format tolerates a missing closing bracket); :meth:`close` completes the JSON.
+    Phases: WAIT_FOR_GRADIENT (the trainer waits for backward to write a gradient),
+    NEGOTIATE (agreement), COMPRESS, FUSE (packing into and out of fusion buffers; contains
+    COMMUNICATE), COMMUNICATE (bytes on the wire), DECODE (decompression) and UPDATE (the
+    optimizer). Events are appended as they finish, so a job that dies still leaves a
+    readable prefix (the trace format tolerates a missing closing bracket); :meth:`close`
+    completes the JSON.
     """
 
     def __init__(self, path: str):
@@ -168,6 +384,9 @@ def _span(tensor: str, phase: str) -> Iterator[None]:
             _timeline.record(tensor, phase, start, time.perf_counter())
 
 
+_OFF = contextlib.nullcontext()
+
+
 def span(tensor: str, phase: str) -> ContextManager[None]:
-    """Time a phase of a collective into the timeline; costs almost nothing when it is off."""
-    return _span(tensor, phase) if _timeline is not None else contextlib.nullcontext()
+    """Time a phase of ``tensor`` into the timeline; costs one call when the timeline is off."""
+    return _span(tensor, phase) if _timeline is not None else _OFF

@@ -3,7 +3,8 @@
 Out-of-place functions return new arrays; the ``*_`` variants write into their argument,
 which must then be C-contiguous and writeable. Out-of-place functions accept any strided
 array (it is copied once into the result). Every call first checks that all ranks agree on
-what they are doing (see diagnostics.py), so a disagreement raises on every rank.
+what they are doing (see diagnostics.py), so a disagreement raises on every rank; a caller
+that has agreed on a whole series of calls runs them inside ``diagnostics.covered``.
 
 Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
@@ -89,15 +90,19 @@ def _grouped_allreduce_into(tensors: Sequence[np.ndarray], outputs: Sequence[np.
     base = _name(kind, name)
     names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
     with diagnostics.span(base, "NEGOTIATE"):
-        diagnostics.agree(comm, {
+        diagnostics.agree(comm, lambda: {
             "kind": kind, "name": base, "op": op.name, "prescale_factor": float(prescale_factor),
             "postscale_factor": float(postscale_factor),
             "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
     pre, post = _scales(op, comm, prescale_factor, postscale_factor)
     backend_op = _BACKEND_OP[op]
-    with diagnostics.span(base, "ALLREDUCE"):
-        fusion.fused(tensors, outputs, _pool, runtime.fusion_threshold(),
-                     lambda flat: comm.allreduce(flat, backend_op), pre, post)
+
+    def communicate(flat: np.ndarray) -> None:
+        with diagnostics.span(base, "COMMUNICATE"):
+            comm.allreduce(flat, backend_op)
+
+    with diagnostics.span(base, "FUSE"):
+        fusion.fused(tensors, outputs, _pool, runtime.fusion_threshold(), communicate, pre, post)
 
 
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -154,12 +159,13 @@ def allgather(tensor: np.ndarray, name: Optional[str] = None,
     tensor = np.ascontiguousarray(tensor)
     name = _name("allgather", name)
     with diagnostics.span(name, "NEGOTIATE"):
-        rows = diagnostics.agree_gather(comm, {"kind": "allgather", "name": name,
-                                               "tensors": [_describe(tensor, name, dim0=False)]},
-                                        extra=tensor.shape[0])
+        rows = diagnostics.agree_gather(
+            comm, lambda: {"kind": "allgather", "name": name,
+                           "tensors": [_describe(tensor, name, dim0=False)]},
+            extra=tensor.shape[0])
     row = int(np.prod(tensor.shape[1:], dtype=np.int64))
     out = np.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
-    with diagnostics.span(name, "ALLGATHER"):
+    with diagnostics.span(name, "COMMUNICATE"):
         comm.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
     return out
 
@@ -180,9 +186,9 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
     root = _check_root(root_rank, comm)
     name = _name("broadcast", name)
     with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(comm, {"kind": "broadcast", "name": name, "root_rank": root,
-                                 "tensors": [_describe(tensor, name)]})
-    with diagnostics.span(name, "BROADCAST"):
+        diagnostics.agree(comm, lambda: {"kind": "broadcast", "name": name, "root_rank": root,
+                                         "tensors": [_describe(tensor, name)]})
+    with diagnostics.span(name, "COMMUNICATE"):
         comm.broadcast(tensor.reshape(-1), root)
     return tensor
 
@@ -220,14 +226,16 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
             raise ValueError(f"splits={list(send_rows)} must hold {comm.size} non-negative "
                              f"counts summing to the first dimension of tensor ({rows})")
     name = _name("alltoall", name)
-    diagnostics.agree(comm, {"kind": "alltoall", "name": name,
-                             "tensors": [_describe(tensor, name, dim0=False)]})
-    recv_rows = np.empty(comm.size, np.int64)
-    comm.alltoallv(send_rows, [1] * comm.size, recv_rows, [1] * comm.size)
+    with diagnostics.span(name, "NEGOTIATE"):
+        diagnostics.agree(comm, lambda: {"kind": "alltoall", "name": name,
+                                         "tensors": [_describe(tensor, name, dim0=False)]})
+        recv_rows = np.empty(comm.size, np.int64)
+        comm.alltoallv(send_rows, [1] * comm.size, recv_rows, [1] * comm.size)
     row = int(np.prod(tensor.shape[1:], dtype=np.int64))
     out = np.empty((int(recv_rows.sum()),) + tensor.shape[1:], tensor.dtype)
-    comm.alltoallv(tensor.reshape(-1), (send_rows * row).tolist(),
-                   out.reshape(-1), (recv_rows * row).tolist())
+    with diagnostics.span(name, "COMMUNICATE"):
+        comm.alltoallv(tensor.reshape(-1), (send_rows * row).tolist(),
+                       out.reshape(-1), (recv_rows * row).tolist())
     return out if splits is None else (out, recv_rows)
 
 
@@ -260,10 +268,11 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
             raise ValueError(f"tensors[{i}] must have at least one dimension for reducescatter")
     base = _name("reducescatter", name)
     names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
-    diagnostics.agree(comm, {
-        "kind": "reducescatter", "name": base, "op": op.name,
-        "prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor),
-        "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
+    with diagnostics.span(base, "NEGOTIATE"):
+        diagnostics.agree(comm, lambda: {
+            "kind": "reducescatter", "name": base, "op": op.name,
+            "prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor),
+            "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
     pre, post = _scales(op, comm, prescale_factor, postscale_factor)
     results = []
     for t in tensors:
@@ -271,7 +280,8 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
         shares = _rows_per_rank(t.shape[0], comm.size)
         work = np.empty(t.size, t.dtype)
         fusion.pack([t], work, pre)
-        mine = comm.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
+        with diagnostics.span(base, "COMMUNICATE"):
+            mine = comm.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
         out = np.empty((shares[comm.rank],) + t.shape[1:], t.dtype)
         fusion.unpack(mine, [out], post)
         results.append(out)
@@ -285,8 +295,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     root = _check_root(root_rank, comm)
     name = _name("broadcast_object", name)
-    diagnostics.agree(comm, {"kind": "broadcast_object", "name": name, "root_rank": root})
-    return comm.broadcast_object(obj, root)
+    with diagnostics.span(name, "NEGOTIATE"):
+        diagnostics.agree(comm, lambda: {"kind": "broadcast_object", "name": name,
+                                         "root_rank": root})
+    with diagnostics.span(name, "COMMUNICATE"):
+        return comm.broadcast_object(obj, root)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -294,10 +307,17 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Return the list of every rank's picklable ``obj``, in rank order."""
     comm = runtime.communicator(process_set)
     name = _name("allgather_object", name)
-    diagnostics.agree(comm, {"kind": "allgather_object", "name": name})
-    return comm.allgather_object(obj)
+    with diagnostics.span(name, "NEGOTIATE"):
+        diagnostics.agree(comm, lambda: {"kind": "allgather_object", "name": name})
+    with diagnostics.span(name, "COMMUNICATE"):
+        return comm.allgather_object(obj)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Wait until every rank of the process set arrives."""
-    runtime.communicator(process_set).barrier()
+    """Wait until every rank of the process set arrives.
+
+    It is an agreement exchange, so the stall inspector watches it; the (empty) flags keep it
+    an exchange even inside ``diagnostics.covered``.
+    """
+    diagnostics.agree(runtime.communicator(process_set), lambda: {"kind": "barrier", "name": None},
+                      flags=np.zeros(0, bool))

@@ -21,6 +21,7 @@ log = logging.getLogger("hvd_trainer")
 
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # bytes; chosen in benchmarks/README.md
 DEFAULT_RING_THRESHOLD = 1 << 20  # bytes; `auto` switches from native to ring here
+DEFAULT_STALL_CHECK_SECONDS = 60.0  # as Horovod
 
 
 def env(name: str, default: Optional[str] = None) -> Optional[str]:
@@ -40,6 +41,17 @@ def env_int(name: str, default: int) -> int:
         return int(float(raw))
     except ValueError:
         raise ValueError(f"HVD_{name}={raw!r} is not a number; set it to an integer") from None
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration in seconds from the environment; a malformed value is an error naming it."""
+    raw = env(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"HVD_{name}={raw!r} is not a number of seconds") from None
 
 
 class ProcessSet:
@@ -84,6 +96,10 @@ class _State:
         self.process_sets: Dict[int, ProcessSet] = {}
         self.next_set_id = 1
         self.fusion_threshold = env_int("FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
+        # A rank waiting this long for the others logs who is missing (0: never); after the
+        # shutdown time it ends the job (0: never).
+        self.stall_check = env_seconds("STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_CHECK_SECONDS)
+        self.stall_shutdown = env_seconds("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
 
 
 _state: Optional[_State] = None
@@ -104,6 +120,10 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     if comm is None and not _launched_by_mpi():
         from .backends.local import LocalCommunicator
         return LocalCommunicator(), "local"
+    # MPICH's MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang
+    # in it while the others wait for that rank: the job would never end. Without the wait the
+    # rank exits and the launcher sees its code. (Read by MPICH at MPI_Init, so set it first.)
+    os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
     try:
         from .backends import mpi
     except ImportError as e:
@@ -139,6 +159,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             _state.process_sets[0] = global_process_set
             if world.size > 1:
                 _install_abort_hook(world)
+                atexit.register(_empty_mailboxes)
             timeline = env("TIMELINE")
             if timeline:
                 from . import diagnostics
@@ -163,25 +184,40 @@ def _configure_logging() -> None:
 
 
 def _install_abort_hook(world: Communicator) -> None:
-    """An uncaught exception on one rank ends every rank instead of leaving them waiting.
-
-    Under hvdrun the rank exits at once with status 1 (without MPI_Finalize, which would wait
-    for the others): the launcher then ends the job, and the traceback, which MPI_Abort's kill
-    can overtake, still reaches the output. Under any other launcher it calls MPI_Abort.
-    """
+    """An uncaught exception on one rank ends every rank instead of leaving them waiting."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
-        sys.stderr.write(f"hvd_trainer: uncaught {kind.__name__} on rank {world.rank}; "
-                         "ending the job\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        if os.environ.get("HVDRUN_WORKER"):
-            os._exit(1)
-        world.abort(1)
+        abort_job(f"uncaught {kind.__name__} on rank {world.rank}; ending the job")
 
     sys.excepthook = hook
+
+
+def _empty_mailboxes() -> None:
+    """At exit, drop stall posts nobody read (before mpi4py's MPI_Finalize)."""
+    from . import diagnostics
+    if _state is not None:
+        for ps in _state.process_sets.values():
+            if ps.comm is not None:
+                diagnostics.discard_posts(ps.comm)
+
+
+def abort_job(message: str, code: int = 1) -> None:
+    """Print ``message`` (prefixed 'hvd_trainer: ') and end every rank of the job with ``code``.
+
+    Under hvdrun the rank exits at once (without MPI_Finalize, which would wait for the
+    others): the launcher then ends the job, and output that MPI_Abort's kill could overtake
+    still arrives. Under any other launcher it calls MPI_Abort.
+    """
+    from . import diagnostics
+    diagnostics.stop_timeline()
+    sys.stderr.write(f"hvd_trainer: {message}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if os.environ.get("HVDRUN_WORKER") or _state is None:
+        os._exit(code)
+    _state.world.abort(code)
 
 
 def shutdown() -> None:
@@ -324,6 +360,14 @@ def communicator(ps: ProcessSet) -> Communicator:
         raise ValueError(f"rank {rank()} is not a part of process set {ps.process_set_id} "
                          f"(ranks {ps.ranks}); call this collective only on its member ranks")
     return ps.comm
+
+
+def world_rank(comm: Communicator, rank_in_comm: int) -> int:
+    """The world rank of ``rank_in_comm`` of a process set's communicator (for messages)."""
+    for ps in state().process_sets.values():
+        if ps.comm is comm:
+            return ps.ranks[rank_in_comm]
+    return rank_in_comm
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:

@@ -3,12 +3,21 @@
 Every backend implements :class:`Communicator` on flat, C-contiguous NumPy buffers. Backends
 know nothing about tensor names, scaling or frameworks; ``ops.py`` builds on them.
 """
-from typing import Any, List, Optional, Protocol, Sequence
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 # Reduction operators a communicator understands, mapped to the NumPy ufunc that applies them.
-REDUCE_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+# "bor" (bitwise or) is for integer buffers only; the agreement exchange uses it.
+REDUCE_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply,
+                 "bor": np.bitwise_or}
+
+
+class Request(Protocol):
+    """A collective in progress, started without waiting."""
+
+    def test(self) -> bool:
+        """Whether it has completed; its buffer may be read or reused only after True."""
 
 
 class Communicator(Protocol):
@@ -32,6 +41,19 @@ class Communicator(Protocol):
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv: np.ndarray, recv_counts: Sequence[int]) -> None:
         """Send ``send_counts[i]`` consecutive elements to rank i; receive likewise into ``recv``."""
+
+    def start_allreduce(self, buf: np.ndarray, op: str) -> Request:
+        """Begin :meth:`allreduce` of a small buffer and return at once; poll the request."""
+
+    def post(self, dest: int, message: Any) -> None:
+        """Send a small picklable message to rank ``dest``'s mailbox without waiting for it.
+
+        The mailbox is a side channel that never mixes with collectives; the stall inspector
+        uses it to learn where waiting ranks are.
+        """
+
+    def collect_posts(self) -> List[Tuple[int, Any]]:
+        """The messages that have arrived in this rank's mailbox, as (sender, message), oldest first."""
 
     def allgather_object(self, obj: Any) -> List[Any]:
         """Gather one picklable object from every rank, in rank order."""

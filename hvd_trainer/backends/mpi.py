@@ -22,10 +22,12 @@ from mpi4py import MPI
 
 from . import REDUCE_UFUNCS
 
-_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD, "bor": MPI.BOR}
 # Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
 _NATIVE_KINDS = {"i", "u", "f"}
 ALGORITHMS = ("ring", "native", "auto")
+# Tag of the mailbox (post / collect_posts); the ring uses tags 0 and 1.
+_POST_TAG = 7331
 
 
 def _bytes(buf: np.ndarray) -> list:
@@ -41,6 +43,16 @@ def _chunk_bounds(count: int, parts: int) -> List[int]:
     return bounds
 
 
+class _Pending:
+    """An mpi4py request behind the backends' Request protocol."""
+
+    def __init__(self, request: Optional["MPI.Request"]):
+        self._request = request
+
+    def test(self) -> bool:
+        return self._request is None or self._request.Test()
+
+
 class MPICommunicator:
     """Collectives over one mpi4py communicator."""
 
@@ -54,6 +66,7 @@ class MPICommunicator:
         self.algorithm = algorithm
         self.ring_threshold = ring_threshold
         self._scratch: Dict[np.dtype, np.ndarray] = {}
+        self._posting: List["MPI.Request"] = []  # mailbox sends not yet known to be complete
 
     # -- allreduce -------------------------------------------------------------------------
     def allreduce(self, buf: np.ndarray, op: str) -> None:
@@ -63,6 +76,12 @@ class MPICommunicator:
             self.comm.Allreduce(MPI.IN_PLACE, buf, _MPI_OPS[op])
         else:
             self.ring_allreduce(buf, op)
+
+    def start_allreduce(self, buf: np.ndarray, op: str) -> _Pending:
+        """``MPI_Iallreduce``: ``buf`` must have a dtype MPI reduces itself (integers for "bor")."""
+        if self.size == 1 or buf.size == 0:
+            return _Pending(None)
+        return _Pending(self.comm.Iallreduce(MPI.IN_PLACE, buf, _MPI_OPS[op]))
 
     def _use_native(self, buf: np.ndarray, op: str) -> bool:
         if buf.dtype.kind not in _NATIVE_KINDS or buf.dtype == np.float16:
@@ -138,6 +157,18 @@ class MPICommunicator:
         rd = [0, *accumulate(rc[:-1])]
         self.comm.Alltoallv([send.view(np.uint8), sc, sd, MPI.BYTE],
                             [recv.view(np.uint8), rc, rd, MPI.BYTE])
+
+    def post(self, dest: int, message: Any) -> None:
+        self._posting = [r for r in self._posting if not r.Test()]
+        self._posting.append(self.comm.isend(message, dest, _POST_TAG))
+
+    def collect_posts(self) -> List[Tuple[int, Any]]:
+        status = MPI.Status()
+        arrived = []
+        while self.comm.Iprobe(MPI.ANY_SOURCE, _POST_TAG, status):
+            source = status.Get_source()
+            arrived.append((source, self.comm.recv(source=source, tag=_POST_TAG)))
+        return arrived
 
     def allgather_object(self, obj: Any) -> List[Any]:
         data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)

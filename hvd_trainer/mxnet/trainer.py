@@ -1,13 +1,14 @@
 """DistributedTrainer: gluon.Trainer whose gradient reduction is a ring allreduce across ranks."""
 import os
+import pickle
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type, Union
 
 import mxnet as mx
 import numpy as np
 
-from .. import ops, runtime, sparse
+from .. import diagnostics, ops, runtime, sparse
 from ..compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
                            GatherCompressor, attach_residuals, detach_residuals)
 from ..compression import from_params as compression_from_params
@@ -48,6 +49,17 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
     if compression is not Compression.none:
         raise ValueError("pass either compression= or compression_params=, not both")
     return compression_from_params(compression_params)
+
+
+_CHECKPOINT_FORMAT = "hvd_trainer checkpoint 1"
+
+
+def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> str:
+    """The compressor and its settings as text that is the same on every rank."""
+    if isinstance(compression, type):
+        return compression.__name__
+    settings = sorted((key, str(value)) for key, value in vars(compression).items())
+    return f"{type(compression).__name__}{settings}"
 
 
 def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
@@ -94,7 +106,12 @@ class DistributedTrainer(mx.gluon.Trainer):
       ``ignore_stale_grad`` decides on every rank alike.
     - ``save_states`` is written by the process set's rank 0 through a temporary file and
       ``os.replace``; ``load_states`` is read by rank 0 and broadcast, so every rank gets the
-      same state even without a shared file system.
+      same state even without a shared file system. ``save_checkpoint`` and
+      ``load_checkpoint`` do the same for everything an exact resume needs: weights,
+      optimizer states, compression residuals and the caller's ``extra``.
+    - Each step makes one agreement exchange that checks every rank has the same gradients
+      (names, shapes, dtypes) and settings and carries the freshness flags; the step's
+      collectives then skip their own (see :mod:`hvd_trainer.diagnostics`).
     - A ``DistributedOptimizer`` passed as ``optimizer`` is unwrapped with a warning (as in
       Horovod), keeping its per-rank ``rescale_grad``, so gradients are not reduced twice.
     - Row-sparse gradients (``sparse_grad=True``) are allgathered as ids and rows, duplicates
@@ -106,7 +123,7 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
                  compression_params=None, update_on_kvstore=None, *,
-                 compression: Type[Compressor] = Compression.none,
+                 compression: Union[Type[Compressor], GatherCompressor] = Compression.none,
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: int = 0, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
@@ -160,22 +177,40 @@ class DistributedTrainer(mx.gluon.Trainer):
         buffers = {}
         for i in indices:
             local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
-            buffers[i] = local_sum(self._params[i])
+            with diagnostics.span(f"{self._prefix}grad.{i}", "WAIT_FOR_GRADIENT"):
+                buffers[i] = local_sum(self._params[i])
             self._fresh[i] = buffers[i] is not None
-        if self._size > 1:
-            fresh = self._fresh[indices]
-            ops.allreduce_(fresh, ops.Max, f"{self._prefix}fresh", process_set=self._process_set)
-            self._fresh[indices] = fresh
-        self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
-                            buffers)
-        reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads]
-        for i in reduced:
-            if buffers[i] is None:
-                buffers[i] = self._zeroed_first(self._params[i])
-        if self._size > 1 and reduced:
-            self._allreduce(reduced, buffers)
+        comm = runtime.communicator(self._process_set)
+        # The step's one agreement exchange: it checks that every rank has the same gradients
+        # and settings, ors the freshness flags, and so covers the collectives that follow.
+        with diagnostics.span(f"{self._prefix}step", "NEGOTIATE"):
+            self._fresh[indices] = diagnostics.agree(
+                comm, lambda: self._describe_step(indices), self._fresh[indices])
+        with diagnostics.covered(comm):
+            self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
+                                buffers)
+            reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads]
+            for i in reduced:
+                if buffers[i] is None:
+                    buffers[i] = self._zeroed_first(self._params[i])
+            if self._size > 1 and reduced:
+                self._allreduce(reduced, buffers)
         for i in reduced:
             self._publish(self._params[i], buffers[i])
+
+    def _describe_step(self, indices: List[int]) -> Dict[str, Any]:
+        """Everything that fixes a step's collectives, for the ranks' agreement on it."""
+        return {"kind": "trainer step", "name": f"{self._prefix}step",
+                "compression": _compression_key(self._compression),
+                "num_groups": self._num_groups, "gradient_predivide_factor": self._predivide,
+                "sparse_as_dense": self._sparse_as_dense,
+                "tensors": [{"name": f"{self._prefix}grad.{i}", "shape": self._params[i].shape,
+                             "dtype": np.dtype(self._params[i].dtype).str,
+                             "stype": self._params[i]._grad_stype} for i in indices]}
+
+    def _update(self, ignore_stale_grad=False):
+        with diagnostics.span(f"{self._prefix}step", "UPDATE"):
+            super()._update(ignore_stale_grad)
 
     def _reduce_sparse(self, indices: List[int], local: Dict[int, Any]) -> None:
         """Reduce row-sparse gradients (a stale rank sends no rows) and write them back."""
@@ -238,7 +273,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             if not dense:
                 continue
             tic = time.perf_counter()
-            payloads, ctxs = zip(*(compressor.compress(buffers[i]) for i in dense))
+            with diagnostics.span(name, "COMPRESS"):
+                payloads, ctxs = zip(*(compressor.compress(buffers[i]) for i in dense))
             stats.encode_seconds += time.perf_counter() - tic
             ops.grouped_allreduce_(list(payloads), ops.Sum, name,
                                    prescale_factor=1.0 / self._predivide,
@@ -246,9 +282,10 @@ class DistributedTrainer(mx.gluon.Trainer):
             stats.add_allreduce(sum(p.nbytes for p in payloads),
                                 sum(buffers[i].nbytes for i in dense), self._size)
             tic = time.perf_counter()
-            for i, payload, ctx in zip(dense, payloads, ctxs):
-                if payload is not buffers[i]:
-                    buffers[i][...] = compressor.decompress(payload, ctx)
+            with diagnostics.span(name, "DECODE"):
+                for i, payload, ctx in zip(dense, payloads, ctxs):
+                    if payload is not buffers[i]:
+                        buffers[i][...] = compressor.decompress(payload, ctx)
             stats.decode_seconds += time.perf_counter() - tic
 
     @staticmethod
@@ -263,38 +300,79 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def save_states(self, fname: str) -> None:
         """Write the optimizer state once (rank 0, atomically); every rank returns after it."""
-        error = None
-        residuals = None  # every rank's error-feedback residuals, kept with the states
-        if self._feedback is not None:
-            residuals = ops.allgather_object(self._feedback.residuals,
-                                             f"{self._prefix}residuals", self._process_set)
-        if self._process_set.rank() == 0:
-            tmp = f"{fname}.tmp.{os.getpid()}"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(attach_residuals(self._updaters[0].get_states(dump_optimizer=True),
-                                             residuals))
-                os.replace(tmp, fname)
-            except OSError as e:
-                error = f"rank 0 could not write {fname!r}: {e}"
-        error = ops.broadcast_object(error, 0, f"{self._prefix}save_states", self._process_set)
-        if error:
-            raise OSError(error)
+        residuals = self._gather_residuals()
+        self._write_on_root(fname, lambda: self._states_bytes(residuals), "save_states")
 
     def load_states(self, fname: str) -> None:
         """Read the optimizer state on rank 0 and give every rank the same copy."""
-        states, error = None, None
-        if self._process_set.rank() == 0:
-            try:
-                with open(fname, "rb") as f:
-                    states = f.read()
-            except OSError as e:
-                error = f"rank 0 could not read {fname!r}: {e}"
-        states, error = ops.broadcast_object((states, error), 0, f"{self._prefix}load_states",
-                                             self._process_set)
-        if error:
-            raise OSError(error)
-        states, residuals = detach_residuals(states)
+        self._set_states(self._read_on_root(fname, "load_states"))
+
+    def save_checkpoint(self, fname: str, extra: Any = None) -> None:
+        """Save everything a resumed run needs, in one file; call it on every rank.
+
+        Rank 0 of the process set writes the weights, the optimizer states (with the
+        optimizer itself, its update counts and lr scheduler), every rank's compression
+        residuals, and ``extra`` (any picklable value, e.g. the epoch and step), through a
+        temporary file and ``os.replace``, so the file is always whole: the old one or the
+        new one. Every rank returns once it is written; a write error raises OSError on all.
+        """
+        self._check_initialized("save_checkpoint")
+        residuals = self._gather_residuals()
+
+        def build() -> bytes:
+            weights = [bridge.read_view(p.list_data()[0]).copy() for p in self._params]
+            return pickle.dumps({"format": _CHECKPOINT_FORMAT, "weights": weights,
+                                 "states": self._states_bytes(residuals), "extra": extra},
+                                pickle.HIGHEST_PROTOCOL)
+
+        self._write_on_root(fname, build, "save_checkpoint")
+
+    def load_checkpoint(self, fname: str) -> Any:
+        """Restore what :meth:`save_checkpoint` wrote, on every rank; return its ``extra``.
+
+        Rank 0 reads the file and broadcasts it, so no shared file system is needed. After it
+        a run continues exactly as the one that saved it: on CPU the weights of a resumed
+        run equal those of an uninterrupted one, bit for bit.
+        """
+        self._check_initialized("load_checkpoint")
+        checkpoint = pickle.loads(self._read_on_root(fname, "load_checkpoint"))
+        if not isinstance(checkpoint, dict) or checkpoint.get("format") != _CHECKPOINT_FORMAT:
+            raise ValueError(f"{fname!r} is not a DistributedTrainer checkpoint; write one "
+                             "with trainer.save_checkpoint()")
+        weights = checkpoint["weights"]
+        if len(weights) != len(self._params):
+            raise ValueError(f"{fname!r} holds {len(weights)} parameters, this trainer has "
+                             f"{len(self._params)}; load it into the model that saved it")
+        for i, (param, values) in enumerate(zip(self._params, weights)):
+            if tuple(param.shape) != values.shape:
+                raise ValueError(f"parameter {i} ({param.name!r}) has shape {param.shape}, the "
+                                 f"checkpoint's has {values.shape}; load it into the model "
+                                 "that saved it")
+            for array in param.list_data():
+                bridge.assign(array, values.astype(array.dtype, copy=False))
+        self._set_states(checkpoint["states"])
+        return checkpoint["extra"]
+
+    def _check_initialized(self, what: str) -> None:
+        waiting = [p.name for p in self._params if p._data is None]
+        if waiting:
+            raise ValueError(f"{what}: parameters {waiting} are not initialized yet (deferred "
+                             "shapes); run one forward pass first")
+
+    def _gather_residuals(self) -> Optional[List[Dict[Any, np.ndarray]]]:
+        """Every rank's error-feedback residuals (a collective), or None without them."""
+        if self._feedback is None:
+            return None
+        return ops.allgather_object(self._feedback.residuals, f"{self._prefix}residuals",
+                                    self._process_set)
+
+    def _states_bytes(self, residuals: Optional[List[Dict[Any, np.ndarray]]]) -> bytes:
+        """The optimizer states (with the optimizer), ``residuals`` attached."""
+        return attach_residuals(self._updaters[0].get_states(dump_optimizer=True), residuals)
+
+    def _set_states(self, data: bytes) -> None:
+        """Load what :meth:`_states_bytes` made into every updater and the residuals."""
+        states, residuals = detach_residuals(data)
         if self._feedback is not None:
             self._feedback.load(residuals, self._process_set.rank(), self._size)
         for updater in self._updaters:
@@ -302,3 +380,36 @@ class DistributedTrainer(mx.gluon.Trainer):
             updater.optimizer = self._updaters[0].optimizer
         self._optimizer = self._updaters[0].optimizer
         self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
+
+    def _write_on_root(self, fname: str, build: Callable[[], bytes], what: str) -> None:
+        """Rank 0 writes ``build()`` to a temporary file, syncs it and renames it to ``fname``;
+        every rank returns after that, or raises OSError naming the file if it failed."""
+        error = None
+        if self._process_set.rank() == 0:
+            tmp = f"{fname}.tmp.{os.getpid()}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(build())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, fname)
+            except OSError as e:
+                error = f"rank 0 could not write {fname!r}: {e}"
+        error = ops.broadcast_object(error, 0, f"{self._prefix}{what}", self._process_set)
+        if error:
+            raise OSError(error)
+
+    def _read_on_root(self, fname: str, what: str) -> bytes:
+        """Rank 0 reads ``fname`` and every rank gets its bytes; OSError on all if it failed."""
+        data, error = None, None
+        if self._process_set.rank() == 0:
+            try:
+                with open(fname, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                error = f"rank 0 could not read {fname!r}: {e}"
+        data, error = ops.broadcast_object((data, error), 0, f"{self._prefix}{what}",
+                                           self._process_set)
+        if error:
+            raise OSError(error)
+        return data

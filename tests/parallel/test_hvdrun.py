@@ -71,6 +71,23 @@ def test_failing_rank_ends_job_with_its_code(tmp_path):
     assert "#hvdrun-exit" not in result.stderr + result.stdout
 
 
+def test_sys_exit_after_a_collective_ends_the_job_with_its_code(tmp_path):
+    # Without hvdrun's MPIR_CVAR_NO_COLLECTIVE_FINALIZE, rank 1 would wait in MPI_Finalize
+    # for rank 0, which waits in the barrier for rank 1: the job would never end.
+    leave = script(tmp_path, "leave.py", """
+        import sys
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        if MPI.COMM_WORLD.rank == 1:
+            sys.exit(3)
+        MPI.COMM_WORLD.Barrier()
+    """)
+    result, seconds = hvdrun("-np", 2, sys.executable, leave)
+    assert result.returncode == 3, result.stderr
+    assert seconds < 15
+    assert "hvdrun: rank 1 exited with code 3 (first failure); ending the job" in result.stderr
+
+
 ABORT_HOOK = """
     import os, sys
     from mpi4py import MPI
