@@ -5,6 +5,11 @@ It launches its own measurements as subprocesses, alternating one process with g
 and 2 ranks (through hvdrun) with DistributedTrainer, each at the same per-rank batch, so
 that machine noise hits both alike; every launch keeps its best repetition and the table
 keeps each side's best launch. Scaling efficiency is t_single / t_2ranks (1.0 = perfect).
+
+A second table prices the safety checks on the 40 x Dense(256) step, on 2 ranks in one job:
+repetitions alternate between the real step and the same step with the agreement replaced by
+the bare exchange of freshness flags that the step needs anyway (no description, no digest,
+blocking allreduce), and the timeline hooks (off) are counted and timed per call.
 """
 import argparse
 import datetime
@@ -71,12 +76,89 @@ def measure(distributed: bool) -> dict:
     return results
 
 
-def launch(distributed: bool, threads: int) -> dict:
-    """Run one measurement in fresh processes and return rank 0's results."""
-    worker = [sys.executable, os.path.abspath(__file__), "--worker",
-              "distributed" if distributed else "single"]
+# Many short alternating repetitions: on a shared machine the ratio of neighbouring on/off
+# repetitions is steadier than either side's best.
+CHECKS_MODEL, CHECKS_ROUNDS, CHECKS_STEPS = "40 x Dense(256)", 30, 10
+
+
+def exchange_only(comm, describe, flags=None):
+    """diagnostics.agree without the checks: just or the freshness flags (when given)."""
+    from hvd_trainer import diagnostics
+    if flags is None or comm.size == 1:
+        return flags
+    words = diagnostics.pack_flags(flags)
+    comm.allreduce(words, "bor")
+    return diagnostics.unpack_flags(words, len(flags))
+
+
+def measure_checks() -> dict:
+    """ms/step with the agreement on and off, alternating; timeline hook calls per step and
+    their cost while the timeline is off (run on 2 ranks)."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd, gluon
+    import hvd_trainer
+    from hvd_trainer import diagnostics
+
+    inputs, width, layers, _ = MODELS[CHECKS_MODEL]
+    net = gluon.nn.HybridSequential()
+    for i in range(layers):
+        net.add(gluon.nn.Dense(width, activation="relu", in_units=inputs if i == 0 else width))
+    net.add(gluon.nn.Dense(10, in_units=width))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd",
+                                             {"learning_rate": 0.01, "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x = mx.nd.random.uniform(shape=(BATCH, inputs))
+    y = mx.nd.array(np.random.randint(0, 10, BATCH))
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(BATCH)
+
+    checked = diagnostics.agree
+    times = {"on": [], "off": []}
+    for _ in range(WARMUP):
+        step()
+    for _ in range(CHECKS_ROUNDS):
+        for variant in times:
+            diagnostics.agree = checked if variant == "on" else exchange_only
+            hvd_trainer.barrier()
+            mx.nd.waitall()
+            start = time.perf_counter()
+            for _ in range(CHECKS_STEPS):
+                step()
+            mx.nd.waitall()
+            elapsed = (time.perf_counter() - start) / CHECKS_STEPS
+            times[variant].append(float(hvd_trainer.allreduce(np.array([elapsed]),
+                                                              op=hvd_trainer.Max)[0]))
+    diagnostics.agree = checked
+    # Timeline hooks: how many span() calls a step makes, and what one costs while off.
+    real_span, calls = diagnostics.span, []
+    diagnostics.span = lambda *a: calls.append(a) or real_span(*a)
+    step()
+    diagnostics.span = real_span
+    mx.nd.waitall()
+    start = time.perf_counter()
+    for _ in range(100000):
+        with diagnostics.span("grad.0", "WAIT_FOR_GRADIENT"):
+            pass
+    span_seconds = (time.perf_counter() - start) / 100000
+    return {"on": times["on"], "off": times["off"], "span_calls": len(calls),
+            "span_seconds": span_seconds}
+
+
+def launch_worker(mode: str, threads: int) -> dict:
+    """Run one measurement (``--worker mode``) in fresh processes; return rank 0's results.
+
+    "single" runs one plain process, the others 2 ranks through hvdrun.
+    """
+    worker = [sys.executable, os.path.abspath(__file__), "--worker", mode]
     cmd = ([sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2"] + worker
-           if distributed else worker)
+           if mode != "single" else worker)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     found = re.search(r"RESULT (\{.*\})", out.stdout)
@@ -102,10 +184,11 @@ def main():
                         help="launches of each side, alternating (default 2)")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every process (default 1: one core per worker)")
-    parser.add_argument("--worker", choices=["single", "distributed"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["single", "distributed", "checks"],
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        results = measure(args.worker == "distributed")
+        results = measure_checks() if args.worker == "checks" else measure(args.worker == "distributed")
         if args.worker == "single" or __import__("hvd_trainer").rank() == 0:
             print("RESULT " + json.dumps(results), flush=True)
         return
@@ -113,7 +196,7 @@ def main():
     best = {"single": {}, "distributed": {}}
     for _ in range(args.rounds):
         for side in best:
-            for name, r in launch(side == "distributed", args.threads).items():
+            for name, r in launch_worker(side, args.threads).items():
                 if name not in best[side] or r["seconds"] < best[side][name]["seconds"]:
                     best[side][name] = r
     print(f"# train step, batch {BATCH} per rank, SGD momentum: {datetime.date.today()}, "
@@ -128,6 +211,27 @@ def main():
               f"{one['seconds'] * 1e3:.1f} | {two['seconds'] * 1e3:.1f} | "
               f"{one['seconds'] / two['seconds']:.2f} | "
               f"{HOROVOD[name]:.2f} |")
+    print_checks(launch_worker("checks", args.threads))
+
+
+def print_checks(r: dict) -> None:
+    """The agreement-on/off and timeline-hook table of measure_checks()."""
+    def median(values):
+        return sorted(values)[len(values) // 2]
+
+    on, off = min(r["on"]), min(r["off"])
+    paired = median([a / b for a, b in zip(r["on"], r["off"])])
+    hooks = r["span_calls"] * r["span_seconds"]
+    print(f"\n# safety checks, {CHECKS_MODEL}, 2 ranks, {len(r['on'])} alternating "
+          f"repetitions of {CHECKS_STEPS} steps")
+    print("| variant | best ms/step | median ms/step |")
+    print("|---|---|---|")
+    print(f"| agreement on (shipped) | {on * 1e3:.2f} | {median(r['on']) * 1e3:.2f} |")
+    print(f"| agreement off (flags exchange only) | {off * 1e3:.2f} | {median(r['off']) * 1e3:.2f} |")
+    print(f"agreement cost: best on/off {(on / off - 1) * 100:+.2f}%, median of neighbouring "
+          f"on/off ratios {(paired - 1) * 100:+.2f}%")
+    print(f"timeline off: {r['span_calls']} hook calls/step x {r['span_seconds'] * 1e6:.2f} us = "
+          f"{hooks * 1e6:.1f} us/step ({hooks / on * 100:.2f}% of the best step)")
 
 
 if __name__ == "__main__":

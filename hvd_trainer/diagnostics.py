@@ -41,10 +41,11 @@ log = logging.getLogger("hvd_trainer")
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6
 _RECORD_WORDS = 2 + INLINE_FLAG_WORDS
-# A wait first polls without sleeping (most waits are shorter), then sleeps between polls,
-# doubling the pause up to a bound so a long wait costs little CPU yet ends promptly.
-_SPIN_SECONDS = 0.01
-_FIRST_PAUSE, _MAX_PAUSE = 1e-4, 0.02
+# A wait first polls without sleeping, as MPI's blocking calls do (nearly every wait in a
+# training step is shorter), then sleeps between polls for at most 1/20 of the time waited so
+# far (so sleeping adds at most 5% to a wait), up to 20 ms.
+_SPIN_SECONDS = 0.1
+_PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
 
 
 class MismatchError(RuntimeError):
@@ -57,6 +58,8 @@ class _Book:
     def __init__(self):
         self.exchanges = 0
         self.covered = 0
+        # The last description object agreed on, with its flag count, digest and full text.
+        self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
 
 
 _books: "weakref.WeakKeyDictionary[Communicator, _Book]" = weakref.WeakKeyDictionary()
@@ -100,21 +103,28 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ. ``flags``
     (booleans) are or-ed across ranks in the same exchange and returned. Inside
     :func:`covered` an agreement without flags is skipped and ``describe`` is not called.
+    When ``describe`` returns the very object it returned last time on this communicator, its
+    digest is reused: a caller may keep a description while nothing in it changes, but must
+    not modify it.
     """
-    if flags is None and _book(comm).covered:
+    book = _book(comm)
+    if flags is None and book.covered:
         return None
     if comm.size == 1:
         return None if flags is None else np.asarray(flags, bool).copy()
-    description = describe()
-    if flags is not None:
-        description = dict(description, flags=len(flags))
-    digest = _digest(description)
+    given = describe()
+    count = -1 if flags is None else len(flags)
+    if book.memo[0] is given and book.memo[1] == count:
+        digest, description = book.memo[2:]
+    else:
+        description = given if flags is None else dict(given, flags=count)
+        digest = _digest(description)
+        book.memo = (given, count, digest, description)
     record = np.zeros(_RECORD_WORDS, np.int64)
     record[0], record[1] = digest, ~digest
     words = pack_flags(flags) if flags is not None else record[:0]
     inline = min(words.size, INLINE_FLAG_WORDS)
     record[2:2 + inline] = words[:inline]
-    book = _book(comm)
     book.exchanges += 1
     _wait(comm, comm.start_allreduce(record, "bor"),
           f"{description.get('kind', 'collective')} {description.get('name')!r}", book.exchanges)
@@ -183,11 +193,10 @@ def _wait(comm: Communicator, request: Request, what: str, exchange: int) -> Non
             return
     st = runtime.state()
     inspector = StallInspector(comm, what, exchange, start, st.stall_check, st.stall_shutdown)
-    pause = _FIRST_PAUSE
     while not request.test():
-        inspector.check(time.monotonic())
-        time.sleep(pause)
-        pause = min(2 * pause, _MAX_PAUSE)
+        now = time.monotonic()
+        inspector.check(now)
+        time.sleep(min(_PAUSE_SHARE * (now - start), _MAX_PAUSE))
 
 
 class StallInspector:

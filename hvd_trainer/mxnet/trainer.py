@@ -163,6 +163,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._scale *= (self._predivide if self._size > 1 else 1.0) / self._size
         self._num_groups = int(num_groups)
         self._fresh = np.zeros(len(self._params), np.int8)
+        self._step_key, self._step = None, None  # see _step_description
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
         self._sparse_as_dense = bool(sparse_as_dense)
         self.sparse_exchanges: Dict[str, sparse.Exchange] = {}
@@ -185,7 +186,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         # and settings, ors the freshness flags, and so covers the collectives that follow.
         with diagnostics.span(f"{self._prefix}step", "NEGOTIATE"):
             self._fresh[indices] = diagnostics.agree(
-                comm, lambda: self._describe_step(indices), self._fresh[indices])
+                comm, lambda: self._step_description(indices), self._fresh[indices])
         with diagnostics.covered(comm):
             self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
                                 buffers)
@@ -198,8 +199,20 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i in reduced:
             self._publish(self._params[i], buffers[i])
 
+    def _step_description(self, indices: List[int]) -> Dict[str, Any]:
+        """Everything that fixes a step's collectives, for the ranks' agreement on it.
+
+        The same object while no gradient's presence, shape, dtype or storage changes, so the
+        agreement reuses its digest.
+        """
+        key = (tuple(indices),
+               tuple((p._shape, p.dtype, p._grad_stype) for p in self._params))
+        if key != self._step_key:
+            self._step_key, self._step = key, self._describe_step(indices)
+        return self._step
+
     def _describe_step(self, indices: List[int]) -> Dict[str, Any]:
-        """Everything that fixes a step's collectives, for the ranks' agreement on it."""
+        """The step description itself (see :meth:`_step_description`)."""
         return {"kind": "trainer step", "name": f"{self._prefix}step",
                 "compression": _compression_key(self._compression),
                 "num_groups": self._num_groups, "gradient_predivide_factor": self._predivide,
