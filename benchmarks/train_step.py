@@ -98,7 +98,7 @@ def measure_checks() -> dict:
     import numpy as np
     from mxnet import autograd, gluon
     import hvd_trainer
-    from hvd_trainer import diagnostics
+    from hvd_trainer import diagnostics, runtime
 
     inputs, width, layers, _ = MODELS[CHECKS_MODEL]
     net = gluon.nn.HybridSequential()
@@ -136,6 +136,19 @@ def measure_checks() -> dict:
             times[variant].append(float(hvd_trainer.allreduce(np.array([elapsed]),
                                                               op=hvd_trainer.Max)[0]))
     diagnostics.agree = checked
+    # The step's agreement alone, the same two ways, in a tight loop: robust to machine noise.
+    comm = runtime.communicator(hvd_trainer.global_process_set)
+    indices = list(range(len(trainer._params)))
+    flags = np.ones(len(indices), bool)
+    exchange = {"on": [], "off": []}
+    for _ in range(CHECKS_ROUNDS):
+        for variant, agree in (("on", checked), ("off", exchange_only)):
+            hvd_trainer.barrier()
+            start = time.perf_counter()
+            for _ in range(200):
+                agree(comm, lambda: trainer._step_description(indices), flags)
+            exchange[variant].append(float(hvd_trainer.allreduce(
+                np.array([(time.perf_counter() - start) / 200]), op=hvd_trainer.Max)[0]))
     # Timeline hooks: how many span() calls a step makes, and what one costs while off.
     real_span, calls = diagnostics.span, []
     diagnostics.span = lambda *a: calls.append(a) or real_span(*a)
@@ -148,7 +161,8 @@ def measure_checks() -> dict:
             pass
     span_seconds = (time.perf_counter() - start) / 100000
     return {"on": times["on"], "off": times["off"], "span_calls": len(calls),
-            "span_seconds": span_seconds}
+            "span_seconds": span_seconds, "exchange_on": min(exchange["on"]),
+            "exchange_off": min(exchange["off"])}
 
 
 def launch_worker(mode: str, threads: int) -> dict:
@@ -230,8 +244,13 @@ def print_checks(r: dict) -> None:
     print(f"| agreement off (flags exchange only) | {off * 1e3:.2f} | {median(r['off']) * 1e3:.2f} |")
     print(f"agreement cost: best on/off {(on / off - 1) * 100:+.2f}%, median of neighbouring "
           f"on/off ratios {(paired - 1) * 100:+.2f}%")
+    extra = r["exchange_on"] - r["exchange_off"]
+    print(f"the step's agreement alone: {r['exchange_on'] * 1e6:.1f} us with checks, "
+          f"{r['exchange_off'] * 1e6:.1f} us flags only: {extra * 1e6:+.1f} us/step "
+          f"({extra / on * 100:.2f}% of the best step)")
     print(f"timeline off: {r['span_calls']} hook calls/step x {r['span_seconds'] * 1e6:.2f} us = "
           f"{hooks * 1e6:.1f} us/step ({hooks / on * 100:.2f}% of the best step)")
+    print(f"agreement + timeline hooks, isolated: {(extra + hooks) / on * 100:.2f}% of the best step")
 
 
 if __name__ == "__main__":

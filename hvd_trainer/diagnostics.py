@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -189,6 +190,9 @@ def _wait(comm: Communicator, request: Request, what: str, exchange: int) -> Non
         return
     start = time.monotonic()
     while time.monotonic() - start < _SPIN_SECONDS:
+        # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
+        # rank we wait for may need this core.
+        os.sched_yield()
         if request.test():
             return
     st = runtime.state()
