@@ -1,13 +1,13 @@
 """Sparse gradients: row-sparse allgather vs dense allreduce, bytes and step time, 2 ranks.
 
-Run:  hvdrun -np 2 --no-prefix python benchmarks/sparse.py [--steps 5] [--repetitions 3]
+Run:  OMP_NUM_THREADS=1 hvdrun -np 2 --no-prefix python benchmarks/sparse.py [--steps 3]
 A 200k x 64 float32 embedding (sparse_grad=True) feeds a Dense layer; every rank touches a
 fixed number of distinct random rows per step. At each density it times full training steps
-(forward, backward, allreduce_grads, update with Adam) of the sparse path (allgather) and of
-the dense path (sparse_as_dense=True), and of the exchange (allreduce_grads) alone;
-repetitions interleaved, the median repetition kept, each timed on the slowest rank. The sparse path is forced past the automatic switch
-(hvd_trainer.sparse.use_dense patched) to measure where it really stops paying. At the first
-density it also times a plain dense embedding (sparse_grad=False) for reference.
+(forward, backward, allreduce_grads, update with Adam), and the exchange (allreduce_grads)
+alone, of the sparse path (allgather) and of the dense path (sparse_as_dense=True);
+repetitions interleaved, the median kept, each timed on the slowest rank. The sparse path is
+forced past the automatic switch (hvd_trainer.sparse.use_dense patched) to measure where it
+really stops paying. At 1% it also times a plain dense embedding (sparse_grad=False).
 
 Bytes are per rank and step, for the embedding gradient: "payload" is what the automatic rule
 compares (gathered ids + gathered rows, or gathered ids + the dense table); "received" is what
@@ -27,7 +27,7 @@ import hvd_trainer
 from hvd_trainer import sparse
 
 ROWS, DIM, BATCH = 200_000, 64, 100
-DENSITIES = [0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8]
+DENSITIES = [0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0]
 
 
 class Model(gluon.HybridBlock):
@@ -52,8 +52,8 @@ def token_batches(density: float, count: int, seed: int):
 class Variant:
     """A net and its trainer; ``step`` runs one timed training step."""
 
-    def __init__(self, name: str, sparse_grad: bool = True, **kwargs):
-        self.name = name
+    def __init__(self, name: str, label: str, sparse_grad: bool = True, **kwargs):
+        self.name, self.label = name, label
         mx.random.seed(0)
         self.net = Model(sparse_grad)
         self.net.initialize(mx.init.Normal(0.01))
@@ -96,13 +96,14 @@ def timed(variant: Variant, batches) -> np.ndarray:
     return hvd_trainer.allreduce(elapsed, op=hvd_trainer.Max)
 
 
-def received_bytes(exchange, own_rows: int, size: int) -> float:
-    """Bytes the wire brings one rank for the embedding gradient."""
-    row_bytes = DIM * 4
-    ids = (exchange.gathered_rows - own_rows) * 8
-    if exchange.dense:
-        return ids + 2 * (size - 1) / size * ROWS * row_bytes
-    return ids + (exchange.gathered_rows - own_rows) * row_bytes
+def traffic(exchange, own_rows: int, size: int):
+    """(payload, received) bytes of one rank's embedding gradient; None: a plain dense one."""
+    row_bytes, table = DIM * 4, ROWS * DIM * 4
+    ring = 2 * (size - 1) / size * table
+    if exchange is None:
+        return table, ring
+    others = exchange.gathered_rows - own_rows
+    return exchange.bytes, others * 8 + (ring if exchange.dense else others * row_bytes)
 
 
 def main():
@@ -112,14 +113,15 @@ def main():
     args = parser.parse_args()
     hvd_trainer.init()
     rank, size = hvd_trainer.rank(), hvd_trainer.size()
-    variants = [Variant("sparse"), Variant("dense", sparse_as_dense=True)]
-    plain = Variant("plain", sparse_grad=False)
+    variants = [Variant("sparse", "allgather"),
+                Variant("dense", "sparse_as_dense", sparse_as_dense=True)]
+    plain = Variant("plain", "dense embedding (sparse_grad=False)", sparse_grad=False)
     if rank == 0:
         print(f"# sparse gradients, {ROWS} x {DIM} float32 embedding + Dense(1), Adam, {size} "
               f"ranks: {datetime.date.today()}, {os.cpu_count()} cores, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
               f"median of {args.repetitions} x {args.steps} steps", flush=True)
-        print("| rows per rank | density | path | auto picks | payload MB | received MB "
+        print("| rows per rank | density | auto picks | path | payload MB | received MB "
               "| exchange ms | ms/step |\n|---|---|---|---|---|---|---|---|", flush=True)
     for number, density in enumerate(DENSITIES):
         batches = token_batches(density, args.steps, seed=100 * number + rank)
@@ -134,17 +136,12 @@ def main():
         gathered = variants[0].exchange().gathered_rows
         auto = "dense" if sparse.use_dense(gathered, ROWS) else "sparse"
         for v in runs:
-            exchange = v.exchange()
-            payload = exchange.bytes / 1e6 if exchange else float("nan")
-            received = (received_bytes(exchange, own, size) if exchange
-                        else 2 * (size - 1) / size * ROWS * DIM * 4) / 1e6
-            label = {"sparse": "allgather", "dense": "sparse_as_dense",
-                     "plain": "dense embedding (sparse_grad=False)"}[v.name]
-            step, exchange_s = np.median(v.times, axis=0) * 1e3
+            payload, received = traffic(v.exchange(), own, size)
+            step, exchange = np.median(v.times, axis=0) * 1e3
             if rank == 0:
-                print(f"| {own} | {density:.0%} | {label} | {auto} | {payload:.2f} | "
-                      f"{received:.2f} | {exchange_s:.1f} | {step:.1f} |", flush=True)
-
+                print(f"| {own} | {density:.0%} | {auto if v is not plain else '-'} | {v.label} | "
+                      f"{payload / 1e6:.2f} | {received / 1e6:.2f} | {exchange:.1f} | "
+                      f"{step:.1f} |", flush=True)
 
 if __name__ == "__main__":
     main()
