@@ -170,7 +170,7 @@ def covered(comm: Communicator) -> Iterator[None]:
 
 
 def agreements(comm: Communicator) -> int:
-    """How many agreement exchanges this rank has made on ``comm`` (a test and benchmark aid)."""
+    """How many agreement exchanges this rank has made on ``comm`` (tests count them)."""
     return _book(comm).exchanges
 
 
