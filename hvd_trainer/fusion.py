@@ -24,6 +24,32 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: i
     return buckets
 
 
+def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int,
+                          groups: int = 0) -> List[List[int]]:
+    """Buckets for gradients in parameter order: the last parameters' first.
+
+    Backward produces the last layers' gradients first, so the tensors are taken in reverse
+    order, split by dtype and cut at ``threshold`` bytes (see :func:`plan_buckets`). With
+    ``groups`` > 0 the reversed list is instead cut into that many runs of nearly equal
+    tensor counts (Horovod's ``num_groups``), each split only by dtype.
+    """
+    order = list(range(len(nbytes)))[::-1]
+    if groups > 0:
+        base, extra = divmod(len(order), groups)
+        bounds = [0]
+        for g in range(min(groups, len(order))):
+            bounds.append(bounds[-1] + base + (1 if g < extra else 0))
+        runs = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+        limit = sum(nbytes) + 1
+    else:
+        runs, limit = [order], threshold
+    buckets = []
+    for run in runs:
+        plan = plan_buckets([nbytes[i] for i in run], [dtypes[i] for i in run], limit)
+        buckets.extend([run[k] for k in members] for members in plan)
+    return buckets
+
+
 class BufferPool:
     """Flat buffers that survive across calls; each grows to the largest size ever asked."""
 

@@ -1,14 +1,39 @@
-"""DistributedTrainer: gluon.Trainer whose gradient reduction is a ring allreduce across ranks."""
+"""DistributedTrainer: gluon.Trainer whose gradient reduction is a ring allreduce across ranks.
+
+**Gradient buckets.** At the first step (and again whenever a gradient is no longer ours,
+e.g. after ``grad_req`` changed), the dense host gradients of the first context are laid out
+in a few flat NDArrays, the *buckets*: parameters in reverse order (backward produces the
+last layers' gradients first), one dtype per bucket, at most ``HVD_BUCKET_THRESHOLD`` bytes
+each (``num_groups`` > 0 sets the number of buckets instead). Each gradient becomes a view
+into its bucket (``autograd.mark_variables``), so backward writes straight into the bucket
+and the bucket is allreduced in place: a step copies no gradient bytes on one context.
+
+**Overlap.** ``backward()`` only queues work on MXNet's engine. The step exchanges the
+freshness flags (no waiting for gradients), then hands the buckets in order to one
+communication thread, the only thread doing MPI until the step's buckets are done. For each
+bucket it waits for the engine's writes into that bucket alone (MXNet tracks dependencies per
+storage, which is why there are several buckets) and allreduces it, while backward still
+computes earlier layers; the main thread meanwhile takes each finished bucket and queues the
+optimizer update of its parameters, so bucket k is updated while bucket k+1 is on the wire.
+Inside ``step()`` updates go per bucket; after ``allreduce_grads()`` alone they wait for
+``update()``. ``HVD_OVERLAP=0`` reduces the buckets on the calling thread and updates after
+all of them (the measured choice of the default is in benchmarks/README.md).
+
+Compressed gradients, row-sparse gradients and gradients on a GPU take the per-tensor path:
+summed into the first context's buffer, allreduced in fused groups, copied back.
+"""
 import os
 import pickle
+import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type, Union
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Type, Union
 
 import mxnet as mx
 import numpy as np
 
-from .. import diagnostics, ops, runtime, sparse
+from .. import diagnostics, fusion, ops, runtime, sparse
 from ..compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
                            GatherCompressor, attach_residuals, detach_residuals)
 from ..compression import from_params as compression_from_params
@@ -60,6 +85,35 @@ def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> 
         return compression.__name__
     settings = sorted((key, str(value)) for key, value in vars(compression).items())
     return f"{type(compression).__name__}{settings}"
+
+
+# Bucket size: see benchmarks/README.md for the measurement that chose it.
+DEFAULT_BUCKET_THRESHOLD = 4 << 20
+
+_comm_thread: Optional[ThreadPoolExecutor] = None
+_comm_thread_lock = threading.Lock()
+
+
+def _communication_thread() -> ThreadPoolExecutor:
+    """The process's one communication thread, started on first use."""
+    global _comm_thread
+    with _comm_thread_lock:
+        if _comm_thread is None:
+            _comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd_trainer-comm")
+        return _comm_thread
+
+
+class _Bucket:
+    """One flat gradient NDArray and where each parameter's gradient lies in it."""
+
+    def __init__(self, number: int, members: List[int], bounds: List[int],
+                 flat: mx.nd.NDArray, views: List[mx.nd.NDArray]):
+        self.number = number
+        self.members = members        # parameter indices, in bucket order
+        self.bounds = bounds          # element offsets: member k is flat[bounds[k]:bounds[k+1]]
+        self.flat = flat
+        self.views = views            # the gradient NDArrays installed in the parameters
+        self.host: Optional[np.ndarray] = None  # NumPy view of flat, taken once it is written
 
 
 def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
@@ -119,6 +173,10 @@ class DistributedTrainer(mx.gluon.Trainer):
       when the ranks together send more rows than the tensor has, or always with
       ``sparse_as_dense=True``. ``sparse_exchanges`` says how each travelled at the last step.
       Compression applies to dense gradients only. GPU gradients are staged through host memory.
+    - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
+      optimizer update of each bucket queued while the next is reduced (see the module
+      docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, ``HVD_OVERLAP=0`` turns the
+      overlap off).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
@@ -167,16 +225,37 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
         self._sparse_as_dense = bool(sparse_as_dense)
         self.sparse_exchanges: Dict[str, sparse.Exchange] = {}
+        self._overlap = runtime.env_int("OVERLAP", 1) != 0
+        self._bucket_threshold = runtime.env_int("BUCKET_THRESHOLD", DEFAULT_BUCKET_THRESHOLD)
+        self._buckets: List[_Bucket] = []
+        self._bucketed: List[int] = []       # the indices the buckets were laid out for
+        self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
+        self._updated: Set[int] = set()      # parameters already updated in this step
         if self._size > 1:
             broadcast_named([(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)],
                             root_rank, process_set)
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        # Lets _allreduce_grads update bucket by bucket; _update then does the rest.
+        self._step_ignore = ignore_stale_grad
+        try:
+            super().step(batch_size, ignore_stale_grad)
+        finally:
+            self._step_ignore = None
 
     def _allreduce_grads(self):
         if self._size == 1 and len(self._contexts) == 1:
             return
         indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
-        buffers = {}
+        buckets = self._bucket_layout(indices)
+        in_bucket = {i for b in buckets for i in b.members}
+        buffers, fresh_contexts = {}, {}
         for i in indices:
+            if i in in_bucket:  # its gradient is waited for later, bucket by bucket
+                fresh_contexts[i] = [k for k, d in enumerate(self._params[i].list_data())
+                                     if d._fresh_grad]
+                self._fresh[i] = bool(fresh_contexts[i])
+                continue
             local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
             with diagnostics.span(f"{self._prefix}grad.{i}", "WAIT_FOR_GRADIENT"):
                 buffers[i] = local_sum(self._params[i])
@@ -187,17 +266,143 @@ class DistributedTrainer(mx.gluon.Trainer):
         with diagnostics.span(f"{self._prefix}step", "NEGOTIATE"):
             self._fresh[indices] = diagnostics.agree(
                 comm, lambda: self._step_description(indices), self._fresh[indices])
+        stats = self.communication_stats = CommStats()
         with diagnostics.covered(comm):
+            self._reduce_buckets(buckets, fresh_contexts, stats, self._fresh[indices].all())
             self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
                                 buffers)
-            reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads]
+            reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads
+                       and i not in in_bucket]
             for i in reduced:
                 if buffers[i] is None:
                     buffers[i] = self._zeroed_first(self._params[i])
             if self._size > 1 and reduced:
-                self._allreduce(reduced, buffers)
+                self._allreduce(reduced, buffers, stats)
         for i in reduced:
             self._publish(self._params[i], buffers[i])
+
+    def _bucket_layout(self, indices: List[int]) -> List[_Bucket]:
+        """The buckets for this step's gradients, laid out anew when they are not ours."""
+        if self._compression is not Compression.none:
+            return []  # compressors work per tensor (see the module docstring)
+        eligible = [i for i in indices if i not in self._sparse_grads and self._params[i].shape
+                    and np.prod(self._params[i].shape) > 0
+                    and bridge.is_host(self._params[i].list_grad()[0])]
+        current = eligible == self._bucketed and all(
+            self._params[i]._grad[0] is view for b in self._buckets
+            for i, view in zip(b.members, b.views))
+        if not current:
+            self._buckets, self._bucketed = self._lay_out(eligible), eligible
+        return self._buckets
+
+    def _lay_out(self, eligible: List[int]) -> List[_Bucket]:
+        """Move the gradients of ``eligible`` into new buckets; install views as gradients.
+
+        The current gradient values are copied in, so a step may lay out after backward.
+        """
+        grads = [self._params[i].list_grad()[0] for i in eligible]
+        plan = fusion.plan_gradient_buckets(
+            [g.size * np.dtype(g.dtype).itemsize for g in grads], [np.dtype(g.dtype) for g in grads],
+            self._bucket_threshold, self._num_groups)
+        buckets = []
+        for number, positions in enumerate(plan):
+            bounds = [0]
+            for k in positions:
+                bounds.append(bounds[-1] + grads[k].size)
+            first = grads[positions[0]]
+            flat = mx.nd.zeros(bounds[-1], ctx=first.context, dtype=first.dtype)
+            views = []
+            for k, start, end in zip(positions, bounds, bounds[1:]):
+                param, view = self._params[eligible[k]], flat[start:end].reshape(grads[k].shape)
+                grads[k].copyto(view)
+                param._grad[0] = view
+                # Marking resets the freshness flags that backward set; keep them.
+                fresh = [d._fresh_grad for d in param.list_data()]
+                mx.autograd.mark_variables(param.list_data(), param._grad, param.grad_req)
+                for d, flag in zip(param.list_data(), fresh):
+                    d._fresh_grad = flag
+                views.append(view)
+            buckets.append(_Bucket(number, [eligible[k] for k in positions], bounds, flat, views))
+        return buckets
+
+    def _reduce_buckets(self, buckets: List[_Bucket], fresh_contexts: Dict[int, List[int]],
+                        stats: CommStats, all_fresh: bool) -> None:
+        """Reduce every bucket; with overlap, on the communication thread, updating as they come.
+
+        Per-bucket updates happen inside ``step()`` only, without an AMP loss scaler (it
+        inspects all gradients first), and not when ``step()`` is about to raise for a stale
+        gradient (Gluon raises before updating anything).
+        """
+        if not self._overlap or self._size == 1 or not runtime.mpi_threads_supported():
+            for bucket in buckets:
+                self._reduce_bucket(bucket, fresh_contexts)
+                self._finish_bucket(bucket, stats)
+            return
+        update = (self._step_ignore is not None and (self._step_ignore or all_fresh)
+                  and getattr(self, "_amp_loss_scaler", None) is None)
+        thread = _communication_thread()
+        pending: List[Future] = [thread.submit(self._reduce_bucket, b, fresh_contexts)
+                                 for b in buckets]
+        try:
+            for bucket, future in zip(buckets, pending):
+                future.result()
+                self._finish_bucket(bucket, stats)
+                if update:
+                    members = [i for i in bucket.members if self._fresh[i]]
+                    with diagnostics.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
+                        self._apply_updates(members, self._step_ignore)
+                    self._updated.update(members)
+        finally:
+            for future in pending:  # on an error, let the thread finish before leaving
+                if not future.cancel():
+                    future.exception()
+
+    def _reduce_bucket(self, bucket: _Bucket, fresh_contexts: Dict[int, List[int]]) -> None:
+        """Wait for backward's writes into ``bucket``, sum the contexts, allreduce in place.
+
+        Only the members fresh on some rank are reduced (in contiguous runs, normally one);
+        the others stay as they are, as Gluon leaves a stale gradient.
+        """
+        name = f"{self._prefix}bucket.{bucket.number}"
+        with diagnostics.span(name, "WAIT_FOR_GRADIENT"):
+            host = bucket.host = bridge.write_view(bucket.flat)
+        runs: List[List[int]] = []
+        for i, start, end in zip(bucket.members, bucket.bounds, bucket.bounds[1:]):
+            if not self._fresh[i]:
+                continue
+            self._sum_contexts(self._params[i], host[start:end], fresh_contexts[i])
+            if runs and runs[-1][1] == start:
+                runs[-1][1] = end
+            else:
+                runs.append([start, end])
+        if self._size > 1 and runs:
+            ops.grouped_allreduce_([host[a:b] for a, b in runs], ops.Sum, name,
+                                   prescale_factor=1.0 / self._predivide,
+                                   process_set=self._process_set)
+
+    @staticmethod
+    def _sum_contexts(param: mx.gluon.Parameter, first: np.ndarray, fresh: List[int]) -> None:
+        """Make ``first`` (the first context's gradient, flat) this process's fresh sum."""
+        if 0 not in fresh:
+            first[...] = 0  # stale here: contribute zeros, plus any other fresh context
+        grads = param.list_grad()
+        for k in fresh:
+            if k > 0:
+                first += bridge.read_view(grads[k]).reshape(-1)
+
+    def _finish_bucket(self, bucket: _Bucket, stats: CommStats) -> None:
+        """Copy the reduced members to the other contexts, mark them fresh, count the bytes."""
+        for i, start, end in zip(bucket.members, bucket.bounds, bucket.bounds[1:]):
+            if not self._fresh[i]:
+                continue
+            param = self._params[i]
+            for grad in param.list_grad()[1:]:
+                bridge.assign(grad, bucket.host[start:end].reshape(grad.shape))
+            for d in param.list_data():
+                d._fresh_grad = True
+            if self._size > 1:
+                nbytes = (end - start) * bucket.host.itemsize
+                stats.add_allreduce(nbytes, nbytes, self._size)
 
     def _step_description(self, indices: List[int]) -> Dict[str, Any]:
         """Everything that fixes a step's collectives, for the ranks' agreement on it.
@@ -223,7 +428,38 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def _update(self, ignore_stale_grad=False):
         with diagnostics.span(f"{self._prefix}step", "UPDATE"):
-            super()._update(ignore_stale_grad)
+            if self._updated:  # step() updated some buckets already
+                rest = [i for i in range(len(self._params)) if i not in self._updated]
+                self._updated = set()
+                self._apply_updates(rest, ignore_stale_grad)
+            else:
+                super()._update(ignore_stale_grad)
+
+    def _apply_updates(self, indices: List[int], ignore_stale_grad: bool) -> None:
+        """``gluon.Trainer._update`` (local updates, no loss scaler) for ``indices`` only."""
+        updates = [[] for _ in self._updaters]
+        for i in indices:
+            param = self._params[i]
+            if param.grad_req == "null":
+                continue
+            if not ignore_stale_grad:
+                for data in param.list_data():
+                    if not data._fresh_grad:
+                        raise UserWarning(
+                            f"Gradient of Parameter `{param.name}` on context {data.context} has "
+                            "not been updated by backward since last `step`. This could mean a "
+                            "bug in your model that made it only use a subset of the Parameters "
+                            "(Blocks) for this iteration. If you are intentionally only using a "
+                            "subset, call step with ignore_stale_grad=True to suppress this "
+                            "warning and skip updating of Parameters with stale gradient")
+            for upd, arr, grad in zip(updates, param.list_data(), param.list_grad()):
+                if not ignore_stale_grad or arr._fresh_grad:
+                    upd.append((i, grad, arr))
+                    arr._fresh_grad = False
+        for updater, upd in zip(self._updaters, updates):
+            if upd:
+                i, g, w = zip(*upd)
+                updater(i, g, w)
 
     def _reduce_sparse(self, indices: List[int], local: Dict[int, Any]) -> None:
         """Reduce row-sparse gradients (a stale rank sends no rows) and write them back."""
@@ -266,14 +502,14 @@ class DistributedTrainer(mx.gluon.Trainer):
         """The gradient itself on the host; a host copy for a GPU gradient."""
         return bridge.write_view(grad) if bridge.is_host(grad) else grad.asnumpy()
 
-    def _allreduce(self, reduced: List[int], buffers: Dict[int, np.ndarray]) -> None:
+    def _allreduce(self, reduced: List[int], buffers: Dict[int, np.ndarray],
+                   stats: CommStats) -> None:
         """Sum the buffers across ranks in place, in ``num_groups`` grouped calls.
 
         Tensors a GatherCompressor accepts go by one allgather per group (with error feedback,
-        see ``compression.ErrorFeedbackSum``), the others by allreduce; the traffic of the
-        step lands in ``communication_stats``.
+        see ``compression.ErrorFeedbackSum``), the others by allreduce; the traffic lands in
+        ``stats``.
         """
-        stats = self.communication_stats = CommStats()
         feedback = self._feedback
         compressor = self._compression if feedback is None else Compression.none
         for group in _split(reduced, self._num_groups):

@@ -59,3 +59,22 @@ def test_fused_reduces_every_bucket_once_and_scales():
     assert sorted(calls) == [3, 9]  # one float64 bucket (5 + 4 elements), one int64
     for t, o in zip(tensors, outs):
         np.testing.assert_array_equal(o, t)
+
+
+def test_gradient_buckets_reverse_order_threshold_and_dtype():
+    f4, f2 = np.dtype(np.float32), np.dtype(np.float16)
+    # Reversed: 5(f4,30) 4(f4,60) 3(f2,20) 2(f4,40) 1(f2,90) 0(f4,200).
+    # f4: 30+60 fit under 100, 40 does not -> opens [2]; 200 alone. f2: 20+90 > 100 -> split.
+    nbytes, dtypes = [200, 90, 40, 20, 60, 30], [f4, f2, f4, f2, f4, f4]
+    assert fusion.plan_gradient_buckets(nbytes, dtypes, 100) == [[5, 4], [3], [2], [1], [0]]
+    # One bucket per tensor, and one bucket per dtype.
+    assert fusion.plan_gradient_buckets(nbytes, dtypes, 1) == [[5], [4], [3], [2], [1], [0]]
+    assert fusion.plan_gradient_buckets(nbytes, dtypes, 1 << 40) == [[5, 4, 2, 0], [3, 1]]
+
+
+def test_gradient_buckets_by_group_count():
+    f4, f2 = np.dtype(np.float32), np.dtype(np.float16)
+    # 5 tensors in 2 groups of reversed order: [4, 3, 2] and [1, 0], each split by dtype only.
+    plan = fusion.plan_gradient_buckets([8] * 5, [f4, f4, f2, f4, f4], 1, groups=2)
+    assert plan == [[4, 3], [2], [1, 0]]
+    assert fusion.plan_gradient_buckets([8] * 2, [f4, f4], 1, groups=5) == [[1], [0]]
