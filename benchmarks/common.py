@@ -1,27 +1,75 @@
 """Shared plumbing for the benchmarks that compare one process with 2 ranks."""
+import datetime
 import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
-from typing import List
+import time
+from typing import Callable, Dict, List, Optional
 
 
-def launch(script: str, ranks: int, args: List[str], threads: int = 1) -> dict:
+def launch(script: str, ranks: int, args: List[str], threads: int = 1,
+           env: Optional[Dict[str, str]] = None) -> dict:
     """Run ``script --worker ...`` on ``ranks`` fresh processes; return the RESULT rank 0 prints.
 
-    ``ranks`` 1 runs plain python (no launcher, no MPI); more go through hvdrun.
+    ``ranks`` 1 runs plain python (no launcher, no MPI); more go through hvdrun. ``env`` adds
+    variables (e.g. HVD_OVERLAP) to the workers' environment.
     """
     worker = [sys.executable, os.path.abspath(script), *args]
     cmd = ([sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(ranks), "--no-prefix"]
            + worker if ranks > 1 else worker)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     found = re.search(r"RESULT (\{.*\})", out.stdout)
     if out.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     return json.loads(found.group(1))
+
+
+def slowest_rank(value: float, distributed: bool) -> float:
+    """The largest ``value`` over the ranks (a collective when ``distributed``)."""
+    if not distributed:
+        return value
+    import hvd_trainer
+    import numpy as np
+    return float(hvd_trainer.allreduce(np.array([value]), op=hvd_trainer.Max)[0])
+
+
+def seconds_per_step(step: Callable[[], None], steps: int, repetitions: int, warmup: int,
+                     distributed: bool) -> float:
+    """Best seconds per ``step()`` over the repetitions; the slowest rank sets the pace.
+
+    ``step`` queues MXNet work; each repetition ends with ``waitall()``, so it is included.
+    """
+    import mxnet as mx
+    for _ in range(warmup):
+        step()
+    mx.nd.waitall()
+    best = float("inf")
+    for _ in range(repetitions):
+        if distributed:
+            import hvd_trainer
+            hvd_trainer.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        mx.nd.waitall()
+        best = min(best, slowest_rank((time.perf_counter() - start) / steps, distributed))
+    return best
+
+
+def peak_rss_mb(distributed: bool) -> float:
+    """This process's peak resident set size in MB (the largest over the ranks)."""
+    return slowest_rank(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, distributed)
+
+
+def header(title: str, details: str = "") -> str:
+    """The first line of a results table: what, when, on which machine."""
+    return (f"# {title}: {datetime.date.today()}, {os.cpu_count()} cores ({cpu_model()})"
+            + (f", {details}" if details else ""))
 
 
 def report(results: dict) -> None:

@@ -8,10 +8,8 @@ every launch keeps its best repetition and the table keeps each side's best laun
 Scaling efficiency = 2-rank img/s / (2 x 1-process img/s).
 """
 import argparse
-import datetime
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -69,21 +67,7 @@ def measure(distributed: bool, batch: int) -> dict:
         loss.backward()
         trainer.step(batch)
 
-    for _ in range(WARMUP):
-        step()
-    mx.nd.waitall()
-    best = float("inf")
-    for _ in range(REPETITIONS):
-        if distributed:
-            hvd_trainer.barrier()
-        start = time.perf_counter()
-        for _ in range(STEPS):
-            step()
-        mx.nd.waitall()
-        elapsed = (time.perf_counter() - start) / STEPS
-        if distributed:  # the slowest rank sets the pace
-            elapsed = float(hvd_trainer.allreduce(np.array([elapsed]), op=hvd_trainer.Max)[0])
-        best = min(best, elapsed)
+    best = common.seconds_per_step(step, STEPS, REPETITIONS, WARMUP, distributed)
     grads = [p.grad() for p in net.collect_params().values() if p.grad_req != "null"]
     return {"img_per_s": batch * ranks / best, "tensors": len(grads),
             "megabytes": sum(g.size * 4 for g in grads) / 1e6,
@@ -109,9 +93,9 @@ def main():
             if side not in best or r["img_per_s"] > best[side]["img_per_s"]:
                 best[side] = r
     one, two = best["single"], best["distributed"]
-    print(f"# synthetic ResNet-20, 3x32x32, batch {args.batch_size} per rank: "
-          f"{datetime.date.today()}, {os.cpu_count()} cores ({common.cpu_model()}), "
-          f"OMP_NUM_THREADS=1, best of {args.rounds} launches x {REPETITIONS} repetitions")
+    print(common.header(f"synthetic ResNet-20, 3x32x32, batch {args.batch_size} per rank",
+                        f"OMP_NUM_THREADS=1, best of {args.rounds} launches x {REPETITIONS} "
+                        "repetitions"))
     print("| model | tensors | gradients MB | 1 process img/s | 2 ranks img/s | scaling efficiency |")
     print("|---|---|---|---|---|---|")
     print(f"| ResNet-20 | {one['tensors']} | {one['megabytes']:.2f} | {one['img_per_s']:.0f} | "

@@ -1,79 +1,139 @@
-"""Training-step time: plain gluon.Trainer in one process vs DistributedTrainer on 2 ranks.
+"""Training-step time, memory and overhead: gluon.Trainer in one process vs DistributedTrainer.
 
-Run:  python benchmarks/train_step.py [--rounds 2] [--threads 1]
-It launches its own measurements as subprocesses, alternating one process with gluon.Trainer
-and 2 ranks (through hvdrun) with DistributedTrainer, each at the same per-rank batch, so
-that machine noise hits both alike; every launch keeps its best repetition and the table
-keeps each side's best launch. Scaling efficiency is t_single / t_2ranks (1.0 = perfect).
+Run:  python benchmarks/train_step.py [--rounds 2] [--threads 1] [--buckets]
+It launches its own measurements as subprocesses. Per model, launches alternate between one
+process with gluon.Trainer and 2 ranks (through hvdrun) with DistributedTrainer with the
+overlap on and off (HVD_OVERLAP), each at the same per-rank batch, so that machine noise hits
+all alike; every launch keeps its best repetition and the table keeps each variant's best
+launch. Scaling efficiency is t_single / t_2ranks (1.0 = perfect). Each launch also reports
+its peak RSS (the largest over the ranks), against the target single + 1.2 x gradient bytes.
 
-A second table prices the safety checks on the 40 x Dense(256) step, on 2 ranks in one job:
-repetitions alternate between the real step and the same step with the agreement replaced by
-the bare exchange of freshness flags that the step needs anyway (no description, no digest,
-blocking allreduce), and the timeline hooks (off) are counted and timed per call.
+Plugin overhead: on 2 ranks, 100 gradients (50 x Dense(64)) already computed, the time of
+``trainer.allreduce_grads()`` minus the time of the same buckets' bare ``allreduce`` calls on
+the same communicator (the wire time), alternating, median of the repetitions; the bytes that
+fusion copies per step are counted by wrapping ``fusion.pack`` and ``fusion.unpack``.
+
+``--buckets`` adds the 2-rank step time at several HVD_BUCKET_THRESHOLD values. A last table
+prices the safety checks on the 40 x Dense(256) step, on 2 ranks in one job: repetitions
+alternate between the real step and the same step with the agreement replaced by the bare
+exchange of freshness flags that the step needs anyway (no description, no digest, blocking
+allreduce), and the timeline hooks (off) are counted and timed per call.
 """
 import argparse
-import datetime
-import json
 import os
-import platform
-import re
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 # name: (input width, layer width, layers, timed steps per repetition)
 MODELS = {"40 x Dense(256)": (64, 256, 40, 30), "8 x Dense(2048)": (2048, 2048, 8, 4)}
 BATCH, WARMUP, REPETITIONS = 64, 3, 3
 HOROVOD = {"40 x Dense(256)": 0.45, "8 x Dense(2048)": 0.56}  # Horovod 0.28.1, same kind of machine
+# (label, ranks, extra environment) of the step table's columns
+VARIANTS = [("1 process", 1, {}), ("overlap on", 2, {"HVD_OVERLAP": "1"}),
+            ("overlap off", 2, {"HVD_OVERLAP": "0"})]
+BUCKET_THRESHOLDS_MIB = [1, 4, 16, 64]
 
 
-def measure(distributed: bool) -> dict:
-    """Seconds per training step of each model, best of the repetitions (run in a worker)."""
+def mlp(inputs: int, width: int, layers: int, head: bool = True):
+    """A hybridized MLP of ``layers`` Dense(width, relu) layers (and a Dense(10) head)."""
+    import mxnet as mx
+    from mxnet import gluon
+    net = gluon.nn.HybridSequential()
+    for i in range(layers):
+        net.add(gluon.nn.Dense(width, activation="relu", in_units=inputs if i == 0 else width))
+    if head:
+        net.add(gluon.nn.Dense(10, in_units=width))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    return net
+
+
+def measure(distributed: bool, name: str) -> dict:
+    """Seconds per training step of one model, best of the repetitions, and peak RSS."""
     import mxnet as mx
     import numpy as np
     from mxnet import autograd, gluon
     if distributed:
         import hvd_trainer
 
-    results = {}
-    for name, (inputs, width, layers, steps) in MODELS.items():
-        net = gluon.nn.HybridSequential()
-        for i in range(layers):
-            net.add(gluon.nn.Dense(width, activation="relu", in_units=inputs if i == 0 else width))
-        net.add(gluon.nn.Dense(10, in_units=width))
-        net.initialize(mx.init.Xavier())
-        net.hybridize()
-        args = (net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
-        trainer = hvd_trainer.DistributedTrainer(*args) if distributed else gluon.Trainer(*args)
-        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-        x = mx.nd.random.uniform(shape=(BATCH, inputs))
-        y = mx.nd.array(np.random.randint(0, 10, BATCH))
+    inputs, width, layers, steps = MODELS[name]
+    net = mlp(inputs, width, layers)
+    args = (net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+    trainer = hvd_trainer.DistributedTrainer(*args) if distributed else gluon.Trainer(*args)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x = mx.nd.random.uniform(shape=(BATCH, inputs))
+    y = mx.nd.array(np.random.randint(0, 10, BATCH))
 
-        def step():
-            with autograd.record():
-                loss = loss_fn(net(x), y)
-            loss.backward()
-            trainer.step(BATCH)
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(BATCH)
 
-        for _ in range(WARMUP):
-            step()
+    seconds = common.seconds_per_step(step, steps, REPETITIONS, WARMUP, distributed)
+    grads = [p.grad() for p in net.collect_params().values()]
+    return {"seconds": seconds, "tensors": len(grads), "rss_mb": common.peak_rss_mb(distributed),
+            "megabytes": sum(g.size * 4 for g in grads) / 1e6}
+
+
+OVERHEAD_LAYERS, OVERHEAD_ROUNDS = 50, 40
+
+
+def measure_overhead() -> dict:
+    """allreduce_grads() minus the bare allreduce of its buckets, overlap on and off (2 ranks)."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd
+    import hvd_trainer
+    from hvd_trainer import fusion, runtime
+
+    net = mlp(64, 64, OVERHEAD_LAYERS, head=False)
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+    comm = runtime.communicator(hvd_trainer.global_process_set)
+    x = mx.nd.random.uniform(shape=(BATCH, 64))
+    copied = []
+    real_pack, real_unpack = fusion.pack, fusion.unpack
+
+    def counting(real):
+        def wrapper(a, b, *rest):
+            copied.append(sum(t.nbytes for t in (a if isinstance(a, (list, tuple)) else b)))
+            return real(a, b, *rest)
+        return wrapper
+
+    def backward():
+        with autograd.record():
+            loss = net(x).sum()
+        loss.backward()
         mx.nd.waitall()
-        best = float("inf")
-        for _ in range(REPETITIONS):
-            if distributed:
-                hvd_trainer.barrier()
+
+    times = {"on": [], "off": [], "wire": []}
+    for rounds in range(OVERHEAD_ROUNDS + 3):
+        for variant in ("on", "off"):
+            trainer._overlap = variant == "on"
+            backward()
+            hvd_trainer.barrier()
             start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            mx.nd.waitall()
-            elapsed = (time.perf_counter() - start) / steps
-            if distributed:  # the slowest rank sets the pace
-                elapsed = float(hvd_trainer.allreduce(np.array([elapsed]), op=hvd_trainer.Max)[0])
-            best = min(best, elapsed)
-        grads = [p.grad() for p in net.collect_params().values()]
-        results[name] = {"seconds": best, "tensors": len(grads),
-                         "megabytes": sum(g.size * 4 for g in grads) / 1e6}
-    return results
+            fusion.pack, fusion.unpack = counting(real_pack), counting(real_unpack)
+            trainer.allreduce_grads()
+            fusion.pack, fusion.unpack = real_pack, real_unpack
+            plugin = time.perf_counter() - start
+            hvd_trainer.barrier()
+            start = time.perf_counter()
+            for bucket in trainer._buckets:
+                comm.allreduce(bucket.host, "sum")
+            wire = time.perf_counter() - start
+            trainer.update(BATCH)
+            if rounds >= 3:  # the first rounds lay out the buckets and warm up
+                times[variant].append(common.slowest_rank(plugin - wire, True))
+                times["wire"].append(common.slowest_rank(wire, True))
+    grads = [p.grad() for p in net.collect_params().values()]
+    return {"on": float(np.median(times["on"])), "off": float(np.median(times["off"])),
+            "wire": float(np.median(times["wire"])), "tensors": len(grads),
+            "buckets": len(trainer._buckets), "copied_per_step": sum(copied) / (2 * (OVERHEAD_ROUNDS + 3)),
+            "megabytes": sum(g.size * 4 for g in grads) / 1e6}
 
 
 # Many short alternating repetitions: on a shared machine the ratio of neighbouring on/off
@@ -101,12 +161,7 @@ def measure_checks() -> dict:
     from hvd_trainer import diagnostics, runtime
 
     inputs, width, layers, _ = MODELS[CHECKS_MODEL]
-    net = gluon.nn.HybridSequential()
-    for i in range(layers):
-        net.add(gluon.nn.Dense(width, activation="relu", in_units=inputs if i == 0 else width))
-    net.add(gluon.nn.Dense(10, in_units=width))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
+    net = mlp(inputs, width, layers)
     trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd",
                                              {"learning_rate": 0.01, "momentum": 0.9})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -165,67 +220,87 @@ def measure_checks() -> dict:
             "exchange_off": min(exchange["off"])}
 
 
-def launch_worker(mode: str, threads: int) -> dict:
-    """Run one measurement (``--worker mode``) in fresh processes; return rank 0's results.
-
-    "single" runs one plain process, the others 2 ranks through hvdrun.
-    """
-    worker = [sys.executable, os.path.abspath(__file__), "--worker", mode]
-    cmd = ([sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2"] + worker
-           if mode != "single" else worker)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    found = re.search(r"RESULT (\{.*\})", out.stdout)
-    if out.returncode != 0 or not found:
-        raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return json.loads(found.group(1))
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2,
-                        help="launches of each side, alternating (default 2)")
+                        help="launches of each variant, alternating (default 2)")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every process (default 1: one core per worker)")
-    parser.add_argument("--worker", choices=["single", "distributed", "checks"],
+    parser.add_argument("--buckets", action="store_true",
+                        help="also time the 2-rank step at several bucket thresholds")
+    parser.add_argument("--worker", choices=["single", "distributed", "overhead", "checks"],
                         help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        results = measure_checks() if args.worker == "checks" else measure(args.worker == "distributed")
-        if args.worker == "single" or __import__("hvd_trainer").rank() == 0:
-            print("RESULT " + json.dumps(results), flush=True)
+        run_worker(args.worker, args.model)
         return
 
-    best = {"single": {}, "distributed": {}}
+    best = {name: {} for name in MODELS}
     for _ in range(args.rounds):
-        for side in best:
-            for name, r in launch_worker(side, args.threads).items():
-                if name not in best[side] or r["seconds"] < best[side][name]["seconds"]:
-                    best[side][name] = r
-    print(f"# train step, batch {BATCH} per rank, SGD momentum: {datetime.date.today()}, "
-          f"{os.cpu_count()} cores ({cpu_model()}), OMP_NUM_THREADS={args.threads}, "
-          f"best of {args.rounds} launches x {REPETITIONS} repetitions")
-    print("| model | tensors | gradients MB | 1 process ms/step | 2 ranks ms/step | "
-          "efficiency t_1/t_2 | Horovod 0.28.1 |")
+        for name in MODELS:
+            for label, ranks, env in VARIANTS:
+                r = common.launch(__file__, ranks, ["--worker", "single" if ranks == 1 else
+                                                    "distributed", "--model", name],
+                                  args.threads, env)
+                if label not in best[name] or r["seconds"] < best[name][label]["seconds"]:
+                    best[name][label] = r
+    print(common.header(f"train step, batch {BATCH} per rank, SGD momentum",
+                        f"OMP_NUM_THREADS={args.threads}, best of {args.rounds} launches x "
+                        f"{REPETITIONS} repetitions"))
+    print("| model | tensors | gradients MB | 1 process ms/step | 2 ranks, overlap on | "
+          "efficiency | 2 ranks, overlap off | efficiency | Horovod 0.28.1 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in MODELS:
+        one, on, off = (best[name][label] for label, _, _ in VARIANTS)
+        print(f"| {name} | {one['tensors']} | {one['megabytes']:.1f} | "
+              f"{one['seconds'] * 1e3:.1f} | {on['seconds'] * 1e3:.1f} | "
+              f"{one['seconds'] / on['seconds']:.2f} | {off['seconds'] * 1e3:.1f} | "
+              f"{one['seconds'] / off['seconds']:.2f} | {HOROVOD[name]:.2f} |")
+    print("\n# peak RSS per process, MB (the largest rank; lowest of the launches)")
+    print("| model | gradients MB | 1 process | 2 ranks, overlap on | 2 ranks, overlap off | "
+          "target: 1 process + 1.2 x gradients | met |")
     print("|---|---|---|---|---|---|---|")
     for name in MODELS:
-        one, two = best["single"][name], best["distributed"][name]
-        print(f"| {name} | {one['tensors']} | {one['megabytes']:.1f} | "
-              f"{one['seconds'] * 1e3:.1f} | {two['seconds'] * 1e3:.1f} | "
-              f"{one['seconds'] / two['seconds']:.2f} | "
-              f"{HOROVOD[name]:.2f} |")
-    print_checks(launch_worker("checks", args.threads))
+        one, on, off = (best[name][label] for label, _, _ in VARIANTS)
+        target = one["rss_mb"] + 1.2 * one["megabytes"]
+        print(f"| {name} | {one['megabytes']:.1f} | {one['rss_mb']:.0f} | {on['rss_mb']:.0f} | "
+              f"{off['rss_mb']:.0f} | {target:.0f} | "
+              f"{'yes' if max(on['rss_mb'], off['rss_mb']) <= target else 'no'} |")
+    r = common.launch(__file__, 2, ["--worker", "overhead"], args.threads)
+    print(f"\n# plugin overhead, 2 ranks, {r['tensors']} gradients ({r['megabytes']:.2f} MB) "
+          f"in {r['buckets']} bucket(s), median of {OVERHEAD_ROUNDS} repetitions")
+    print(f"allreduce_grads() minus the bare allreduce of its buckets ({r['wire'] * 1e3:.3f} ms):"
+          f" overlap on {r['on'] * 1e3:.3f} ms, overlap off {r['off'] * 1e3:.3f} ms; "
+          f"bytes copied by fusion per step: {r['copied_per_step']:.0f}")
+    if args.buckets:
+        print_buckets(args.threads)
+    print_checks(common.launch(__file__, 2, ["--worker", "checks"], args.threads))
+
+
+def run_worker(mode: str, model: str) -> None:
+    """Measure in this process (one of the launched workers) and report on rank 0."""
+    if mode == "single":
+        common.report(measure(False, model))
+        return
+    import hvd_trainer
+    results = {"distributed": lambda: measure(True, model), "overhead": measure_overhead,
+               "checks": measure_checks}[mode]()
+    if hvd_trainer.rank() == 0:
+        common.report(results)
+
+
+def print_buckets(threads: int) -> None:
+    """2-rank step time per bucket threshold, overlap on, one launch per model and value."""
+    print("\n# 2-rank step ms by HVD_BUCKET_THRESHOLD, overlap on (best of "
+          f"{REPETITIONS} repetitions)")
+    print("| model | " + " | ".join(f"{t} MiB" for t in BUCKET_THRESHOLDS_MIB) + " |")
+    print("|---|" + "---|" * len(BUCKET_THRESHOLDS_MIB))
+    for name in MODELS:
+        cells = [common.launch(__file__, 2, ["--worker", "distributed", "--model", name], threads,
+                               {"HVD_BUCKET_THRESHOLD": str(t << 20)})["seconds"]
+                 for t in BUCKET_THRESHOLDS_MIB]
+        print(f"| {name} | " + " | ".join(f"{c * 1e3:.1f}" for c in cells) + " |")
 
 
 def print_checks(r: dict) -> None:

@@ -228,7 +228,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._overlap = runtime.env_int("OVERLAP", 1) != 0
         self._bucket_threshold = runtime.env_int("BUCKET_THRESHOLD", DEFAULT_BUCKET_THRESHOLD)
         self._buckets: List[_Bucket] = []
-        self._bucketed: List[int] = []       # the indices the buckets were laid out for
+        self._layout_key: Optional[tuple] = None  # the reduced indices the buckets were laid out for
         self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
         self._updated: Set[int] = set()      # parameters already updated in this step
         if self._size > 1:
@@ -268,7 +268,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                 comm, lambda: self._step_description(indices), self._fresh[indices])
         stats = self.communication_stats = CommStats()
         with diagnostics.covered(comm):
-            self._reduce_buckets(buckets, fresh_contexts, stats, self._fresh[indices].all())
+            self._reduce_buckets(buckets, fresh_contexts, stats, bool(self._fresh[indices].all()))
             self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
                                 buffers)
             reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads
@@ -282,17 +282,18 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._publish(self._params[i], buffers[i])
 
     def _bucket_layout(self, indices: List[int]) -> List[_Bucket]:
-        """The buckets for this step's gradients, laid out anew when they are not ours."""
+        """The buckets for this step's gradients, laid out anew when the reduced parameters
+        changed or a gradient is no longer the view we installed."""
         if self._compression is not Compression.none:
             return []  # compressors work per tensor (see the module docstring)
+        key = tuple(indices)
+        if key == self._layout_key and all(self._params[i]._grad[0] is view for b in self._buckets
+                                           for i, view in zip(b.members, b.views)):
+            return self._buckets
         eligible = [i for i in indices if i not in self._sparse_grads and self._params[i].shape
                     and np.prod(self._params[i].shape) > 0
                     and bridge.is_host(self._params[i].list_grad()[0])]
-        current = eligible == self._bucketed and all(
-            self._params[i]._grad[0] is view for b in self._buckets
-            for i, view in zip(b.members, b.views))
-        if not current:
-            self._buckets, self._bucketed = self._lay_out(eligible), eligible
+        self._buckets, self._layout_key = self._lay_out(eligible), key
         return self._buckets
 
     def _lay_out(self, eligible: List[int]) -> List[_Bucket]:
@@ -333,20 +334,23 @@ class DistributedTrainer(mx.gluon.Trainer):
         inspects all gradients first), and not when ``step()`` is about to raise for a stale
         gradient (Gluon raises before updating anything).
         """
+        # A plain bucket (one context, every member fresh here) is reduced whole, as it is.
+        plain = [len(self._contexts) == 1 and all(fresh_contexts[i] for i in b.members)
+                 for b in buckets]
         if not self._overlap or self._size == 1 or not runtime.mpi_threads_supported():
-            for bucket in buckets:
-                self._reduce_bucket(bucket, fresh_contexts)
-                self._finish_bucket(bucket, stats)
+            for bucket, whole in zip(buckets, plain):
+                self._reduce_bucket(bucket, fresh_contexts, whole)
+                self._finish_bucket(bucket, stats, whole)
             return
         update = (self._step_ignore is not None and (self._step_ignore or all_fresh)
                   and getattr(self, "_amp_loss_scaler", None) is None)
         thread = _communication_thread()
-        pending: List[Future] = [thread.submit(self._reduce_bucket, b, fresh_contexts)
-                                 for b in buckets]
+        pending: List[Future] = [thread.submit(self._reduce_bucket, b, fresh_contexts, whole)
+                                 for b, whole in zip(buckets, plain)]
         try:
-            for bucket, future in zip(buckets, pending):
+            for bucket, whole, future in zip(buckets, plain, pending):
                 future.result()
-                self._finish_bucket(bucket, stats)
+                self._finish_bucket(bucket, stats, whole)
                 if update:
                     members = [i for i in bucket.members if self._fresh[i]]
                     with diagnostics.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
@@ -357,18 +361,20 @@ class DistributedTrainer(mx.gluon.Trainer):
                 if not future.cancel():
                     future.exception()
 
-    def _reduce_bucket(self, bucket: _Bucket, fresh_contexts: Dict[int, List[int]]) -> None:
+    def _reduce_bucket(self, bucket: _Bucket, fresh_contexts: Dict[int, List[int]],
+                       whole: bool) -> None:
         """Wait for backward's writes into ``bucket``, sum the contexts, allreduce in place.
 
-        Only the members fresh on some rank are reduced (in contiguous runs, normally one);
-        the others stay as they are, as Gluon leaves a stale gradient.
+        Unless the bucket is ``whole``, only the members fresh on some rank are reduced (in
+        contiguous runs, normally one); the others stay as they are, as Gluon leaves a stale
+        gradient.
         """
         name = f"{self._prefix}bucket.{bucket.number}"
         with diagnostics.span(name, "WAIT_FOR_GRADIENT"):
             host = bucket.host = bridge.write_view(bucket.flat)
-        runs: List[List[int]] = []
+        runs: List[List[int]] = [[0, host.size]] if whole else []
         for i, start, end in zip(bucket.members, bucket.bounds, bucket.bounds[1:]):
-            if not self._fresh[i]:
+            if whole or not self._fresh[i]:
                 continue
             self._sum_contexts(self._params[i], host[start:end], fresh_contexts[i])
             if runs and runs[-1][1] == start:
@@ -390,9 +396,13 @@ class DistributedTrainer(mx.gluon.Trainer):
             if k > 0:
                 first += bridge.read_view(grads[k]).reshape(-1)
 
-    def _finish_bucket(self, bucket: _Bucket, stats: CommStats) -> None:
+    def _finish_bucket(self, bucket: _Bucket, stats: CommStats, whole: bool) -> None:
         """Copy the reduced members to the other contexts, mark them fresh, count the bytes."""
+        nbytes = 0
         for i, start, end in zip(bucket.members, bucket.bounds, bucket.bounds[1:]):
+            if whole:  # one context, already fresh
+                nbytes = bucket.host.nbytes
+                break
             if not self._fresh[i]:
                 continue
             param = self._params[i]
@@ -400,9 +410,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                 bridge.assign(grad, bucket.host[start:end].reshape(grad.shape))
             for d in param.list_data():
                 d._fresh_grad = True
-            if self._size > 1:
-                nbytes = (end - start) * bucket.host.itemsize
-                stats.add_allreduce(nbytes, nbytes, self._size)
+            nbytes += (end - start) * bucket.host.itemsize
+        if self._size > 1:
+            stats.add_allreduce(nbytes, nbytes, self._size)
 
     def _step_description(self, indices: List[int]) -> Dict[str, Any]:
         """Everything that fixes a step's collectives, for the ranks' agreement on it.
