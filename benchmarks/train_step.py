@@ -33,7 +33,7 @@ BATCH, WARMUP, REPETITIONS = 64, 3, 3
 HOROVOD = {"40 x Dense(256)": 0.45, "8 x Dense(2048)": 0.56}  # Horovod 0.28.1, same kind of machine
 # (label, ranks, extra environment) of the step table's columns
 VARIANTS = [("1 process", 1, {}), ("overlap on", 2, {"HVD_OVERLAP": "1"}),
-            ("overlap off", 2, {"HVD_OVERLAP": "0"})]
+            ("overlap off", 2, {"HVD_OVERLAP": "0"}), ("2 independent", 2, {})]
 BUCKET_THRESHOLDS_MIB = [1, 4, 16, 64]
 
 
@@ -51,8 +51,12 @@ def mlp(inputs: int, width: int, layers: int, head: bool = True):
     return net
 
 
-def measure(distributed: bool, name: str) -> dict:
-    """Seconds per training step of one model, best of the repetitions, and peak RSS."""
+def measure(distributed: bool, name: str, independent: bool = False) -> dict:
+    """Seconds per training step of one model, best of the repetitions, and peak RSS.
+
+    ``independent``: every rank trains alone with gluon.Trainer (no communication), timed
+    together: what sharing the machine's cores and memory bus alone costs each rank.
+    """
     import mxnet as mx
     import numpy as np
     from mxnet import autograd, gluon
@@ -62,7 +66,8 @@ def measure(distributed: bool, name: str) -> dict:
     inputs, width, layers, steps = MODELS[name]
     net = mlp(inputs, width, layers)
     args = (net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
-    trainer = hvd_trainer.DistributedTrainer(*args) if distributed else gluon.Trainer(*args)
+    trainer = (hvd_trainer.DistributedTrainer(*args) if distributed and not independent
+               else gluon.Trainer(*args))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x = mx.nd.random.uniform(shape=(BATCH, inputs))
     y = mx.nd.array(np.random.randint(0, 10, BATCH))
@@ -228,7 +233,8 @@ def main():
                         help="OMP_NUM_THREADS of every process (default 1: one core per worker)")
     parser.add_argument("--buckets", action="store_true",
                         help="also time the 2-rank step at several bucket thresholds")
-    parser.add_argument("--worker", choices=["single", "distributed", "overhead", "checks"],
+    parser.add_argument("--worker", choices=["single", "distributed", "independent", "overhead",
+                                             "checks"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -240,8 +246,9 @@ def main():
     for _ in range(args.rounds):
         for name in MODELS:
             for label, ranks, env in VARIANTS:
-                r = common.launch(__file__, ranks, ["--worker", "single" if ranks == 1 else
-                                                    "distributed", "--model", name],
+                mode = ("single" if ranks == 1 else
+                        "independent" if label == "2 independent" else "distributed")
+                r = common.launch(__file__, ranks, ["--worker", mode, "--model", name],
                                   args.threads, env)
                 if label not in best[name] or r["seconds"] < best[name][label]["seconds"]:
                     best[name][label] = r
@@ -249,20 +256,22 @@ def main():
                         f"OMP_NUM_THREADS={args.threads}, best of {args.rounds} launches x "
                         f"{REPETITIONS} repetitions"))
     print("| model | tensors | gradients MB | 1 process ms/step | 2 ranks, overlap on | "
-          "efficiency | 2 ranks, overlap off | efficiency | Horovod 0.28.1 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "efficiency | 2 ranks, overlap off | efficiency | 2 independent processes, no "
+          "communication | efficiency ceiling | Horovod 0.28.1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in MODELS:
-        one, on, off = (best[name][label] for label, _, _ in VARIANTS)
+        one, on, off, alone = (best[name][label] for label, _, _ in VARIANTS)
         print(f"| {name} | {one['tensors']} | {one['megabytes']:.1f} | "
               f"{one['seconds'] * 1e3:.1f} | {on['seconds'] * 1e3:.1f} | "
               f"{one['seconds'] / on['seconds']:.2f} | {off['seconds'] * 1e3:.1f} | "
-              f"{one['seconds'] / off['seconds']:.2f} | {HOROVOD[name]:.2f} |")
+              f"{one['seconds'] / off['seconds']:.2f} | {alone['seconds'] * 1e3:.1f} | "
+              f"{one['seconds'] / alone['seconds']:.2f} | {HOROVOD[name]:.2f} |")
     print("\n# peak RSS per process, MB (the largest rank; lowest of the launches)")
     print("| model | gradients MB | 1 process | 2 ranks, overlap on | 2 ranks, overlap off | "
           "target: 1 process + 1.2 x gradients | met |")
     print("|---|---|---|---|---|---|---|")
     for name in MODELS:
-        one, on, off = (best[name][label] for label, _, _ in VARIANTS)
+        one, on, off, _ = (best[name][label] for label, _, _ in VARIANTS)
         target = one["rss_mb"] + 1.2 * one["megabytes"]
         print(f"| {name} | {one['megabytes']:.1f} | {one['rss_mb']:.0f} | {on['rss_mb']:.0f} | "
               f"{off['rss_mb']:.0f} | {target:.0f} | "
@@ -284,7 +293,9 @@ def run_worker(mode: str, model: str) -> None:
         common.report(measure(False, model))
         return
     import hvd_trainer
-    results = {"distributed": lambda: measure(True, model), "overhead": measure_overhead,
+    results = {"distributed": lambda: measure(True, model),
+               "independent": lambda: measure(True, model, independent=True),
+               "overhead": measure_overhead,
                "checks": measure_checks}[mode]()
     if hvd_trainer.rank() == 0:
         common.report(results)
@@ -292,15 +303,17 @@ def run_worker(mode: str, model: str) -> None:
 
 def print_buckets(threads: int) -> None:
     """2-rank step time per bucket threshold, overlap on, one launch per model and value."""
-    print("\n# 2-rank step ms by HVD_BUCKET_THRESHOLD, overlap on (best of "
-          f"{REPETITIONS} repetitions)")
-    print("| model | " + " | ".join(f"{t} MiB" for t in BUCKET_THRESHOLDS_MIB) + " |")
-    print("|---|" + "---|" * len(BUCKET_THRESHOLDS_MIB))
+    print(f"\n# 2-rank step ms by HVD_BUCKET_THRESHOLD (best of {REPETITIONS} repetitions)")
+    print("| model | overlap | " + " | ".join(f"{t} MiB" for t in BUCKET_THRESHOLDS_MIB) + " |")
+    print("|---|---|" + "---|" * len(BUCKET_THRESHOLDS_MIB))
     for name in MODELS:
-        cells = [common.launch(__file__, 2, ["--worker", "distributed", "--model", name], threads,
-                               {"HVD_BUCKET_THRESHOLD": str(t << 20)})["seconds"]
-                 for t in BUCKET_THRESHOLDS_MIB]
-        print(f"| {name} | " + " | ".join(f"{c * 1e3:.1f}" for c in cells) + " |")
+        for overlap in ("1", "0"):
+            cells = [common.launch(__file__, 2, ["--worker", "distributed", "--model", name],
+                                   threads, {"HVD_BUCKET_THRESHOLD": str(t << 20),
+                                             "HVD_OVERLAP": overlap})["seconds"]
+                     for t in BUCKET_THRESHOLDS_MIB]
+            print(f"| {name} | {'on' if overlap == '1' else 'off'} | "
+                  + " | ".join(f"{c * 1e3:.1f}" for c in cells) + " |")
 
 
 def print_checks(r: dict) -> None:

@@ -16,8 +16,10 @@ storage, which is why there are several buckets) and allreduces it, while backwa
 computes earlier layers; the main thread meanwhile takes each finished bucket and queues the
 optimizer update of its parameters, so bucket k is updated while bucket k+1 is on the wire.
 Inside ``step()`` updates go per bucket; after ``allreduce_grads()`` alone they wait for
-``update()``. ``HVD_OVERLAP=0`` reduces the buckets on the calling thread and updates after
-all of them (the measured choice of the default is in benchmarks/README.md).
+``update()``. With ``HVD_OVERLAP=0`` (the default) the calling thread reduces the buckets
+in turn and updates after all of them. Communication is CPU work too (shared-memory copies,
+sums): overlap pays only where ranks have cores to spare while backward runs; on a machine
+whose cores all compute it slows the step (figures in benchmarks/README.md).
 
 Compressed gradients, row-sparse gradients and gradients on a GPU take the per-tensor path:
 summed into the first context's buffer, allreduced in fused groups, copied back.
@@ -87,8 +89,9 @@ def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> 
     return f"{type(compression).__name__}{settings}"
 
 
-# Bucket size: see benchmarks/README.md for the measurement that chose it.
+# Both measured on 2 ranks sharing 2 cores; see benchmarks/README.md for the figures.
 DEFAULT_BUCKET_THRESHOLD = 4 << 20
+DEFAULT_OVERLAP = 0
 
 _comm_thread: Optional[ThreadPoolExecutor] = None
 _comm_thread_lock = threading.Lock()
@@ -175,8 +178,8 @@ class DistributedTrainer(mx.gluon.Trainer):
       Compression applies to dense gradients only. GPU gradients are staged through host memory.
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
-      docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, ``HVD_OVERLAP=0`` turns the
-      overlap off).
+      docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 4 MiB; ``HVD_OVERLAP=1``
+      turns the overlap on).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
@@ -225,7 +228,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
         self._sparse_as_dense = bool(sparse_as_dense)
         self.sparse_exchanges: Dict[str, sparse.Exchange] = {}
-        self._overlap = runtime.env_int("OVERLAP", 1) != 0
+        self._overlap = runtime.env_int("OVERLAP", DEFAULT_OVERLAP) != 0
         self._bucket_threshold = runtime.env_int("BUCKET_THRESHOLD", DEFAULT_BUCKET_THRESHOLD)
         self._buckets: List[_Bucket] = []
         self._layout_key: Optional[tuple] = None  # the reduced indices the buckets were laid out for
@@ -246,6 +249,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _allreduce_grads(self):
         if self._size == 1 and len(self._contexts) == 1:
             return
+        self._updated = set()
         indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
         buckets = self._bucket_layout(indices)
         in_bucket = {i for b in buckets for i in b.members}
