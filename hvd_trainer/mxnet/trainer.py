@@ -90,7 +90,7 @@ def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> 
 
 
 # Both measured on 2 ranks sharing 2 cores; see benchmarks/README.md for the figures.
-DEFAULT_BUCKET_THRESHOLD = 4 << 20
+DEFAULT_BUCKET_THRESHOLD = 16 << 20
 DEFAULT_OVERLAP = 0
 
 _comm_thread: Optional[ThreadPoolExecutor] = None
@@ -178,7 +178,7 @@ class DistributedTrainer(mx.gluon.Trainer):
       Compression applies to dense gradients only. GPU gradients are staged through host memory.
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
-      docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 4 MiB; ``HVD_OVERLAP=1``
+      docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 16 MiB; ``HVD_OVERLAP=1``
       turns the overlap on).
     """
 
