@@ -3,8 +3,8 @@
 Run:  python benchmarks/run_all.py [--quick]
 Runs each benchmark script in turn (they launch their own 1- and 2-rank jobs) and prints
 their tables, each headed with the machine and the date, after one line naming the machine,
-the MPI library and the versions. Takes about 15 minutes on 2 cores; ``--quick`` runs fewer
-rounds (noisier figures, a few minutes). Run it on an otherwise idle machine.
+the MPI library and the versions. ``--quick`` runs fewer rounds (noisier figures; 5 minutes
+on 2 cores), the default more (roughly three times as long). Run it on an idle machine.
 """
 import argparse
 import os
