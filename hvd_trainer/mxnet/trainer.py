@@ -410,10 +410,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             if not self._fresh[i]:
                 continue
             param = self._params[i]
-            for grad in param.list_grad()[1:]:
-                bridge.assign(grad, bucket.host[start:end].reshape(grad.shape))
-            for d in param.list_data():
-                d._fresh_grad = True
+            self._publish(param, bucket.host[start:end].reshape(param.shape))
             nbytes += (end - start) * bucket.host.itemsize
         if self._size > 1:
             stats.add_allreduce(nbytes, nbytes, self._size)
@@ -493,16 +490,11 @@ class DistributedTrainer(mx.gluon.Trainer):
 
         Returns None when no context has a fresh gradient.
         """
-        data, grads = param.list_data(), param.list_grad()
-        fresh = [g for d, g in zip(data, grads) if d._fresh_grad]
+        fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
         if not fresh:
             return None
-        buf = self._first_buffer(grads[0])
-        if fresh[0] is not grads[0]:
-            buf[...] = 0
-        for g in fresh:
-            if g is not grads[0]:
-                buf += bridge.read_view(g)
+        buf = self._first_buffer(param.list_grad()[0])
+        self._sum_contexts(param, buf.reshape(-1), fresh)
         return buf
 
     def _zeroed_first(self, param: mx.gluon.Parameter) -> np.ndarray:
