@@ -87,3 +87,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def training_step(net, trainer, x, y) -> Callable[[], None]:
+    """One forward, backward and ``trainer.step`` on a fixed batch: what the benchmarks time."""
+    from mxnet import autograd, gluon
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step() -> None:
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+    return step

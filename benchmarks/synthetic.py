@@ -47,7 +47,7 @@ def measure(distributed: bool, batch: int) -> dict:
     """Best images per second (all ranks together) over the repetitions."""
     import mxnet as mx
     import numpy as np
-    from mxnet import autograd, gluon
+    from mxnet import gluon
     if distributed:
         import hvd_trainer
 
@@ -56,16 +56,10 @@ def measure(distributed: bool, batch: int) -> dict:
     net.hybridize()
     args = (net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
     trainer = hvd_trainer.DistributedTrainer(*args) if distributed else gluon.Trainer(*args)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x = mx.nd.random.uniform(shape=(batch, 3, 32, 32))
     y = mx.nd.array(np.random.randint(0, 10, batch))
     ranks = hvd_trainer.size() if distributed else 1
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(batch)
+    step = common.training_step(net, trainer, x, y)
 
     best = common.seconds_per_step(step, STEPS, REPETITIONS, WARMUP, distributed)
     grads = [p.grad() for p in net.collect_params().values() if p.grad_req != "null"]

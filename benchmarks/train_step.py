@@ -59,7 +59,7 @@ def measure(distributed: bool, name: str, independent: bool = False) -> dict:
     """
     import mxnet as mx
     import numpy as np
-    from mxnet import autograd, gluon
+    from mxnet import gluon
     if distributed:
         import hvd_trainer
 
@@ -68,15 +68,9 @@ def measure(distributed: bool, name: str, independent: bool = False) -> dict:
     args = (net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
     trainer = (hvd_trainer.DistributedTrainer(*args) if distributed and not independent
                else gluon.Trainer(*args))
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x = mx.nd.random.uniform(shape=(BATCH, inputs))
     y = mx.nd.array(np.random.randint(0, 10, BATCH))
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(BATCH)
+    step = common.training_step(net, trainer, x, y)
 
     seconds = common.seconds_per_step(step, steps, REPETITIONS, WARMUP, distributed)
     grads = [p.grad() for p in net.collect_params().values()]
@@ -179,7 +173,6 @@ def measure_checks() -> dict:
     their cost while the timeline is off (run on 2 ranks)."""
     import mxnet as mx
     import numpy as np
-    from mxnet import autograd, gluon
     import hvd_trainer
     from hvd_trainer import diagnostics, runtime
 
@@ -187,15 +180,9 @@ def measure_checks() -> dict:
     net = mlp(inputs, width, layers)
     trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd",
                                              {"learning_rate": 0.01, "momentum": 0.9})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x = mx.nd.random.uniform(shape=(BATCH, inputs))
     y = mx.nd.array(np.random.randint(0, 10, BATCH))
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(BATCH)
+    step = common.training_step(net, trainer, x, y)
 
     checked = diagnostics.agree
     times = {"on": [], "off": []}
