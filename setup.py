@@ -8,18 +8,23 @@ from setuptools import setup
 MXNET = ["mxnet==1.9.1", "numpy>=1.17,<1.24"]  # MXNet 1.9.1 fails to import with numpy>=1.24
 MPI = ["mpi4py>=4", "mpich"]
 EXAMPLES = ["scikit-learn"]
+# CuPy for CUDA 12 and the NCCL it loads; on CUDA 13 install cupy-cuda13x and nvidia-nccl-cu13.
+GPU = ["cupy-cuda12x", "nvidia-nccl-cu12"]
 
 setup(
     name="hvd_trainer",
     version="0.1.0",
     description="Horovod-style ring-allreduce data-parallel training for MXNet Gluon, pip-only",
     python_requires=">=3.9",
-    packages=["hvd_trainer", "hvd_trainer.backends", "hvd_trainer.mxnet", "hvd_trainer_launch"],
+    packages=["hvd_trainer", "hvd_trainer.backends", "hvd_trainer.cuda", "hvd_trainer.mxnet",
+              "hvd_trainer_launch"],
     package_dir={"hvd_trainer_launch": "launch"},
+    package_data={"hvd_trainer.cuda": ["*.cu"]},
     install_requires=["numpy"],
     extras_require={
         "mxnet": MXNET,
         "mpi": MPI,
+        "gpu": GPU + MPI,
         "examples": MXNET + MPI + EXAMPLES,
         "test": MXNET + MPI + EXAMPLES + ["pytest"],
     },

@@ -5,7 +5,7 @@ tensor larger than the threshold gets a bucket of its own. Bucket storage persis
 :class:`BufferPool` keyed by (dtype, bucket index), so a training loop that issues the same
 grouped call every step allocates nothing after the first step.
 """
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -51,16 +51,20 @@ def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], thr
 
 
 class BufferPool:
-    """Flat buffers that survive across calls; each grows to the largest size ever asked."""
+    """Flat buffers that survive across calls; each grows to the largest size ever asked.
 
-    def __init__(self):
-        self._buffers: Dict[Tuple[np.dtype, int], np.ndarray] = {}
+    ``empty`` allocates them: ``np.empty`` for host buffers, ``cupy.empty`` for device ones.
+    """
+
+    def __init__(self, empty: Callable[[int, np.dtype], Any] = np.empty):
+        self._empty = empty
+        self._buffers: Dict[Tuple[np.dtype, int], Any] = {}
 
     def get(self, dtype: np.dtype, slot: int, count: int) -> np.ndarray:
         """A flat view of ``count`` elements of the buffer for (``dtype``, ``slot``)."""
         held = self._buffers.get((dtype, slot))
         if held is None or held.size < count:
-            held = np.empty(count, dtype)
+            held = self._empty(count, dtype)
             self._buffers[(dtype, slot)] = held
         return held[:count]
 

@@ -5,6 +5,7 @@ srun), otherwise a size-1 local world, so ``python train.py`` needs no MPI at al
 collective calls ``init()`` lazily, and calling it again is harmless.
 """
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -317,9 +318,14 @@ def gloo_enabled() -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_built() -> bool:
-    """No CUDA code path ships yet (see the README's limitations)."""
-    return False
+    """Whether CuPy is installed and sees a CUDA GPU, so ``hvd_trainer.cuda`` can run."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, or CuPy's CUDARuntimeError where there is no driver
+        return False
 
 
 def rocm_built() -> bool:
@@ -338,8 +344,11 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """No NCCL backend ships yet (see the README's limitations)."""
-    return False
+    """Whether :func:`cuda_built` and CuPy found an NCCL library to call."""
+    if not cuda_built():
+        return False
+    from .backends import nccl
+    return nccl.available()
 
 
 def ccl_built() -> bool:

@@ -3,10 +3,12 @@
 CPU NDArrays are exposed without a copy: ``MXNDArrayGetData`` gives the address of the
 array's memory, which NumPy wraps as a view. MXNet is asynchronous, so a view is taken only
 after the engine has finished the writes (for reading) or all pending accesses (for writing)
-to that array. Arrays on a GPU are copied through host memory.
+to that array. Arrays on a GPU reach CuPy through DLPack (:func:`to_cupy`), without a copy,
+where CuPy can run; otherwise they are copied through host memory.
 """
 import ctypes
 import math
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -31,6 +33,21 @@ def _view(array: mx.nd.NDArray) -> np.ndarray:
 def is_host(array: mx.nd.NDArray) -> bool:
     """Whether the NDArray lives in host memory, so it can be viewed without a copy."""
     return array.context.device_type in ("cpu", "cpu_pinned", "cpu_shared")
+
+
+def to_cupy(array: mx.nd.NDArray) -> Any:
+    """A writable CuPy view (a ``cupy.ndarray``) of a GPU NDArray, through DLPack, once MXNet's pending accesses to
+    it have finished. Finish the device work on it before MXNet uses the array again."""
+    import cupy
+    from ..dlpack import CUDA, Capsule
+    return cupy.from_dlpack(Capsule(array.to_dlpack_for_write(), (CUDA, array.context.device_id)))
+
+
+def on_cupy_gpus(arrays: "list[mx.nd.NDArray]") -> bool:
+    """Whether every array is on a GPU and CuPy can run there, so they can skip host copies."""
+    from .. import runtime
+    return bool(arrays) and all(a.context.device_type == "gpu" for a in arrays) \
+        and runtime.cuda_built()
 
 
 def check_dense(array: mx.nd.NDArray, arg: str) -> mx.nd.NDArray:

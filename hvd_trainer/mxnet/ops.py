@@ -3,8 +3,10 @@
 NDArrays go in and come out: the ``*_`` variants write into the NDArray they are given, the
 others return new NDArrays on the input's context. Host NDArrays are reduced through
 zero-copy views of their memory (see bridge.py), so an in-place op moves no data besides
-the communication itself and an out-of-place one copies its input once; GPU arrays travel
-through host memory. Every op waits for pending MXNet writes to its inputs first.
+the communication itself and an out-of-place one copies its input once. Allreduces of GPU
+arrays run on the GPU (``hvd_trainer.cuda``, through DLPack) where CuPy can run; other GPU
+collectives travel through host memory. Every op waits for pending MXNet writes to its
+inputs first.
 
 ``priority`` is accepted for compatibility with Horovod and has no effect: calls run in the
 order they are made, which is the same order on every rank.
@@ -80,6 +82,13 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
     tensors = _as_list(tensors)
     if not tensors:
         return tensors
+    if bridge.on_cupy_gpus(tensors):
+        import cupy
+        from .. import cuda
+        cuda.grouped_allreduce_([bridge.to_cupy(t) for t in tensors], op, name,
+                                prescale_factor, postscale_factor, process_set)
+        cupy.cuda.get_current_stream().synchronize()  # before MXNet touches them again
+        return tensors
     buffers = _buffers(tensors)
     core.grouped_allreduce_(buffers, op, name, prescale_factor, postscale_factor, process_set)
     _write_back(tensors, buffers)
@@ -106,7 +115,10 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
     ``postscale_factor``. Returns ``tensor``.
     """
     op = _resolve_op(op, average)
-    buffers = _buffers([bridge.check_dense(tensor, "tensor")])
+    if bridge.on_cupy_gpus([bridge.check_dense(tensor, "tensor")]):
+        return grouped_allreduce_([tensor], None, name, priority, prescale_factor,
+                                  postscale_factor, process_set, op)[0]
+    buffers = _buffers([tensor])
     core.allreduce_(buffers[0], op, name, prescale_factor, postscale_factor, process_set)
     _write_back([tensor], buffers)
     return tensor

@@ -1,4 +1,5 @@
 """Without a launcher the world has one rank and needs no MPI; collectives follow Horovod."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -103,5 +104,11 @@ def test_log_level_debug_reports_the_backend():
 def test_capability_queries_answer_for_a_size_one_world():
     assert hvd.mpi_built() is True  # mpi4py is installed with the test extra
     assert (hvd.mpi_enabled(), hvd.mpi_threads_supported(), hvd.is_homogeneous()) == (False, False, True)
-    assert not any(f() for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.nccl_built, hvd.ccl_built,
-                                 hvd.cuda_built, hvd.rocm_built, hvd.ddl_built))
+    assert not any(f() for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.ccl_built,
+                                 hvd.rocm_built, hvd.ddl_built))
+
+
+def test_cuda_queries_are_false_without_cupy():
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here; tests/gpu checks cuda_built() where a GPU is")
+    assert (hvd.cuda_built(), hvd.nccl_built()) == (False, False)

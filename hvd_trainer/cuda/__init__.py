@@ -1,0 +1,9 @@
+"""Collectives on GPU arrays (CuPy): NCCL or host-staged MPI underneath, and device kernels for
+tensor fusion and gradient compression.
+
+Importing this package imports CuPy, so it raises ImportError where CuPy is missing;
+:func:`hvd_trainer.cuda_built` says whether it can run here.
+"""
+from .compression import DeviceErrorFeedbackSum, device_codec
+from .ops import (allgather, allreduce, allreduce_, broadcast_, communicator, device,
+                  grouped_allreduce, grouped_allreduce_, reducescatter)

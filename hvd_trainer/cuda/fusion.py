@@ -1,0 +1,91 @@
+"""Tensor fusion on the GPU: pack many tensors into one device bucket in a single kernel launch.
+
+A bucket is packed by one gather kernel and unpacked by one scatter kernel, whatever the
+number of tensors: each thread finds its tensor by binary search over the members' offsets
+and copies one element. Kernels move raw items of the dtype's width (1, 2, 4 or 8 bytes), so
+one kernel serves every dtype. Scaling is a separate in-place pass over the bucket.
+"""
+from importlib import resources
+from typing import Dict, Sequence, Tuple
+
+import cupy
+import numpy as np
+
+from ..fusion import BufferPool
+
+_SOURCE = resources.files(__package__).joinpath("fusion.cu").read_text()
+_ITEMS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+_modules: Dict[int, cupy.RawModule] = {}
+_tables: Dict[tuple, Tuple[cupy.ndarray, cupy.ndarray]] = {}
+_TABLES_KEPT = 256  # pointer tables cached (a training loop reuses the same few)
+_THREADS = 256
+
+# y = y * s computed in W (float32 for float16, the dtype itself for float32/64, float64 for
+# integers, which then truncate toward zero as in ops.py).
+_scale = cupy.ElementwiseKernel("W s", "T y", "y = (T)((W)y * s)", "hvd_scale_inplace")
+
+
+def _kernel(direction: str, width: int) -> cupy.RawKernel:
+    if width not in _modules:
+        source = (_SOURCE.replace("gather_ITEM", f"gather_{width}")
+                  .replace("scatter_ITEM", f"scatter_{width}").replace("ITEM", _ITEMS[width]))
+        _modules[width] = cupy.RawModule(code=source)
+    return _modules[width].get_function(f"{direction}_{width}")
+
+
+def scale_(flat: cupy.ndarray, factor: float) -> None:
+    """Multiply ``flat`` by ``factor`` in place; float16 in float32 so the factor is not
+    rounded to float16."""
+    if factor == 1.0 or flat.size == 0:
+        return
+    if flat.dtype.kind == "c":
+        flat *= factor
+        return
+    wide = np.float64 if flat.dtype.kind in "iu" or flat.dtype == np.float64 else np.float32
+    _scale(wide(factor), flat)
+
+
+def _table(tensors: Sequence[cupy.ndarray], unit: int) -> Tuple[cupy.ndarray, cupy.ndarray]:
+    key = (unit,) + tuple((t.data.ptr, t.nbytes) for t in tensors)
+    held = _tables.get(key)
+    if held is None:
+        sizes = [t.nbytes // unit for t in tensors]
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        held = (cupy.asarray(np.array([t.data.ptr for t in tensors], np.uint64)),
+                cupy.asarray(starts))
+        if len(_tables) >= _TABLES_KEPT:
+            _tables.pop(next(iter(_tables)))
+        _tables[key] = held
+    return held
+
+
+def _launch(direction: str, tensors: Sequence[cupy.ndarray], flat: cupy.ndarray) -> None:
+    for i, t in enumerate(tensors):
+        if not t.flags.c_contiguous or t.dtype != flat.dtype:
+            raise ValueError(f"tensor {i} of the bucket must be C-contiguous {flat.dtype}, "
+                             f"got {t.dtype} with strides {t.strides}")
+    unit = flat.itemsize if flat.itemsize in _ITEMS else 8  # complex128 moves as 2 × 8 bytes
+    total = sum(t.nbytes for t in tensors) // unit
+    if total == 0:
+        return
+    ptrs, starts = _table(tensors, unit)
+    blocks = min((total + _THREADS - 1) // _THREADS, 65535)
+    _kernel(direction, unit)((blocks,), (_THREADS,),
+                             (ptrs, starts, np.int32(len(tensors)), flat, np.int64(total)))
+
+
+def pack(tensors: Sequence[cupy.ndarray], out: cupy.ndarray, scale: float = 1.0) -> None:
+    """Copy ``tensors`` back to back into the flat device buffer ``out``, times ``scale``."""
+    _launch("gather", tensors, out)
+    scale_(out, scale)
+
+
+def unpack(flat: cupy.ndarray, outputs: Sequence[cupy.ndarray], scale: float = 1.0) -> None:
+    """Scale ``flat`` in place by ``scale``, then copy consecutive slices into ``outputs``."""
+    scale_(flat, scale)
+    _launch("scatter", outputs, flat)
+
+
+def device_pool() -> BufferPool:
+    """A pool of fusion buffers in device memory."""
+    return BufferPool(cupy.empty)
