@@ -197,7 +197,8 @@ class ScaledTwoBit(TwoBit):
         magnitude = np.empty(min(grad.size, _CHUNK), np.float32)
         total = sum(float(np.abs(grad[s:s + _CHUNK], out=magnitude[:grad[s:s + _CHUNK].size])
                           .sum()) for s in range(0, grad.size, _CHUNK))
-        scale = np.float32(self.threshold * total / max(grad.size, 1))
+        # In float64, rounded once to float32 (NumPy 2 would keep np.float32 * float in float32).
+        scale = np.float32(float(self.threshold) * total / max(grad.size, 1))
         out = np.empty(self.wire_bytes(grad.size), np.uint8)
         out[:4] = np.frombuffer(scale.astype(_F32).tobytes(), np.uint8)
         codes = out[4:]

@@ -77,7 +77,8 @@ def _describe(t: np.ndarray, name: str, dim0: bool = True) -> dict:
 
 def _scales(op: ReduceOp, comm, prescale: float, postscale: float) -> Tuple[float, float]:
     if op == ReduceOp.AVERAGE:
-        postscale = postscale / comm.size
+        # float() first: NumPy 2 would divide an np.float32 factor in float32.
+        postscale = float(postscale) / comm.size
     return float(prescale), float(postscale)
 
 
@@ -223,7 +224,7 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
     else:
         send_rows = np.asarray(splits, np.int64).reshape(-1)
         if send_rows.size != comm.size or (send_rows < 0).any() or send_rows.sum() != rows:
-            raise ValueError(f"splits={list(send_rows)} must hold {comm.size} non-negative "
+            raise ValueError(f"splits={send_rows.tolist()} must hold {comm.size} non-negative "
                              f"counts summing to the first dimension of tensor ({rows})")
     name = _name("alltoall", name)
     with diagnostics.span(name, "NEGOTIATE"):
