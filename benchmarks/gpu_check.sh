@@ -2,9 +2,9 @@
 # The GPU check: install, run the GPU tests, print the GPU figures. Needs one CUDA GPU and
 # finishes in a few minutes. Usage: bash benchmarks/gpu_check.sh   (PYTHON=... to pick one)
 #
-# Where pip can reach the package index it installs hvd_trainer with the gpu extra (CuPy for
-# CUDA 12, its NCCL, mpi4py and MPICH). Where CuPy, mpi4py and pytest are installed already
-# (a GPU image without internet, say) it installs hvd_trainer alone on top of them.
+# It installs with pip only what is missing (CuPy for CUDA 12 with its NCCL, mpi4py and MPICH,
+# pytest), so a GPU image with CuPy already in it keeps its own. hvd_trainer itself is
+# installed from this checkout where pip can build it, and otherwise runs from the source.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,11 +12,19 @@ export PYTHONUNBUFFERED=1
 status=0
 
 echo "== install"
-if $PY -c "import cupy, mpi4py.MPI, pytest" 2>/dev/null; then
-    $PY -m pip install -q --no-deps --no-build-isolation -e . \
-        || $PY -m pip install -q --no-deps --no-build-isolation . || exit 1
-else
-    $PY -m pip install -q -e ".[gpu]" pytest || exit 1
+missing=()
+$PY -c "import cupy" 2>/dev/null || missing+=(cupy-cuda12x nvidia-nccl-cu12)
+$PY -c "import mpi4py.MPI" 2>/dev/null || missing+=(mpi4py mpich)
+$PY -c "import pytest" 2>/dev/null || missing+=(pytest)
+if ((${#missing[@]})); then
+    $PY -m pip install -q "${missing[@]}" || exit 1
+fi
+if ! $PY -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null \
+        && ! $PY -m pip install -q --no-deps -e . 2>/dev/null; then
+    echo "gpu_check: pip cannot build hvd_trainer here; running it from the source"
+    src=$(mktemp -d)
+    ln -s "$PWD/launch" "$src/hvd_trainer_launch"
+    export PYTHONPATH="$PWD:$src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 nvidia-smi -L || true
 $PY - <<'PY' || exit 1
@@ -27,6 +35,8 @@ print(f"Python {sys.version.split()[0]}, NumPy {numpy.__version__}, CuPy {cupy._
       f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
 print(f"cuda_built={hvd.cuda_built()} nccl_built={hvd.nccl_built()}", end="")
 print(f" NCCL {nccl.nccl.get_version()}" if nccl.available() else " (no NCCL: host-staged only)")
+if not hvd.cuda_built():
+    sys.exit("gpu_check: CuPy sees no CUDA GPU here; run this on a machine with one")
 PY
 
 echo "== GPU tests"

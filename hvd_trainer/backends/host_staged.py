@@ -36,23 +36,33 @@ class HostStagedCommunicator:
         buf.get(out=host)  # waits for the current stream, so the producer has finished
         return host
 
+    @staticmethod
+    def _to_device(host: np.ndarray, buf: cupy.ndarray) -> None:
+        # The copy from pinned memory is asynchronous; wait for it, so that the next
+        # collective cannot overwrite the host buffer while the copy still reads it.
+        buf.set(host)
+        cupy.cuda.get_current_stream().synchronize()
+
     def allreduce(self, buf: cupy.ndarray, op: str) -> None:
         """Reduce ``buf`` across ranks with ``op``, in place."""
         if buf.size == 0:
             return
         host = self._to_host(buf, "send")
         self.host.allreduce(host, op)
-        buf.set(host)
+        self._to_device(host, buf)
 
     def reduce_scatter(self, buf: cupy.ndarray, counts: Sequence[int], op: str) -> cupy.ndarray:
         """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements)."""
-        return cupy.asarray(self.host.reduce_scatter(self._to_host(buf, "send"), counts, op))
+        mine = self.host.reduce_scatter(self._to_host(buf, "send"), counts, op)
+        out = cupy.empty(mine.size, mine.dtype)
+        self._to_device(np.ascontiguousarray(mine), out)
+        return out
 
     def allgatherv(self, send: cupy.ndarray, recv: cupy.ndarray, counts: Sequence[int]) -> None:
         """Concatenate every rank's ``send`` (``counts[i]`` elements from rank i) into ``recv``."""
         gathered = self._pinned_buffer("recv", recv.dtype, recv.size)
         self.host.allgatherv(self._to_host(send, "send"), gathered, counts)
-        recv.set(gathered)
+        self._to_device(gathered, recv)
 
     def broadcast(self, buf: cupy.ndarray, root: int) -> None:
         """Overwrite ``buf`` on every rank with root's ``buf``."""
@@ -60,7 +70,7 @@ class HostStagedCommunicator:
             return
         host = self._to_host(buf, "send")
         self.host.broadcast(host, root)
-        buf.set(host)
+        self._to_device(host, buf)
 
     def free(self) -> None:
         """Drop the pinned buffers; the host communicator belongs to the process set."""

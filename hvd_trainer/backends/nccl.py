@@ -18,6 +18,7 @@ import cupy
 import numpy as np
 
 from . import Communicator
+from .host_staged import HostStagedCommunicator
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # CuPy warns when it finds no NCCL; available() tells
@@ -40,27 +41,23 @@ if available():
                np.dtype(np.float64): nccl.NCCL_FLOAT64}
 
 
-def _reduction_dtype(buf: cupy.ndarray) -> int:
-    try:
-        return _DTYPES[buf.dtype]
-    except KeyError:
-        raise TypeError(f"NCCL cannot reduce {buf.dtype} buffers; it reduces "
-                        f"{', '.join(sorted(str(d) for d in _DTYPES))}") from None
-
-
 class NCCLCommunicator:
     """Collectives among the ranks of ``host`` on their GPUs, one GPU per rank.
 
-    ``host`` is the set's host communicator; it carries the unique id once and nothing else.
-    Buffers are flat, C-contiguous CuPy arrays on ``device``.
+    ``host`` is the set's host communicator: it carries the unique id, and the reductions
+    NCCL has no type for (bool, complex, 16-bit integers) through host staging. Buffers are
+    flat, C-contiguous CuPy arrays on ``device``.
     """
 
     def __init__(self, host: Communicator, device: int):
         self.rank, self.size, self.device = host.rank, host.size, device
+        self._staged = HostStagedCommunicator(host)
         with cupy.cuda.Device(device):
             uid = host.broadcast_object(nccl.get_unique_id() if host.rank == 0 else None, 0)
             self._comm = nccl.NcclCommunicator(host.size, uid, host.rank)
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._produced = cupy.cuda.Event(disable_timing=True)
+            self._done = cupy.cuda.Event(disable_timing=True)
 
     @contextmanager
     def _ordered(self) -> Iterator[int]:
@@ -68,36 +65,43 @@ class NCCLCommunicator:
         the caller's later work; yields the stream's handle for NCCL."""
         with cupy.cuda.Device(self.device):
             caller = cupy.cuda.get_current_stream()
-            self.stream.wait_event(caller.record())
+            caller.record(self._produced)
+            self.stream.wait_event(self._produced)
             with self.stream:
                 yield self.stream.ptr
-            caller.wait_event(self.stream.record())
+            self.stream.record(self._done)
+            caller.wait_event(self._done)
 
     def allreduce(self, buf: cupy.ndarray, op: str) -> None:
         """Reduce ``buf`` across ranks with ``op`` ("sum", "prod", "min", "max"), in place."""
-        dtype = _reduction_dtype(buf)
+        if buf.dtype not in _DTYPES:
+            self._staged.allreduce(buf, op)
+            return
         if buf.size == 0:
             return
         with self._ordered() as stream:
-            self._comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, dtype, _OPS[op], stream)
+            self._comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _DTYPES[buf.dtype],
+                                 _OPS[op], stream)
 
     def reduce_scatter(self, buf: cupy.ndarray, counts: Sequence[int], op: str) -> cupy.ndarray:
         """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements).
 
         NCCL scatters equal segments, so unequal ``counts`` are padded to the largest.
         """
-        dtype = _reduction_dtype(buf)
+        if buf.dtype not in _DTYPES:
+            return self._staged.reduce_scatter(buf, counts, op)
         width = max(counts)
+        with cupy.cuda.Device(self.device):
+            out = cupy.empty(width, buf.dtype)  # on the caller's stream, which reads it
         with self._ordered() as stream:
             if any(c != width for c in counts):
                 padded = cupy.zeros(width * self.size, buf.dtype)
                 for i, (start, count) in enumerate(zip(accumulate([0, *counts]), counts)):
                     padded[i * width:i * width + count] = buf[start:start + count]
                 buf = padded
-            out = cupy.empty(width, buf.dtype)
             if width:
-                self._comm.reduceScatter(buf.data.ptr, out.data.ptr, width, dtype, _OPS[op],
-                                         stream)
+                self._comm.reduceScatter(buf.data.ptr, out.data.ptr, width, _DTYPES[buf.dtype],
+                                         _OPS[op], stream)
         return out[:counts[self.rank]]
 
     def allgatherv(self, send: cupy.ndarray, recv: cupy.ndarray, counts: Sequence[int]) -> None:

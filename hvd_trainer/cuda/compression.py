@@ -1,11 +1,12 @@
 """Gradient compression on the GPU: the codecs of compression.py as device kernels.
 
-Each device codec writes the same wire format as its NumPy twin, byte for byte, so the
-payloads can be checked against compression.py and could be decoded by a CPU rank. 2-bit and
-1-bit encoding is one kernel pass (a thread packs one byte and updates its elements'
-residuals); decoding is one pass per payload (a thread adds one element). Top-k selects with CuPy's
-argpartition. Float16 compression needs nothing here: ``Compression.fp16`` casts CuPy
-arrays on the device already.
+The device codecs write the NumPy codecs' wire format, so payloads decode on either side.
+2-bit and 1-bit payloads and residuals equal the NumPy ones byte for byte (one kernel pass:
+a thread packs one byte and updates its elements' residuals; decoding adds one element per
+thread). Scaled 2-bit sums |g| in float64 on the device, so its 4-byte threshold can differ
+from the NumPy one in the last bit. Top-k sends the same entries as NumPy, in another order,
+selected with CuPy's argpartition (a full sort). ``Compression.fp16`` needs nothing here: it
+casts CuPy arrays on the device already.
 """
 import time
 from importlib import resources
@@ -130,6 +131,10 @@ class DeviceErrorFeedbackSum:
              stats: Optional[CommStats] = None) -> None:
         """Replace each (C-contiguous float32) tensor by the sum over ranks of what they sent,
         times ``scale``; one allgather carries every payload."""
+        for key, t in named:
+            if t.dtype != np.float32 or not t.flags.c_contiguous:
+                raise ValueError(f"tensor {key!r} is {t.dtype} with strides {t.strides}; GPU "
+                                 "compression takes C-contiguous float32 tensors")
         sizes = [self.codec.wire_bytes(t.size) for _, t in named]
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         send = cupy.empty(int(offsets[-1]), np.uint8)

@@ -20,9 +20,13 @@ _tables: Dict[tuple, Tuple[cupy.ndarray, cupy.ndarray]] = {}
 _TABLES_KEPT = 256  # pointer tables cached (a training loop reuses the same few)
 _THREADS = 256
 
-# y = y * s computed in W (float32 for float16, the dtype itself for float32/64, float64 for
-# integers, which then truncate toward zero as in ops.py).
-_scale = cupy.ElementwiseKernel("W s", "T y", "y = (T)((W)y * s)", "hvd_scale_inplace")
+# y = y * s, computed in float for float16/32 and in double for float64 and integers (which
+# then truncate toward zero, as in ops.py). CuPy infers a type placeholder only from arrays,
+# so the factor's type is spelled out, one kernel each.
+_scale = {np.float32: cupy.ElementwiseKernel("float32 s", "T y", "y = (T)((float)y * s)",
+                                             "hvd_scale_float"),
+          np.float64: cupy.ElementwiseKernel("float64 s", "T y", "y = (T)((double)y * s)",
+                                             "hvd_scale_double")}
 
 
 def _kernel(direction: str, width: int) -> cupy.RawKernel:
@@ -42,7 +46,7 @@ def scale_(flat: cupy.ndarray, factor: float) -> None:
         flat *= factor
         return
     wide = np.float64 if flat.dtype.kind in "iu" or flat.dtype == np.float64 else np.float32
-    _scale(wide(factor), flat)
+    _scale[wide](wide(factor), flat)
 
 
 def _table(tensors: Sequence[cupy.ndarray], unit: int) -> Tuple[cupy.ndarray, cupy.ndarray]:

@@ -6,8 +6,10 @@ CuPy has it and every rank of the set has a GPU of its own, and host-staged MPI 
 ``HVD_GPU_COMMUNICATOR=nccl`` or ``=mpi`` forces one. Grouped allreduces fuse tensors into
 device buckets packed by one kernel each.
 """
+import functools
 import socket
-from typing import Any, Dict, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, TypeVar
 
 import cupy
 import numpy as np
@@ -21,8 +23,11 @@ from ..runtime import ProcessSet, global_process_set
 from . import fusion
 
 _SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
-_communicators: Dict[int, Any] = {}  # process set id -> its GPU communicator
+# A process set's host communicator -> its GPU communicator; an entry goes with the host
+# communicator (remove_process_set, shutdown).
+_communicators: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 _pool = fusion.device_pool()
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def device() -> int:
@@ -30,10 +35,20 @@ def device() -> int:
     return runtime.local_rank() % cupy.cuda.runtime.getDeviceCount()
 
 
+def _on_rank_device(fn: F) -> F:
+    """Run ``fn`` with this rank's GPU current, where its buckets and kernels must be."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with cupy.cuda.Device(device()):
+            return fn(*args, **kwargs)
+    return run  # type: ignore[return-value]
+
+
+@_on_rank_device
 def communicator(process_set: ProcessSet = global_process_set):
     """The process set's GPU communicator, made on first use (a collective call)."""
     host = runtime.communicator(process_set)
-    held = _communicators.get(process_set.process_set_id)
+    held = _communicators.get(host)
     if held is not None:
         return held
     choice = runtime.env("GPU_COMMUNICATOR", "auto")
@@ -43,14 +58,15 @@ def communicator(process_set: ProcessSet = global_process_set):
     shared = len(set(places)) < len(places)
     if choice == "nccl" and (shared or not nccl.available()):
         why = (f"ranks share a GPU ({places}); give each rank its own GPU"
-               if shared else "CuPy found no NCCL library; pip install nvidia-nccl-cu12")
+               if shared else "CuPy found no NCCL library; pip install nvidia-nccl-cu12 "
+               "(nvidia-nccl-cu13 for CUDA 13)")
         raise RuntimeError(f"HVD_GPU_COMMUNICATOR=nccl but NCCL cannot run: {why}, or set "
                            "HVD_GPU_COMMUNICATOR=mpi")
     if choice == "mpi" or shared or not nccl.available():
         held = HostStagedCommunicator(host)
     else:
         held = nccl.NCCLCommunicator(host, device())
-    _communicators[process_set.process_set_id] = held
+    _communicators[host] = held
     return held
 
 
@@ -69,6 +85,7 @@ def _check_array(tensor: Any, arg: str, inplace: bool = False) -> cupy.ndarray:
 
 
 # -- allreduce ------------------------------------------------------------------------------
+@_on_rank_device
 def grouped_allreduce_(tensors: Sequence[cupy.ndarray], op: Any = Average,
                        name: Optional[str] = None, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0,
@@ -113,6 +130,7 @@ def allreduce_(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = No
                               process_set)[0]
 
 
+@_on_rank_device
 def allreduce(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
@@ -122,6 +140,7 @@ def allreduce(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = Non
                       postscale_factor, process_set)
 
 
+@_on_rank_device
 def grouped_allreduce(tensors: Sequence[cupy.ndarray], op: Any = Average,
                       name: Optional[str] = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
@@ -133,6 +152,7 @@ def grouped_allreduce(tensors: Sequence[cupy.ndarray], op: Any = Average,
 
 
 # -- allgather, broadcast, reducescatter ----------------------------------------------------
+@_on_rank_device
 def allgather(tensor: cupy.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
@@ -156,6 +176,7 @@ def allgather(tensor: cupy.ndarray, name: Optional[str] = None,
     return out
 
 
+@_on_rank_device
 def broadcast_(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``."""
@@ -171,6 +192,7 @@ def broadcast_(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
     return tensor
 
 
+@_on_rank_device
 def reducescatter(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> cupy.ndarray:

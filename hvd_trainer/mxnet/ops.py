@@ -85,9 +85,10 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
     if bridge.on_cupy_gpus(tensors):
         import cupy
         from .. import cuda
-        cuda.grouped_allreduce_([bridge.to_cupy(t) for t in tensors], op, name,
-                                prescale_factor, postscale_factor, process_set)
-        cupy.cuda.get_current_stream().synchronize()  # before MXNet touches them again
+        with cupy.cuda.Device(tensors[0].context.device_id):
+            cuda.grouped_allreduce_([bridge.to_cupy(t) for t in tensors], op, name,
+                                    prescale_factor, postscale_factor, process_set)
+            cupy.cuda.get_current_stream().synchronize()  # before MXNet touches them again
         return tensors
     buffers = _buffers(tensors)
     core.grouped_allreduce_(buffers, op, name, prescale_factor, postscale_factor, process_set)

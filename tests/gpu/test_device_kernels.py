@@ -42,14 +42,19 @@ def test_scaling_rounds_like_numpy():
 
 
 def _steps(codec, size, steps=3):
-    """Encode ``steps`` gradients with the NumPy codec and its device twin, from zero residuals."""
+    """Encode ``steps`` gradients with the NumPy codec and its device twin, from zero residuals.
+
+    Yields the gradient, the device residual before the step, both payloads and residuals
+    after it, and the device codec.
+    """
     twin = device_codec(codec)
     host_res, dev_res = np.zeros(size, np.float32), cupy.zeros(size, cupy.float32)
     for step in range(steps):
         grad = rng.standard_normal(size).astype(np.float32)
-        grad[:8] = [0.5, -0.5, 0.25, -0.25, np.float32(0.5) - np.float32(1e-7), 0, 1, -1]
-        old = host_res.copy()
-        yield grad, old, codec.encode(grad, host_res), host_res, \
+        edge = [0.5, -0.5, 0.25, -0.25, np.float32(0.5) - np.float32(1e-7), 0, 1, -1]
+        grad[:min(size, 8)] = edge[:min(size, 8)]
+        before = dev_res.get()
+        yield grad, before, codec.encode(grad, host_res), host_res, \
             twin.encode(cupy.asarray(grad), dev_res).get(), dev_res.get(), twin
 
 

@@ -80,8 +80,19 @@ def test_fp16_compression_casts_on_the_device():
     np.testing.assert_array_equal(back.get(), x.get().astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["bool", "complex64", "int16"])
+def test_dtypes_nccl_has_no_type_for_still_reduce(dtype):
+    host = (rng.standard_normal(50) > 0).astype(dtype)
+    x = cupy.asarray(host)
+    cuda.allreduce_(x, hvd.Sum)  # one rank: the sum is the input, whichever path it took
+    np.testing.assert_array_equal(x.get(), host)
+
+
 def test_wrong_arguments_name_the_fix():
     with pytest.raises(TypeError, match="cupy.ndarray"):
         cuda.allreduce_(np.ones(3))
     with pytest.raises(ValueError, match="C-contiguous"):
         cuda.allreduce_(cupy.ones((4, 4))[:, 1])
+    with pytest.raises(ValueError, match="float32"):
+        cuda.DeviceErrorFeedbackSum(compression.TwoBit(0.5)).sum_(
+            [("w", cupy.ones(2048, cupy.float16))], "half")

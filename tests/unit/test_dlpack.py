@@ -1,6 +1,6 @@
 """MXNet's DLPack capsules reach an array-API consumer through dlpack.Capsule without a copy.
 
-On a CPU machine the consumer is NumPy; tests/gpu/test_dlpack.py checks the CUDA side with
+On a CPU machine the consumer is NumPy; tests/gpu/test_dlpack_cuda.py checks the CUDA side with
 CuPy. This is the hand-off bridge.to_cupy makes for GPU NDArrays.
 """
 import mxnet as mx

@@ -35,6 +35,9 @@ for s, t in zip(shapes, tensors):
 ints = cuda.allreduce(cupy.asarray(data(rank, 100, "int64")), hvd.Max, "max")
 np.testing.assert_array_equal(ints.get(), np.max([data(r, 100, "int64") for r in range(size)], 0))
 
+flags = cuda.allreduce(cupy.asarray(np.arange(6) % size == rank), hvd.Sum, "or")
+np.testing.assert_array_equal(flags.get(), np.ones(6, bool))  # each is set on one rank
+
 rows = [r + 1 for r in range(size)]  # rank r contributes r + 1 rows
 gathered = cuda.allgather(cupy.asarray(data(rank, (rows[rank], 5))), "gather")
 np.testing.assert_array_equal(gathered.get(),
