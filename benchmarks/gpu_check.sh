@@ -46,7 +46,9 @@ echo "== GPU figures, one process"
 timeout 150 $PY benchmarks/gpu.py || status=1
 
 echo "== host-staged allreduce, 2 ranks on the one GPU"
-timeout 100 $PY -m hvd_trainer_launch.hvdrun -np 2 $PY benchmarks/gpu.py --staged || status=1
+one_gpu=${CUDA_VISIBLE_DEVICES:-0}  # both ranks see only the first GPU, so they share it
+CUDA_VISIBLE_DEVICES=${one_gpu%%,*} timeout 100 $PY -m hvd_trainer_launch.hvdrun -np 2 \
+    $PY benchmarks/gpu.py --staged || status=1
 
 echo "== gpu_check exit status $status"
 exit $status
