@@ -38,14 +38,21 @@ class DeviceTwoBit:
     def __init__(self, codec: compression.TwoBit):
         self.codec = codec
         self.scaled = isinstance(codec, compression.ScaledTwoBit)
-        self._threshold = cupy.asarray(np.array([codec.threshold], np.float32))
+        self._thresholds: Dict[int, cupy.ndarray] = {}  # GPU id -> the threshold there
+
+    def _threshold(self) -> cupy.ndarray:
+        """The threshold as a device array on the current GPU, where the kernels read it."""
+        gpu = cupy.cuda.Device().id
+        if gpu not in self._thresholds:
+            self._thresholds[gpu] = cupy.asarray(np.array([self.codec.threshold], np.float32))
+        return self._thresholds[gpu]
 
     def wire_bytes(self, size: int) -> int:
         return self.codec.wire_bytes(size)
 
     def encode(self, grad: cupy.ndarray, residual: cupy.ndarray) -> cupy.ndarray:
         out = cupy.empty(self.wire_bytes(grad.size), np.uint8)
-        threshold, codes = self._threshold, out
+        threshold, codes = self._threshold(), out
         if self.scaled:
             # mean |g| in float64, times the threshold, rounded once to float32 (the header)
             threshold = out[:4].view(np.float32)
@@ -57,7 +64,7 @@ class DeviceTwoBit:
         return out
 
     def decode_add(self, payload: cupy.ndarray, out: cupy.ndarray) -> None:
-        threshold, codes = self._threshold, payload
+        threshold, codes = self._threshold(), payload
         if self.scaled:
             threshold, codes = payload[:4].view(np.float32), payload[4:]
         _launch("decode_2bit_add", out.size, codes, threshold, out, np.int64(out.size))
@@ -126,6 +133,7 @@ class DeviceErrorFeedbackSum:
         self.codec = device_codec(codec)
         self.residuals: Dict[Hashable, cupy.ndarray] = {}
 
+    @ops._on_rank_device
     def sum_(self, named: Sequence[Tuple[Hashable, cupy.ndarray]], name: str, scale: float = 1.0,
              process_set: ProcessSet = global_process_set,
              stats: Optional[CommStats] = None) -> None:
@@ -135,6 +143,7 @@ class DeviceErrorFeedbackSum:
             if t.dtype != np.float32 or not t.flags.c_contiguous:
                 raise ValueError(f"tensor {key!r} is {t.dtype} with strides {t.strides}; GPU "
                                  "compression takes C-contiguous float32 tensors")
+            ops._check_array(t, f"tensor {key!r}")  # on this rank's GPU, where sum_ runs
         sizes = [self.codec.wire_bytes(t.size) for _, t in named]
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         send = cupy.empty(int(offsets[-1]), np.uint8)
