@@ -384,12 +384,34 @@ class CommStats:
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
 
+    def add_allgather(self, ranks: int, payload_bytes: int, dense_bytes: int,
+                      encode_seconds: float, decode_seconds: float) -> None:
+        """Count an allgather of this rank's ``payload_bytes`` standing for ``dense_bytes``."""
+        self.bytes_sent += (ranks - 1) * payload_bytes
+        self.bytes_received += (ranks - 1) * payload_bytes
+        self.dense_bytes += round(2 * (ranks - 1) / ranks * dense_bytes)
+        self.encode_seconds += encode_seconds
+        self.decode_seconds += decode_seconds
+
     def add_allreduce(self, payload_bytes: int, dense_bytes: int, size: int) -> None:
         """Count a ring allreduce of ``payload_bytes`` standing for ``dense_bytes``."""
         ring = 2 * (size - 1) / size
         self.bytes_sent += round(ring * payload_bytes)
         self.bytes_received += round(ring * payload_bytes)
         self.dense_bytes += round(ring * dense_bytes)
+
+
+def decode_sum(codec: Any, every: Any, offsets: Sequence[int], tensors: Sequence[Any],
+               scale: float) -> None:
+    """Replace each tensor by the sum of what every rank's payload (a row of ``every``, cut at
+    ``offsets``) carries for it, times ``scale``; NumPy or CuPy arrays alike."""
+    for t, start, end in zip(tensors, offsets[:-1], offsets[1:]):
+        flat = t.reshape(-1)
+        flat[...] = 0
+        for payload in every:  # rank order, the same on every rank
+            codec.decode_add(payload[start:end], flat)
+        if scale != 1.0:
+            flat *= np.float32(scale)
 
 
 class ErrorFeedbackSum:
@@ -431,20 +453,10 @@ class ErrorFeedbackSum:
         encoded = time.perf_counter()
         every = ops.allgather(send, name, process_set).reshape(-1, send.size)
         gathered = time.perf_counter()
-        for (_, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            flat = t.reshape(-1)
-            flat[...] = 0
-            for payload in every:  # rank order, the same on every rank
-                codec.decode_add(payload[start:end], flat)
-            if scale != 1.0:
-                flat *= np.float32(scale)
+        decode_sum(codec, every, offsets, [t for _, t in named], scale)
         if stats is not None:
-            ranks = every.shape[0]
-            stats.bytes_sent += (ranks - 1) * send.size
-            stats.bytes_received += (ranks - 1) * send.size
-            stats.dense_bytes += round(2 * (ranks - 1) / ranks * sum(t.nbytes for _, t in named))
-            stats.encode_seconds += encoded - tic
-            stats.decode_seconds += time.perf_counter() - gathered
+            stats.add_allgather(every.shape[0], send.size, sum(t.nbytes for _, t in named),
+                                encoded - tic, time.perf_counter() - gathered)
 
 
 # -- residuals in state files ---------------------------------------------------------------

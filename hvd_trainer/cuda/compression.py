@@ -154,17 +154,7 @@ class DeviceErrorFeedbackSum:
         encoded = time.perf_counter()
         every = ops.allgather(send, name, process_set).reshape(-1, send.size)
         gathered = time.perf_counter()
-        for (_, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            flat = t.reshape(-1)
-            flat[...] = 0
-            for payload in every:  # rank order, the same on every rank
-                self.codec.decode_add(payload[start:end], flat)
-            if scale != 1.0:
-                flat *= np.float32(scale)
+        compression.decode_sum(self.codec, every, offsets, [t for _, t in named], scale)
         if stats is not None:
-            ranks = every.shape[0]
-            stats.bytes_sent += (ranks - 1) * send.size
-            stats.bytes_received += (ranks - 1) * send.size
-            stats.dense_bytes += round(2 * (ranks - 1) / ranks * sum(t.nbytes for _, t in named))
-            stats.encode_seconds += encoded - tic
-            stats.decode_seconds += time.perf_counter() - gathered
+            stats.add_allgather(every.shape[0], send.size, sum(t.nbytes for _, t in named),
+                                encoded - tic, time.perf_counter() - gathered)
