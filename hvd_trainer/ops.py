@@ -10,8 +10,9 @@ Integer tensors reduce exactly; ``Average`` and fractional scale factors then tr
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
 import enum
+import functools
 import itertools
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -41,7 +42,9 @@ _pool = fusion.BufferPool()
 # -- argument checks ------------------------------------------------------------------------
 def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
     if not isinstance(tensor, np.ndarray):
-        raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__}")
+        raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__} (CuPy "
+                        "arrays go to allreduce(_), grouped_allreduce(_), allgather, "
+                        "broadcast(_) and reducescatter)")
     if tensor.dtype.kind not in _SUPPORTED_KINDS or tensor.dtype.names is not None:
         raise TypeError(f"{arg} has dtype {tensor.dtype}, which collectives do not support; "
                         "use a boolean, integer, floating or complex dtype")
@@ -64,6 +67,19 @@ def _check_root(root_rank: Any, comm) -> int:
         raise ValueError(f"root_rank={root_rank!r} is out of range; it must be an integer "
                          f"in 0..{comm.size - 1} for this process set")
     return int(root_rank)
+
+
+def _gpu_twin(collective: Callable) -> Callable:
+    """Send calls whose tensor (or first tensor) is a CuPy array to the collective of the same
+    name in ``hvd_trainer.cuda``, which keeps the data on the GPU."""
+    @functools.wraps(collective)
+    def dispatch(tensor, *args, **kwargs):
+        first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
+        if type(first).__module__.partition(".")[0] == "cupy":
+            from . import cuda
+            return getattr(cuda, collective.__name__)(tensor, *args, **kwargs)
+        return collective(tensor, *args, **kwargs)
+    return dispatch
 
 
 def _name(kind: str, name: Optional[str]) -> str:
@@ -106,6 +122,7 @@ def _grouped_allreduce_into(tensors: Sequence[np.ndarray], outputs: Sequence[np.
         fusion.fused(tensors, outputs, _pool, runtime.fusion_threshold(), communicate, pre, post)
 
 
+@_gpu_twin
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
@@ -117,6 +134,7 @@ def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
     return out
 
 
+@_gpu_twin
 def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
@@ -127,6 +145,7 @@ def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None
     return tensor
 
 
+@_gpu_twin
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
@@ -138,6 +157,7 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Op
     return outs
 
 
+@_gpu_twin
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
@@ -149,6 +169,7 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
 
 
 # -- allgather ------------------------------------------------------------------------------
+@_gpu_twin
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
@@ -179,6 +200,7 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
 
 
 # -- broadcast ------------------------------------------------------------------------------
+@_gpu_twin
 def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``."""
@@ -194,6 +216,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
     return tensor
 
 
+@_gpu_twin
 def broadcast(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Return a new array holding the root rank's ``tensor`` on every rank."""
@@ -247,6 +270,7 @@ def _rows_per_rank(rows: int, size: int) -> List[int]:
     return [base + (1 if r < extra else 0) for r in range(size)]
 
 
+@_gpu_twin
 def reducescatter(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:

@@ -5,5 +5,5 @@ Importing this package imports CuPy, so it raises ImportError where CuPy is miss
 :func:`hvd_trainer.cuda_built` says whether it can run here.
 """
 from .compression import DeviceErrorFeedbackSum, device_codec
-from .ops import (allgather, allreduce, allreduce_, broadcast_, communicator, device,
-                  grouped_allreduce, grouped_allreduce_, reducescatter)
+from .ops import (allgather, allreduce, allreduce_, broadcast, broadcast_, communicator,
+                  device, grouped_allreduce, grouped_allreduce_, reducescatter)

@@ -192,6 +192,13 @@ def broadcast_(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
     return tensor
 
 
+def broadcast(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> cupy.ndarray:
+    """Return a new array holding the root rank's ``tensor`` on every rank."""
+    _check_array(tensor, "tensor")
+    return broadcast_(cupy.array(tensor, order="C"), root_rank, name, process_set)
+
+
 @_on_rank_device
 def reducescatter(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set,

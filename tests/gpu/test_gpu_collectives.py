@@ -59,6 +59,15 @@ def test_allgather_broadcast_reducescatter_at_world_size_one():
     np.testing.assert_array_equal(cuda.reducescatter(x, hvd.Sum).get(), x.get())
 
 
+def test_the_top_level_collectives_hand_cupy_arrays_to_the_gpu_ones():
+    x = cupy.arange(6, dtype=cupy.float32)
+    for result in (hvd.allreduce(x, hvd.Sum), hvd.grouped_allreduce([x], hvd.Sum)[0],
+                   hvd.allgather(x), hvd.broadcast(x, 0), hvd.reducescatter(x, hvd.Sum)):
+        assert isinstance(result, cupy.ndarray)
+        np.testing.assert_array_equal(result.get(), np.arange(6))
+    assert hvd.allreduce_(x, hvd.Sum) is x and hvd.broadcast_(x, 0) is x
+
+
 def test_compressed_sum_on_the_gpu_equals_the_numpy_one():
     grads = [rng.standard_normal(n).astype(np.float32) for n in (5000, 2048)]
     host = compression.ErrorFeedbackSum(compression.TwoBit(0.5))

@@ -32,6 +32,10 @@ for s, t in zip(shapes, tensors):
     expected = sum(data(r, s) * np.float32(3) for r in range(size)) / size
     np.testing.assert_allclose(t.get(), expected, rtol=1e-5, atol=1e-5)
 
+top = hvd.allreduce(cupy.asarray(data(rank, 10)), hvd.Sum, "top")  # the top-level API
+assert isinstance(top, cupy.ndarray)
+np.testing.assert_allclose(top.get(), sum(data(r, 10) for r in range(size)), rtol=1e-5)
+
 ints = cuda.allreduce(cupy.asarray(data(rank, 100, "int64")), hvd.Max, "max")
 np.testing.assert_array_equal(ints.get(), np.max([data(r, 100, "int64") for r in range(size)], 0))
 
