@@ -36,8 +36,8 @@ def is_host(array: mx.nd.NDArray) -> bool:
 
 
 def to_cupy(array: mx.nd.NDArray) -> Any:
-    """A writable CuPy view (a ``cupy.ndarray``) of a GPU NDArray, through DLPack, once MXNet's pending accesses to
-    it have finished. Finish the device work on it before MXNet uses the array again."""
+    """A writable ``cupy.ndarray`` view of a GPU NDArray, through DLPack, once MXNet's pending
+    accesses to it have finished. Finish the device work on it before MXNet uses it again."""
     import cupy
     from ..dlpack import CUDA, Capsule
     return cupy.from_dlpack(Capsule(array.to_dlpack_for_write(), (CUDA, array.context.device_id)))

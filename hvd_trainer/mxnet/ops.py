@@ -84,9 +84,9 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
         return tensors
     if bridge.on_cupy_gpus(tensors):
         import cupy
-        from .. import cuda
         with cupy.cuda.Device(tensors[0].context.device_id):
-            cuda.grouped_allreduce_([bridge.to_cupy(t) for t in tensors], op, name,
+            # CuPy arrays: the core hands them to the GPU collectives
+            core.grouped_allreduce_([bridge.to_cupy(t) for t in tensors], op, name,
                                     prescale_factor, postscale_factor, process_set)
             cupy.cuda.get_current_stream().synchronize()  # before MXNet touches them again
         return tensors
