@@ -4,25 +4,36 @@
 allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names, dtypes,
 shapes, op, root, scale factors), the digest's complement, and optional flags. The digests
 were all equal exactly when or(d) == ~or(~d). If they differ, the ranks exchange their full
-descriptions and every rank raises the same :class:`MismatchError`, naming the tensor, the
-field and each rank's value. Every agreement uses the same record, so even ranks that reached
-different kinds of collective meet in it: a disagreement never hangs and never reads past a
-buffer.
+descriptions and every rank raises the same error. Every agreement uses the same record, so
+even ranks that reached different kinds of collective meet in it: a disagreement never hangs
+and never reads past a buffer.
+
+**Argument errors are collective.** A collective runs its argument checks inside
+:meth:`Call.checks`; a check that fails on one rank does not raise there at once but travels
+in the agreement (as a description that cannot match), so every rank raises it, naming the
+rank, and every rank has made the same exchange: the next collective works.
+
+**Turns.** One thread at a time runs collectives on a communicator (the others wait for its
+turn to end), so a collective from another thread is never mixed into a covered block and
+never skips its own agreement. A covered block may share its turn with a helper thread.
+Without MPI_THREAD_MULTIPLE all communicators share one turn.
 
 **Cache.** A caller whose agreement already fixes the collectives that follow (the trainer's
 step: the names, shapes and dtypes of its gradients, and which are fresh, carried as flags)
 runs them inside :func:`covered`, where they skip their own exchange. So a steady-state
 training step pays one small exchange, and it carries the freshness flags it needs anyway.
 
-**Stall inspector.** A rank that waits in an agreement longer than
-``HVD_STALL_CHECK_TIME_SECONDS`` logs which ranks have not arrived and where the others wait
-(waiting ranks tell each other through the communicators' mailboxes); after
-``HVD_STALL_SHUTDOWN_TIME_SECONDS`` it ends the job.
+**Stall inspector.** A watchdog thread looks at every rank's waits, in an agreement or in
+the data phase of a collective. A wait longer than ``HVD_STALL_CHECK_TIME_SECONDS`` logs
+which ranks have not arrived and where the others wait (waiting ranks tell each other
+through the communicators' mailboxes); after ``HVD_STALL_SHUTDOWN_TIME_SECONDS`` it ends the
+job.
 
 **Timeline.** ``HVD_TIMELINE=file`` or :func:`start_timeline` records phases per tensor as a
 Chrome trace.
 """
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -30,7 +41,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
+                    Tuple, TypeVar)
 
 import numpy as np
 
@@ -47,29 +59,78 @@ _RECORD_WORDS = 2 + INLINE_FLAG_WORDS
 # far (so sleeping adds at most 5% to a wait), up to 20 ms.
 _SPIN_SECONDS = 0.1
 _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
+# Argument errors that travel to every rank keep their type; anything else is a RuntimeError.
+_ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError}
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class MismatchError(RuntimeError):
     """Ranks called a collective with different arguments; raised on every rank alike."""
 
 
-class _Book:
-    """Per-communicator agreement state: exchanges so far, and whether collectives are covered."""
+class _Turn:
+    """Lets one thread at a time (plus the threads it shares with) use a communicator."""
 
     def __init__(self):
+        self._cond = threading.Condition()
+        self._holders: Dict[int, int] = {}  # thread id -> nesting depth
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            while self._holders and me not in self._holders:
+                self._cond.wait()
+            self._holders[me] = self._holders.get(me, 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            self._holders[me] -= 1
+            if not self._holders[me]:
+                del self._holders[me]
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[None]:
+        """Enter a turn that another thread holds, without waiting for it to end."""
+        me = threading.get_ident()
+        with self._cond:
+            if not self._holders:
+                raise RuntimeError("the turn to share has ended")
+            self._holders[me] = self._holders.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            self.__exit__()
+
+
+_shared_turn = _Turn()
+
+
+class _Book:
+    """Per-communicator agreement state: exchanges, names, turn, and covered blocks."""
+
+    def __init__(self, turn: _Turn):
         self.exchanges = 0
         self.covered = 0
+        self.unnamed = 0  # automatic names are counted per communicator
+        self.turn = turn
         # The last description object agreed on, with its flag count, digest and full text.
         self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
 
 
 _books: "weakref.WeakKeyDictionary[Communicator, _Book]" = weakref.WeakKeyDictionary()
+_books_lock = threading.Lock()
 
 
 def _book(comm: Communicator) -> _Book:
     book = _books.get(comm)
     if book is None:
-        book = _books[comm] = _Book()
+        with _books_lock:
+            book = _books.get(comm)
+            if book is None:
+                multiple = comm.size == 1 or runtime.threads_multiple()
+                book = _books[comm] = _Book(_Turn() if multiple else _shared_turn)
     return book
 
 
@@ -78,8 +139,14 @@ def _digest(description: Dict[str, Any]) -> int:
     return int.from_bytes(raw, "little", signed=True)
 
 
-def _raise_mismatch(comm: Communicator, description: Dict[str, Any]) -> None:
+def _raise_disagreement(comm: Communicator, description: Dict[str, Any]) -> None:
     every = comm.allgather_object(description)
+    for r, d in enumerate(every):
+        if "error" in d:  # the first rank's argument error wins, on every rank
+            kind, message = d["error"]
+            what = f"{d.get('kind', 'collective')} {d.get('name')!r}"
+            raise _ERROR_TYPES.get(kind, RuntimeError)(
+                f"{what} on rank {runtime.world_rank(comm, r)}: {message}")
     raise MismatchError(describe_mismatch(every))
 
 
@@ -97,41 +164,53 @@ def unpack_flags(words: np.ndarray, count: int) -> np.ndarray:
 
 
 def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
-          flags: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+          flags: Optional[np.ndarray] = None,
+          error: Optional[Exception] = None) -> Optional[np.ndarray]:
     """Check that every rank describes the same collective, in one small exchange.
 
     ``describe()`` returns a dict of plain values; its ``tensors`` entry, if any, is a list of
-    per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ. ``flags``
-    (booleans) are or-ed across ranks in the same exchange and returned. Inside
+    per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ. ``error`` is
+    this rank's argument error (``describe`` then gives just the kind and name): every rank
+    raises it.
+    ``flags`` (booleans) are or-ed across ranks in the same exchange and returned. Inside
     :func:`covered` an agreement without flags is skipped and ``describe`` is not called.
     When ``describe`` returns the very object it returned last time on this communicator, its
     digest is reused: a caller may keep a description while nothing in it changes, but must
     not modify it.
     """
     book = _book(comm)
-    if flags is None and book.covered:
+    if flags is None and book.covered and error is None:
         return None
+    if error is not None and (book.covered or comm.size == 1):
+        raise error  # nobody else takes part in an exchange here
     if comm.size == 1:
         return None if flags is None else np.asarray(flags, bool).copy()
     given = describe()
-    count = -1 if flags is None else len(flags)
-    if book.memo[0] is given and book.memo[1] == count:
-        digest, description = book.memo[2:]
-    else:
-        description = given if flags is None else dict(given, flags=count)
+    if error is not None:
+        # The rank makes the description unlike any other rank's, so every rank takes the
+        # full exchange below and raises this error.
+        description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
         digest = _digest(description)
-        book.memo = (given, count, digest, description)
+    else:
+        count = -1 if flags is None else len(flags)
+        if book.memo[0] is given and book.memo[1] == count:
+            digest, description = book.memo[2:]
+        else:
+            description = given if flags is None else dict(given, flags=count)
+            digest = _digest(description)
+            book.memo = (given, count, digest, description)
     record = np.zeros(_RECORD_WORDS, np.int64)
     record[0], record[1] = digest, ~digest
     words = pack_flags(flags) if flags is not None else record[:0]
     inline = min(words.size, INLINE_FLAG_WORDS)
     record[2:2 + inline] = words[:inline]
     book.exchanges += 1
-    _wait(comm, comm.start_allreduce(record, "bor"),
-          f"{description.get('kind', 'collective')} {description.get('name')!r}", book.exchanges)
+    what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
+    with waiting(comm, what, "agreement"):
+        _poll(comm.start_allreduce(record, "bor"))
     discard_posts(comm)
     if record[0] != ~record[1]:
-        _raise_mismatch(comm, description)
+        _raise_disagreement(comm, description)
     if flags is None:
         return None
     words = words.copy()
@@ -143,30 +222,100 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     return unpack_flags(words, len(flags))
 
 
-def agree_gather(comm: Communicator, describe: Callable[[], Dict[str, Any]], extra: int
-                 ) -> List[int]:
-    """:func:`agree`, then return every rank's ``extra`` (e.g. its first dimension)."""
-    agree(comm, describe)
-    if comm.size == 1:
-        return [extra]
-    gathered = np.empty(comm.size, np.int64)
-    comm.allgatherv(np.array([extra], np.int64), gathered, [1] * comm.size)
-    return gathered.tolist()
+class Call:
+    """One collective on a communicator: its name, its argument checks, its agreement.
+
+    Made by :func:`collective`, which holds the communicator's turn while the call runs.
+    """
+
+    def __init__(self, comm: Communicator, kind: str, name: str):
+        self.comm, self.kind, self.name = comm, kind, name
+        self.error: Optional[Exception] = None
+
+    @contextlib.contextmanager
+    def checks(self) -> Iterator[None]:
+        """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which
+        raises it on every rank, instead of raising on this rank alone."""
+        try:
+            yield
+        except (ValueError, TypeError) as e:
+            self.error = e
+
+    def agree(self, describe: Callable[[], Dict[str, Any]],
+              flags: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        """:func:`agree` with this call's kind, name and argument error."""
+        with span(self.name, "NEGOTIATE"):
+            if self.error is not None:
+                agree(self.comm, lambda: {"kind": self.kind, "name": self.name}, flags,
+                      self.error)
+            return agree(self.comm, lambda: {"kind": self.kind, "name": self.name, **describe()},
+                         flags)
+
+    def agree_gather(self, describe: Callable[[], Dict[str, Any]],
+                     extra: Callable[[], int]) -> List[int]:
+        """:meth:`agree`, then return every rank's ``extra()`` (e.g. its first dimension)."""
+        self.agree(describe)
+        if self.comm.size == 1:
+            return [extra()]
+        gathered = np.empty(self.comm.size, np.int64)
+        with self.communicate():
+            self.comm.allgatherv(np.array([extra()], np.int64), gathered, [1] * self.comm.size)
+        return gathered.tolist()
+
+    def communicate(self) -> ContextManager[None]:
+        """The data phase: timed on the timeline, and watched by the stall inspector."""
+        return _communicating(self)
 
 
 @contextlib.contextmanager
-def covered(comm: Communicator) -> Iterator[None]:
+def _communicating(call: Call) -> Iterator[None]:
+    with span(call.name, "COMMUNICATE"), waiting(call.comm, f"{call.kind} {call.name!r}", "data"):
+        yield
+
+
+@contextlib.contextmanager
+def collective(comm: Communicator, kind: str, name: Optional[str]) -> Iterator[Call]:
+    """Take ``comm``'s turn for one collective and name it (``kind.noname.N`` per communicator
+    when ``name`` is None)."""
+    book = _book(comm)
+    with book.turn:
+        if name is None:
+            name = f"{kind}.noname.{book.unnamed}"
+            book.unnamed += 1
+        yield Call(comm, kind, name)
+
+
+class Cover:
+    """A block of collectives already agreed on; see :func:`covered`."""
+
+    def __init__(self, book: _Book):
+        self._book = book
+
+    def share(self, fn: F) -> F:
+        """``fn`` wrapped to run inside this block's turn from another thread (which must
+        only run while the block lasts)."""
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self._book.turn.joined():
+                return fn(*args, **kwargs)
+        return run  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def covered(comm: Communicator) -> Iterator[Cover]:
     """Collectives on ``comm`` in this block skip their agreement exchange.
 
     Only for a caller whose last :func:`agree` on ``comm`` already fixed, identically on
-    every rank, each collective the block runs (kind, names, shapes, dtypes, op).
+    every rank, each collective the block runs (kind, names, shapes, dtypes, op). The block
+    holds ``comm``'s turn: other threads' collectives on it wait until it ends.
     """
     book = _book(comm)
-    book.covered += 1
-    try:
-        yield
-    finally:
-        book.covered -= 1
+    with book.turn:
+        book.covered += 1
+        try:
+            yield Cover(book)
+        finally:
+            book.covered -= 1
 
 
 def agreements(comm: Communicator) -> int:
@@ -184,8 +333,8 @@ def discard_posts(comm: Communicator) -> None:
     comm.collect_posts()
 
 
-def _wait(comm: Communicator, request: Request, what: str, exchange: int) -> None:
-    """Poll ``request`` until it completes, inspecting the stall if it takes long."""
+def _poll(request: Request) -> None:
+    """Poll ``request`` until it completes, giving the core away between polls."""
     if request.test():
         return
     start = time.monotonic()
@@ -195,16 +344,79 @@ def _wait(comm: Communicator, request: Request, what: str, exchange: int) -> Non
         os.sched_yield()
         if request.test():
             return
-    st = runtime.state()
-    inspector = StallInspector(comm, what, exchange, start, st.stall_check, st.stall_shutdown)
     while not request.test():
-        now = time.monotonic()
-        inspector.check(now)
-        time.sleep(min(_PAUSE_SHARE * (now - start), _MAX_PAUSE))
+        time.sleep(min(_PAUSE_SHARE * (time.monotonic() - start), _MAX_PAUSE))
+
+
+class _Wait:
+    """A thread waiting for other ranks: in an agreement or in a collective's data phase."""
+
+    def __init__(self, comm: Communicator, what: str, exchange: int):
+        self.comm, self.what, self.exchange = comm, what, exchange
+        self.start = time.monotonic()
+        self.inspector: Optional["StallInspector"] = None
+
+
+_waits: Dict[int, _Wait] = {}
+_waits_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def waiting(comm: Communicator, what: str, phase: str) -> Iterator[None]:
+    """Register a wait of this thread with the stall watchdog for the block's duration.
+
+    ``phase`` is "agreement" or "data"; a data-phase wait belongs to the last agreement.
+    """
+    if comm.size == 1:
+        yield
+        return
+    label = what if phase == "agreement" else f"the data phase of {what}"
+    me = threading.get_ident()
+    entry = _Wait(comm, label, _book(comm).exchanges)
+    with _waits_lock:
+        outer = _waits.get(me)
+        _waits[me] = entry
+    try:
+        yield
+    finally:
+        with _waits_lock:
+            if outer is None:
+                del _waits[me]
+            else:
+                _waits[me] = outer
+
+
+class Watchdog(threading.Thread):
+    """The thread that inspects long waits (see :class:`StallInspector`)."""
+
+    def __init__(self, check_seconds: float, shutdown_seconds: float, post: bool):
+        super().__init__(name="hvd_trainer-stall", daemon=True)
+        self.check_seconds, self.shutdown_seconds, self.post = (check_seconds, shutdown_seconds,
+                                                                post)
+        deadlines = [t for t in (check_seconds, shutdown_seconds) if t > 0]
+        self.tick = min(1.0, max(0.05, min(deadlines) / 10))
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.tick):
+            now = time.monotonic()
+            # Under the lock, so no wait ends (and no rank leaves) while its inspector posts.
+            with _waits_lock:
+                for w in _waits.values():
+                    if w.inspector is None:
+                        w.inspector = StallInspector(w.comm, w.what, w.exchange, w.start,
+                                                     self.check_seconds, self.shutdown_seconds,
+                                                     self.post)
+                    w.inspector.check(now)
+
+    def stop(self) -> None:
+        """End the thread and wait for it (before MPI is finalised)."""
+        self.stopped.set()
+        self.join()
 
 
 class StallInspector:
-    """Watches one long agreement wait and reports the ranks that have not arrived.
+    """Watches one long wait and reports the ranks that have not arrived.
 
     Halfway to the first deadline this rank posts where it waits ((exchange number, what))
     to every other rank; a waiting rank that receives such a post answers with its own. At
@@ -215,9 +427,10 @@ class StallInspector:
     """
 
     def __init__(self, comm: Communicator, what: str, exchange: int, start: float,
-                 check_seconds: float, shutdown_seconds: float):
+                 check_seconds: float, shutdown_seconds: float, post: bool = True):
         self.comm, self.what, self.exchange, self.start = comm, what, exchange, start
         self.check_seconds, self.shutdown_seconds = check_seconds, shutdown_seconds
+        self.post = post  # False where MPI cannot take calls from this thread
         deadlines = [t for t in (check_seconds, shutdown_seconds) if t > 0]
         self.announce_after = min(deadlines) / 2 if deadlines else None
         self.peers: Dict[int, Tuple[int, str]] = {}
@@ -232,7 +445,7 @@ class StallInspector:
     def check(self, now: float) -> None:
         """Exchange posts and act on the deadlines; call it while the wait goes on."""
         waited = now - self.start
-        for source, (exchange, what) in self.comm.collect_posts():
+        for source, (exchange, what) in self.comm.collect_posts() if self.post else ():
             if exchange < self.exchange:
                 continue  # from a wait that has ended since
             self.peers[source] = (exchange, what)
@@ -240,7 +453,7 @@ class StallInspector:
                 self._announce()
         if self.announce_after is None:
             return
-        if not self.announced and waited >= self.announce_after:
+        if self.post and not self.announced and waited >= self.announce_after:
             self._announce()
         if self.shutdown_seconds > 0 and waited >= self.shutdown_seconds:
             log.error(self.report(waited))

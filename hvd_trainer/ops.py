@@ -6,13 +6,21 @@ array (it is copied once into the result). Every call first checks that all rank
 what they are doing (see diagnostics.py), so a disagreement raises on every rank; a caller
 that has agreed on a whole series of calls runs them inside ``diagnostics.covered``.
 
+Argument errors are collective: a check that fails on one rank raises the same ``ValueError``
+or ``TypeError`` on every rank of the process set, naming the rank, and the next collective
+works. ``root_rank`` is a global rank, as in Horovod, also on a process set.
+
+Any thread may call a collective; calls on one process set run one at a time (see
+diagnostics.py), so threads that call collectives on the same process set must do so in the
+same order on every rank, or the ranks raise :class:`MismatchError`.
+
 Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
 import enum
 import functools
-import itertools
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -35,11 +43,11 @@ Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN,
 _BACKEND_OP = {ReduceOp.AVERAGE: "sum", ReduceOp.SUM: "sum", ReduceOp.MIN: "min",
                ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
 _SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
-_counter = itertools.count()
-_pool = fusion.BufferPool()
+# Fusion buffers per communicator: calls on one communicator never overlap (its turn).
+_pools: "weakref.WeakKeyDictionary[Any, fusion.BufferPool]" = weakref.WeakKeyDictionary()
 
 
-# -- argument checks ------------------------------------------------------------------------
+# -- argument checks (each runs inside a Call's checks(), so a failure is collective) --------
 def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
     if not isinstance(tensor, np.ndarray):
         raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__} (CuPy "
@@ -54,6 +62,12 @@ def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
     return tensor
 
 
+def _check_rows(tensor: Any, arg: str, kind: str) -> None:
+    if tensor.ndim == 0:
+        raise ValueError(f"{arg} must have at least one dimension for {kind}; "
+                         "reshape a scalar to shape (1,)")
+
+
 def _check_op(op: Any) -> ReduceOp:
     try:
         return ReduceOp(op)
@@ -62,11 +76,20 @@ def _check_op(op: Any) -> ReduceOp:
         raise ValueError(f"op={op!r} is not a reduction operator; use one of {valid}") from None
 
 
-def _check_root(root_rank: Any, comm) -> int:
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < comm.size:
-        raise ValueError(f"root_rank={root_rank!r} is out of range; it must be an integer "
-                         f"in 0..{comm.size - 1} for this process set")
-    return int(root_rank)
+def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
+    """The position in the process set of ``root_rank``, a global rank (Horovod's rule)."""
+    if not isinstance(root_rank, (int, np.integer)) or root_rank not in process_set.ranks:
+        where = ("the world" if process_set is global_process_set
+                 else f"process set {process_set.process_set_id}")
+        raise ValueError(f"root_rank={root_rank!r} is not a rank of {where}; it must be one of "
+                         f"its global ranks {process_set.ranks}")
+    return process_set.ranks.index(int(root_rank))
+
+
+def _check_scale(value: Any, arg: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"{arg}={value!r} must be a number")
+    return float(value)
 
 
 def _gpu_twin(collective: Callable) -> Callable:
@@ -82,44 +105,94 @@ def _gpu_twin(collective: Callable) -> Callable:
     return dispatch
 
 
-def _name(kind: str, name: Optional[str]) -> str:
-    return name if name is not None else f"{kind}.noname.{next(_counter)}"
-
-
-def _describe(t: np.ndarray, name: str, dim0: bool = True) -> dict:
+def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
+    """What ranks must agree on about a tensor; host and GPU arrays describe alike except
+    for where they live."""
     shape = t.shape if dim0 else t.shape[1:]
-    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape)}
+    memory = "gpu" if type(t).__module__.partition(".")[0] == "cupy" else "host"
+    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape), "memory": memory}
 
 
-def _scales(op: ReduceOp, comm, prescale: float, postscale: float) -> Tuple[float, float]:
+def tensor_names(base: str, count: int) -> List[str]:
+    """The names of a group's tensors: the base name alone, or ``base.i``."""
+    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
+
+
+def scales(op: ReduceOp, comm, prescale: float, postscale: float) -> Tuple[float, float]:
+    """Pre- and postscale factors, with Average's 1/size folded into the postscale."""
     if op == ReduceOp.AVERAGE:
         # float() first: NumPy 2 would divide an np.float32 factor in float32.
         postscale = float(postscale) / comm.size
     return float(prescale), float(postscale)
 
 
-# -- allreduce ------------------------------------------------------------------------------
-def _grouped_allreduce_into(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
-                            op: Any, name: Optional[str], prescale_factor: float,
-                            postscale_factor: float, process_set: ProcessSet, kind: str) -> None:
-    op = _check_op(op)
+def check_reduction(op: Any, prescale: Any, postscale: Any) -> ReduceOp:
+    """Check an allreduce's or reducescatter's op and scale factors; return the op."""
+    _check_scale(prescale, "prescale_factor")
+    _check_scale(postscale, "postscale_factor")
+    return _check_op(op)
+
+
+def describe_reduction(name: str, tensors: Sequence[Any], op: ReduceOp, prescale: float,
+                       postscale: float) -> Dict[str, Any]:
+    """What ranks must agree on about an allreduce or reducescatter."""
+    names = tensor_names(name, len(tensors))
+    return {"op": op.name, "prescale_factor": float(prescale),
+            "postscale_factor": float(postscale),
+            "tensors": [describe_tensor(t, n) for t, n in zip(tensors, names)]}
+
+
+def refuse(error: Exception, kind: str, name: Optional[str],
+           process_set: ProcessSet = global_process_set) -> None:
+    """Raise a framework adapter's argument error on every rank of the process set.
+
+    The other ranks are in the collective ``kind`` (named ``name``): they meet this rank in
+    its agreement and raise the same error, so an adapter's checks are collective too.
+    """
     comm = runtime.communicator(process_set)
-    base = _name(kind, name)
-    names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
-    with diagnostics.span(base, "NEGOTIATE"):
-        diagnostics.agree(comm, lambda: {
-            "kind": kind, "name": base, "op": op.name, "prescale_factor": float(prescale_factor),
-            "postscale_factor": float(postscale_factor),
-            "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
-    pre, post = _scales(op, comm, prescale_factor, postscale_factor)
-    backend_op = _BACKEND_OP[op]
+    with diagnostics.collective(comm, kind, name) as call:
+        call.error = error
+        call.agree(dict)  # raises ``error`` here and on the other ranks
 
-    def communicate(flat: np.ndarray) -> None:
-        with diagnostics.span(base, "COMMUNICATE"):
-            comm.allreduce(flat, backend_op)
 
-    with diagnostics.span(base, "FUSE"):
-        fusion.fused(tensors, outputs, _pool, runtime.fusion_threshold(), communicate, pre, post)
+def _pool(comm) -> fusion.BufferPool:
+    pool = _pools.get(comm)
+    if pool is None:
+        pool = _pools[comm] = fusion.BufferPool()
+    return pool
+
+
+# -- allreduce ------------------------------------------------------------------------------
+def _grouped_allreduce(tensors: Sequence[Any], op: Any, name: Optional[str],
+                       prescale_factor: float, postscale_factor: float,
+                       process_set: ProcessSet, kind: str, inplace: bool) -> List[np.ndarray]:
+    """Reduce ``tensors`` in place, or into new arrays."""
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, kind, name) as call:
+        with call.checks():
+            if kind == "allreduce":
+                tensors = [_check_array(tensors[0], "tensor", inplace)]
+            else:
+                if isinstance(tensors, np.ndarray):
+                    raise TypeError("tensors must be a list of arrays, got a single array; "
+                                    "wrap it in a list")
+                tensors = [_check_array(t, f"tensors[{i}]", inplace)
+                           for i, t in enumerate(tensors)]
+            op = check_reduction(op, prescale_factor, postscale_factor)
+        call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
+                                              postscale_factor))
+        outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
+        pre, post = scales(op, comm, prescale_factor, postscale_factor)
+        backend_op = _BACKEND_OP[op]
+
+        def communicate(flat: np.ndarray) -> None:
+            with call.communicate():
+                comm.allreduce(flat, backend_op)
+
+        with diagnostics.span(call.name, "FUSE"):
+            fusion.fused(tensors, outputs, _pool(comm), runtime.fusion_threshold(), communicate,
+                         pre, post)
+        return list(outputs)
 
 
 @_gpu_twin
@@ -127,11 +200,8 @@ def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across the process set's ranks; return the result as a new array."""
-    _check_array(tensor, "tensor")
-    out = np.empty(tensor.shape, tensor.dtype)
-    _grouped_allreduce_into([tensor], [out], op, name, prescale_factor, postscale_factor,
-                            process_set, "allreduce")
-    return out
+    return _grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor,
+                              process_set, "allreduce", False)[0]
 
 
 @_gpu_twin
@@ -139,10 +209,8 @@ def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    _check_array(tensor, "tensor", inplace=True)
-    _grouped_allreduce_into([tensor], [tensor], op, name, prescale_factor, postscale_factor,
-                            process_set, "allreduce")
-    return tensor
+    return _grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor,
+                              process_set, "allreduce", True)[0]
 
 
 @_gpu_twin
@@ -150,11 +218,8 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Op
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allreduce a list of tensors as one fused operation; return new arrays."""
-    tensors = [_check_array(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    outs = [np.empty(t.shape, t.dtype) for t in tensors]
-    _grouped_allreduce_into(tensors, outs, op, name, prescale_factor, postscale_factor,
-                            process_set, "grouped_allreduce")
-    return outs
+    return _grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor,
+                              process_set, "grouped_allreduce", False)
 
 
 @_gpu_twin
@@ -162,10 +227,8 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns ``tensors``."""
-    tensors = [_check_array(t, f"tensors[{i}]", inplace=True) for i, t in enumerate(tensors)]
-    _grouped_allreduce_into(tensors, tensors, op, name, prescale_factor, postscale_factor,
-                            process_set, "grouped_allreduce")
-    return list(tensors)
+    return _grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor,
+                              process_set, "grouped_allreduce", True)
 
 
 # -- allgather ------------------------------------------------------------------------------
@@ -173,58 +236,93 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    _check_array(tensor, "tensor")
-    if tensor.ndim == 0:
-        raise ValueError("tensor must have at least one dimension for allgather; "
-                         "reshape a scalar to shape (1,)")
     comm = runtime.communicator(process_set)
-    tensor = np.ascontiguousarray(tensor)
-    name = _name("allgather", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        rows = diagnostics.agree_gather(
-            comm, lambda: {"kind": "allgather", "name": name,
-                           "tensors": [_describe(tensor, name, dim0=False)]},
-            extra=tensor.shape[0])
-    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    out = np.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
-    with diagnostics.span(name, "COMMUNICATE"):
-        comm.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
-    return out
+    with diagnostics.collective(comm, "allgather", name) as call:
+        with call.checks():
+            _check_array(tensor, "tensor")
+            _check_rows(tensor, "tensor", "allgather")
+            tensor = np.ascontiguousarray(tensor)
+        rows = call.agree_gather(lambda: {"tensors": [describe_tensor(tensor, call.name, False)]},
+                                 lambda: tensor.shape[0])
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        out = np.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
+        with call.communicate():
+            comm.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
+        return out
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allgather each tensor of a list; return the gathered arrays in order."""
-    base = _name("grouped_allgather", name)
-    return [allgather(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, "grouped_allgather", name) as call:
+        with call.checks():
+            if isinstance(tensors, np.ndarray):
+                raise TypeError("tensors must be a list of arrays, got a single array; "
+                                "wrap it in a list")
+            tensors = [_check_array(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+            for i, t in enumerate(tensors):
+                _check_rows(t, f"tensors[{i}]", "allgather")
+        names = [f"{call.name}.{i}" for i in range(len(tensors))]
+        call.agree(lambda: {"tensors": [describe_tensor(t, n, dim0=False)
+                                        for t, n in zip(tensors, names)]})
+        with diagnostics.covered(comm):  # agreed on above, tensor by tensor
+            return [allgather(t, n, process_set) for t, n in zip(tensors, names)]
 
 
 # -- broadcast ------------------------------------------------------------------------------
+def _broadcast_into(tensor: Any, root_rank: Any, name: Optional[str], process_set: ProcessSet,
+                    inplace: bool) -> np.ndarray:
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, "broadcast", name) as call:
+        with call.checks():
+            _check_array(tensor, "tensor", inplace)
+            root = _check_root(root_rank, process_set)
+        call.agree(lambda: {"root_rank": int(root_rank),
+                            "tensors": [describe_tensor(tensor, call.name)]})
+        if not inplace:
+            tensor = np.array(tensor, order="C", copy=True)
+        with call.communicate():
+            comm.broadcast(tensor.reshape(-1), root)
+        return tensor
+
+
 @_gpu_twin
 def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
-    """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``."""
-    _check_array(tensor, "tensor", inplace=True)
-    comm = runtime.communicator(process_set)
-    root = _check_root(root_rank, comm)
-    name = _name("broadcast", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(comm, lambda: {"kind": "broadcast", "name": name, "root_rank": root,
-                                         "tensors": [_describe(tensor, name)]})
-    with diagnostics.span(name, "COMMUNICATE"):
-        comm.broadcast(tensor.reshape(-1), root)
-    return tensor
+    """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``.
+
+    ``root_rank`` is a global rank, also on a process set (Horovod's rule).
+    """
+    return _broadcast_into(tensor, root_rank, name, process_set, True)
 
 
 @_gpu_twin
 def broadcast(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Return a new array holding the root rank's ``tensor`` on every rank."""
-    _check_array(tensor, "tensor")
-    return broadcast_(np.array(tensor, order="C", copy=True), root_rank, name, process_set)
+    return _broadcast_into(tensor, root_rank, name, process_set, False)
 
 
 # -- alltoall -------------------------------------------------------------------------------
+def _check_splits(splits: Any, rows: int, size: int) -> np.ndarray:
+    """The rows to send to each rank, from ``splits`` or an equal division of ``rows``."""
+    if splits is None:
+        if rows % size:
+            raise ValueError(f"tensor's first dimension ({rows}) is not divisible by the number "
+                             f"of ranks ({size}); pass splits=")
+        return np.full(size, rows // size, np.int64)
+    given = np.asarray(splits)
+    if given.dtype.kind not in "iu":
+        raise TypeError(f"splits must hold integers, got dtype {given.dtype} "
+                        f"({given.reshape(-1).tolist()})")
+    send_rows = given.astype(np.int64).reshape(-1)
+    if send_rows.size != size or (send_rows < 0).any() or send_rows.sum() != rows:
+        raise ValueError(f"splits={send_rows.tolist()} must hold {size} non-negative "
+                         f"counts summing to the first dimension of tensor ({rows})")
+    return send_rows
+
+
 def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set
              ) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
@@ -233,38 +331,26 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
     Without ``splits`` dim 0 is divided equally. As in Horovod, the received row counts are
     returned too (``(output, received_splits)``) only when ``splits`` is given.
     """
-    _check_array(tensor, "tensor")
-    if tensor.ndim == 0:
-        raise ValueError("tensor must have at least one dimension for alltoall")
     comm = runtime.communicator(process_set)
-    tensor = np.ascontiguousarray(tensor)
-    rows = tensor.shape[0]
-    if splits is None:
-        if rows % comm.size:
-            raise ValueError(f"tensor's first dimension ({rows}) is not divisible by the number "
-                             f"of ranks ({comm.size}); pass splits=")
-        send_rows = np.full(comm.size, rows // comm.size, np.int64)
-    else:
-        send_rows = np.asarray(splits, np.int64).reshape(-1)
-        if send_rows.size != comm.size or (send_rows < 0).any() or send_rows.sum() != rows:
-            raise ValueError(f"splits={send_rows.tolist()} must hold {comm.size} non-negative "
-                             f"counts summing to the first dimension of tensor ({rows})")
-    name = _name("alltoall", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(comm, lambda: {"kind": "alltoall", "name": name,
-                                         "tensors": [_describe(tensor, name, dim0=False)]})
+    with diagnostics.collective(comm, "alltoall", name) as call:
+        with call.checks():
+            _check_array(tensor, "tensor")
+            _check_rows(tensor, "tensor", "alltoall")
+            tensor = np.ascontiguousarray(tensor)
+            send_rows = _check_splits(splits, tensor.shape[0], comm.size)
+        call.agree(lambda: {"tensors": [describe_tensor(tensor, call.name, dim0=False)]})
         recv_rows = np.empty(comm.size, np.int64)
-        comm.alltoallv(send_rows, [1] * comm.size, recv_rows, [1] * comm.size)
-    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    out = np.empty((int(recv_rows.sum()),) + tensor.shape[1:], tensor.dtype)
-    with diagnostics.span(name, "COMMUNICATE"):
-        comm.alltoallv(tensor.reshape(-1), (send_rows * row).tolist(),
-                       out.reshape(-1), (recv_rows * row).tolist())
-    return out if splits is None else (out, recv_rows)
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        with call.communicate():
+            comm.alltoallv(send_rows, [1] * comm.size, recv_rows, [1] * comm.size)
+            out = np.empty((int(recv_rows.sum()),) + tensor.shape[1:], tensor.dtype)
+            comm.alltoallv(tensor.reshape(-1), (send_rows * row).tolist(),
+                           out.reshape(-1), (recv_rows * row).tolist())
+        return out if splits is None else (out, recv_rows)
 
 
 # -- reducescatter --------------------------------------------------------------------------
-def _rows_per_rank(rows: int, size: int) -> List[int]:
+def rows_per_rank(rows: int, size: int) -> List[int]:
     """Horovod's split of dim 0: as even as possible, the first ranks taking one extra row."""
     base, extra = divmod(rows, size)
     return [base + (1 if r < extra else 0) for r in range(size)]
@@ -275,8 +361,8 @@ def reducescatter(tensor: np.ndarray, op: Any = Average, name: Optional[str] = N
                   process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce ``tensor`` across ranks and return this rank's share of dim 0's rows."""
-    return grouped_reducescatter([tensor], op, name, process_set,
-                                 prescale_factor, postscale_factor)[0]
+    return _reducescatter([tensor], op, name, process_set, prescale_factor, postscale_factor,
+                          "reducescatter")[0]
 
 
 def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
@@ -285,57 +371,62 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
     """:func:`reducescatter` on each tensor of a list, agreed on in one exchange."""
-    op = _check_op(op)
+    return _reducescatter(tensors, op, name, process_set, prescale_factor, postscale_factor,
+                          "grouped_reducescatter")
+
+
+def _reducescatter(tensors: Sequence[Any], op: Any, name: Optional[str],
+                   process_set: ProcessSet, prescale_factor: float, postscale_factor: float,
+                   kind: str) -> List[np.ndarray]:
     comm = runtime.communicator(process_set)
-    tensors = [_check_array(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    for i, t in enumerate(tensors):
-        if t.ndim == 0:
-            raise ValueError(f"tensors[{i}] must have at least one dimension for reducescatter")
-    base = _name("reducescatter", name)
-    names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
-    with diagnostics.span(base, "NEGOTIATE"):
-        diagnostics.agree(comm, lambda: {
-            "kind": "reducescatter", "name": base, "op": op.name,
-            "prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor),
-            "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
-    pre, post = _scales(op, comm, prescale_factor, postscale_factor)
-    results = []
-    for t in tensors:
-        row = int(np.prod(t.shape[1:], dtype=np.int64))
-        shares = _rows_per_rank(t.shape[0], comm.size)
-        work = np.empty(t.size, t.dtype)
-        fusion.pack([t], work, pre)
-        with diagnostics.span(base, "COMMUNICATE"):
-            mine = comm.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
-        out = np.empty((shares[comm.rank],) + t.shape[1:], t.dtype)
-        fusion.unpack(mine, [out], post)
-        results.append(out)
-    return results
+    with diagnostics.collective(comm, kind, name) as call:
+        with call.checks():
+            if isinstance(tensors, np.ndarray):
+                raise TypeError("tensors must be a list of arrays, got a single array; "
+                                "wrap it in a list")
+            arg = "tensor" if kind == "reducescatter" else "tensors[{}]"
+            tensors = [_check_array(t, arg.format(i)) for i, t in enumerate(tensors)]
+            for i, t in enumerate(tensors):
+                _check_rows(t, arg.format(i), "reducescatter")
+            op = check_reduction(op, prescale_factor, postscale_factor)
+        call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
+                                              postscale_factor))
+        pre, post = scales(op, comm, prescale_factor, postscale_factor)
+        results = []
+        for t in tensors:
+            row = int(np.prod(t.shape[1:], dtype=np.int64))
+            shares = rows_per_rank(t.shape[0], comm.size)
+            work = np.empty(t.size, t.dtype)
+            fusion.pack([t], work, pre)
+            with call.communicate():
+                mine = comm.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
+            out = np.empty((shares[comm.rank],) + t.shape[1:], t.dtype)
+            fusion.unpack(mine, [out], post)
+            results.append(out)
+        return results
 
 
 # -- objects --------------------------------------------------------------------------------
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Return the root rank's picklable ``obj`` on every rank."""
+    """Return the root rank's picklable ``obj`` on every rank (``root_rank`` is global)."""
     comm = runtime.communicator(process_set)
-    root = _check_root(root_rank, comm)
-    name = _name("broadcast_object", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(comm, lambda: {"kind": "broadcast_object", "name": name,
-                                         "root_rank": root})
-    with diagnostics.span(name, "COMMUNICATE"):
-        return comm.broadcast_object(obj, root)
+    with diagnostics.collective(comm, "broadcast_object", name) as call:
+        with call.checks():
+            root = _check_root(root_rank, process_set)
+        call.agree(lambda: {"root_rank": int(root_rank)})
+        with call.communicate():
+            return comm.broadcast_object(obj, root)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return the list of every rank's picklable ``obj``, in rank order."""
     comm = runtime.communicator(process_set)
-    name = _name("allgather_object", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(comm, lambda: {"kind": "allgather_object", "name": name})
-    with diagnostics.span(name, "COMMUNICATE"):
-        return comm.allgather_object(obj)
+    with diagnostics.collective(comm, "allgather_object", name) as call:
+        call.agree(dict)
+        with call.communicate():
+            return comm.allgather_object(obj)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -344,5 +435,6 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     It is an agreement exchange, so the stall inspector watches it; the (empty) flags keep it
     an exchange even inside ``diagnostics.covered``.
     """
-    diagnostics.agree(runtime.communicator(process_set), lambda: {"kind": "barrier", "name": None},
-                      flags=np.zeros(0, bool))
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, "barrier", "barrier") as call:
+        call.agree(dict, flags=np.zeros(0, bool))

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .backends import Communicator
 
@@ -23,6 +23,10 @@ log = logging.getLogger("hvd_trainer")
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # bytes; chosen in benchmarks/README.md
 DEFAULT_RING_THRESHOLD = 1 << 20  # bytes; `auto` switches from native to ring here
 DEFAULT_STALL_CHECK_SECONDS = 60.0  # as Horovod
+# The trainer's gradient buckets, and overlap with backward: both measured on 2 ranks
+# sharing 2 cores; see benchmarks/README.md for the figures.
+DEFAULT_BUCKET_THRESHOLD = 16 << 20
+DEFAULT_OVERLAP = 0
 
 
 def env(name: str, default: Optional[str] = None) -> Optional[str]:
@@ -88,19 +92,98 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 
+# Settings that decide the wire pattern, so every rank must use the same: rank 0's values,
+# read from its environment at init (Horovod's way). Each is (default, parser).
+
+
+def _algorithm(raw: str) -> str:
+    if raw not in ("ring", "native", "auto"):
+        raise ValueError("is not an allreduce algorithm; use ring, native or auto")
+    return raw
+
+
+def _gpu_communicator(raw: str) -> str:
+    if raw not in ("auto", "nccl", "mpi"):
+        raise ValueError("is not a GPU communicator; use auto, nccl or mpi")
+    return raw
+
+
+def _count(raw: str) -> int:
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise ValueError("is not a number; set it to an integer") from None
+    if value < 0:
+        raise ValueError("is negative; set it to a number of bytes, or 0")
+    return value
+
+
+AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
+    "FUSION_THRESHOLD": (DEFAULT_FUSION_THRESHOLD, _count),
+    "ALLREDUCE_ALGO": ("auto", _algorithm),
+    "RING_THRESHOLD": (DEFAULT_RING_THRESHOLD, _count),
+    "BUCKET_THRESHOLD": (DEFAULT_BUCKET_THRESHOLD, _count),
+    "OVERLAP": (DEFAULT_OVERLAP, _count),
+    "GPU_COMMUNICATOR": ("auto", _gpu_communicator),
+}
+
+
+def _read_settings() -> Dict[str, Tuple[Optional[str], Any, Optional[str]]]:
+    """This rank's view of each agreed setting: (raw text, value, error or None)."""
+    mine = {}
+    for name, (default, parse) in AGREED_SETTINGS.items():
+        raw = env(name)
+        try:
+            mine[name] = (raw, default if raw is None else parse(raw), None)
+        except ValueError as e:
+            mine[name] = (raw, None, f"HVD_{name}={raw!r} {e}")
+    return mine
+
+
+def _agree_settings(every: Sequence[Dict[str, Tuple[Optional[str], Any, Optional[str]]]],
+                    rank: int) -> Dict[str, Any]:
+    """Rank 0's settings, after every rank's parse errors are raised on every rank alike.
+
+    A rank whose own environment says otherwise logs which value it uses instead.
+    """
+    for r, settings in enumerate(every):
+        for raw, value, error in settings.values():
+            if error:
+                raise ValueError(f"rank {r}: {error}; every rank reads its settings at init")
+    chosen = {name: value for name, (raw, value, error) in every[0].items()}
+    for name, (raw, value, error) in every[rank].items():
+        if value != chosen[name]:
+            log.warning("HVD_%s is %r on rank %d but %r on rank 0; every rank uses rank 0's "
+                        "value so that all ranks move the same bytes", name, raw, rank,
+                        every[0][name][0])
+    return chosen
+
+
 class _State:
     def __init__(self, world: Communicator, backend: str):
         self.world = world
         self.backend = backend
         self.local, self.cross = world.local_and_cross()
-        self.homogeneous = len(set(world.allgather_object(self.local.size))) == 1
+        # One exchange at init: host layout, and the settings every rank must share.
+        every = world.allgather_object((self.local.size, _read_settings()))
+        self.homogeneous = len({local for local, _ in every}) == 1
+        self.settings = _agree_settings([s for _, s in every], world.rank)
+        for comm in (world, self.local, self.cross):
+            comm.configure(self.settings["ALLREDUCE_ALGO"], self.settings["RING_THRESHOLD"])
+        self.fusion_threshold = self.settings["FUSION_THRESHOLD"]
         self.process_sets: Dict[int, ProcessSet] = {}
         self.next_set_id = 1
-        self.fusion_threshold = env_int("FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
         # A rank waiting this long for the others logs who is missing (0: never); after the
         # shutdown time it ends the job (0: never).
         self.stall_check = env_seconds("STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_CHECK_SECONDS)
         self.stall_shutdown = env_seconds("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.threads_multiple = backend != "mpi" or _mpi_threads_multiple()
+        self.watchdog: Optional[Any] = None
+
+
+def _mpi_threads_multiple() -> bool:
+    from .backends import mpi
+    return mpi.threads_supported()
 
 
 _state: Optional[_State] = None
@@ -132,11 +215,9 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
             "this process was started by an MPI launcher but mpi4py cannot be imported "
             f"({e}); install it with `pip install mpi4py mpich` (or mpi4py against your "
             "system MPI)") from e
-    algorithm = env("ALLREDUCE_ALGO", "auto")
-    threshold = env_int("RING_THRESHOLD", DEFAULT_RING_THRESHOLD)
     if comm is None:
-        return mpi.world(algorithm, threshold), "mpi"
-    return mpi.MPICommunicator(comm, algorithm, threshold), "mpi"
+        return mpi.world(), "mpi"
+    return mpi.MPICommunicator(comm), "mpi"
 
 
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
@@ -161,6 +242,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             if world.size > 1:
                 _install_abort_hook(world)
                 atexit.register(_empty_mailboxes)
+                _start_watchdog(_state)
             timeline = env("TIMELINE")
             if timeline:
                 from . import diagnostics
@@ -168,6 +250,17 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
                 atexit.register(diagnostics.stop_timeline)
     for ps in process_sets or ():
         add_process_set(ps)
+
+
+def _start_watchdog(st: _State) -> None:
+    """The stall inspector's thread, when a stall time is set (HVD_STALL_CHECK_TIME_SECONDS
+    is 60 s unless set to 0)."""
+    if st.stall_check <= 0 and st.stall_shutdown <= 0:
+        return
+    from . import diagnostics
+    st.watchdog = diagnostics.Watchdog(st.stall_check, st.stall_shutdown,
+                                       post=st.threads_multiple)
+    st.watchdog.start()
 
 
 def _configure_logging() -> None:
@@ -196,8 +289,11 @@ def _install_abort_hook(world: Communicator) -> None:
 
 
 def _empty_mailboxes() -> None:
-    """At exit, drop stall posts nobody read (before mpi4py's MPI_Finalize)."""
+    """At exit, stop the stall watchdog and drop stall posts nobody read (before mpi4py's
+    MPI_Finalize)."""
     from . import diagnostics
+    if _state is not None and _state.watchdog is not None:
+        _state.watchdog.stop()
     if _state is not None:
         for ps in _state.process_sets.values():
             if ps.comm is not None:
@@ -227,6 +323,8 @@ def shutdown() -> None:
     with _lock:
         if _state is None:
             return
+        if _state.watchdog is not None:
+            _state.watchdog.stop()
         for ps in list(_state.process_sets.values()):
             if ps is not global_process_set and ps.comm is not None:
                 ps.comm.free()
@@ -274,6 +372,16 @@ def cross_rank() -> int:
 def cross_size() -> int:
     """Number of hosts taking part (processes sharing this local rank)."""
     return state().cross.size
+
+
+def setting(name: str) -> Any:
+    """An agreed setting (a key of AGREED_SETTINGS): rank 0's value, the same on every rank."""
+    return state().settings[name]
+
+
+def threads_multiple() -> bool:
+    """Whether threads may call into the backend concurrently (MPI_THREAD_MULTIPLE)."""
+    return state().threads_multiple
 
 
 def backend_name() -> str:
@@ -380,36 +488,47 @@ def world_rank(comm: Communicator, rank_in_comm: int) -> int:
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Register a process set; a collective call that every rank of the world must make."""
+    """Register a process set; a collective call that every rank of the world must make, in
+    the same order, with the same ranks (ranks that disagree all raise)."""
+    from . import diagnostics
     st = state()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.ranks is None or not ps.ranks:
-        raise ValueError("add_process_set: the process set needs a non-empty list of ranks")
-    bad = [r for r in ps.ranks if not 0 <= r < st.world.size]
-    if bad or len(set(ps.ranks)) != len(ps.ranks):
-        raise ValueError(f"add_process_set: ranks {ps.ranks} must be distinct and within "
-                         f"0..{st.world.size - 1}")
-    if ps.process_set_id is not None:
-        raise ValueError(f"{ps!r} is already registered")
-    with _lock:
-        for known in st.process_sets.values():
-            if known.ranks == ps.ranks:
-                raise ValueError(f"a process set with ranks {ps.ranks} already exists "
-                                 f"(id {known.process_set_id}); reuse it")
-        ps.comm = st.world.split(ps.ranks)
-        ps.process_set_id = st.next_set_id
-        st.next_set_id += 1
-        st.process_sets[ps.process_set_id] = ps
+    with diagnostics.collective(st.world, "add_process_set", "add_process_set") as call:
+        with call.checks():
+            if ps.ranks is None or not ps.ranks:
+                raise ValueError("add_process_set: the process set needs a non-empty list of "
+                                 "ranks")
+            bad = [r for r in ps.ranks if not 0 <= r < st.world.size]
+            if bad or len(set(ps.ranks)) != len(ps.ranks):
+                raise ValueError(f"add_process_set: ranks {ps.ranks} must be distinct and "
+                                 f"within 0..{st.world.size - 1}")
+            if ps.process_set_id is not None:
+                raise ValueError(f"{ps!r} is already registered")
+            for known in st.process_sets.values():
+                if known.ranks == ps.ranks:
+                    raise ValueError(f"a process set with ranks {ps.ranks} already exists "
+                                     f"(id {known.process_set_id}); reuse it")
+        call.agree(lambda: {"ranks": ps.ranks, "process_set_id": st.next_set_id})
+        with _lock, call.communicate():
+            ps.comm = st.world.split(ps.ranks)
+            ps.process_set_id = st.next_set_id
+            st.next_set_id += 1
+            st.process_sets[ps.process_set_id] = ps
     return ps
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set on every rank; False if it was not registered."""
+    """Unregister a process set on every rank (a collective call of the world); False, on
+    every rank, if it was not registered."""
+    from . import diagnostics
     st = state()
-    if process_set is global_process_set or process_set.process_set_id not in st.process_sets:
+    known = (process_set is not global_process_set
+             and process_set.process_set_id in st.process_sets)
+    with diagnostics.collective(st.world, "remove_process_set", "remove_process_set") as call:
+        call.agree(lambda: {"process_set_id": process_set.process_set_id if known else None})
+    if not known:
         return False
     with _lock:
-        st.world.barrier()
         del st.process_sets[process_set.process_set_id]
         if process_set.comm is not None:
             process_set.comm.free()

@@ -26,6 +26,10 @@ class Communicator(Protocol):
     rank: int
     size: int
 
+    def configure(self, algorithm: str, ring_threshold: int) -> None:
+        """Use these agreed settings: allreduce algorithm (ring, native, auto) and the size
+        in bytes from which ``auto`` takes the ring."""
+
     def allreduce(self, buf: np.ndarray, op: str) -> None:
         """Reduce ``buf`` elementwise across ranks with ``op`` (a REDUCE_UFUNCS key), in place."""
 

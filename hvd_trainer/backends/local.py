@@ -19,6 +19,9 @@ class LocalCommunicator:
     rank = 0
     size = 1
 
+    def configure(self, algorithm: str, ring_threshold: int) -> None:
+        """A single rank has no algorithm to choose."""
+
     def allreduce(self, buf: np.ndarray, op: str) -> None:
         pass  # one rank: the reduction of a single contribution is that contribution
 

@@ -12,8 +12,14 @@ Two allreduce algorithms:
 ``auto`` uses native below ``ring_threshold`` bytes and the ring at or above it; the default
 threshold comes from ``benchmarks/allreduce.py`` (see benchmarks/README.md). Buffers travel as
 raw bytes except in native reductions, so MPI never needs to know a dtype it lacks.
+
+Messages of any size: MPI counts and displacements are C ints (below 2 GiB of bytes) unless
+the library has MPI-4's large counts. Without them, point-to-point messages, broadcasts and
+native reductions go in pieces under the limit, and gathers and all-to-alls whose counts or
+displacements exceed it are done as broadcasts or pairwise exchanges of such pieces.
 """
 import pickle
+import threading
 from itertools import accumulate
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -26,12 +32,21 @@ _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD, "b
 # Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
 _NATIVE_KINDS = {"i", "u", "f"}
 ALGORITHMS = ("ring", "native", "auto")
-# Tag of the mailbox (post / collect_posts); the ring uses tags 0 and 1.
+# Tag of the mailbox (post / collect_posts); the ring uses tags 0 and 1, pairwise exchanges 2.
 _POST_TAG = 7331
+
+
+# Largest count or displacement an MPI call takes without MPI-4 large counts.
+_INT_LIMIT = 2**31 - 1
 
 
 def _bytes(buf: np.ndarray) -> list:
     return [buf.view(np.uint8), MPI.BYTE]
+
+
+def _pieces(count: int, limit: int) -> List[Tuple[int, int]]:
+    """(start, end) ranges of at most ``limit`` covering ``count`` (one empty range for 0)."""
+    return [(a, min(a + limit, count)) for a in range(0, count, limit)] or [(0, 0)]
 
 
 def _chunk_bounds(count: int, parts: int) -> List[int]:
@@ -57,23 +72,47 @@ class MPICommunicator:
     """Collectives over one mpi4py communicator."""
 
     def __init__(self, comm: "MPI.Comm", algorithm: str = "auto", ring_threshold: int = 1 << 20):
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"allreduce algorithm {algorithm!r} is unknown; use one of {ALGORITHMS} "
-                             f"(HVD_ALLREDUCE_ALGO)")
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.algorithm = algorithm
-        self.ring_threshold = ring_threshold
+        self.configure(algorithm, ring_threshold)
+        # Largest count per MPI call, in the call's datatype (None: MPI-4 large counts).
+        self.count_limit: Optional[int] = None if MPI.Get_version() >= (4, 0) else _INT_LIMIT
         self._scratch: Dict[np.dtype, np.ndarray] = {}
         self._posting: List["MPI.Request"] = []  # mailbox sends not yet known to be complete
+        self._mailbox = threading.Lock()  # the stall watchdog posts from its own thread
+
+    def configure(self, algorithm: str, ring_threshold: int) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"allreduce algorithm {algorithm!r} is unknown; use one of {ALGORITHMS} "
+                             f"(HVD_ALLREDUCE_ALGO)")
+        self.algorithm = algorithm
+        self.ring_threshold = ring_threshold
+
+    def _fits(self, *counts: int) -> bool:
+        """Whether one MPI call may take these counts and displacements."""
+        return self.count_limit is None or max(counts, default=0) <= self.count_limit
+
+    def _sendrecv(self, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
+                  tag: int) -> None:
+        """``MPI_Sendrecv`` of raw bytes, in pieces where the counts are too large."""
+        send, recv = send.view(np.uint8), recv.view(np.uint8)
+        if self._fits(send.size, recv.size):
+            self.comm.Sendrecv([send, MPI.BYTE], dest, tag, [recv, MPI.BYTE], source, tag)
+            return
+        # Both sides cut at the same offsets, so every piece meets its counterpart.
+        limit = self.count_limit
+        for start in range(0, max(send.size, recv.size), limit):
+            self.comm.Sendrecv([send[start:start + limit], MPI.BYTE], dest, tag,
+                               [recv[start:start + limit], MPI.BYTE], source, tag)
 
     # -- allreduce -------------------------------------------------------------------------
     def allreduce(self, buf: np.ndarray, op: str) -> None:
         if self.size == 1 or buf.size == 0:
             return
         if self._use_native(buf, op):
-            self.comm.Allreduce(MPI.IN_PLACE, buf, _MPI_OPS[op])
+            for a, b in _pieces(buf.size, self.count_limit or buf.size):
+                self.comm.Allreduce(MPI.IN_PLACE, buf[a:b], _MPI_OPS[op])
         else:
             self.ring_allreduce(buf, op)
 
@@ -109,7 +148,7 @@ class MPICommunicator:
             send = buf[bounds[send_c]:bounds[send_c + 1]]
             mine = buf[bounds[recv_c]:bounds[recv_c + 1]]
             incoming = scratch[: mine.size]
-            self.comm.Sendrecv(_bytes(send), right, 0, _bytes(incoming), left, 0)
+            self._sendrecv(send, right, incoming, left, 0)
             ufunc(mine, incoming, out=mine, dtype=widen)
 
     def _ring_allgather(self, buf: np.ndarray, bounds: List[int]) -> None:
@@ -117,8 +156,8 @@ class MPICommunicator:
         right, left = (r + 1) % p, (r - 1) % p
         for step in range(p - 1):
             send_c, recv_c = (r - step) % p, (r - step - 1) % p
-            self.comm.Sendrecv(_bytes(buf[bounds[send_c]:bounds[send_c + 1]]), right, 1,
-                               _bytes(buf[bounds[recv_c]:bounds[recv_c + 1]]), left, 1)
+            self._sendrecv(buf[bounds[send_c]:bounds[send_c + 1]], right,
+                           buf[bounds[recv_c]:bounds[recv_c + 1]], left, 1)
 
     def _scratch_for(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A reusable receive buffer, grown on demand, so steady state allocates nothing."""
@@ -142,11 +181,22 @@ class MPICommunicator:
         item = send.dtype.itemsize
         byte_counts = [c * item for c in counts]
         displs = [0, *accumulate(byte_counts[:-1])]
-        self.comm.Allgatherv(_bytes(send), [recv.view(np.uint8), byte_counts, displs, MPI.BYTE])
+        if self._fits(*byte_counts, *displs):
+            self.comm.Allgatherv(_bytes(send),
+                                 [recv.view(np.uint8), byte_counts, displs, MPI.BYTE])
+            return
+        # Too large for int counts: each rank's part is broadcast from it, in pieces.
+        for root, (start, count) in enumerate(zip(displs, byte_counts)):
+            part = recv.view(np.uint8)[start:start + count]
+            if root == self.rank:
+                part[...] = send.view(np.uint8)
+            self.broadcast(part, root)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         if self.size > 1 and buf.size:
-            self.comm.Bcast(_bytes(buf), root)
+            raw = buf.view(np.uint8)
+            for a, b in _pieces(raw.size, self.count_limit or raw.size):
+                self.comm.Bcast([raw[a:b], MPI.BYTE], root)
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv: np.ndarray, recv_counts: Sequence[int]) -> None:
@@ -155,19 +205,29 @@ class MPICommunicator:
         rc = [c * item for c in recv_counts]
         sd = [0, *accumulate(sc[:-1])]
         rd = [0, *accumulate(rc[:-1])]
-        self.comm.Alltoallv([send.view(np.uint8), sc, sd, MPI.BYTE],
-                            [recv.view(np.uint8), rc, rd, MPI.BYTE])
+        if self._fits(*sc, *rc, *sd, *rd):
+            self.comm.Alltoallv([send.view(np.uint8), sc, sd, MPI.BYTE],
+                                [recv.view(np.uint8), rc, rd, MPI.BYTE])
+            return
+        # Too large for int counts: pairwise exchanges, each in pieces.
+        out, into = send.view(np.uint8), recv.view(np.uint8)
+        for shift in range(self.size):
+            dest, source = (self.rank + shift) % self.size, (self.rank - shift) % self.size
+            self._sendrecv(out[sd[dest]:sd[dest] + sc[dest]], dest,
+                           into[rd[source]:rd[source] + rc[source]], source, 2)
 
     def post(self, dest: int, message: Any) -> None:
-        self._posting = [r for r in self._posting if not r.Test()]
-        self._posting.append(self.comm.isend(message, dest, _POST_TAG))
+        with self._mailbox:
+            self._posting = [r for r in self._posting if not r.Test()]
+            self._posting.append(self.comm.isend(message, dest, _POST_TAG))
 
     def collect_posts(self) -> List[Tuple[int, Any]]:
         status = MPI.Status()
         arrived = []
-        while self.comm.Iprobe(MPI.ANY_SOURCE, _POST_TAG, status):
-            source = status.Get_source()
-            arrived.append((source, self.comm.recv(source=source, tag=_POST_TAG)))
+        with self._mailbox:
+            while self.comm.Iprobe(MPI.ANY_SOURCE, _POST_TAG, status):
+                source = status.Get_source()
+                arrived.append((source, self.comm.recv(source=source, tag=_POST_TAG)))
         return arrived
 
     def allgather_object(self, obj: Any) -> List[Any]:
@@ -190,13 +250,17 @@ class MPICommunicator:
         sub = self.comm.Split(0 if member else MPI.UNDEFINED, sorted(ranks).index(self.rank) if member else 0)
         if sub == MPI.COMM_NULL:
             return None
-        return MPICommunicator(sub, self.algorithm, self.ring_threshold)
+        return self._child(sub)
 
     def local_and_cross(self) -> Tuple["MPICommunicator", "MPICommunicator"]:
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         cross = self.comm.Split(local.Get_rank(), self.rank)
-        return (MPICommunicator(local, self.algorithm, self.ring_threshold),
-                MPICommunicator(cross, self.algorithm, self.ring_threshold))
+        return self._child(local), self._child(cross)
+
+    def _child(self, comm: "MPI.Comm") -> "MPICommunicator":
+        child = MPICommunicator(comm, self.algorithm, self.ring_threshold)
+        child.count_limit = self.count_limit
+        return child
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -209,9 +273,9 @@ class MPICommunicator:
             self.comm.Free()
 
 
-def world(algorithm: str, ring_threshold: int) -> MPICommunicator:
+def world() -> MPICommunicator:
     """The communicator of every process the MPI launcher started."""
-    return MPICommunicator(MPI.COMM_WORLD, algorithm, ring_threshold)
+    return MPICommunicator(MPI.COMM_WORLD)
 
 
 def threads_supported() -> bool:

@@ -1,7 +1,7 @@
 """Named collectives on CuPy arrays: ops.py for tensors that live on a GPU.
 
-Same operators, scaling, names and agreement check as ops.py (the check runs over the host
-communicator); the bytes move through the process set's GPU communicator. That is NCCL when
+Same operators, scaling, names, argument errors and agreement as ops.py (the agreement runs
+over the host communicator, with the same descriptions); the bytes move through the process set's GPU communicator. That is NCCL when
 CuPy has it and every rank of the set has a GPU of its own, and host-staged MPI otherwise;
 ``HVD_GPU_COMMUNICATOR=nccl`` or ``=mpi`` forces one. Grouped allreduces fuse tensors into
 device buckets packed by one kernel each.
@@ -17,8 +17,8 @@ import numpy as np
 from .. import diagnostics, fusion as host_fusion, runtime
 from ..backends import nccl
 from ..backends.host_staged import HostStagedCommunicator
-from ..ops import (_BACKEND_OP, Average, _check_op, _check_root, _describe, _name,
-                   _rows_per_rank, _scales)
+from ..ops import (_BACKEND_OP, Average, _check_root, _check_rows, describe_tensor,
+                   check_reduction, describe_reduction, rows_per_rank, scales)
 from ..runtime import ProcessSet, global_process_set
 from . import fusion
 
@@ -51,9 +51,7 @@ def communicator(process_set: ProcessSet = global_process_set):
     held = _communicators.get(host)
     if held is not None:
         return held
-    choice = runtime.env("GPU_COMMUNICATOR", "auto")
-    if choice not in ("auto", "nccl", "mpi"):
-        raise ValueError(f"HVD_GPU_COMMUNICATOR={choice!r} is unknown; use auto, nccl or mpi")
+    choice = runtime.setting("GPU_COMMUNICATOR")
     places = host.allgather_object((socket.gethostname(), device()))
     shared = len(set(places)) < len(places)
     if choice == "nccl" and (shared or not nccl.available()):
@@ -85,6 +83,40 @@ def _check_array(tensor: Any, arg: str, inplace: bool = False) -> cupy.ndarray:
 
 
 # -- allreduce ------------------------------------------------------------------------------
+def _grouped_allreduce(tensors: Sequence[Any], op: Any, name: Optional[str],
+                       prescale_factor: float, postscale_factor: float,
+                       process_set: ProcessSet, kind: str, inplace: bool) -> List[cupy.ndarray]:
+    """Reduce ``tensors`` in place, or copies of them, fused into device buckets."""
+    host = runtime.communicator(process_set)
+    with diagnostics.collective(host, kind, name) as call:
+        with call.checks():
+            arg = "tensor" if kind == "allreduce" else "tensors[{}]"
+            tensors = [_check_array(t, arg.format(i), inplace) for i, t in enumerate(tensors)]
+            op = check_reduction(op, prescale_factor, postscale_factor)
+        call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
+                                              postscale_factor))
+        if not inplace:
+            tensors = [cupy.array(t, order="C") for t in tensors]
+        comm = communicator(process_set)
+        pre, post = scales(op, host, prescale_factor, postscale_factor)
+        plan = host_fusion.plan_buckets([t.nbytes for t in tensors], [t.dtype for t in tensors],
+                                        runtime.fusion_threshold())
+        for slot, members in enumerate(plan):
+            group = [tensors[i] for i in members]
+            with call.communicate():
+                if len(group) == 1:  # reduced where it is, no bucket copy
+                    flat = group[0].reshape(-1)
+                    fusion.scale_(flat, pre)
+                    comm.allreduce(flat, _BACKEND_OP[op])
+                    fusion.scale_(flat, post)
+                    continue
+                bucket = _pool.get(group[0].dtype, slot, sum(t.size for t in group))
+                fusion.pack(group, bucket, pre)
+                comm.allreduce(bucket, _BACKEND_OP[op])
+                fusion.unpack(bucket, group, post)
+        return list(tensors)
+
+
 @_on_rank_device
 def grouped_allreduce_(tensors: Sequence[cupy.ndarray], op: Any = Average,
                        name: Optional[str] = None, prescale_factor: float = 1.0,
@@ -92,42 +124,17 @@ def grouped_allreduce_(tensors: Sequence[cupy.ndarray], op: Any = Average,
                        process_set: ProcessSet = global_process_set) -> List[cupy.ndarray]:
     """Reduce each tensor across the process set's ranks in place, fused into device buckets;
     returns ``tensors``."""
-    tensors = [_check_array(t, f"tensors[{i}]", inplace=True) for i, t in enumerate(tensors)]
-    op = _check_op(op)
-    host = runtime.communicator(process_set)
-    base = _name("grouped_allreduce" if len(tensors) > 1 else "allreduce", name)
-    names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
-    with diagnostics.span(base, "NEGOTIATE"):
-        diagnostics.agree(host, lambda: {
-            "kind": "allreduce", "name": base, "op": op.name,
-            "prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor),
-            "tensors": [_describe(t, n) for t, n in zip(tensors, names)]})
-    comm = communicator(process_set)
-    pre, post = _scales(op, host, prescale_factor, postscale_factor)
-    plan = host_fusion.plan_buckets([t.nbytes for t in tensors], [t.dtype for t in tensors],
-                                    runtime.fusion_threshold())
-    for slot, members in enumerate(plan):
-        group = [tensors[i] for i in members]
-        with diagnostics.span(base, "COMMUNICATE"):
-            if len(group) == 1:  # reduced where it is, no bucket copy
-                flat = group[0].reshape(-1)
-                fusion.scale_(flat, pre)
-                comm.allreduce(flat, _BACKEND_OP[op])
-                fusion.scale_(flat, post)
-                continue
-            bucket = _pool.get(group[0].dtype, slot, sum(t.size for t in group))
-            fusion.pack(group, bucket, pre)
-            comm.allreduce(bucket, _BACKEND_OP[op])
-            fusion.unpack(bucket, group, post)
-    return list(tensors)
+    return _grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set,
+                              "grouped_allreduce", True)
 
 
+@_on_rank_device
 def allreduce_(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """Reduce ``tensor`` across the process set's ranks in place; returns ``tensor``."""
-    return grouped_allreduce_([tensor], op, name, prescale_factor, postscale_factor,
-                              process_set)[0]
+    return _grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor,
+                              process_set, "allreduce", True)[0]
 
 
 @_on_rank_device
@@ -135,9 +142,8 @@ def allreduce(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = Non
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """:func:`allreduce_` on a copy; returns the new array."""
-    _check_array(tensor, "tensor")
-    return allreduce_(cupy.array(tensor, order="C"), op, name, prescale_factor,
-                      postscale_factor, process_set)
+    return _grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor,
+                              process_set, "allreduce", False)[0]
 
 
 @_on_rank_device
@@ -146,9 +152,8 @@ def grouped_allreduce(tensors: Sequence[cupy.ndarray], op: Any = Average,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[cupy.ndarray]:
     """:func:`grouped_allreduce_` on copies; returns the new arrays."""
-    copies = [cupy.array(_check_array(t, f"tensors[{i}]"), order="C")
-              for i, t in enumerate(tensors)]
-    return grouped_allreduce_(copies, op, name, prescale_factor, postscale_factor, process_set)
+    return _grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set,
+                              "grouped_allreduce", False)
 
 
 # -- allgather, broadcast, reducescatter ----------------------------------------------------
@@ -156,47 +161,50 @@ def grouped_allreduce(tensors: Sequence[cupy.ndarray], op: Any = Average,
 def allgather(tensor: cupy.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    _check_array(tensor, "tensor")
-    if tensor.ndim == 0:
-        raise ValueError("tensor must have at least one dimension for allgather; "
-                         "reshape a scalar to shape (1,)")
     host = runtime.communicator(process_set)
-    tensor = cupy.ascontiguousarray(tensor)
-    name = _name("allgather", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        rows = diagnostics.agree_gather(
-            host, lambda: {"kind": "allgather", "name": name,
-                           "tensors": [_describe(tensor, name, dim0=False)]},
-            extra=tensor.shape[0])
-    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    out = cupy.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
-    with diagnostics.span(name, "COMMUNICATE"):
-        communicator(process_set).allgatherv(tensor.reshape(-1), out.reshape(-1),
-                                             [r * row for r in rows])
-    return out
+    with diagnostics.collective(host, "allgather", name) as call:
+        with call.checks():
+            _check_array(tensor, "tensor")
+            _check_rows(tensor, "tensor", "allgather")
+            tensor = cupy.ascontiguousarray(tensor)
+        rows = call.agree_gather(lambda: {"tensors": [describe_tensor(tensor, call.name, False)]},
+                                 lambda: tensor.shape[0])
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        out = cupy.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
+        with call.communicate():
+            communicator(process_set).allgatherv(tensor.reshape(-1), out.reshape(-1),
+                                                 [r * row for r in rows])
+        return out
+
+
+def _broadcast(tensor: Any, root_rank: Any, name: Optional[str], process_set: ProcessSet,
+               inplace: bool) -> cupy.ndarray:
+    host = runtime.communicator(process_set)
+    with diagnostics.collective(host, "broadcast", name) as call:
+        with call.checks():
+            _check_array(tensor, "tensor", inplace)
+            root = _check_root(root_rank, process_set)
+        call.agree(lambda: {"root_rank": int(root_rank),
+                            "tensors": [describe_tensor(tensor, call.name)]})
+        if not inplace:
+            tensor = cupy.array(tensor, order="C")
+        with call.communicate():
+            communicator(process_set).broadcast(tensor.reshape(-1), root)
+        return tensor
 
 
 @_on_rank_device
 def broadcast_(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``."""
-    _check_array(tensor, "tensor", inplace=True)
-    host = runtime.communicator(process_set)
-    root = _check_root(root_rank, host)
-    name = _name("broadcast", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(host, lambda: {"kind": "broadcast", "name": name, "root_rank": root,
-                                         "tensors": [_describe(tensor, name)]})
-    with diagnostics.span(name, "COMMUNICATE"):
-        communicator(process_set).broadcast(tensor.reshape(-1), root)
-    return tensor
+    return _broadcast(tensor, root_rank, name, process_set, True)
 
 
+@_on_rank_device
 def broadcast(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
     """Return a new array holding the root rank's ``tensor`` on every rank."""
-    _check_array(tensor, "tensor")
-    return broadcast_(cupy.array(tensor, order="C"), root_rank, name, process_set)
+    return _broadcast(tensor, root_rank, name, process_set, False)
 
 
 @_on_rank_device
@@ -205,24 +213,21 @@ def reducescatter(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] =
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> cupy.ndarray:
     """Reduce ``tensor`` across ranks and return this rank's share of dim 0's rows
     (Horovod's split: as even as possible, the first ranks taking one extra row)."""
-    _check_array(tensor, "tensor")
-    op = _check_op(op)
-    if tensor.ndim == 0:
-        raise ValueError("tensor must have at least one dimension for reducescatter")
     host = runtime.communicator(process_set)
-    name = _name("reducescatter", name)
-    with diagnostics.span(name, "NEGOTIATE"):
-        diagnostics.agree(host, lambda: {
-            "kind": "reducescatter", "name": name, "op": op.name,
-            "prescale_factor": float(prescale_factor), "postscale_factor": float(postscale_factor),
-            "tensors": [_describe(tensor, name)]})
-    pre, post = _scales(op, host, prescale_factor, postscale_factor)
-    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    shares = _rows_per_rank(tensor.shape[0], host.size)
-    work = cupy.array(tensor, order="C").reshape(-1)
-    fusion.scale_(work, pre)
-    with diagnostics.span(name, "COMMUNICATE"):
-        mine = communicator(process_set).reduce_scatter(work, [s * row for s in shares],
-                                                        _BACKEND_OP[op])
-    fusion.scale_(mine, post)
-    return mine.reshape((shares[host.rank],) + tensor.shape[1:])
+    with diagnostics.collective(host, "reducescatter", name) as call:
+        with call.checks():
+            _check_array(tensor, "tensor")
+            _check_rows(tensor, "tensor", "reducescatter")
+            op = check_reduction(op, prescale_factor, postscale_factor)
+        call.agree(lambda: describe_reduction(call.name, [tensor], op, prescale_factor,
+                                              postscale_factor))
+        pre, post = scales(op, host, prescale_factor, postscale_factor)
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        shares = rows_per_rank(tensor.shape[0], host.size)
+        work = cupy.array(tensor, order="C").reshape(-1)
+        fusion.scale_(work, pre)
+        with call.communicate():
+            mine = communicator(process_set).reduce_scatter(work, [s * row for s in shares],
+                                                            _BACKEND_OP[op])
+        fusion.scale_(mine, post)
+        return mine.reshape((shares[host.rank],) + tensor.shape[1:])

@@ -89,10 +89,6 @@ def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> 
     return f"{type(compression).__name__}{settings}"
 
 
-# Both measured on 2 ranks sharing 2 cores; see benchmarks/README.md for the figures.
-DEFAULT_BUCKET_THRESHOLD = 16 << 20
-DEFAULT_OVERLAP = 0
-
 _comm_thread: Optional[ThreadPoolExecutor] = None
 _comm_thread_lock = threading.Lock()
 
@@ -228,8 +224,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
         self._sparse_as_dense = bool(sparse_as_dense)
         self.sparse_exchanges: Dict[str, sparse.Exchange] = {}
-        self._overlap = runtime.env_int("OVERLAP", DEFAULT_OVERLAP) != 0
-        self._bucket_threshold = runtime.env_int("BUCKET_THRESHOLD", DEFAULT_BUCKET_THRESHOLD)
+        # Rank 0's settings, so that every rank lays out the same buckets.
+        self._overlap = runtime.setting("OVERLAP") != 0
+        self._bucket_threshold = runtime.setting("BUCKET_THRESHOLD")
         self._buckets: List[_Bucket] = []
         self._layout_key: Optional[tuple] = None  # the reduced indices the buckets were laid out for
         self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
@@ -265,14 +262,17 @@ class DistributedTrainer(mx.gluon.Trainer):
                 buffers[i] = local_sum(self._params[i])
             self._fresh[i] = buffers[i] is not None
         comm = runtime.communicator(self._process_set)
-        # The step's one agreement exchange: it checks that every rank has the same gradients
-        # and settings, ors the freshness flags, and so covers the collectives that follow.
-        with diagnostics.span(f"{self._prefix}step", "NEGOTIATE"):
-            self._fresh[indices] = diagnostics.agree(
-                comm, lambda: self._step_description(indices), self._fresh[indices])
         stats = self.communication_stats = CommStats()
-        with diagnostics.covered(comm):
-            self._reduce_buckets(buckets, fresh_contexts, stats, bool(self._fresh[indices].all()))
+        # The block holds the communicator's turn, so no other thread's collective comes
+        # between the step's agreement and the collectives it covers.
+        with diagnostics.covered(comm) as cover:
+            # The step's one agreement exchange: it checks that every rank has the same
+            # gradients and settings, ors the freshness flags, and so covers what follows.
+            with diagnostics.span(f"{self._prefix}step", "NEGOTIATE"):
+                self._fresh[indices] = diagnostics.agree(
+                    comm, lambda: self._step_description(indices), self._fresh[indices])
+            self._reduce_buckets(buckets, fresh_contexts, stats, bool(self._fresh[indices].all()),
+                                 cover)
             self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
                                 buffers)
             reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads
@@ -331,7 +331,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         return buckets
 
     def _reduce_buckets(self, buckets: List[_Bucket], fresh_contexts: Dict[int, List[int]],
-                        stats: CommStats, all_fresh: bool) -> None:
+                        stats: CommStats, all_fresh: bool, cover: diagnostics.Cover) -> None:
         """Reduce every bucket; with overlap, on the communication thread, updating as they come.
 
         Per-bucket updates happen inside ``step()`` only, without an AMP loss scaler (it
@@ -349,7 +349,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         update = (self._step_ignore is not None and (self._step_ignore or all_fresh)
                   and getattr(self, "_amp_loss_scaler", None) is None)
         thread = _communication_thread()
-        pending: List[Future] = [thread.submit(self._reduce_bucket, b, fresh_contexts, whole)
+        reduce = cover.share(self._reduce_bucket)  # the thread runs inside the step's turn
+        pending: List[Future] = [thread.submit(reduce, b, fresh_contexts, whole)
                                  for b, whole in zip(buckets, plain)]
         try:
             for bucket, whole, future in zip(buckets, plain, pending):
@@ -418,11 +419,12 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _step_description(self, indices: List[int]) -> Dict[str, Any]:
         """Everything that fixes a step's collectives, for the ranks' agreement on it.
 
-        The same object while no gradient's presence, shape, dtype or storage changes, so the
-        agreement reuses its digest.
+        The same object while no gradient's presence, shape, dtype, storage or device changes,
+        so the agreement reuses its digest.
         """
         key = (tuple(indices),
-               tuple((p._shape, p.dtype, p._grad_stype) for p in self._params))
+               tuple((p._shape, p.dtype, p._grad_stype, p.list_ctx()[0].device_type)
+                     for p in self._params))
         if key != self._step_key:
             self._step_key, self._step = key, self._describe_step(indices)
         return self._step
@@ -435,7 +437,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 "sparse_as_dense": self._sparse_as_dense,
                 "tensors": [{"name": f"{self._prefix}grad.{i}", "shape": self._params[i].shape,
                              "dtype": np.dtype(self._params[i].dtype).str,
-                             "stype": self._params[i]._grad_stype} for i in indices]}
+                             "stype": self._params[i]._grad_stype,
+                             # host and GPU gradients travel different ways
+                             "memory": "host" if bridge.is_host(self._params[i].list_grad()[0])
+                             else "gpu"} for i in indices]}
 
     def _update(self, ignore_stale_grad=False):
         with diagnostics.span(f"{self._prefix}step", "UPDATE"):
