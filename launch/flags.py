@@ -81,7 +81,8 @@ FLAGS: List[Flag] = [
     Flag(("--disable-cache",), dict(action="store_true"),
          ALREADY + "hvdrun caches no check results; every run finds its launcher afresh"),
     Flag(("--start-timeout",), dict(type=float, metavar="S"),
-         "ends the job (exit 1) if some rank has not started within S seconds (default: no limit)"),
+         "ends the job (exit 1) if some rank has not started within S seconds (default: "
+         "`$HVD_START_TIMEOUT`, then `$HOROVOD_START_TIMEOUT`, else no limit)"),
     Flag(("--network-interfaces",), dict(action=_Interfaces, dest="nics", metavar="NIC,..."),
          "`NCCL_SOCKET_IFNAME`; Open MPI: `--mca btl_tcp_if_include`; Hydra: `-iface` when one NIC"),
     Flag(("--network-interface",), dict(action=_Interfaces, dest="nics", metavar="NIC"),

@@ -254,8 +254,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     for name in ("fusion_threshold_mb", "stall_check_time_seconds", "stall_shutdown_time_seconds"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.start_timeout is None:  # as horovodrun, which reads HOROVOD_START_TIMEOUT
+        for name in ("HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+            if os.environ.get(name):
+                try:
+                    args.start_timeout = float(os.environ[name])
+                except ValueError:
+                    parser.error(f"{name}={os.environ[name]!r} is not a number of seconds")
+                break
     if args.start_timeout is not None and args.start_timeout <= 0:
-        parser.error("--start-timeout must be > 0 seconds")
+        parser.error("--start-timeout (or HVD_START_TIMEOUT) must be > 0 seconds")
     try:
         hosts = (mpi.parse_hosts(args.hosts) if args.hosts else
                  mpi.read_hostfile(args.hostfile) if args.hostfile else [])

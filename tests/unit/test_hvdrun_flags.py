@@ -87,13 +87,17 @@ LAUNCHERS = {mpi.HYDRA: "/opt/mpich/bin/mpiexec", mpi.OPENMPI: "/opt/openmpi/bin
 PROGRAM = ["python", "train.py", "--lr", "0.1"]
 
 
-def build(monkeypatch, flavour, *options):
-    """Run hvdrun's main with ``options`` up to the point of starting mpiexec; return
-    (the mpiexec command, the variables added to the ranks' environment, run_job's extras)."""
+def build(monkeypatch, flavour, *options, env=None):
+    """Run hvdrun's main with ``options`` (and the variables ``env``) until it would start
+    mpiexec; return (the mpiexec command, the variables added to the ranks' environment,
+    run_job's arguments)."""
     for name in list(os.environ):
-        if name.startswith(("HVD_", "NCCL_", "UCX_", "FI_", "MPI4PY_", "HYDRA_", "I_MPI_", "HVDRUN_")):
+        if name.startswith(("HVD_", "HOROVOD_", "NCCL_", "UCX_", "FI_", "MPI4PY_", "HYDRA_",
+                            "I_MPI_", "HVDRUN_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
     launcher = mpi.Launcher(LAUNCHERS[flavour], flavour)
     monkeypatch.setattr(mpi, "find_launcher", lambda requested=None: launcher)
     seen = {}
@@ -236,6 +240,13 @@ def test_accepted_flag_sets_its_variables_and_mpiexec_arguments(monkeypatch, fla
 def test_start_timeout_reaches_the_job(monkeypatch):
     _, _, seen = build(monkeypatch, mpi.HYDRA, "--start-timeout", "45")
     assert seen["start_timeout"] == 45 and seen["np"] == 2
+    _, _, seen = build(monkeypatch, mpi.HYDRA)
+    assert seen["start_timeout"] is None
+    _, _, seen = build(monkeypatch, mpi.HYDRA, env={"HOROVOD_START_TIMEOUT": "30"})
+    assert seen["start_timeout"] == 30
+    _, _, seen = build(monkeypatch, mpi.HYDRA, "--start-timeout", "45",
+                       env={"HOROVOD_START_TIMEOUT": "30"})
+    assert seen["start_timeout"] == 45
 
 
 def test_old_stall_spellings_still_work(monkeypatch):
@@ -423,7 +434,7 @@ def test_config_scalars_follow_yaml():
 
 @pytest.mark.parametrize("argv, message", [
     (["--binding-args", "'unclosed"], "--binding-args"),
-    (["--start-timeout", "0"], "--start-timeout must be > 0"),
+    (["--start-timeout", "0"], "--start-timeout (or HVD_START_TIMEOUT) must be > 0"),
     (["--stall-check-warning-time-seconds", "-1"], "must be >= 0"),
     (["--log-level", "LOUD"], "--log-level"),
 ])
