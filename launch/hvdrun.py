@@ -251,9 +251,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("missing command: give the program to run, e.g. hvdrun -np 2 python train.py")
     if args.hosts and args.hostfile:
         parser.error("give either -H or --hostfile, not both")
-    for name in ("fusion_threshold_mb", "stall_check_time_seconds", "stall_shutdown_time_seconds"):
+    for name, flag in (("fusion_threshold_mb", "--fusion-threshold-mb"),
+                       ("stall_check_time_seconds", "--stall-check-warning-time-seconds"),
+                       ("stall_shutdown_time_seconds", "--stall-check-shutdown-time-seconds")):
         if getattr(args, name) is not None and getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0")
+            parser.error(f"{flag} must be >= 0")
     if args.start_timeout is None:  # as horovodrun, which reads HOROVOD_START_TIMEOUT
         for name in ("HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
             if os.environ.get(name):

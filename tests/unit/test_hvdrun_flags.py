@@ -435,7 +435,7 @@ def test_config_scalars_follow_yaml():
 @pytest.mark.parametrize("argv, message", [
     (["--binding-args", "'unclosed"], "--binding-args"),
     (["--start-timeout", "0"], "--start-timeout (or HVD_START_TIMEOUT) must be > 0"),
-    (["--stall-check-warning-time-seconds", "-1"], "must be >= 0"),
+    (["--stall-check-time-seconds", "-1"], "--stall-check-warning-time-seconds must be >= 0"),
     (["--log-level", "LOUD"], "--log-level"),
 ])
 def test_bad_flag_values_are_errors(monkeypatch, capsys, argv, message):
