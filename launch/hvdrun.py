@@ -4,6 +4,7 @@ mpiexec runs ``python -m hvd_trainer_launch.worker -- command ...`` on every ran
 prefixes output lines with the rank and reports a non-zero exit. hvdrun relays the output (with
 or without prefixes, optionally into per-rank files), names the first rank that failed, ends
 the whole job promptly after a failure or a Ctrl-C/SIGTERM, and exits with that rank's code.
+It takes horovodrun's flags; launch/flags.py says what each one does, or why it is refused.
 """
 import argparse
 import os
@@ -14,10 +15,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Dict, List, Optional, Tuple
+from typing import BinaryIO, Dict, List, Optional, Set, Tuple
 
-from hvd_trainer_launch import mpi
-from hvd_trainer_launch.worker import EXIT_MARKER
+from hvd_trainer_launch import config_file, flags, mpi
+from hvd_trainer_launch.worker import EXIT_MARKER, START_MARKER
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
@@ -27,6 +28,7 @@ KILL_GRACE_SECONDS = 5.0
 
 _PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
 _MARKER = re.compile(re.escape(EXIT_MARKER).encode() + rb" rank=(\d+) code=(\d+)")
+_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)")
 # MPICH prints "... application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1" and then kills
 # every wrapper at once, so this line may be the only news of the rank. (Open MPI lets the
 # aborting rank exit, so its wrapper reports it.)
@@ -34,53 +36,55 @@ _MPICH_ABORT = re.compile(rb"application called MPI_Abort\(.*, (-?\d+)\) - proce
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface; every option maps to an mpiexec argument or an HVD_* variable."""
+    """The command-line interface: every horovodrun 0.28.1 flag (launch/flags.py) plus hvdrun's own."""
+    # argparse's allow_abbrev stays on: horovodrun takes unambiguous prefixes of its flags.
     parser = argparse.ArgumentParser(
-        prog="hvdrun", allow_abbrev=False,
-        description="Run COMMAND on N ranks with the MPI launcher that matches mpi4py's MPI library.",
+        prog="hvdrun",
+        description="Run COMMAND on N ranks with the MPI launcher that matches mpi4py's MPI library. "
+                    "Takes horovodrun's flags; the README's hvdrun table says what each does.",
         epilog="example: hvdrun -np 4 python train.py --epochs 10")
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N", help="number of ranks")
-    parser.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", help="hosts and slots, e.g. a:4,b:4")
-    parser.add_argument("--hostfile", metavar="FILE", help="lines 'host slots=N' or 'host:N'")
-    parser.add_argument("--mpi-args", default="", metavar="ARGS",
-                        help="extra mpiexec arguments (one shell-quoted string), before the program")
-    parser.add_argument("--mpiexec", metavar="PATH",
-                        help="launcher to use (default: $HVD_MPIEXEC, else the one matching mpi4py's MPI)")
-    parser.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
-                        help="tensor fusion buffer size in MiB (sets HVD_FUSION_THRESHOLD in bytes)")
-    parser.add_argument("--timeline-filename", metavar="FILE", help="write a Chrome trace (HVD_TIMELINE)")
-    parser.add_argument("--stall-check-time-seconds", type=float, metavar="S",
-                        help="warn when a collective waits this long (HVD_STALL_CHECK_TIME_SECONDS)")
-    parser.add_argument("--stall-shutdown-time-seconds", type=float, metavar="S",
-                        help="end the job when a collective waits this long (HVD_STALL_SHUTDOWN_TIME_SECONDS)")
-    parser.add_argument("--output-filename", metavar="DIR",
-                        help="also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr")
-    parser.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]<stream>:")
-    parser.add_argument("--verbose", action="store_true",
-                        help="debug logging on the ranks (HVD_LOG_LEVEL=debug); print the mpiexec command")
-    parser.add_argument("--check-build", action="store_true",
-                        help="print the MPI, mpiexec, NCCL, MXNet and numpy this installation would use")
+    flags.add_to(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
 
 
-def rank_environment(args: argparse.Namespace) -> Dict[str, str]:
-    """The caller's whole environment plus the HVD_* variables that the options set."""
+def parse_arguments(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
+    """Parse the command line; with --config-file, its settings fill in what the line leaves unset.
+
+    As in horovodrun, a setting given on the command line wins over the config file's. A refused
+    setting in the file is refused like its flag, naming the setting.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    if not args.config_file:
+        return args
+    try:
+        settings = config_file.arguments(args.config_file)
+    except (OSError, config_file.ConfigError) as error:
+        parser.exit(2, f"hvdrun: error: --config-file: {error}\n")
+    # Which destinations the command line itself set: parse it again into a namespace where
+    # every destination already holds a marker, so argparse fills in no defaults.
+    unset = object()
+    marked = parser.parse_args(argv, argparse.Namespace(**{dest: unset for dest in vars(args)}))
+    given = {dest for dest, value in vars(marked).items() if value is not unset}
+    from_file: List[str] = []
+    for name, setting in settings:
+        if flags.dest(setting[0]) in given:
+            continue
+        if any(setting[0] in entry.names for entry in flags.REFUSED):
+            parser.exit(2, f"{flags.refusal(setting[0])} ({name} in {args.config_file})\n")
+        from_file += setting
+    return parser.parse_args(from_file + argv)
+
+
+def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
+    """The caller's whole environment plus the variables that the flags set."""
     env = dict(os.environ)
     # MPICH's MPI_Finalize waits for every rank: a rank that calls sys.exit(3) would wait there
     # for ranks that wait for it, and never report its code. Without that wait it exits at
     # once and the job ends. Other MPIs ignore the variable.
     env.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
-    if args.fusion_threshold_mb is not None:
-        env["HVD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
-    if args.timeline_filename:
-        env["HVD_TIMELINE"] = os.path.abspath(args.timeline_filename)
-    if args.stall_check_time_seconds is not None:
-        env["HVD_STALL_CHECK_TIME_SECONDS"] = f"{args.stall_check_time_seconds:g}"
-    if args.stall_shutdown_time_seconds is not None:
-        env["HVD_STALL_SHUTDOWN_TIME_SECONDS"] = f"{args.stall_shutdown_time_seconds:g}"
-    if args.verbose:
-        env["HVD_LOG_LEVEL"] = "debug"
+    env.update(flags.rank_variables(args, flavour))
     return env
 
 
@@ -99,6 +103,7 @@ class OutputRelay:
     def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str]):
         self.no_prefix = no_prefix
         self.failure: Optional[Failure] = None
+        self.started: Set[int] = set()  # ranks whose wrapper has reported its start
         self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
         self._lock = threading.Lock()
         self._files: Dict[Tuple[int, bytes], BinaryIO] = {}
@@ -115,6 +120,10 @@ class OutputRelay:
             marker = _MARKER.match(line)
             if marker:
                 self.record(int(marker[1]), int(marker[2]), "exited with code")
+                continue
+            started = _START.match(line)
+            if started:
+                self.started.add(int(started[1]))
                 continue
             prefixed = _PREFIXED.match(line)
             text = line[prefixed.end():] if prefixed else line
@@ -145,6 +154,15 @@ class OutputRelay:
             self.failure = Failure(rank, code, how)
         _say(f"rank {rank} {how} {code} (first failure); ending the job")
 
+    def not_started(self, missing: List[int], seconds: float) -> None:
+        """Record that the ``missing`` ranks did not start within ``seconds``: a failure with code 1."""
+        with self._lock:
+            if self.failure is not None or self.interrupted:
+                return
+            self.failure = Failure(missing[0], 1, "did not start")
+        ranks = f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+        _say(f"{ranks} did not start within --start-timeout {seconds:g} s; ending the job")
+
     def close(self) -> None:
         """Close the per-rank files."""
         for target in self._files.values():
@@ -157,11 +175,13 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay) -> int:
+def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
+            np: int = 0, start_timeout: Optional[float] = None) -> int:
     """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
 
     mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
-    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers.
+    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. With
+    ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
@@ -175,8 +195,14 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay) -> int:
         signal.signal(signum, lambda signum, _frame: received.append(signum))
     ending = False
     kill_at = None
+    start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
     while process.poll() is None:
         now = time.monotonic()
+        if start_deadline is not None and now >= start_deadline:
+            start_deadline = None
+            missing = sorted(set(range(np)) - relay.started)
+            if missing:
+                relay.not_started(missing, start_timeout)
         if len(received) > handled:
             handled = len(received)
             if handled == 1:
@@ -212,7 +238,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``hvdrun`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     if args.check_build:
         from hvd_trainer_launch.check_build import check_build
         return check_build(args.mpiexec)
@@ -225,25 +251,38 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("missing command: give the program to run, e.g. hvdrun -np 2 python train.py")
     if args.hosts and args.hostfile:
         parser.error("give either -H or --hostfile, not both")
-    if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
-        parser.error("--fusion-threshold-mb must be >= 0")
+    for name, flag in (("fusion_threshold_mb", "--fusion-threshold-mb"),
+                       ("stall_check_time_seconds", "--stall-check-warning-time-seconds"),
+                       ("stall_shutdown_time_seconds", "--stall-check-shutdown-time-seconds")):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            parser.error(f"{flag} must be >= 0")
+    if args.start_timeout is None:  # as horovodrun, which reads HOROVOD_START_TIMEOUT
+        for name in ("HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+            if os.environ.get(name):
+                try:
+                    args.start_timeout = float(os.environ[name])
+                except ValueError:
+                    parser.error(f"{name}={os.environ[name]!r} is not a number of seconds")
+                break
+    if args.start_timeout is not None and args.start_timeout <= 0:
+        parser.error("--start-timeout (or HVD_START_TIMEOUT) must be > 0 seconds")
     try:
         hosts = (mpi.parse_hosts(args.hosts) if args.hosts else
                  mpi.read_hostfile(args.hostfile) if args.hostfile else [])
-        mpi_args = shlex.split(args.mpi_args)
         launcher = mpi.find_launcher(args.mpiexec)
+        mpi_args = flags.launcher_arguments(args, launcher.flavour)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
         _say(f"error: {error}")
         return 2
-    env = rank_environment(args)
+    env = rank_environment(args, launcher.flavour)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
         _say(f"running: {shlex.join(mpiexec_command)}")
     relay = OutputRelay(args.np, args.no_prefix, args.output_filename)
-    return run_job(mpiexec_command, env, relay)
+    return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
 
 
 if __name__ == "__main__":

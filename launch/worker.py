@@ -3,7 +3,8 @@
 The wrapper runs the user's command as a child that inherits the environment and every file
 descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
 exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
-first rank that failed.
+first rank that failed. A start marker on stderr tells hvdrun that the rank has started (for
+``--start-timeout``).
 
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
@@ -20,6 +21,9 @@ import time
 from typing import Dict, List, Mapping, Optional
 
 EXIT_MARKER = "#hvdrun-exit"
+START_MARKER = "#hvdrun-start"
+# Set (to 1) by hvdrun --prefix-output-with-timestamp: each line gets its time after the prefix.
+TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
 # Set for the child: it runs under this wrapper, so on an uncaught exception it may simply exit
 # non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills the relay mid-traceback.
 WORKER_VARIABLE = "HVDRUN_WORKER"
@@ -46,6 +50,17 @@ def exit_marker(rank: int, code: int) -> bytes:
     return f"{EXIT_MARKER} rank={rank} code={code}\n".encode()
 
 
+def start_marker(rank: int) -> bytes:
+    """The marker line telling hvdrun that ``rank`` has started."""
+    return f"{START_MARKER} rank={rank}\n".encode()
+
+
+def _timestamp() -> bytes:
+    """The local time with milliseconds, as output lines are stamped with it."""
+    now = time.time()
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} ".encode()
+
+
 def _die_with_parent():
     """Return a preexec_fn that makes the kernel SIGKILL the child when this wrapper dies.
 
@@ -68,8 +83,9 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _relay(sources: Dict[int, int], rank: int, wrapper: int) -> None:
-    """Copy each source fd to its target fd line by line, prefixed with the rank, until all close.
+def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool) -> None:
+    """Copy each source fd to its target fd line by line, prefixed with the rank (and with the
+    time when ``stamp``), until all close.
 
     ``sources`` maps the child's stdout/stderr pipes to our stdout/stderr. Stops early when the
     wrapper has been gone for _DRAIN_SECONDS (the child's own children may hold the pipes open).
@@ -94,14 +110,15 @@ def _relay(sources: Dict[int, int], rank: int, wrapper: int) -> None:
                 lines.append(pending[source])
                 pending[source] = b""
             if lines:
-                _write_all(sources[source], b"".join(prefixes[source] + line + b"\n" for line in lines))
+                prefix = prefixes[source] + (_timestamp() if stamp else b"")
+                _write_all(sources[source], b"".join(prefix + line + b"\n" for line in lines))
         if deadline is None and os.getppid() != wrapper:
             deadline = time.monotonic() + _DRAIN_SECONDS
         if deadline is not None and time.monotonic() > deadline:
             return
 
 
-def _start_relay(child: subprocess.Popen, rank: int) -> int:
+def _start_relay(child: subprocess.Popen, rank: int, stamp: bool) -> int:
     """Fork the relay process for the child's output pipes; return its pid."""
     wrapper = os.getpid()
     pid = os.fork()
@@ -110,7 +127,7 @@ def _start_relay(child: subprocess.Popen, rank: int) -> int:
             os.setsid()  # out of the wrapper's process group, so a kill aimed at the rank spares it
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_DFL)
-            _relay({child.stdout.fileno(): 1, child.stderr.fileno(): 2}, rank, wrapper)
+            _relay({child.stdout.fileno(): 1, child.stderr.fileno(): 2}, rank, wrapper, stamp)
         finally:
             os._exit(0)
     child.stdout.close()
@@ -142,6 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
+    _write_all(2, start_marker(rank))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
     env[WORKER_VARIABLE] = "1"
@@ -156,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return code
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda received, _frame: child.send_signal(received))
-    relay = _start_relay(child, rank)
+    relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode = child.wait()
     _wait_relay(relay)
     code = returncode if returncode >= 0 else 128 - returncode

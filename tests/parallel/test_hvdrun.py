@@ -278,3 +278,38 @@ def test_open_mpi_prefixes_environment_and_exit_code(tmp_path):
     assert failed.returncode == 4
     assert seconds < 15
     assert "hvdrun: rank 1 exited with code 4 (first failure)" in failed.stderr
+
+
+def test_horovodrun_command_line_runs_with_its_flags(tmp_path):
+    # A horovodrun command line with `horovodrun` replaced by `hvdrun`, flags from every group
+    # and a Horovod config file; each flag's effect is checked on the ranks.
+    show = script(tmp_path, "show.py", """
+        import os
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        names = ["HVD_FUSION_THRESHOLD", "HVD_STALL_CHECK_TIME_SECONDS",
+                 "HVD_STALL_SHUTDOWN_TIME_SECONDS", "HVD_LOG_LEVEL", "NCCL_SOCKET_IFNAME"]
+        single = MPI.Query_thread() == MPI.THREAD_SINGLE
+        print("rank", comm.rank, "single", single, "sum", comm.allreduce(comm.rank + 1),
+              *[os.environ.get(name) for name in names])
+    """)
+    config = tmp_path / "horovod.yaml"
+    config.write_text("controller: mpi\nparams:\n  fusion_threshold_mb: 32\n"
+                      "  hierarchical_allreduce: false\nlogging:\n  level: WARNING\n")
+    before = time.time()
+    result, _ = hvdrun("-np", 2, "-H", "localhost:2", "--network-interface", "lo", "-p", 22,
+                       "--start-timeout", 60, "--disable-cache", "--mpi", "--mpi-threads-disable",
+                       "--config-file", config, "--stall-check-warning-time-seconds", 30,
+                       "--stall-check-shutdown-time-seconds", 120, "--log-level", "INFO",
+                       "--prefix-output-with-timestamp", sys.executable, show)
+    after = time.time()
+    assert result.returncode == 0, result.stderr
+    assert "#hvdrun-start" not in result.stdout + result.stderr
+    lines = sorted(result.stdout.splitlines())
+    assert len(lines) == 2, result.stdout
+    for rank, line in enumerate(lines):
+        prefix, stamp, rest = line[:len("[0]<stdout>:")], line[12:35], line[36:]
+        assert prefix == f"[{rank}]<stdout>:"
+        written = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + float(stamp[19:])
+        assert before - 1 <= written <= after + 1, line
+        assert rest == f"rank {rank} single True sum 3 {32 << 20} 30 120 info lo"
