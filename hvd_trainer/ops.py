@@ -20,7 +20,7 @@ zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 import enum
 import functools
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -143,7 +143,7 @@ def describe_reduction(name: str, tensors: Sequence[Any], op: ReduceOp, prescale
 
 
 def refuse(error: Exception, kind: str, name: Optional[str],
-           process_set: ProcessSet = global_process_set) -> None:
+           process_set: ProcessSet = global_process_set) -> NoReturn:
     """Raise a framework adapter's argument error on every rank of the process set.
 
     The other ranks are in the collective ``kind`` (named ``name``): they meet this rank in

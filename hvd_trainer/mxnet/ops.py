@@ -10,9 +10,12 @@ inputs first.
 
 ``priority`` is accepted for compatibility with Horovod and has no effect: calls run in the
 order they are made, which is the same order on every rank.
+
+Every call is collective, its argument errors too: a check of this module that fails on one
+rank goes through the core's agreement (``ops.refuse``), so every rank raises it.
 """
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import mxnet as mx
 import numpy as np
@@ -23,6 +26,15 @@ from ..runtime import ProcessSet, global_process_set
 from . import bridge
 
 NDArray = mx.nd.NDArray
+T = TypeVar("T")
+
+
+def _checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
+    """Run this adapter's argument ``check``; its error is raised on every rank of the set."""
+    try:
+        return check()
+    except (TypeError, ValueError) as e:
+        core.refuse(e, kind, name, process_set)
 
 
 def _resolve_op(op: Any, average: Optional[bool]) -> Any:
@@ -78,11 +90,9 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
     ``op`` is Average, Sum, Min, Max or Product (Average if neither it nor ``average`` is
     given). Returns ``tensors``.
     """
-    op = _resolve_op(op, average)
-    tensors = _as_list(tensors)
-    if not tensors:
-        return tensors
-    if bridge.on_cupy_gpus(tensors):
+    op = _checked("grouped_allreduce", name, process_set, lambda: _resolve_op(op, average))
+    tensors = _checked("grouped_allreduce", name, process_set, lambda: _as_list(tensors))
+    if tensors and bridge.on_cupy_gpus(tensors):
         import cupy
         with cupy.cuda.Device(tensors[0].context.device_id):
             # CuPy arrays: the core hands them to the GPU collectives
@@ -102,8 +112,9 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
                       process_set: ProcessSet = global_process_set,
                       op: Any = None) -> List[NDArray]:
     """Like :func:`grouped_allreduce_` but leaves ``tensors`` alone and returns new NDArrays."""
-    op = _resolve_op(op, average)
-    return grouped_allreduce_([_copy(t) for t in _as_list(tensors)], None, name, priority,
+    op = _checked("grouped_allreduce", name, process_set, lambda: _resolve_op(op, average))
+    tensors = _checked("grouped_allreduce", name, process_set, lambda: _as_list(tensors))
+    return grouped_allreduce_([_copy(t) for t in tensors], None, name, priority,
                               prescale_factor, postscale_factor, process_set, op)
 
 
@@ -115,8 +126,9 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
     The result is ``op`` over ``tensor * prescale_factor`` from every rank, times
     ``postscale_factor``. Returns ``tensor``.
     """
-    op = _resolve_op(op, average)
-    if bridge.on_cupy_gpus([bridge.check_dense(tensor, "tensor")]):
+    op = _checked("allreduce", name, process_set, lambda: _resolve_op(op, average))
+    _checked("allreduce", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
+    if bridge.on_cupy_gpus([tensor]):
         return grouped_allreduce_([tensor], None, name, priority, prescale_factor,
                                   postscale_factor, process_set, op)[0]
     buffers = _buffers([tensor])
@@ -129,8 +141,9 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
     """Like :func:`allreduce_` but leaves ``tensor`` alone and returns a new NDArray."""
-    op = _resolve_op(op, average)
-    return allreduce_(_copy(bridge.check_dense(tensor, "tensor")), None, name, priority,
+    op = _checked("allreduce", name, process_set, lambda: _resolve_op(op, average))
+    _checked("allreduce", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
+    return allreduce_(_copy(tensor), None, name, priority,
                       prescale_factor, postscale_factor, process_set, op)
 
 
@@ -138,14 +151,14 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
 def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dim 0 (whose length may differ per rank)."""
-    bridge.check_dense(tensor, "tensor")
+    _checked("allgather", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
     return bridge.to_ndarray(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
 
 
 def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> List[NDArray]:
     """:func:`allgather` each NDArray of a list; returns the gathered NDArrays in order."""
-    tensors = _as_list(tensors)
+    tensors = _checked("grouped_allgather", name, process_set, lambda: _as_list(tensors))
     gathered = core.grouped_allgather([bridge.read_view(t) for t in tensors], name, process_set)
     return [bridge.to_ndarray(g, t.context) for g, t in zip(gathered, tensors)]
 
@@ -154,7 +167,8 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
 def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> NDArray:
     """Overwrite ``tensor`` on every rank with ``root_rank``'s values; returns ``tensor``."""
-    buffers = _buffers([bridge.check_dense(tensor, "tensor")])
+    _checked("broadcast", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
+    buffers = _buffers([tensor])
     core.broadcast_(buffers[0], root_rank, name, process_set)
     _write_back([tensor], buffers)
     return tensor
@@ -163,8 +177,8 @@ def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, prio
 def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """A new NDArray holding ``root_rank``'s ``tensor``, on this rank's ``tensor.context``."""
-    return broadcast_(_copy(bridge.check_dense(tensor, "tensor")), root_rank, name, priority,
-                      process_set)
+    _checked("broadcast", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
+    return broadcast_(_copy(tensor), root_rank, name, priority, process_set)
 
 
 # -- alltoall -------------------------------------------------------------------------------
@@ -178,7 +192,7 @@ def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDA
     is returned only when ``splits`` is given; ``received_splits`` is an int32 NDArray on the
     CPU.
     """
-    bridge.check_dense(tensor, "tensor")
+    _checked("alltoall", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
     if isinstance(splits, NDArray):
         splits = splits.asnumpy()
     result = core.alltoall(bridge.read_view(tensor), splits, name, process_set)
@@ -195,7 +209,7 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[NDArray]:
     """:func:`reducescatter` of each NDArray of a list, agreed on in one exchange."""
-    tensors = _as_list(tensors)
+    tensors = _checked("grouped_reducescatter", name, process_set, lambda: _as_list(tensors))
     shares = core.grouped_reducescatter([bridge.read_view(t) for t in tensors], op, name,
                                         process_set, prescale_factor, postscale_factor)
     return [bridge.to_ndarray(s, t.context) for s, t in zip(shares, tensors)]
@@ -208,6 +222,7 @@ def reducescatter(tensor: NDArray, op: Any = Average, name: Optional[str] = None
 
     Dim 0 is split as evenly as possible, the lower ranks taking one extra row each.
     """
-    bridge.check_dense(tensor, "tensor")
+    _checked("grouped_reducescatter", name, process_set,
+             lambda: bridge.check_dense(tensor, "tensor"))
     return grouped_reducescatter([tensor], op, name, priority, process_set,
                                  prescale_factor, postscale_factor)[0]
