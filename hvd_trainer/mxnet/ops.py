@@ -8,6 +8,12 @@ arrays run on the GPU (``hvd_trainer.cuda``, through DLPack) where CuPy can run;
 collectives travel through host memory. Every op waits for pending MXNet writes to its
 inputs first.
 
+Every function here is a collective: every rank of its ``process_set`` calls it, in the same
+order. ``root_rank`` is a global rank, as in Horovod. A misused collective (ranks that
+disagree, splits that do not fit, a rank outside the process set) raises on every rank an
+error that is an ``MXNetError``, as horovod.mxnet's, and also the core's ``ValueError``,
+``TypeError`` or ``MismatchError`` (see errors.py).
+
 ``priority`` is accepted for compatibility with Horovod and has no effect: calls run in the
 order they are made, which is the same order on every rank.
 """
@@ -18,11 +24,15 @@ import mxnet as mx
 import numpy as np
 
 from .. import ops as core
-from ..ops import Average, Sum, allgather_object, broadcast_object  # noqa: F401 (re-exported)
+from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
+from .errors import raises_mxnet_errors
 
 NDArray = mx.nd.NDArray
+
+broadcast_object = raises_mxnet_errors(core.broadcast_object)
+allgather_object = raises_mxnet_errors(core.allgather_object)
 
 
 def _resolve_op(op: Any, average: Optional[bool]) -> Any:
@@ -68,6 +78,7 @@ def _copy(tensor: NDArray) -> NDArray:
 
 
 # -- allreduce ------------------------------------------------------------------------------
+@raises_mxnet_errors
 def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None,
                        name: Optional[str] = None, priority: int = 0,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -96,6 +107,7 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
     return tensors
 
 
+@raises_mxnet_errors
 def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None,
                       name: Optional[str] = None, priority: int = 0,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -107,6 +119,7 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
                               prescale_factor, postscale_factor, process_set, op)
 
 
+@raises_mxnet_errors
 def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None,
                priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
@@ -125,6 +138,7 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
     return tensor
 
 
+@raises_mxnet_errors
 def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None,
               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
@@ -135,6 +149,7 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
 
 
 # -- allgather ------------------------------------------------------------------------------
+@raises_mxnet_errors
 def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dim 0 (whose length may differ per rank)."""
@@ -142,6 +157,7 @@ def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
     return bridge.to_ndarray(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
 
 
+@raises_mxnet_errors
 def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> List[NDArray]:
     """:func:`allgather` each NDArray of a list; returns the gathered NDArrays in order."""
@@ -151,6 +167,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
 
 
 # -- broadcast ------------------------------------------------------------------------------
+@raises_mxnet_errors
 def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> NDArray:
     """Overwrite ``tensor`` on every rank with ``root_rank``'s values; returns ``tensor``."""
@@ -160,6 +177,7 @@ def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, prio
     return tensor
 
 
+@raises_mxnet_errors
 def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """A new NDArray holding ``root_rank``'s ``tensor``, on this rank's ``tensor.context``."""
@@ -168,6 +186,7 @@ def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, prior
 
 
 # -- alltoall -------------------------------------------------------------------------------
+@raises_mxnet_errors
 def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDArray] = None,
              name: Optional[str] = None, priority: int = 0,
              process_set: ProcessSet = global_process_set
@@ -189,6 +208,7 @@ def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDA
 
 
 # -- reducescatter --------------------------------------------------------------------------
+@raises_mxnet_errors
 def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
                           name: Optional[str] = None, priority: int = 0,
                           process_set: ProcessSet = global_process_set,
@@ -201,6 +221,7 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
     return [bridge.to_ndarray(s, t.context) for s, t in zip(shares, tensors)]
 
 
+@raises_mxnet_errors
 def reducescatter(tensor: NDArray, op: Any = Average, name: Optional[str] = None,
                   priority: int = 0, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> NDArray:
