@@ -140,8 +140,9 @@ class DistributedTrainer(mx.gluon.Trainer):
     Takes ``gluon.Trainer``'s arguments unchanged, plus Horovod's keywords. Decisions:
 
     - It calls :func:`hvd_trainer.init` and broadcasts the ``root_rank``'s weights at
-      construction (by default the process set's first rank, rank 0 of the job); a parameter with deferred initialisation is broadcast when the first
-      forward pass initialises it, so the first gradients already use the root's weights.
+      construction (by default the process set's first rank: rank 0 of the job); a parameter
+      with deferred initialisation is broadcast when the first forward pass initialises it,
+      so the first gradients already use the root's weights.
     - Gradients are summed; ``gradient_predivide_factor / size`` is folded into
       ``rescale_grad`` and ``1 / gradient_predivide_factor`` scales gradients before the sum (as
       Horovod), so N ranks calling ``step(B)`` match one process calling ``step(N * B)``.
