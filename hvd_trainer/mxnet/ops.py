@@ -73,8 +73,8 @@ def _copy(tensor: NDArray) -> NDArray:
     if bridge.is_host(tensor):
         np.copyto(bridge.write_view(out), bridge.read_view(tensor))
     else:
-        out[:] = tensor
-    return out
+        out[:] = tensor.as_nd_ndarray()
+    return bridge.like(out, tensor)
 
 
 # -- allreduce ------------------------------------------------------------------------------
@@ -154,7 +154,8 @@ def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dim 0 (whose length may differ per rank)."""
     bridge.check_dense(tensor, "tensor")
-    return bridge.to_ndarray(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
+    gathered = core.allgather(bridge.read_view(tensor), name, process_set)
+    return bridge.like(bridge.to_ndarray(gathered, tensor.context), tensor)
 
 
 @raises_mxnet_errors
@@ -163,7 +164,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
     """:func:`allgather` each NDArray of a list; returns the gathered NDArrays in order."""
     tensors = _as_list(tensors)
     gathered = core.grouped_allgather([bridge.read_view(t) for t in tensors], name, process_set)
-    return [bridge.to_ndarray(g, t.context) for g, t in zip(gathered, tensors)]
+    return [bridge.like(bridge.to_ndarray(g, t.context), t) for g, t in zip(gathered, tensors)]
 
 
 # -- broadcast ------------------------------------------------------------------------------
@@ -202,9 +203,10 @@ def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDA
         splits = splits.asnumpy()
     result = core.alltoall(bridge.read_view(tensor), splits, name, process_set)
     if splits is None:
-        return bridge.to_ndarray(result, tensor.context)
+        return bridge.like(bridge.to_ndarray(result, tensor.context), tensor)
     output, received = result
-    return bridge.to_ndarray(output, tensor.context), mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32)
+    return (bridge.like(bridge.to_ndarray(output, tensor.context), tensor),
+            bridge.like(mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32), tensor))
 
 
 # -- reducescatter --------------------------------------------------------------------------
@@ -218,7 +220,7 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
     tensors = _as_list(tensors)
     shares = core.grouped_reducescatter([bridge.read_view(t) for t in tensors], op, name,
                                         process_set, prescale_factor, postscale_factor)
-    return [bridge.to_ndarray(s, t.context) for s, t in zip(shares, tensors)]
+    return [bridge.like(bridge.to_ndarray(s, t.context), t) for s, t in zip(shares, tensors)]
 
 
 @raises_mxnet_errors

@@ -4,7 +4,7 @@ import pytest
 
 from runner import run_ranks
 
-CASES = 2
+CASES = 3
 
 
 @pytest.mark.parametrize("np_,env", [(2, {}), (3, {}), (2, {"HVD_OVERLAP": "1"})],

@@ -80,7 +80,27 @@ def main():
             train(ref, ref_trainer, batches, [mx.cpu()], lambda a: a)
             worst = close(values(net), values(ref), 1e-5, 1e-5, name)
             print(f"OK numpy mode, {name}: max |diff| vs single process {worst:.2g}", flush=True)
+    collectives_keep_numpy_arrays(rank, size)
     print(f"rank {rank}: all numpy-mode cases passed", flush=True)
+
+
+def collectives_keep_numpy_arrays(rank, size):
+    """horovod.mxnet's collectives on mx.np arrays return mx.np arrays with NumPy's values."""
+    import hvd_trainer.mxnet as hvd
+    mine = np.arange(6, dtype=np.float32).reshape(3, 2) * (rank + 1)
+    every = [np.arange(6, dtype=np.float32).reshape(3, 2) * (r + 1) for r in range(size)]
+    results = {
+        "allreduce": (hvd.allreduce(mx.np.array(mine), op=hvd.Sum, name="np.sum"), sum(every)),
+        "allgather": (hvd.allgather(mx.np.array(mine), name="np.gather"), np.concatenate(every)),
+        "broadcast": (hvd.broadcast(mx.np.array(mine), root_rank=size - 1, name="np.bcast"),
+                      every[size - 1]),
+    }
+    for what, (got, want) in results.items():
+        assert isinstance(got, mx.np.ndarray), f"{what} returned a {type(got).__name__}"
+        assert np.array_equal(got.asnumpy(), want), f"{what}: {got} != {want}"
+        got + mx.np.ones(want.shape)  # usable in numpy-mode arithmetic
+    if rank == 0:
+        print("OK numpy mode: collectives return mx.np arrays", flush=True)
 
 
 if __name__ == "__main__":
