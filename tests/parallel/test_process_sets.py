@@ -6,7 +6,7 @@ from runner import run_ranks
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_trainer_on_a_subset(np_):
-    out = run_ranks("process_set_trainer.py", np_, timeout=180).stdout
+def test_trainer_on_a_subset(np_, tmp_path):
+    out = run_ranks("process_set_trainer.py", np_, [str(tmp_path)], timeout=180).stdout
     assert out.count("all process set cases passed") == np_
     assert out.count("OK ") == 2 * np_

@@ -4,8 +4,13 @@ Members train together: their weights equal one process with a plain gluon.Train
 members' global batch, from the set's first rank's initial weights. The last rank is outside
 the set: as in Horovod, both do nothing there (no collectives), so its weights equal a plain
 gluon.Trainer on its own rows from its own initial weights. broadcast_parameters on the set
-leaves it alone too.
+leaves it alone too. save_checkpoint / load_checkpoint are collectives of the members (the
+set's first rank writes, the others read through it) and local outside the set.
+Run with the pytest temporary directory as the only argument.
 """
+import os
+import sys
+
 import mxnet as mx
 from mxnet import gluon
 
@@ -22,7 +27,7 @@ def rows(array, index):
     return array[index * PER_RANK:(index + 1) * PER_RANK]
 
 
-def run(case, make_trainer, ps, members):
+def run(case, make_trainer, ps, members, directory=None):
     rank = hvd.rank()
     member = rank in members
     batches = global_batches(STEPS, PER_RANK * len(members), seed=40 + case)
@@ -47,6 +52,23 @@ def run(case, make_trainer, ps, members):
     worst = close(first_context(net), want, 1e-5, 1e-5, f"case {case} on rank {rank}")
     print(f"OK rank {rank} ({'member' if member else 'outside the set'}) case {case}: "
           f"max |diff| {worst:.2g}", flush=True)
+    if directory is not None:
+        checkpoint_round_trip(net, trainer, make_trainer, directory, member, members)
+
+
+def checkpoint_round_trip(net, trainer, make_trainer, directory, member, members):
+    """A fresh net and trainer loading the checkpoint hold the saved weights; the members'
+    file is written by the set's first rank only, the outsider's by itself."""
+    rank = hvd.rank()
+    fname = os.path.join(directory, "set.checkpoint" if member else f"own{rank}.checkpoint")
+    trainer.save_checkpoint(fname, extra={"rank": rank})
+    saved = first_context(net)
+    fresh = make_net()
+    fresh.initialize(mx.init.Uniform(5.0))
+    extra = make_trainer(fresh).load_checkpoint(fname)
+    writer = members[0] if member else rank
+    assert extra == {"rank": writer}, (extra, writer)
+    close(first_context(fresh), saved, 0, 0, f"rank {rank}: weights after load_checkpoint")
 
 
 def main():
@@ -55,7 +77,8 @@ def main():
     ps = hvd.add_process_set(members)
 
     run(0, lambda net: hvd.DistributedTrainer(net.collect_params(), "sgd", dict(SGD),
-                                              process_set=ps, prefix="ps."), ps, members)
+                                              process_set=ps, prefix="ps."), ps, members,
+        sys.argv[1])
 
     def optimizer_trainer(net):
         hvd.broadcast_parameters(net.collect_params(), root_rank=0, process_set=ps)
