@@ -13,8 +13,6 @@ from typing import Callable, Dict, Type, TypeVar
 
 from mxnet.base import MXNetError
 
-from ..diagnostics import MismatchError
-
 _classes: Dict[type, type] = {}
 _F = TypeVar("_F", bound=Callable)
 
@@ -28,12 +26,6 @@ def mxnet_class(cls: Type[Exception]) -> Type[Exception]:
             "__module__": __name__,
             "__doc__": f"A {cls.__name__} that is also an MXNetError, as horovod.mxnet raises."})
     return _classes[cls]
-
-
-# The classes a Horovod script meets most, named for ``isinstance`` checks and documentation.
-MXNetValueError = mxnet_class(ValueError)
-MXNetTypeError = mxnet_class(TypeError)
-MXNetMismatchError = mxnet_class(MismatchError)
 
 
 def as_mxnet_error(error: Exception) -> Exception:
