@@ -87,6 +87,14 @@ def assign(array: mx.nd.NDArray, values: np.ndarray) -> None:
         array[:] = values
 
 
+def like(result: mx.nd.NDArray, template: mx.nd.NDArray) -> mx.nd.NDArray:
+    """``result`` as an ``mx.np.ndarray`` (sharing its memory) when ``template`` is one, so
+    numpy-mode code gets numpy-mode arrays back; ``result`` itself otherwise."""
+    if isinstance(template, mx.np.ndarray) and not isinstance(result, mx.np.ndarray):
+        return result.as_np_ndarray()
+    return result
+
+
 def to_ndarray(values: np.ndarray, ctx: mx.Context) -> mx.nd.NDArray:
     """An NDArray on ``ctx`` holding ``values``, which the caller must not reuse afterwards.
 

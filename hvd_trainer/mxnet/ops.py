@@ -8,11 +8,17 @@ arrays run on the GPU (``hvd_trainer.cuda``, through DLPack) where CuPy can run;
 collectives travel through host memory. Every op waits for pending MXNet writes to its
 inputs first.
 
+Every function here is a collective: every rank of its ``process_set`` calls it, in the same
+order. ``root_rank`` is a global rank, as in Horovod. A misused collective (ranks that
+disagree, splits that do not fit, a rank outside the process set) raises on every rank an
+error that is an ``MXNetError``, as horovod.mxnet's, and also the core's ``ValueError``,
+``TypeError`` or ``MismatchError`` (see errors.py).
+
 ``priority`` is accepted for compatibility with Horovod and has no effect: calls run in the
 order they are made, which is the same order on every rank.
 
-Every call is collective, its argument errors too: a check of this module that fails on one
-rank goes through the core's agreement (``ops.refuse``), so every rank raises it.
+Argument errors are collective too: a check of this module that fails on one rank goes
+through the core's agreement (``ops.refuse``), so every rank raises it.
 """
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
@@ -21,9 +27,10 @@ import mxnet as mx
 import numpy as np
 
 from .. import ops as core
-from ..ops import Average, Sum, allgather_object, broadcast_object  # noqa: F401 (re-exported)
+from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
+from .errors import raises_mxnet_errors
 
 NDArray = mx.nd.NDArray
 T = TypeVar("T")
@@ -35,6 +42,9 @@ def _checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Cal
         return check()
     except (TypeError, ValueError) as e:
         core.refuse(e, kind, name, process_set)
+
+broadcast_object = raises_mxnet_errors(core.broadcast_object)
+allgather_object = raises_mxnet_errors(core.allgather_object)
 
 
 def _resolve_op(op: Any, average: Optional[bool]) -> Any:
@@ -75,11 +85,12 @@ def _copy(tensor: NDArray) -> NDArray:
     if bridge.is_host(tensor):
         np.copyto(bridge.write_view(out), bridge.read_view(tensor))
     else:
-        out[:] = tensor
-    return out
+        out[:] = tensor.as_nd_ndarray()
+    return bridge.like(out, tensor)
 
 
 # -- allreduce ------------------------------------------------------------------------------
+@raises_mxnet_errors
 def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None,
                        name: Optional[str] = None, priority: int = 0,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -106,6 +117,7 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
     return tensors
 
 
+@raises_mxnet_errors
 def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None,
                       name: Optional[str] = None, priority: int = 0,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -118,6 +130,7 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
                               prescale_factor, postscale_factor, process_set, op)
 
 
+@raises_mxnet_errors
 def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None,
                priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
@@ -137,6 +150,7 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
     return tensor
 
 
+@raises_mxnet_errors
 def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None,
               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, op: Any = None) -> NDArray:
@@ -148,22 +162,26 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
 
 
 # -- allgather ------------------------------------------------------------------------------
+@raises_mxnet_errors
 def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dim 0 (whose length may differ per rank)."""
     _checked("allgather", name, process_set, lambda: bridge.check_dense(tensor, "tensor"))
-    return bridge.to_ndarray(core.allgather(bridge.read_view(tensor), name, process_set), tensor.context)
+    gathered = core.allgather(bridge.read_view(tensor), name, process_set)
+    return bridge.like(bridge.to_ndarray(gathered, tensor.context), tensor)
 
 
+@raises_mxnet_errors
 def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> List[NDArray]:
     """:func:`allgather` each NDArray of a list; returns the gathered NDArrays in order."""
     tensors = _checked("grouped_allgather", name, process_set, lambda: _as_list(tensors))
     gathered = core.grouped_allgather([bridge.read_view(t) for t in tensors], name, process_set)
-    return [bridge.to_ndarray(g, t.context) for g, t in zip(gathered, tensors)]
+    return [bridge.like(bridge.to_ndarray(g, t.context), t) for g, t in zip(gathered, tensors)]
 
 
 # -- broadcast ------------------------------------------------------------------------------
+@raises_mxnet_errors
 def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> NDArray:
     """Overwrite ``tensor`` on every rank with ``root_rank``'s values; returns ``tensor``."""
@@ -174,6 +192,7 @@ def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, prio
     return tensor
 
 
+@raises_mxnet_errors
 def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """A new NDArray holding ``root_rank``'s ``tensor``, on this rank's ``tensor.context``."""
@@ -182,6 +201,7 @@ def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, prior
 
 
 # -- alltoall -------------------------------------------------------------------------------
+@raises_mxnet_errors
 def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDArray] = None,
              name: Optional[str] = None, priority: int = 0,
              process_set: ProcessSet = global_process_set
@@ -197,12 +217,14 @@ def alltoall(tensor: NDArray, splits: Union[None, Sequence[int], np.ndarray, NDA
         splits = splits.asnumpy()
     result = core.alltoall(bridge.read_view(tensor), splits, name, process_set)
     if splits is None:
-        return bridge.to_ndarray(result, tensor.context)
+        return bridge.like(bridge.to_ndarray(result, tensor.context), tensor)
     output, received = result
-    return bridge.to_ndarray(output, tensor.context), mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32)
+    return (bridge.like(bridge.to_ndarray(output, tensor.context), tensor),
+            bridge.like(mx.nd.array(received, ctx=mx.cpu(), dtype=np.int32), tensor))
 
 
 # -- reducescatter --------------------------------------------------------------------------
+@raises_mxnet_errors
 def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
                           name: Optional[str] = None, priority: int = 0,
                           process_set: ProcessSet = global_process_set,
@@ -212,9 +234,10 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: Any = Average,
     tensors = _checked("grouped_reducescatter", name, process_set, lambda: _as_list(tensors))
     shares = core.grouped_reducescatter([bridge.read_view(t) for t in tensors], op, name,
                                         process_set, prescale_factor, postscale_factor)
-    return [bridge.to_ndarray(s, t.context) for s, t in zip(shares, tensors)]
+    return [bridge.like(bridge.to_ndarray(s, t.context), t) for s, t in zip(shares, tensors)]
 
 
+@raises_mxnet_errors
 def reducescatter(tensor: NDArray, op: Any = Average, name: Optional[str] = None,
                   priority: int = 0, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> NDArray:

@@ -14,6 +14,7 @@ from .. import runtime
 from ..ops import Sum
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
+from .errors import raises_mxnet_errors
 
 _OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
         "_rescale_grad")
@@ -41,6 +42,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     in per-rank terms (e.g. 1/B) while the wrapped optimizer holds it times ``f/size``. So
     Module's check of ``rescale_grad`` passes, and a ``gluon.Trainer`` setting it each step
     keeps the average.
+
+    ``update`` is a collective over ``process_set``: every member calls it with the same
+    indices. On a rank outside the set it is the wrapped optimizer's plain local update
+    (no collectives, no averaging), as in Horovod.
     """
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
@@ -68,8 +73,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     @rescale_grad.setter
     def rescale_grad(self, value: float) -> None:
         object.__setattr__(self, "_rescale_grad", value)
-        self._optimizer.rescale_grad = (value * self._gradient_predivide_factor
-                                        / self._process_set.size())
+        if self._process_set.included():
+            value = value * self._gradient_predivide_factor / self._process_set.size()
+        self._optimizer.rescale_grad = value
 
     def __getattr__(self, item: str) -> Any:
         if item in _OWN:  # not set yet (unpickling): do not recurse into the wrapped optimizer
@@ -112,9 +118,11 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         """The wrapped optimizer's current learning rate."""
         return self._optimizer.learning_rate
 
+    @raises_mxnet_errors
     def _allreduce(self, index: Any, grad: Any) -> None:
-        """Sum the gradients of one update call across ranks, in place."""
-        if self._process_set.size() == 1:
+        """Sum the gradients of one update call across ranks, in place (nothing to do on one
+        rank or outside the process set)."""
+        if self._process_set.size() == 1 or not self._process_set.included():
             return
         indices = list(index) if isinstance(index, (list, tuple)) else [index]
         grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]

@@ -13,6 +13,7 @@ import mxnet as mx
 from .. import ops, runtime
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
+from .errors import raises_mxnet_errors
 
 
 def broadcast_ndarray(array: mx.nd.NDArray, root_rank: int, name: str,
@@ -78,6 +79,7 @@ def check_value(key: Any, value: Any) -> None:
                          "NDArray (value.tostype('default'))")
 
 
+@raises_mxnet_errors
 def broadcast_parameters(params: Mapping[Any, Any], root_rank: int = 0,
                          prefix: Optional[str] = None,
                          process_set: ProcessSet = global_process_set) -> None:
@@ -85,7 +87,12 @@ def broadcast_parameters(params: Mapping[Any, Any], root_rank: int = 0,
 
     ``params`` is a dict of name -> Parameter or NDArray, or a ParameterDict
     (``net.collect_params()``). Tensors are named ``prefix`` + their index in the sorted keys;
-    call it with distinct prefixes when broadcasting several dicts.
+    call it with distinct prefixes when broadcasting several dicts. ``root_rank`` is a global
+    rank, as in Horovod.
+
+    A collective: every rank of ``process_set`` calls it, and a parameter waiting for its
+    shape makes the forward pass that initialises it one too. On a rank outside the set it
+    does nothing, as a ``DistributedTrainer`` on that set does there.
     """
     if not isinstance(params, (dict, mx.gluon.ParameterDict)):
         raise ValueError(f"params is a {type(params).__name__}; pass a dict of name -> "
@@ -98,6 +105,6 @@ def broadcast_parameters(params: Mapping[Any, Any], root_rank: int = 0,
         check_value(key, params[key])
         items.append((f"{prefix or ''}{index}", params[key]))
     runtime.init()
-    if process_set.size() == 1:
+    if process_set.size() == 1 or not process_set.included():
         return
     broadcast_named(items, root_rank, process_set)

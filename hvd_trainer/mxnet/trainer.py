@@ -26,6 +26,7 @@ summed into the first context's buffer, allreduced in fused groups, copied back.
 """
 import os
 import pickle
+import socket
 import threading
 import time
 import warnings
@@ -42,6 +43,7 @@ from ..compression import from_params as compression_from_params
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
 from . import sparse as sparse_nd
+from .errors import raises_mxnet_errors
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named
 
@@ -134,8 +136,9 @@ class DistributedTrainer(mx.gluon.Trainer):
     Takes ``gluon.Trainer``'s arguments unchanged, plus Horovod's keywords. Decisions:
 
     - It calls :func:`hvd_trainer.init` and broadcasts the ``root_rank``'s weights at
-      construction; a parameter with deferred initialisation is broadcast when the first
-      forward pass initialises it, so the first gradients already use the root's weights.
+      construction (by default the process set's first rank: rank 0 of the job); a parameter
+      with deferred initialisation is broadcast when the first forward pass initialises it,
+      so the first gradients already use the root's weights.
     - Gradients are summed; ``gradient_predivide_factor / size`` is folded into
       ``rescale_grad`` and ``1 / gradient_predivide_factor`` scales gradients before the sum (as
       Horovod), so N ranks calling ``step(B)`` match one process calling ``step(N * B)``.
@@ -146,7 +149,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     - ``compression_params`` of type 2bit, 1bit, topk or scaled_2bit (or a
       ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
       ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
-      order; the residuals of error feedback are per rank and go into ``save_states``.
+      order; the residuals of error feedback are per rank and go into ``save_checkpoint``.
       ``communication_stats`` holds the last step's traffic and codec time.
     - Tensor names are ``prefix`` + the parameter's index in Gluon's order (sorted keys of a
       dict), so two trainers in one process need different prefixes.
@@ -157,11 +160,19 @@ class DistributedTrainer(mx.gluon.Trainer):
       rank and context, so all ranks apply the same update: its gradient is the fresh ranks'
       sum over the global batch. One fresh nowhere is left untouched, so Gluon's
       ``ignore_stale_grad`` decides on every rank alike.
-    - ``save_states`` is written by the process set's rank 0 through a temporary file and
-      ``os.replace``; ``load_states`` is read by rank 0 and broadcast, so every rank gets the
-      same state even without a shared file system. ``save_checkpoint`` and
-      ``load_checkpoint`` do the same for everything an exact resume needs: weights,
-      optimizer states, compression residuals and the caller's ``extra``.
+    - ``save_states`` and ``load_states`` are local, as in Gluon and Horovod: whoever calls
+      them writes or reads its own path (atomically), so calling them on rank 0 alone or on
+      every rank both work. ``save_checkpoint`` and ``load_checkpoint`` are collectives over
+      the process set and hold everything an exact resume needs: weights, optimizer states,
+      every rank's compression residuals and the caller's ``extra``.
+    - ``process_set``: the trainer reduces over that set's ranks and broadcasts from
+      ``root_rank``, a global rank (as in Horovod). On a rank outside the set it is a plain
+      ``gluon.Trainer`` (no collectives; gradients summed over this process's contexts only).
+    - Errors of misused collectives (ranks that disagree, a rank outside a set) are
+      ``MXNetError`` as well as the core's ``ValueError``/``MismatchError`` (see errors.py).
+    - Collectives: construction (the weight broadcast), ``step``, ``allreduce_grads``,
+      ``save_checkpoint`` and ``load_checkpoint`` are called by every rank of the process
+      set; ``update``, ``save_states``, ``load_states`` and ``set_learning_rate`` are local.
     - Each step makes one agreement exchange that checks every rank has the same gradients
       (names, shapes, dtypes) and settings and carries the freshness flags; the step's
       collectives then skip their own (see :mod:`hvd_trainer.diagnostics`).
@@ -182,7 +193,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                  compression_params=None, update_on_kvstore=None, *,
                  compression: Union[Type[Compressor], GatherCompressor] = Compression.none,
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
-                 root_rank: int = 0, process_set: ProcessSet = global_process_set,
+                 root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
@@ -211,7 +222,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         self.communication_stats = CommStats()
         runtime.init()
         self._process_set = process_set
-        self._size = process_set.size()
+        # Outside its process set the trainer is a plain gluon.Trainer, as in Horovod.
+        self._member = process_set.included()
+        self._size = process_set.size() if self._member else 1
         super().__init__(param_list, optimizer, optimizer_params=optimizer_params,
                          kvstore=None, update_on_kvstore=False)
         self._prefix = prefix or ""
@@ -231,9 +244,12 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._layout_key: Optional[tuple] = None  # the reduced indices the buckets were laid out for
         self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
         self._updated: Set[int] = set()      # parameters already updated in this step
+        if root_rank is None:
+            root_rank = process_set.ranks[0]  # the set's first rank, as a global rank
         if self._size > 1:
-            broadcast_named([(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)],
-                            root_rank, process_set)
+            raises_mxnet_errors(broadcast_named)(
+                [(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)],
+                root_rank, process_set)
 
     def step(self, batch_size, ignore_stale_grad=False):
         # Lets _allreduce_grads update bucket by bucket; _update then does the rest.
@@ -243,8 +259,12 @@ class DistributedTrainer(mx.gluon.Trainer):
         finally:
             self._step_ignore = None
 
+    @raises_mxnet_errors
     def _allreduce_grads(self):
         if self._size == 1 and len(self._contexts) == 1:
+            return
+        if not self._member:
+            self._sum_contexts_locally()
             return
         self._updated = set()
         indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
@@ -285,6 +305,20 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i in reduced:
             self._publish(self._params[i], buffers[i])
 
+    def _sum_contexts_locally(self) -> None:
+        """Outside the process set: sum each gradient over this process's contexts only."""
+        for i, param in enumerate(self._params):
+            if param.grad_req == "null":
+                continue
+            if i in self._sparse_grads:
+                rows = sparse_nd.local_rows(param)
+                if rows is not None:
+                    sparse_nd.publish_rows(param, *rows)
+            else:
+                buf = self._local_sum(param)
+                if buf is not None:
+                    self._publish(param, buf)
+
     def _bucket_layout(self, indices: List[int]) -> List[_Bucket]:
         """The buckets for this step's gradients, laid out anew when the reduced parameters
         changed or a gradient is no longer the view we installed."""
@@ -319,6 +353,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             views = []
             for k, start, end in zip(positions, bounds, bounds[1:]):
                 param, view = self._params[eligible[k]], flat[start:end].reshape(grads[k].shape)
+                if isinstance(grads[k], mx.np.ndarray):  # numpy-mode Gluon: keep the grad's type
+                    view = view.as_np_ndarray()  # the same memory
                 grads[k].copyto(view)
                 param._grad[0] = view
                 # Marking resets the freshness flags that backward set; keep them.
@@ -559,22 +595,34 @@ class DistributedTrainer(mx.gluon.Trainer):
             d._fresh_grad = True
 
     def save_states(self, fname: str) -> None:
-        """Write the optimizer state once (rank 0, atomically); every rank returns after it."""
-        residuals = self._gather_residuals()
-        self._write_on_root(fname, lambda: self._states_bytes(residuals), "save_states")
+        """Write this process's optimizer states to ``fname``, as ``gluon.Trainer`` does.
+
+        Not a collective: call it on one rank (``if hvd.rank() == 0:``, Horovod's habit) or on
+        every rank with a path of its own (Gluon's ``CheckpointHandler``). The file is written
+        under a temporary name and renamed into place, so ``fname`` is always whole, and a
+        plain ``gluon.Trainer`` can read it. It holds no compression residuals; for an exact
+        resume across ranks use the collective :meth:`save_checkpoint`.
+        """
+        _replace_atomically(fname, super().save_states)
 
     def load_states(self, fname: str) -> None:
-        """Read the optimizer state on rank 0 and give every rank the same copy."""
-        self._set_states(self._read_on_root(fname, "load_states"))
+        """Read optimizer states from ``fname`` into this process's trainer, as Gluon does.
+
+        Not a collective: each caller reads its own path. Every rank loading the same states
+        keeps the ranks' updates identical; compression residuals are left as they are.
+        """
+        super().load_states(fname)
 
     def save_checkpoint(self, fname: str, extra: Any = None) -> None:
-        """Save everything a resumed run needs, in one file; call it on every rank.
+        """Save everything a resumed run needs, in one file. A collective: every rank of the
+        trainer's process set calls it.
 
-        Rank 0 of the process set writes the weights, the optimizer states (with the
-        optimizer itself, its update counts and lr scheduler), every rank's compression
-        residuals, and ``extra`` (any picklable value, e.g. the epoch and step), through a
-        temporary file and ``os.replace``, so the file is always whole: the old one or the
-        new one. Every rank returns once it is written; a write error raises OSError on all.
+        The set's first rank writes the weights, the optimizer states (with the optimizer
+        itself, its update counts and lr scheduler), every rank's compression residuals, and
+        ``extra`` (any picklable value, e.g. the epoch and step), through a temporary file and
+        ``os.replace``, so the file is always whole: the old one or the new one. Every rank
+        returns once it is written; a write error raises OSError on all. On a rank outside
+        the process set it is local: that rank writes its own file.
         """
         self._check_initialized("save_checkpoint")
         residuals = self._gather_residuals()
@@ -588,11 +636,13 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._write_on_root(fname, build, "save_checkpoint")
 
     def load_checkpoint(self, fname: str) -> Any:
-        """Restore what :meth:`save_checkpoint` wrote, on every rank; return its ``extra``.
+        """Restore what :meth:`save_checkpoint` wrote and return its ``extra``. A collective:
+        every rank of the trainer's process set calls it.
 
-        Rank 0 reads the file and broadcasts it, so no shared file system is needed. After it
-        a run continues exactly as the one that saved it: on CPU the weights of a resumed
-        run equal those of an uninterrupted one, bit for bit.
+        The set's first rank reads the file and sends it to the others, so no shared file
+        system is needed. After it a run continues exactly as the one that saved it: on CPU
+        the weights of a resumed run equal those of an uninterrupted one, bit for bit. On a
+        rank outside the process set it is local: that rank reads its own file.
         """
         self._check_initialized("load_checkpoint")
         checkpoint = pickle.loads(self._read_on_root(fname, "load_checkpoint"))
@@ -620,11 +670,14 @@ class DistributedTrainer(mx.gluon.Trainer):
                              "shapes); run one forward pass first")
 
     def _gather_residuals(self) -> Optional[List[Dict[Any, np.ndarray]]]:
-        """Every rank's error-feedback residuals (a collective), or None without them."""
+        """Every member's error-feedback residuals (a collective over the process set); this
+        process's alone outside the set; None without error feedback."""
         if self._feedback is None:
             return None
-        return ops.allgather_object(self._feedback.residuals, f"{self._prefix}residuals",
-                                    self._process_set)
+        if not self._member:
+            return [self._feedback.residuals]
+        return raises_mxnet_errors(ops.allgather_object)(
+            self._feedback.residuals, f"{self._prefix}residuals", self._process_set)
 
     def _states_bytes(self, residuals: Optional[List[Dict[Any, np.ndarray]]]) -> bytes:
         """The optimizer states (with the optimizer), ``residuals`` attached."""
@@ -634,42 +687,72 @@ class DistributedTrainer(mx.gluon.Trainer):
         """Load what :meth:`_states_bytes` made into every updater and the residuals."""
         states, residuals = detach_residuals(data)
         if self._feedback is not None:
-            self._feedback.load(residuals, self._process_set.rank(), self._size)
+            self._feedback.load(residuals, self._process_set.rank() if self._member else 0,
+                                self._size)
         for updater in self._updaters:
             updater.set_states(states)
             updater.optimizer = self._updaters[0].optimizer
         self._optimizer = self._updaters[0].optimizer
         self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
 
+    def _writes(self) -> bool:
+        """Whether this process touches the file of a checkpoint: the set's first rank, or a
+        rank outside the set (for which checkpoints are local)."""
+        return not self._member or self._process_set.rank() == 0
+
     def _write_on_root(self, fname: str, build: Callable[[], bytes], what: str) -> None:
-        """Rank 0 writes ``build()`` to a temporary file, syncs it and renames it to ``fname``;
-        every rank returns after that, or raises OSError naming the file if it failed."""
+        """The set's first rank writes ``build()`` atomically to ``fname``; every member returns
+        after that, or raises OSError naming the file and the rank if it failed.
+
+        The outcome travels by allgather, which does not depend on how a root is numbered.
+        """
         error = None
-        if self._process_set.rank() == 0:
-            tmp = f"{fname}.tmp.{os.getpid()}"
+        if self._writes():
             try:
-                with open(tmp, "wb") as f:
-                    f.write(build())
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, fname)
+                _replace_atomically(fname, lambda tmp: _write_bytes(tmp, build()))
             except OSError as e:
-                error = f"rank 0 could not write {fname!r}: {e}"
-        error = ops.broadcast_object(error, 0, f"{self._prefix}{what}", self._process_set)
+                error = f"rank {runtime.rank()} could not write {fname!r}: {e}"
+        if self._member:
+            outcomes = raises_mxnet_errors(ops.allgather_object)(
+                error, f"{self._prefix}{what}", self._process_set)
+            error = next((e for e in outcomes if e), None)
         if error:
             raise OSError(error)
 
     def _read_on_root(self, fname: str, what: str) -> bytes:
-        """Rank 0 reads ``fname`` and every rank gets its bytes; OSError on all if it failed."""
+        """The set's first rank reads ``fname`` and every member gets its bytes; OSError on
+        all members if it failed."""
         data, error = None, None
-        if self._process_set.rank() == 0:
+        if self._writes():
             try:
                 with open(fname, "rb") as f:
                     data = f.read()
             except OSError as e:
-                error = f"rank 0 could not read {fname!r}: {e}"
-        data, error = ops.broadcast_object((data, error), 0, f"{self._prefix}{what}",
-                                           self._process_set)
+                error = f"rank {runtime.rank()} could not read {fname!r}: {e}"
+        if self._member:
+            data, error = raises_mxnet_errors(ops.allgather_object)(
+                (data, error) if self._writes() else None, f"{self._prefix}{what}",
+                self._process_set)[0]
         if error:
             raise OSError(error)
         return data
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _replace_atomically(fname: str, write: Callable[[str], None]) -> None:
+    """Let ``write`` fill a temporary file next to ``fname``, sync it and rename it to ``fname``,
+    so that ``fname`` is always a whole file, the old one or the new one. Concurrent writers
+    (ranks saving to one shared path) each use their own temporary file."""
+    tmp = f"{fname}.tmp.{socket.gethostname()}.{os.getpid()}"
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, fname)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,5 +1,5 @@
 """Compressed DistributedTrainer on 2 and 3 ranks: MXNet's own 2-bit as reference, identical
-weights on every rank, residuals in save_states, byte counts; digits convergence."""
+weights on every rank, residuals in save_checkpoint, byte counts; digits convergence."""
 import re
 
 import pytest

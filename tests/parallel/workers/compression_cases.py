@@ -6,7 +6,8 @@
   dequantized values, so the weights must agree bit for bit;
 - topk with ratio 1 sends everything: equal to uncompressed gluon.Trainer on the global batch;
 - every type leaves bit-identical weights on every rank;
-- save_states / load_states keep the residuals: a resumed run continues bit-identically;
+- save_checkpoint / load_checkpoint keep the residuals: a resumed run continues
+  bit-identically;
 - communication_stats count the bytes of each transport.
 Run with the pytest temporary directory as the only argument.
 """
@@ -177,8 +178,8 @@ def every_type_same_on_all_ranks():
 def resume_keeps_residuals(directory):
     data, params = batches(10), {"type": "2bit", "threshold": 0.02}
     _, _, trainer, net = distributed(params, data[:3])
-    fname = os.path.join(directory, "compressed.states")
-    trainer.save_states(fname)
+    fname = os.path.join(directory, "compressed.checkpoint")
+    trainer.save_checkpoint(fname)
     middle = weights(net)
     for x, y in data[3:]:
         backward(net, mine(x), mine(y), [mx.cpu()])
@@ -189,13 +190,13 @@ def resume_keeps_residuals(directory):
     load(net2, middle)
     trainer2 = hvd_trainer.DistributedTrainer(net2.collect_params(), "sgd", dict(SGD),
                                               compression_params=params)
-    trainer2.load_states(fname)
+    trainer2.load_checkpoint(fname)
     for x, y in data[3:]:
         backward(net2, mine(x), mine(y), [mx.cpu()])
         trainer2.step(PER_RANK)
     for i, (a, b) in enumerate(zip(weights(net2), uninterrupted)):
         assert np.array_equal(a, b), f"resumed run differs in tensor {i}"
-    say("save_states / load_states keep every rank's residuals")
+    say("save_checkpoint / load_checkpoint keep every rank's residuals")
 
 
 def stats_count_bytes():

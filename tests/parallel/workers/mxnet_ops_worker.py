@@ -8,6 +8,7 @@ import warnings
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import MXNetError
 
 import hvd_trainer
 import hvd_trainer.mxnet as hvd
@@ -218,5 +219,34 @@ raises(TypeError, "list of NDArrays", hvd.grouped_allreduce_, mx.nd.ones(2))
 shape = (2, 3) if RANK == 0 else (3, 2)
 raises(hvd.MismatchError, "shape", hvd.allreduce, mx.nd.ones(shape), name="mismatch")
 assert hvd.MismatchError is hvd_trainer.MismatchError
+
+# -- misused collectives raise MXNetError, as horovod.mxnet's, and still the core's class -------
+def raises_mxnet(kind, fragment: str, fn, *args, **kwargs) -> None:
+    global checks
+    try:
+        fn(*args, **kwargs)
+    except MXNetError as e:
+        assert isinstance(e, kind), f"{type(e).__name__} is not a {kind.__name__}: {e}"
+        assert fragment in str(e), f"{type(e).__name__} without {fragment!r}: {e}"
+        checks += 1
+        return
+    raise AssertionError(f"{fn.__name__} did not raise MXNetError ({fragment!r})")
+
+
+raises_mxnet(ValueError, "not divisible", hvd.alltoall, mx.nd.ones((SIZE + 1, 2)))
+raises_mxnet(ValueError, "splits", hvd.alltoall, mx.nd.ones((4, 2)), splits=[1] * SIZE)
+raises_mxnet(hvd.MismatchError, "shape", hvd.allreduce_, mx.nd.ones(shape), name="mismatch2")
+raises_mxnet(hvd.MismatchError, "shape", hvd.grouped_allreduce, [mx.nd.ones(shape)],
+             name="mismatch3")
+raises_mxnet(TypeError, "tensor must be an mxnet NDArray", hvd.allgather, np.ones(3))
+outside = hvd.add_process_set([0])
+if RANK != 0:
+    raises_mxnet(ValueError, "not a part of process set", hvd.broadcast_object, 1, 0,
+                 process_set=outside)
+    raises_mxnet(ValueError, "not a part of process set", hvd.allgather_object, 1,
+                 process_set=outside)
+hvd.remove_process_set(outside)
+check(hvd.allreduce(nd(inputs[RANK]), op=hvd.Sum, name="after errors"),
+      sum(inputs[r] for r in range(SIZE)), "allreduce after the errors")
 
 print(f"mxnet ops ok: {checks} checks", flush=True)
