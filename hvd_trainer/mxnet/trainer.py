@@ -27,16 +27,15 @@ summed into the first context's buffer, allreduced in fused groups, copied back.
 import os
 import pickle
 import socket
-import threading
 import time
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Type, Union
 
 import mxnet as mx
 import numpy as np
 
-from .. import diagnostics, fusion, ops, runtime, sparse
+from .. import diagnostics, fusion, handles, ops, runtime, sparse
 from ..compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
                            GatherCompressor, attach_residuals, detach_residuals)
 from ..compression import from_params as compression_from_params
@@ -89,19 +88,6 @@ def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> 
         return compression.__name__
     settings = sorted((key, str(value)) for key, value in vars(compression).items())
     return f"{type(compression).__name__}{settings}"
-
-
-_comm_thread: Optional[ThreadPoolExecutor] = None
-_comm_thread_lock = threading.Lock()
-
-
-def _communication_thread() -> ThreadPoolExecutor:
-    """The process's one communication thread, started on first use."""
-    global _comm_thread
-    with _comm_thread_lock:
-        if _comm_thread is None:
-            _comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd_trainer-comm")
-        return _comm_thread
 
 
 class _Bucket:
@@ -384,7 +370,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             return
         update = (self._step_ignore is not None and (self._step_ignore or all_fresh)
                   and getattr(self, "_amp_loss_scaler", None) is None)
-        thread = _communication_thread()
+        thread = handles.communication_thread()
         reduce = cover.share(self._reduce_bucket)  # the thread runs inside the step's turn
         pending: List[Future] = [thread.submit(reduce, b, fresh_contexts, whole)
                                  for b, whole in zip(buckets, plain)]

@@ -1,0 +1,36 @@
+"""Asynchronous collectives on the communication thread: order, polling, errors."""
+import threading
+
+import numpy as np
+import pytest
+
+import hvd_trainer as hvd
+from hvd_trainer import handles
+
+
+def test_submitted_collectives_run_in_order_on_one_other_thread():
+    seen = []
+    release = threading.Event()
+
+    def record(i):
+        if i == 0:
+            release.wait(10)
+        seen.append((i, threading.current_thread().name))
+        return i * 10
+
+    pending = [handles.submit(record, i) for i in range(5)]
+    assert not pending[-1].poll()  # the first one holds the thread
+    release.set()
+    assert [h.wait() for h in pending] == [0, 10, 20, 30, 40]
+    assert [i for i, _ in seen] == [0, 1, 2, 3, 4]
+    assert {name for _, name in seen} == {"hvd_trainer-comm_0"}
+    assert all(h.poll() for h in pending)
+
+
+def test_wait_returns_the_result_and_raises_the_error():
+    x = np.arange(4.0)
+    assert np.array_equal(handles.submit(hvd.allreduce, x, op=hvd.Sum).wait(), x)
+    bad = handles.submit(hvd.broadcast, x, root_rank=3)
+    with pytest.raises(ValueError, match="root_rank=3"):
+        bad.wait()
+    assert bad.poll()
