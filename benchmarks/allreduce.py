@@ -1,5 +1,9 @@
 """Allreduce latency and bus bandwidth: raw mpi4py Allreduce vs hvd_trainer's ring, native, auto.
 
+Both forms: in place (``allreduce_`` against ``Allreduce(IN_PLACE, buf)``) and out of place
+(``allreduce``, which returns a new array, against ``Allreduce(buf, out)`` into an output
+allocated once).
+
 Run on 2 ranks:  hvdrun -np 2 python benchmarks/allreduce.py [--quick]
 Every size times the four variants on the same buffer in interleaved rounds and keeps each
 variant's best round, so machine noise hits all variants alike. Also times grouped allreduce
@@ -36,12 +40,13 @@ def best_of(variants, rounds, iters):
     return best
 
 
-def with_algorithm(name, buf):
+def with_algorithm(name, buf, inplace=True):
     world = runtime.state().world
+    reduce = hvd.allreduce_ if inplace else hvd.allreduce
 
     def run():
         world.algorithm = name
-        hvd.allreduce_(buf, op=hvd.Sum, name="bench")
+        reduce(buf, op=hvd.Sum, name="bench")
     return run
 
 
@@ -55,12 +60,15 @@ def main():
         print(f"# allreduce on {n} ranks, {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}, {datetime.date.today()}")
         print("| size | raw µs | raw GB/s | ring GB/s | native GB/s | auto GB/s | auto/raw busbw | "
-              "auto µs - raw µs |")
-        print("|---|---|---|---|---|---|---|---|")
+              "auto µs - raw µs | out-of-place: raw GB/s | allreduce GB/s | allreduce/raw |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]:
         buf = np.zeros(size // 4, np.float32)
         iters = max(3, min(200, (64 << 20) // size // 4))
-        variants = {"raw": lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)}
+        out = np.zeros_like(buf)
+        variants = {"raw": lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM),
+                    "raw out": lambda: comm.Allreduce(buf, out, MPI.SUM),
+                    "allreduce": with_algorithm("auto", buf, inplace=False)}
         for algo in ("ring", "native", "auto"):
             variants[algo] = with_algorithm(algo, buf)
         best = best_of(variants, rounds, iters)
@@ -69,7 +77,8 @@ def main():
             label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
             print(f"| {label} | {best['raw'] * 1e6:.1f} | {bw['raw']:.2f} | {bw['ring']:.2f} | "
                   f"{bw['native']:.2f} | {bw['auto']:.2f} | {bw['auto'] / bw['raw']:.2f} | "
-                  f"{(best['auto'] - best['raw']) * 1e6:.1f} |", flush=True)
+                  f"{(best['auto'] - best['raw']) * 1e6:.1f} | {bw['raw out']:.2f} | "
+                  f"{bw['allreduce']:.2f} | {bw['allreduce'] / bw['raw out']:.2f} |", flush=True)
     runtime.state().world.algorithm = "auto"
 
     # Fusion threshold: 82 gradients of a 40 x Dense(256) MLP (10.5 MB).

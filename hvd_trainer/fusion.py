@@ -100,9 +100,10 @@ def unpack(flat: np.ndarray, outputs: Sequence[np.ndarray], scale: float = 1.0) 
 
 
 def fused(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray], pool: BufferPool,
-          threshold: int, reduce: Callable[[np.ndarray], None],
+          threshold: int, reduce: Callable[..., None],
           prescale: float = 1.0, postscale: float = 1.0) -> None:
-    """Run ``reduce`` (an in-place op on a flat buffer) over ``tensors`` bucket by bucket.
+    """Run ``reduce(flat)`` (in place on a flat buffer) or ``reduce(flat, out)`` (from ``flat``
+    into ``out``) over ``tensors``, bucket by bucket.
 
     Results land in ``outputs`` (C-contiguous, same shapes), which may be ``tensors`` themselves.
     """
@@ -113,11 +114,14 @@ def fused(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray], pool: Bu
         if len(members) == 1:
             # A lone tensor is reduced in its output; no bucket copy needed.
             flat = outs[0].reshape(-1)
-            if ins[0] is not outs[0] or prescale != 1.0:
-                pack(ins, flat, prescale)
-            reduce(flat)
+            if ins[0] is not outs[0] and prescale == 1.0:
+                reduce(ins[0].reshape(-1), flat)  # read from the input, written to the output
+            else:
+                if ins[0] is not outs[0] or prescale != 1.0:
+                    pack(ins, flat, prescale)
+                reduce(flat)
             if postscale != 1.0:
-                unpack(outs[0].reshape(-1), outs, postscale)
+                unpack(flat, outs, postscale)
             continue
         buf = pool.get(ins[0].dtype, slot, sum(t.size for t in ins))
         pack(ins, buf, prescale)

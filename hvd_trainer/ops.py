@@ -185,9 +185,9 @@ def _grouped_allreduce(tensors: Sequence[Any], op: Any, name: Optional[str],
         pre, post = scales(op, comm, prescale_factor, postscale_factor)
         backend_op = _BACKEND_OP[op]
 
-        def communicate(flat: np.ndarray) -> None:
+        def communicate(flat: np.ndarray, out: Optional[np.ndarray] = None) -> None:
             with call.communicate():
-                comm.allreduce(flat, backend_op)
+                comm.allreduce(flat, backend_op, out)
 
         with diagnostics.span(call.name, "FUSE"):
             fusion.fused(tensors, outputs, _pool(comm), runtime.fusion_threshold(), communicate,

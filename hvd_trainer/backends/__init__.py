@@ -30,8 +30,9 @@ class Communicator(Protocol):
         """Use these agreed settings: allreduce algorithm (ring, native, auto) and the size
         in bytes from which ``auto`` takes the ring."""
 
-    def allreduce(self, buf: np.ndarray, op: str) -> None:
-        """Reduce ``buf`` elementwise across ranks with ``op`` (a REDUCE_UFUNCS key), in place."""
+    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+        """Reduce ``buf`` elementwise across ranks with ``op`` (a REDUCE_UFUNCS key), in place,
+        or into ``out`` (same size and dtype), leaving ``buf`` as it was."""
 
     def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
         """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements)."""

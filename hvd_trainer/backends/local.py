@@ -22,8 +22,10 @@ class LocalCommunicator:
     def configure(self, algorithm: str, ring_threshold: int) -> None:
         """A single rank has no algorithm to choose."""
 
-    def allreduce(self, buf: np.ndarray, op: str) -> None:
-        pass  # one rank: the reduction of a single contribution is that contribution
+    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+        # One rank: the reduction of a single contribution is that contribution.
+        if out is not None and out is not buf:
+            out[...] = buf
 
     def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
         return buf[: counts[0]]

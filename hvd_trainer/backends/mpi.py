@@ -107,14 +107,18 @@ class MPICommunicator:
                                [recv[start:start + limit], MPI.BYTE], source, tag)
 
     # -- allreduce -------------------------------------------------------------------------
-    def allreduce(self, buf: np.ndarray, op: str) -> None:
+    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+        out = buf if out is None else out
         if self.size == 1 or buf.size == 0:
+            if out is not buf:
+                out[...] = buf
             return
         if self._use_native(buf, op):
             for a, b in _pieces(buf.size, self.count_limit or buf.size):
-                self.comm.Allreduce(MPI.IN_PLACE, buf[a:b], _MPI_OPS[op])
+                send = MPI.IN_PLACE if out is buf else buf[a:b]
+                self.comm.Allreduce(send, out[a:b], _MPI_OPS[op])
         else:
-            self.ring_allreduce(buf, op)
+            self.ring_allreduce(buf, op, out)
 
     def start_allreduce(self, buf: np.ndarray, op: str) -> _Pending:
         """``MPI_Iallreduce``: ``buf`` must have a dtype MPI reduces itself (integers for "bor")."""
@@ -129,15 +133,21 @@ class MPICommunicator:
             return buf.nbytes < self.ring_threshold
         return self.algorithm == "native"
 
-    def ring_allreduce(self, buf: np.ndarray, op: str) -> None:
-        """Reduce-scatter then allgather around the ring; ``buf`` is flat and contiguous."""
-        bounds = _chunk_bounds(buf.size, self.size)
-        self._ring_reduce_scatter(buf, bounds, op)
-        self._ring_allgather(buf, bounds)
+    def ring_allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+        """Reduce-scatter then allgather around the ring; ``buf`` is flat and contiguous.
 
-    def _ring_reduce_scatter(self, buf: np.ndarray, bounds: List[int], op: str) -> None:
+        With ``out`` the result goes there and ``buf`` is only read: no copy of it first.
+        """
+        out = buf if out is None else out
+        bounds = _chunk_bounds(buf.size, self.size)
+        self._ring_reduce_scatter(buf, bounds, op, out)
+        self._ring_allgather(out, bounds)
+
+    def _ring_reduce_scatter(self, buf: np.ndarray, bounds: List[int], op: str,
+                             out: np.ndarray) -> None:
         # After step s, rank r holds chunk (r - s - 2) mod p reduced over s + 2 ranks, so after
-        # p - 1 steps it holds chunk r reduced over all ranks.
+        # p - 1 steps it holds chunk r reduced over all ranks. Each chunk is received at most
+        # once, so a partial sum is read from ``out`` only after it was written there.
         p, r = self.size, self.rank
         right, left = (r + 1) % p, (r - 1) % p
         ufunc = REDUCE_UFUNCS[op]
@@ -145,11 +155,12 @@ class MPICommunicator:
         scratch = self._scratch_for(buf.dtype, max(b - a for a, b in zip(bounds, bounds[1:])))
         for step in range(p - 1):
             send_c, recv_c = (r - step - 1) % p, (r - step - 2) % p
-            send = buf[bounds[send_c]:bounds[send_c + 1]]
-            mine = buf[bounds[recv_c]:bounds[recv_c + 1]]
-            incoming = scratch[: mine.size]
+            source = buf if step == 0 else out
+            send = source[bounds[send_c]:bounds[send_c + 1]]
+            chunk = slice(bounds[recv_c], bounds[recv_c + 1])
+            incoming = scratch[: chunk.stop - chunk.start]
             self._sendrecv(send, right, incoming, left, 0)
-            ufunc(mine, incoming, out=mine, dtype=widen)
+            ufunc(buf[chunk], incoming, out=out[chunk], dtype=widen)
 
     def _ring_allgather(self, buf: np.ndarray, bounds: List[int]) -> None:
         p, r = self.size, self.rank
@@ -174,7 +185,7 @@ class MPICommunicator:
             bounds.append(bounds[-1] + c)
         if self.size > 1:
             # The ring's first phase leaves each rank's own chunk fully reduced.
-            self._ring_reduce_scatter(buf, bounds, op)
+            self._ring_reduce_scatter(buf, bounds, op, buf)
         return buf[bounds[self.rank]:bounds[self.rank + 1]]
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

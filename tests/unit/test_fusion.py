@@ -50,9 +50,9 @@ def test_fused_reduces_every_bucket_once_and_scales():
     outs = [np.empty_like(t) for t in tensors]
     calls = []
 
-    def double(flat):
+    def double(flat, into=None):
         calls.append(flat.size)
-        flat *= 2
+        np.multiply(flat, 2, out=flat if into is None else into)
 
     fusion.fused(tensors, outs, fusion.BufferPool(), threshold=1 << 20, reduce=double,
                  prescale=1.0, postscale=0.5)
@@ -78,3 +78,21 @@ def test_gradient_buckets_by_group_count():
     plan = fusion.plan_gradient_buckets([8] * 5, [f4, f4, f2, f4, f4], 1, groups=2)
     assert plan == [[4, 3], [2], [1, 0]]
     assert fusion.plan_gradient_buckets([8] * 2, [f4, f4], 1, groups=5) == [[1], [0]]
+
+
+def test_a_lone_tensor_is_reduced_from_its_input_straight_into_its_output():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = np.empty_like(x)
+    seen = []
+
+    def double(flat, into=None):
+        seen.append(into is not None)
+        np.multiply(flat, 2, out=flat if into is None else into)
+
+    fusion.fused([x], [out], fusion.BufferPool(), 1 << 20, double)
+    assert seen == [True]  # no copy into the output first
+    np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3) * 2)
+    np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3))  # the input is only read
+    fusion.fused([x], [out], fusion.BufferPool(), 1 << 20, double, prescale=0.5)
+    assert seen == [True, False]  # a prescale needs the scaled copy
+    np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3))

@@ -73,8 +73,11 @@ for dtype in DTYPES:
 for dtype in (np.float32, np.float16, np.int64):
     n = 1 << 20
     xs = [data(r, (n,), dtype, salt=1) for r in range(N)]
+    mine = xs[R].copy()
     check(f"allreduce big {np.dtype(dtype).name}", hvd.allreduce(xs[R], op=hvd.Sum),
           reference(hvd.Sum, xs, dtype))
+    # The ring reduces from the input straight into the output: the input is only read.
+    check(f"allreduce big {np.dtype(dtype).name} leaves its input", xs[R], mine)
 
 # Float16 sums beyond 2048, where float16 spacing is 2.
 xs = [np.full(9, 1024.0 + r, np.float16) for r in range(N)]
