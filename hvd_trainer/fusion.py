@@ -9,6 +9,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .backends import split_evenly
+
 
 def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
     """Group tensor indices into buckets: same dtype, call order, at most ``threshold`` bytes."""
@@ -24,6 +26,17 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: i
     return buckets
 
 
+def split_runs(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
+    """``items`` in ``groups`` consecutive non-empty runs of nearly equal length, the earlier
+    ones longer by one (Horovod's ``num_groups``); one run for ``groups`` 0."""
+    if not len(items):
+        return []
+    if groups <= 0:
+        return [items]
+    bounds = split_evenly(len(items), min(groups, len(items)))
+    return [items[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int,
                           groups: int = 0) -> List[List[int]]:
     """Buckets for gradients in parameter order: the last parameters' first.
@@ -35,12 +48,7 @@ def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], thr
     """
     order = list(range(len(nbytes)))[::-1]
     if groups > 0:
-        base, extra = divmod(len(order), groups)
-        bounds = [0]
-        for g in range(min(groups, len(order))):
-            bounds.append(bounds[-1] + base + (1 if g < extra else 0))
-        runs = [order[a:b] for a, b in zip(bounds, bounds[1:])]
-        limit = sum(nbytes) + 1
+        runs, limit = split_runs(order, groups), sum(nbytes) + 1
     else:
         runs, limit = [order], threshold
     buckets = []

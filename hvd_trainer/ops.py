@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tupl
 import numpy as np
 
 from . import diagnostics, fusion, runtime
+from .backends import split_evenly
 from .runtime import ProcessSet, global_process_set
 
 
@@ -352,8 +353,8 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
 # -- reducescatter --------------------------------------------------------------------------
 def rows_per_rank(rows: int, size: int) -> List[int]:
     """Horovod's split of dim 0: as even as possible, the first ranks taking one extra row."""
-    base, extra = divmod(rows, size)
-    return [base + (1 if r < extra else 0) for r in range(size)]
+    bounds = split_evenly(rows, size)
+    return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
 @_gpu_twin

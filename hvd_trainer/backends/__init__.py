@@ -13,6 +13,17 @@ REDUCE_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np
                  "bor": np.bitwise_or}
 
 
+def split_evenly(count: int, parts: int) -> List[int]:
+    """Offsets cutting ``count`` items into ``parts`` consecutive runs whose lengths differ by
+    at most one, the first runs taking the extra items: the one split used everywhere (ring
+    chunks, reducescatter rows as Horovod splits them, gradient groups)."""
+    base, extra = divmod(count, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
 class Request(Protocol):
     """A collective in progress, started without waiting."""
 

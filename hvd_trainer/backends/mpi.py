@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import REDUCE_UFUNCS
+from . import REDUCE_UFUNCS, split_evenly
 
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD, "bor": MPI.BOR}
 # Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
@@ -47,15 +47,6 @@ def _bytes(buf: np.ndarray) -> list:
 def _pieces(count: int, limit: int) -> List[Tuple[int, int]]:
     """(start, end) ranges of at most ``limit`` covering ``count`` (one empty range for 0)."""
     return [(a, min(a + limit, count)) for a in range(0, count, limit)] or [(0, 0)]
-
-
-def _chunk_bounds(count: int, parts: int) -> List[int]:
-    """Offsets cutting ``count`` elements into ``parts`` chunks differing by at most one."""
-    base, extra = divmod(count, parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return bounds
 
 
 class _Pending:
@@ -139,7 +130,7 @@ class MPICommunicator:
         With ``out`` the result goes there and ``buf`` is only read: no copy of it first.
         """
         out = buf if out is None else out
-        bounds = _chunk_bounds(buf.size, self.size)
+        bounds = split_evenly(buf.size, self.size)
         self._ring_reduce_scatter(buf, bounds, op, out)
         self._ring_allgather(out, bounds)
 

@@ -5,12 +5,12 @@ gradient across ranks just before the wrapped optimizer applies it. The ``1/size
 average is folded into the wrapped optimizer's ``rescale_grad`` (as Horovod does), so N ranks
 with batch B each update exactly like one process with batch N*B.
 """
-from typing import Any, List, Sequence
+from typing import Any
 
 import mxnet as mx
 
 from .. import ops as core
-from .. import runtime
+from .. import fusion, runtime
 from ..ops import Sum
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
@@ -18,18 +18,6 @@ from .errors import raises_mxnet_errors
 
 _OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
         "_rescale_grad")
-
-
-def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
-    """``items`` in up to ``groups`` consecutive non-empty runs, the earlier ones longer by one."""
-    base, extra = divmod(len(items), groups)
-    runs, start = [], 0
-    for g in range(groups):
-        stop = start + base + (1 if g < extra else 0)
-        if stop > start:
-            runs.append(items[start:stop])
-        start = stop
-    return runs
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -128,9 +116,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
         for i, g in zip(indices, grads):
             bridge.check_dense(g, f"the gradient of parameter index {i}")
-        groups = [(indices, grads)] if self._num_groups <= 0 else list(
-            zip(_split(indices, self._num_groups), _split(grads, self._num_groups)))
-        for group_indices, group_grads in groups:
+        for group_indices, group_grads in zip(fusion.split_runs(indices, self._num_groups),
+                                              fusion.split_runs(grads, self._num_groups)):
             buffers = [bridge.write_view(g) if bridge.is_host(g) else g.asnumpy()
                        for g in group_grads]
             core.grouped_allreduce_(buffers, Sum, f"DistributedOptimizer.{group_indices[0]}:"

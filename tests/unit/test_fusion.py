@@ -96,3 +96,10 @@ def test_a_lone_tensor_is_reduced_from_its_input_straight_into_its_output():
     fusion.fused([x], [out], fusion.BufferPool(), 1 << 20, double, prescale=0.5)
     assert seen == [True, False]  # a prescale needs the scaled copy
     np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3))
+
+
+def test_runs_of_nearly_equal_length_the_first_longer():
+    assert fusion.split_runs(list(range(7)), 0) == [list(range(7))]
+    assert fusion.split_runs(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert fusion.split_runs(list(range(2)), 5) == [[0], [1]]
+    assert fusion.split_runs([], 3) == []

@@ -9,7 +9,7 @@ import pytest
 
 import hvd_trainer as hvd
 from hvd_trainer import runtime
-from hvd_trainer.backends.mpi import _chunk_bounds
+from hvd_trainer.backends import split_evenly
 
 
 def test_plain_python_gives_a_size_one_world_without_mpi():
@@ -83,7 +83,7 @@ def test_env_reads_horovod_spelling_as_fallback(monkeypatch):
 
 @pytest.mark.parametrize("count, parts", [(0, 3), (2, 3), (10, 3), (9, 3), (7, 2)])
 def test_ring_chunks_cover_the_buffer_evenly(count, parts):
-    bounds = _chunk_bounds(count, parts)
+    bounds = split_evenly(count, parts)
     sizes = np.diff(bounds)
     assert bounds[0] == 0 and bounds[-1] == count and len(sizes) == parts
     assert sizes.max() - sizes.min() <= (1 if count else 0)
