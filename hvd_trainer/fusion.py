@@ -107,13 +107,15 @@ def unpack(flat: np.ndarray, outputs: Sequence[np.ndarray], scale: float = 1.0) 
         offset += o.size
 
 
-def fused(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray], pool: BufferPool,
+def fused(tensors: Sequence[Any], outputs: Sequence[Any], pool: BufferPool,
           threshold: int, reduce: Callable[..., None],
-          prescale: float = 1.0, postscale: float = 1.0) -> None:
+          prescale: float = 1.0, postscale: float = 1.0,
+          pack: Callable[..., None] = pack, unpack: Callable[..., None] = unpack) -> None:
     """Run ``reduce(flat)`` (in place on a flat buffer) or ``reduce(flat, out)`` (from ``flat``
     into ``out``) over ``tensors``, bucket by bucket.
 
     Results land in ``outputs`` (C-contiguous, same shapes), which may be ``tensors`` themselves.
+    ``pack`` and ``unpack`` are this module's for host arrays; GPU arrays bring their own.
     """
     plan = plan_buckets([t.nbytes for t in tensors], [t.dtype for t in tensors], threshold)
     for slot, members in enumerate(plan):

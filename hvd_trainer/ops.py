@@ -44,7 +44,7 @@ Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN,
 _BACKEND_OP = {ReduceOp.AVERAGE: "sum", ReduceOp.SUM: "sum", ReduceOp.MIN: "min",
                ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
 _SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
-# Fusion buffers per communicator: calls on one communicator never overlap (its turn).
+# Host fusion buffers per communicator.
 _pools: "weakref.WeakKeyDictionary[Any, fusion.BufferPool]" = weakref.WeakKeyDictionary()
 
 
@@ -156,43 +156,71 @@ def refuse(error: Exception, kind: str, name: Optional[str],
         call.agree(dict)  # raises ``error`` here and on the other ranks
 
 
-def _pool(comm) -> fusion.BufferPool:
-    pool = _pools.get(comm)
-    if pool is None:
-        pool = _pools[comm] = fusion.BufferPool()
-    return pool
+class Memory:
+    """Where a collective's arrays live: host memory (this class) or a GPU (``hvd_trainer.cuda``
+    subclasses it). One implementation of each collective serves both through these few
+    hooks, so host and GPU ranks check and describe a call alike."""
+
+    xp: Any = np  # the array module
+    pack = staticmethod(fusion.pack)
+    unpack = staticmethod(fusion.unpack)
+
+    def check(self, tensor: Any, arg: str, inplace: bool = False) -> Any:
+        """``tensor`` if it is an array of this memory that the collective can take."""
+        return _check_array(tensor, arg, inplace)
+
+    def mover(self, process_set: ProcessSet) -> Any:
+        """The communicator that moves this memory's bytes for ``process_set``."""
+        return runtime.communicator(process_set)
+
+    def pool(self, comm: Any) -> fusion.BufferPool:
+        """Fusion buffers for ``comm``; calls on one communicator never overlap (its turn)."""
+        pool = _pools.get(comm)
+        if pool is None:
+            pool = _pools[comm] = fusion.BufferPool()
+        return pool
+
+
+HOST = Memory()
+
+
+def _check_list(tensors: Any, memory: Memory, inplace: bool = False) -> List[Any]:
+    if isinstance(tensors, memory.xp.ndarray):
+        raise TypeError("tensors must be a list of arrays, got a single array; wrap it in a list")
+    return [memory.check(t, f"tensors[{i}]", inplace) for i, t in enumerate(tensors)]
 
 
 # -- allreduce ------------------------------------------------------------------------------
-def _grouped_allreduce(tensors: Sequence[Any], op: Any, name: Optional[str],
-                       prescale_factor: float, postscale_factor: float,
-                       process_set: ProcessSet, kind: str, inplace: bool) -> List[np.ndarray]:
-    """Reduce ``tensors`` in place, or into new arrays."""
+def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
+                 prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
+                 kind: str, inplace: bool) -> List[Any]:
+    """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
     comm = runtime.communicator(process_set)
     with diagnostics.collective(comm, kind, name) as call:
         with call.checks():
             if kind == "allreduce":
-                tensors = [_check_array(tensors[0], "tensor", inplace)]
+                tensors = [memory.check(tensors[0], "tensor", inplace)]
             else:
-                if isinstance(tensors, np.ndarray):
-                    raise TypeError("tensors must be a list of arrays, got a single array; "
-                                    "wrap it in a list")
-                tensors = [_check_array(t, f"tensors[{i}]", inplace)
-                           for i, t in enumerate(tensors)]
+                tensors = _check_list(tensors, memory, inplace)
             op = check_reduction(op, prescale_factor, postscale_factor)
         call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
                                               postscale_factor))
-        outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
+        if inplace:
+            outputs = tensors
+        else:
+            tensors = [memory.xp.asarray(t, order="C") for t in tensors]  # keeps 0-d arrays
+            outputs = [memory.xp.empty(t.shape, t.dtype) for t in tensors]
+        data = memory.mover(process_set)
         pre, post = scales(op, comm, prescale_factor, postscale_factor)
         backend_op = _BACKEND_OP[op]
 
-        def communicate(flat: np.ndarray, out: Optional[np.ndarray] = None) -> None:
+        def communicate(flat: Any, out: Optional[Any] = None) -> None:
             with call.communicate():
-                comm.allreduce(flat, backend_op, out)
+                data.allreduce(flat, backend_op, out)
 
         with diagnostics.span(call.name, "FUSE"):
-            fusion.fused(tensors, outputs, _pool(comm), runtime.fusion_threshold(), communicate,
-                         pre, post)
+            fusion.fused(tensors, outputs, memory.pool(data), runtime.fusion_threshold(),
+                         communicate, pre, post, memory.pack, memory.unpack)
         return list(outputs)
 
 
@@ -201,8 +229,8 @@ def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across the process set's ranks; return the result as a new array."""
-    return _grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor,
-                              process_set, "allreduce", False)[0]
+    return reduce_group(HOST, [tensor], op, name, prescale_factor, postscale_factor,
+                        process_set, "allreduce", False)[0]
 
 
 @_gpu_twin
@@ -210,8 +238,8 @@ def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return _grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor,
-                              process_set, "allreduce", True)[0]
+    return reduce_group(HOST, [tensor], op, name, prescale_factor, postscale_factor,
+                        process_set, "allreduce", True)[0]
 
 
 @_gpu_twin
@@ -219,8 +247,8 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Op
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allreduce a list of tensors as one fused operation; return new arrays."""
-    return _grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor,
-                              process_set, "grouped_allreduce", False)
+    return reduce_group(HOST, tensors, op, name, prescale_factor, postscale_factor,
+                        process_set, "grouped_allreduce", False)
 
 
 @_gpu_twin
@@ -228,28 +256,34 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns ``tensors``."""
-    return _grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor,
-                              process_set, "grouped_allreduce", True)
+    return reduce_group(HOST, tensors, op, name, prescale_factor, postscale_factor,
+                        process_set, "grouped_allreduce", True)
 
 
 # -- allgather ------------------------------------------------------------------------------
+def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: ProcessSet) -> Any:
+    """Allgather: every rank's ``tensor`` concatenated along dimension 0."""
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, "allgather", name) as call:
+        with call.checks():
+            memory.check(tensor, "tensor")
+            _check_rows(tensor, "tensor", "allgather")
+            tensor = memory.xp.ascontiguousarray(tensor)
+        rows = call.agree_gather(lambda: {"tensors": [describe_tensor(tensor, call.name, False)]},
+                                 lambda: tensor.shape[0])
+        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        out = memory.xp.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
+        data = memory.mover(process_set)
+        with call.communicate():
+            data.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
+        return out
+
+
 @_gpu_twin
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "allgather", name) as call:
-        with call.checks():
-            _check_array(tensor, "tensor")
-            _check_rows(tensor, "tensor", "allgather")
-            tensor = np.ascontiguousarray(tensor)
-        rows = call.agree_gather(lambda: {"tensors": [describe_tensor(tensor, call.name, False)]},
-                                 lambda: tensor.shape[0])
-        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-        out = np.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
-        with call.communicate():
-            comm.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
-        return out
+    return gather(HOST, tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
@@ -258,10 +292,7 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     with diagnostics.collective(comm, "grouped_allgather", name) as call:
         with call.checks():
-            if isinstance(tensors, np.ndarray):
-                raise TypeError("tensors must be a list of arrays, got a single array; "
-                                "wrap it in a list")
-            tensors = [_check_array(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+            tensors = _check_list(tensors, HOST)
             for i, t in enumerate(tensors):
                 _check_rows(t, f"tensors[{i}]", "allgather")
         names = [f"{call.name}.{i}" for i in range(len(tensors))]
@@ -272,19 +303,21 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
 
 
 # -- broadcast ------------------------------------------------------------------------------
-def _broadcast_into(tensor: Any, root_rank: Any, name: Optional[str], process_set: ProcessSet,
-                    inplace: bool) -> np.ndarray:
+def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str],
+                 process_set: ProcessSet, inplace: bool) -> Any:
+    """Broadcast from the global rank ``root_rank``, into ``tensor`` or a new array."""
     comm = runtime.communicator(process_set)
     with diagnostics.collective(comm, "broadcast", name) as call:
         with call.checks():
-            _check_array(tensor, "tensor", inplace)
+            memory.check(tensor, "tensor", inplace)
             root = _check_root(root_rank, process_set)
         call.agree(lambda: {"root_rank": int(root_rank),
                             "tensors": [describe_tensor(tensor, call.name)]})
         if not inplace:
-            tensor = np.array(tensor, order="C", copy=True)
+            tensor = memory.xp.array(tensor, order="C", copy=True)
+        data = memory.mover(process_set)
         with call.communicate():
-            comm.broadcast(tensor.reshape(-1), root)
+            data.broadcast(tensor.reshape(-1), root)
         return tensor
 
 
@@ -295,14 +328,14 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
 
     ``root_rank`` is a global rank, also on a process set (Horovod's rule).
     """
-    return _broadcast_into(tensor, root_rank, name, process_set, True)
+    return broadcast_in(HOST, tensor, root_rank, name, process_set, True)
 
 
 @_gpu_twin
 def broadcast(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Return a new array holding the root rank's ``tensor`` on every rank."""
-    return _broadcast_into(tensor, root_rank, name, process_set, False)
+    return broadcast_in(HOST, tensor, root_rank, name, process_set, False)
 
 
 # -- alltoall -------------------------------------------------------------------------------
@@ -362,8 +395,8 @@ def reducescatter(tensor: np.ndarray, op: Any = Average, name: Optional[str] = N
                   process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce ``tensor`` across ranks and return this rank's share of dim 0's rows."""
-    return _reducescatter([tensor], op, name, process_set, prescale_factor, postscale_factor,
-                          "reducescatter")[0]
+    return scatter_reduce(HOST, [tensor], op, name, process_set, prescale_factor,
+                          postscale_factor, "reducescatter")[0]
 
 
 def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
@@ -372,37 +405,39 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
     """:func:`reducescatter` on each tensor of a list, agreed on in one exchange."""
-    return _reducescatter(tensors, op, name, process_set, prescale_factor, postscale_factor,
-                          "grouped_reducescatter")
+    return scatter_reduce(HOST, tensors, op, name, process_set, prescale_factor,
+                          postscale_factor, "grouped_reducescatter")
 
 
-def _reducescatter(tensors: Sequence[Any], op: Any, name: Optional[str],
+def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
                    process_set: ProcessSet, prescale_factor: float, postscale_factor: float,
-                   kind: str) -> List[np.ndarray]:
+                   kind: str) -> List[Any]:
+    """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor."""
     comm = runtime.communicator(process_set)
     with diagnostics.collective(comm, kind, name) as call:
         with call.checks():
-            if isinstance(tensors, np.ndarray):
-                raise TypeError("tensors must be a list of arrays, got a single array; "
-                                "wrap it in a list")
-            arg = "tensor" if kind == "reducescatter" else "tensors[{}]"
-            tensors = [_check_array(t, arg.format(i)) for i, t in enumerate(tensors)]
+            if kind == "reducescatter":
+                tensors, arg = [memory.check(tensors[0], "tensor")], "tensor"
+            else:
+                tensors, arg = _check_list(tensors, memory), "tensors[{}]"
             for i, t in enumerate(tensors):
                 _check_rows(t, arg.format(i), "reducescatter")
             op = check_reduction(op, prescale_factor, postscale_factor)
         call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
                                               postscale_factor))
         pre, post = scales(op, comm, prescale_factor, postscale_factor)
+        data = memory.mover(process_set)
         results = []
         for t in tensors:
+            t = memory.xp.ascontiguousarray(t)
             row = int(np.prod(t.shape[1:], dtype=np.int64))
             shares = rows_per_rank(t.shape[0], comm.size)
-            work = np.empty(t.size, t.dtype)
-            fusion.pack([t], work, pre)
+            work = memory.xp.empty(t.size, t.dtype)
+            memory.pack([t], work, pre)
             with call.communicate():
-                mine = comm.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
-            out = np.empty((shares[comm.rank],) + t.shape[1:], t.dtype)
-            fusion.unpack(mine, [out], post)
+                mine = data.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
+            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], t.dtype)
+            memory.unpack(mine, [out], post)
             results.append(out)
         return results
 

@@ -7,7 +7,7 @@ per (slot, dtype) and grow to the largest size asked for.
 
 This module imports CuPy; ``hvd_trainer.cuda`` imports it only where CuPy is installed.
 """
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import cupy
 import cupyx
@@ -43,13 +43,13 @@ class HostStagedCommunicator:
         buf.set(host)
         cupy.cuda.get_current_stream().synchronize()
 
-    def allreduce(self, buf: cupy.ndarray, op: str) -> None:
-        """Reduce ``buf`` across ranks with ``op``, in place."""
+    def allreduce(self, buf: cupy.ndarray, op: str, out: Optional[cupy.ndarray] = None) -> None:
+        """Reduce ``buf`` across ranks with ``op``, in place or into ``out``."""
         if buf.size == 0:
             return
         host = self._to_host(buf, "send")
         self.host.allreduce(host, op)
-        self._to_device(host, buf)
+        self._to_device(host, buf if out is None else out)
 
     def reduce_scatter(self, buf: cupy.ndarray, counts: Sequence[int], op: str) -> cupy.ndarray:
         """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements)."""

@@ -12,7 +12,7 @@ This module imports CuPy; ``hvd_trainer.cuda`` imports it only where CuPy is ins
 import warnings
 from contextlib import contextmanager
 from itertools import accumulate
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import cupy
 import numpy as np
@@ -72,15 +72,17 @@ class NCCLCommunicator:
             self.stream.record(self._done)
             caller.wait_event(self._done)
 
-    def allreduce(self, buf: cupy.ndarray, op: str) -> None:
-        """Reduce ``buf`` across ranks with ``op`` ("sum", "prod", "min", "max"), in place."""
+    def allreduce(self, buf: cupy.ndarray, op: str, out: Optional[cupy.ndarray] = None) -> None:
+        """Reduce ``buf`` across ranks with ``op`` ("sum", "prod", "min", "max"), in place or
+        into ``out``."""
         if buf.dtype not in _DTYPES:
-            self._staged.allreduce(buf, op)
+            self._staged.allreduce(buf, op, out)
             return
         if buf.size == 0:
             return
+        out = buf if out is None else out
         with self._ordered() as stream:
-            self._comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _DTYPES[buf.dtype],
+            self._comm.allReduce(buf.data.ptr, out.data.ptr, buf.size, _DTYPES[buf.dtype],
                                  _OPS[op], stream)
 
     def reduce_scatter(self, buf: cupy.ndarray, counts: Sequence[int], op: str) -> cupy.ndarray:
