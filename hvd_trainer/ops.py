@@ -17,10 +17,10 @@ same order on every rank, or the ranks raise :class:`MismatchError`.
 Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
+import contextlib
 import enum
-import functools
 import weakref
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, ContextManager, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -93,17 +93,14 @@ def _check_scale(value: Any, arg: str) -> float:
     return float(value)
 
 
-def _gpu_twin(collective: Callable) -> Callable:
-    """Send calls whose tensor (or first tensor) is a CuPy array to the collective of the same
-    name in ``hvd_trainer.cuda``, which keeps the data on the GPU."""
-    @functools.wraps(collective)
-    def dispatch(tensor, *args, **kwargs):
-        first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
-        if type(first).__module__.partition(".")[0] == "cupy":
-            from . import cuda
-            return getattr(cuda, collective.__name__)(tensor, *args, **kwargs)
-        return collective(tensor, *args, **kwargs)
-    return dispatch
+def memory_of(tensor: Any) -> "Memory":
+    """HOST for NumPy arrays; the GPU's memory (``hvd_trainer.cuda``) for CuPy arrays. A list
+    goes by its first element."""
+    first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
+    if type(first).__module__.partition(".")[0] == "cupy":
+        from .cuda.ops import DEVICE
+        return DEVICE
+    return HOST
 
 
 def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
@@ -169,6 +166,10 @@ class Memory:
         """``tensor`` if it is an array of this memory that the collective can take."""
         return _check_array(tensor, arg, inplace)
 
+    def active(self) -> ContextManager[Any]:
+        """Where the collective's work runs (the rank's GPU, for GPU memory)."""
+        return contextlib.nullcontext()
+
     def mover(self, process_set: ProcessSet) -> Any:
         """The communicator that moves this memory's bytes for ``process_set``."""
         return runtime.communicator(process_set)
@@ -196,7 +197,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
                  kind: str, inplace: bool) -> List[Any]:
     """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, kind, name) as call:
+    with memory.active(), diagnostics.collective(comm, kind, name) as call:
         with call.checks():
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
@@ -224,47 +225,43 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         return list(outputs)
 
 
-@_gpu_twin
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across the process set's ranks; return the result as a new array."""
-    return reduce_group(HOST, [tensor], op, name, prescale_factor, postscale_factor,
-                        process_set, "allreduce", False)[0]
+    return reduce_group(memory_of(tensor), [tensor], op, name, prescale_factor,
+                        postscale_factor, process_set, "allreduce", False)[0]
 
 
-@_gpu_twin
 def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return reduce_group(HOST, [tensor], op, name, prescale_factor, postscale_factor,
-                        process_set, "allreduce", True)[0]
+    return reduce_group(memory_of(tensor), [tensor], op, name, prescale_factor,
+                        postscale_factor, process_set, "allreduce", True)[0]
 
 
-@_gpu_twin
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allreduce a list of tensors as one fused operation; return new arrays."""
-    return reduce_group(HOST, tensors, op, name, prescale_factor, postscale_factor,
-                        process_set, "grouped_allreduce", False)
+    return reduce_group(memory_of(tensors), tensors, op, name, prescale_factor,
+                        postscale_factor, process_set, "grouped_allreduce", False)
 
 
-@_gpu_twin
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns ``tensors``."""
-    return reduce_group(HOST, tensors, op, name, prescale_factor, postscale_factor,
-                        process_set, "grouped_allreduce", True)
+    return reduce_group(memory_of(tensors), tensors, op, name, prescale_factor,
+                        postscale_factor, process_set, "grouped_allreduce", True)
 
 
 # -- allgather ------------------------------------------------------------------------------
 def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: ProcessSet) -> Any:
     """Allgather: every rank's ``tensor`` concatenated along dimension 0."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "allgather", name) as call:
+    with memory.active(), diagnostics.collective(comm, "allgather", name) as call:
         with call.checks():
             memory.check(tensor, "tensor")
             _check_rows(tensor, "tensor", "allgather")
@@ -279,11 +276,10 @@ def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: Proces
         return out
 
 
-@_gpu_twin
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    return gather(HOST, tensor, name, process_set)
+    return gather(memory_of(tensor), tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
@@ -307,7 +303,7 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
                  process_set: ProcessSet, inplace: bool) -> Any:
     """Broadcast from the global rank ``root_rank``, into ``tensor`` or a new array."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "broadcast", name) as call:
+    with memory.active(), diagnostics.collective(comm, "broadcast", name) as call:
         with call.checks():
             memory.check(tensor, "tensor", inplace)
             root = _check_root(root_rank, process_set)
@@ -321,21 +317,19 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
         return tensor
 
 
-@_gpu_twin
 def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``.
 
     ``root_rank`` is a global rank, also on a process set (Horovod's rule).
     """
-    return broadcast_in(HOST, tensor, root_rank, name, process_set, True)
+    return broadcast_in(memory_of(tensor), tensor, root_rank, name, process_set, True)
 
 
-@_gpu_twin
 def broadcast(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Return a new array holding the root rank's ``tensor`` on every rank."""
-    return broadcast_in(HOST, tensor, root_rank, name, process_set, False)
+    return broadcast_in(memory_of(tensor), tensor, root_rank, name, process_set, False)
 
 
 # -- alltoall -------------------------------------------------------------------------------
@@ -390,12 +384,11 @@ def rows_per_rank(rows: int, size: int) -> List[int]:
     return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
-@_gpu_twin
 def reducescatter(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce ``tensor`` across ranks and return this rank's share of dim 0's rows."""
-    return scatter_reduce(HOST, [tensor], op, name, process_set, prescale_factor,
+    return scatter_reduce(memory_of(tensor), [tensor], op, name, process_set, prescale_factor,
                           postscale_factor, "reducescatter")[0]
 
 
@@ -414,7 +407,7 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
                    kind: str) -> List[Any]:
     """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, kind, name) as call:
+    with memory.active(), diagnostics.collective(comm, kind, name) as call:
         with call.checks():
             if kind == "reducescatter":
                 tensors, arg = [memory.check(tensors[0], "tensor")], "tensor"

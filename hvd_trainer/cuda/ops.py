@@ -1,8 +1,8 @@
-"""Named collectives on CuPy arrays: ops.py for tensors that live on a GPU.
+"""Collectives on CuPy arrays: the GPU memory that ops.py's collectives run on.
 
-The collectives are ops.py's own, run on :class:`DeviceMemory`: same operators, scaling,
-names, argument errors and agreement (over the host communicator, with the same
-descriptions); the bytes move through the process set's GPU communicator. That is NCCL when
+``hvd_trainer.allreduce`` and its siblings take CuPy arrays as they take NumPy ones: they run
+on :class:`DeviceMemory`, with the same operators, scaling, names, argument errors and
+agreement (over the host communicator, with the same descriptions); the bytes move through the process set's GPU communicator. That is NCCL when
 CuPy has it and every rank of the set has a GPU of its own, and host-staged MPI otherwise;
 ``HVD_GPU_COMMUNICATOR=nccl`` or ``=mpi`` forces one. Grouped allreduces fuse tensors into
 device buckets packed by one kernel each.
@@ -10,7 +10,7 @@ device buckets packed by one kernel each.
 import functools
 import socket
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, TypeVar
 
 import cupy
 
@@ -18,7 +18,7 @@ from .. import runtime
 from ..backends import nccl
 from ..backends.host_staged import HostStagedCommunicator
 from ..fusion import BufferPool
-from ..ops import Average, Memory, broadcast_in, gather, reduce_group, scatter_reduce
+from ..ops import Memory
 from ..runtime import ProcessSet, global_process_set
 from . import fusion
 
@@ -86,6 +86,9 @@ class DeviceMemory(Memory):
                              f"works on GPU {device()} (its local rank); move it there")
         return tensor
 
+    def active(self) -> ContextManager[Any]:
+        return cupy.cuda.Device(device())
+
     def mover(self, process_set: ProcessSet) -> Any:
         return communicator(process_set)
 
@@ -99,73 +102,3 @@ class DeviceMemory(Memory):
 DEVICE = DeviceMemory()
 # Device fusion buffers per GPU communicator.
 _pools: "weakref.WeakKeyDictionary[Any, BufferPool]" = weakref.WeakKeyDictionary()
-
-
-@_on_rank_device
-def grouped_allreduce_(tensors: Sequence[cupy.ndarray], op: Any = Average,
-                       name: Optional[str] = None, prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0,
-                       process_set: ProcessSet = global_process_set) -> List[cupy.ndarray]:
-    """Reduce each tensor across the process set's ranks in place, fused into device buckets;
-    returns ``tensors``."""
-    return reduce_group(DEVICE, tensors, op, name, prescale_factor, postscale_factor,
-                        process_set, "grouped_allreduce", True)
-
-
-@_on_rank_device
-def allreduce_(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
-    """Reduce ``tensor`` across the process set's ranks in place; returns ``tensor``."""
-    return reduce_group(DEVICE, [tensor], op, name, prescale_factor, postscale_factor,
-                        process_set, "allreduce", True)[0]
-
-
-@_on_rank_device
-def allreduce(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: ProcessSet = global_process_set) -> cupy.ndarray:
-    """Reduce ``tensor`` across the process set's ranks into a new array."""
-    return reduce_group(DEVICE, [tensor], op, name, prescale_factor, postscale_factor,
-                        process_set, "allreduce", False)[0]
-
-
-@_on_rank_device
-def grouped_allreduce(tensors: Sequence[cupy.ndarray], op: Any = Average,
-                      name: Optional[str] = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set) -> List[cupy.ndarray]:
-    """:func:`grouped_allreduce_` into new arrays."""
-    return reduce_group(DEVICE, tensors, op, name, prescale_factor, postscale_factor,
-                        process_set, "grouped_allreduce", False)
-
-
-@_on_rank_device
-def allgather(tensor: cupy.ndarray, name: Optional[str] = None,
-              process_set: ProcessSet = global_process_set) -> cupy.ndarray:
-    """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    return gather(DEVICE, tensor, name, process_set)
-
-
-@_on_rank_device
-def broadcast_(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
-               process_set: ProcessSet = global_process_set) -> cupy.ndarray:
-    """Overwrite ``tensor`` on every rank with the root rank's values; returns ``tensor``."""
-    return broadcast_in(DEVICE, tensor, root_rank, name, process_set, True)
-
-
-@_on_rank_device
-def broadcast(tensor: cupy.ndarray, root_rank: int, name: Optional[str] = None,
-              process_set: ProcessSet = global_process_set) -> cupy.ndarray:
-    """Return a new array holding the root rank's ``tensor`` on every rank."""
-    return broadcast_in(DEVICE, tensor, root_rank, name, process_set, False)
-
-
-@_on_rank_device
-def reducescatter(tensor: cupy.ndarray, op: Any = Average, name: Optional[str] = None,
-                  process_set: ProcessSet = global_process_set,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> cupy.ndarray:
-    """Reduce ``tensor`` across ranks and return this rank's share of dim 0's rows
-    (Horovod's split: as even as possible, the first ranks taking one extra row)."""
-    return scatter_reduce(DEVICE, [tensor], op, name, process_set, prescale_factor,
-                          postscale_factor, "reducescatter")[0]

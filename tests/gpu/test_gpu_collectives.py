@@ -98,8 +98,8 @@ def test_dtypes_nccl_has_no_type_for_still_reduce(dtype):
 
 
 def test_wrong_arguments_name_the_fix():
-    with pytest.raises(TypeError, match="cupy.ndarray"):
-        cuda.allreduce_(np.ones(3))
+    with pytest.raises(TypeError, match=r"tensors\[1\] must be a cupy.ndarray"):
+        cuda.grouped_allreduce_([cupy.ones(2), np.ones(3)])  # a list goes by its first array
     with pytest.raises(ValueError, match="C-contiguous"):
         cuda.allreduce_(cupy.ones((4, 4))[:, 1])
     with pytest.raises(ValueError, match="float32"):
