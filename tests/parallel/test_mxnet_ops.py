@@ -12,3 +12,9 @@ from runner import run_ranks
 def test_ndarray_collectives_match_numpy(np_):
     out = run_ranks("mxnet_ops_worker.py", np_, timeout=120).stdout
     assert out.count("mxnet ops ok") == np_, out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_one_ranks_bad_argument_raises_on_every_rank_and_the_job_goes_on(np_):
+    out = run_ranks("mxnet_bad_arguments.py", np_, timeout=120).stdout
+    assert out.count("mxnet bad arguments ok") == np_, out
