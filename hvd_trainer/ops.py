@@ -96,12 +96,14 @@ def _gpu_twin(collective: Callable) -> Callable:
     """Send calls whose tensor (or first tensor) is a CuPy array to the collective of the same
     name in ``hvd_trainer.cuda``, which keeps the data on the GPU."""
     @functools.wraps(collective)
-    def dispatch(tensor, *args, **kwargs):
-        first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
+    def dispatch(*args, **kwargs):
+        # The tensor argument may come by keyword too (``tensor=`` or ``tensors=``).
+        given = args[0] if args else kwargs.get("tensor", kwargs.get("tensors"))
+        first = given[0] if isinstance(given, (list, tuple)) and given else given
         if type(first).__module__.partition(".")[0] == "cupy":
             from . import cuda
-            return getattr(cuda, collective.__name__)(tensor, *args, **kwargs)
-        return collective(tensor, *args, **kwargs)
+            return getattr(cuda, collective.__name__)(*args, **kwargs)
+        return collective(*args, **kwargs)
     return dispatch
 
 

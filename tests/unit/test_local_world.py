@@ -36,6 +36,16 @@ def test_size_one_collectives():
     assert hvd.allgather_object(3) == [3]
 
 
+def test_tensor_arguments_may_be_passed_by_keyword():
+    x = np.arange(4.0)
+    np.testing.assert_array_equal(hvd.allreduce(tensor=x, op=hvd.Sum), x)
+    got = hvd.grouped_allreduce(tensors=[x, 2 * x], op=hvd.Sum)
+    np.testing.assert_array_equal(got[1], 2 * x)
+    assert hvd.grouped_allreduce_(tensors=[x])[0] is x
+    np.testing.assert_array_equal(hvd.broadcast(tensor=x, root_rank=0), x)
+    np.testing.assert_array_equal(hvd.reducescatter(tensor=x), x)
+
+
 def test_init_twice_is_harmless_and_state_survives():
     hvd.init()
     hvd.init()
