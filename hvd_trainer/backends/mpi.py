@@ -100,11 +100,15 @@ class MPICommunicator:
         if self._fits(send.size, recv.size):
             self.comm.Sendrecv([send, MPI.BYTE], dest, tag, [recv, MPI.BYTE], source, tag)
             return
-        # Both sides cut at the same offsets, so every piece meets its counterpart.
+        # A message of n bytes is always cut into the same pieces, by its sender and by its
+        # receiver (who knows n), whatever else either of them sends or receives: the send
+        # and the receive may need different numbers of pieces.
         limit = self.count_limit
-        for start in range(0, max(send.size, recv.size), limit):
-            self.comm.Sendrecv([send[start:start + limit], MPI.BYTE], dest, tag,
-                               [recv[start:start + limit], MPI.BYTE], source, tag)
+        requests = [self.comm.Irecv([recv[a:b], MPI.BYTE], source, tag)
+                    for a, b in _pieces(recv.size, limit)]
+        requests += [self.comm.Isend([send[a:b], MPI.BYTE], dest, tag)
+                     for a, b in _pieces(send.size, limit)]
+        MPI.Request.Waitall(requests)
 
     # -- allreduce -------------------------------------------------------------------------
     def allreduce(self, buf: np.ndarray, op: str) -> None:
