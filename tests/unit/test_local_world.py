@@ -9,7 +9,7 @@ import pytest
 
 import hvd_trainer as hvd
 from hvd_trainer import runtime
-from hvd_trainer.backends.mpi import _chunk_bounds
+from hvd_trainer.backends.mpi import _chunk_bounds, _pieces
 
 
 def test_plain_python_gives_a_size_one_world_without_mpi():
@@ -97,6 +97,17 @@ def test_ring_chunks_cover_the_buffer_evenly(count, parts):
     sizes = np.diff(bounds)
     assert bounds[0] == 0 and bounds[-1] == count and len(sizes) == parts
     assert sizes.max() - sizes.min() <= (1 if count else 0)
+
+
+@pytest.mark.parametrize("count, limit, pieces", [
+    (2500, 1000, [(0, 1000), (1000, 2000), (2000, 2500)]),
+    (2000, 1000, [(0, 1000), (1000, 2000)]),
+    (5, 1000, [(0, 5)]),
+    (0, 1000, [(0, 0)]),  # an empty message is still one message, on both sides
+    (3, 1, [(0, 1), (1, 2), (2, 3)]),
+])
+def test_messages_over_the_count_limit_are_cut_into_pieces(count, limit, pieces):
+    assert _pieces(count, limit) == pieces
 
 
 def test_log_level_debug_reports_the_backend():
