@@ -111,18 +111,19 @@ def run_all(where, ranks, process_set):
                                               process_set=process_set),
           data(ranks[-1], (10_000,), np.float64))
 
-    def splits(i):  # rows rank i sends to each rank: uneven, over the limit in bytes
-        return [40 * (i + d + 1) for d in range(n)]
-
-    sent = {i: data(r, (sum(splits(i)), 4), np.float64) for i, r in enumerate(ranks)}
-    out, received = hvd.alltoall(sent[me], splits=splits(me), process_set=process_set)
-    pieces = []
-    for i in range(n):
-        start = sum(splits(i)[:me])
-        pieces.append(sent[i][start:start + splits(i)[me]])
-    check(f"{where} alltoall with uneven splits", out, np.concatenate(pieces))
-    check(f"{where} alltoall received splits", received,
-          np.array([splits(i)[me] for i in range(n)], np.int64))
+    # Rows rank i sends to rank d (of 4 float64, 32 bytes): uneven and over the limit; then
+    # small for the first rank (whose calls all fit) and over the limit between the others.
+    for label, rows_to in (("uneven splits", lambda i, d: 40 * (i + d + 1)),
+                           ("splits over the limit on some ranks only",
+                            lambda i, d: 2 if 0 in (i, d) else 100)):
+        splits = [[rows_to(i, d) for d in range(n)] for i in range(n)]
+        sent = [data(r, (sum(splits[i]), 4), np.float64) for i, r in enumerate(ranks)]
+        out, received = hvd.alltoall(sent[me], splits=splits[me], process_set=process_set)
+        starts = [sum(splits[i][:me]) for i in range(n)]
+        check(f"{where} alltoall with {label}", out,
+              np.concatenate([sent[i][starts[i]:starts[i] + splits[i][me]] for i in range(n)]))
+        check(f"{where} alltoall received splits with {label}", received,
+              np.array([splits[i][me] for i in range(n)], np.int64))
     rows = 500 * n + 1
     check(f"{where} reducescatter",
           hvd.reducescatter(data(R, (rows, 2), np.float32), op=hvd.Sum, process_set=process_set),
