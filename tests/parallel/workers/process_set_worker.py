@@ -108,6 +108,11 @@ def stage_root():
         expect("broadcast from rank 0, outside the set", ValueError,
                ["root_rank=0", f"global ranks {list(range(1, N))}"],
                lambda: hvd.broadcast(vec(R), root_rank=0, process_set=tail), tail)
+        if N > 2:  # an argument error on a set names the global rank
+            expect("bad op on the last rank of the set", ValueError,
+                   [f"on rank {last}", "op='max'"],
+                   lambda: hvd.allreduce(vec(R), op="max" if R == last else hvd.Sum,
+                                         process_set=tail), tail)
         equal("allreduce on the set after the error",
               hvd.allreduce(vec(R), op=hvd.Sum, process_set=tail),
               sum(vec(r) for r in range(1, N)))
