@@ -4,7 +4,7 @@ For each case the bad rank (rank 0 or the last rank, alternately) calls the coll
 bad argument while the others call it correctly. Every rank must raise the case's exception
 type with the same message, which names the bad rank; then every rank calls the collective
 correctly and the result must equal a NumPy reference computed from all ranks' inputs.
-Run as: worker.py [label ...] (default: every case).
+Last, two ranks pass different bad arguments. Run as: worker.py [label ...] (default: all).
 """
 import sys
 import threading
@@ -217,6 +217,19 @@ for i, label in enumerate(labels):
     if len(set(messages)) != 1:
         failures.append(f"{label}: ranks raised different errors {messages}")
     print(f"rank {R} {label}: done", flush=True)
+
+if not sys.argv[1:]:
+    # Two ranks with different bad arguments: every rank raises the lowest rank's error.
+    try:
+        hvd.allreduce([1.0] if R == N - 1 else vec(R), op="mean" if R == 0 else hvd.Sum)
+        failures.append(f"two bad ranks: rank {R} raised nothing")
+    except ValueError as e:
+        if "on rank 0: op='mean'" not in str(e):
+            failures.append(f"two bad ranks: {e!r} does not name rank 0's error")
+    except Exception as e:  # noqa: BLE001 - any other error is a failure
+        failures.append(f"two bad ranks: rank {R} raised {e!r}, not rank 0's ValueError")
+    if not np.array_equal(hvd.allreduce(vec(R), op=hvd.Sum), total(vec)):
+        failures.append("two bad ranks: the next allreduce differs from NumPy")
 
 if failures:
     print(f"rank {R}:", *failures, sep="\n  ")
