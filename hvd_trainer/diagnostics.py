@@ -276,13 +276,18 @@ def _communicating(call: Call) -> Iterator[None]:
 @contextlib.contextmanager
 def collective(comm: Communicator, kind: str, name: Optional[str]) -> Iterator[Call]:
     """Take ``comm``'s turn for one collective and name it (``kind.noname.N`` per communicator
-    when ``name`` is None)."""
+    when ``name`` is None). A name that is not a string is an argument error."""
     book = _book(comm)
     with book.turn:
         if name is None:
             name = f"{kind}.noname.{book.unnamed}"
             book.unnamed += 1
-        yield Call(comm, kind, name)
+        if isinstance(name, str):
+            yield Call(comm, kind, name)
+            return
+        call = Call(comm, kind, repr(name))
+        call.error = TypeError(f"name={name!r} must be a string or None")
+        yield call
 
 
 class Cover:

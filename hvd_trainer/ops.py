@@ -19,6 +19,7 @@ zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
 import contextlib
 import enum
+import pickle
 import weakref
 from typing import Any, ContextManager, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
@@ -436,6 +437,15 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
 
 
 # -- objects --------------------------------------------------------------------------------
+def _pickled(obj: Any) -> bytes:
+    """``obj`` pickled, as a check: an object that cannot be pickled is a TypeError."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # pickling can fail with any error type, e.g. in __reduce__
+        raise TypeError(f"obj cannot be pickled ({type(e).__name__}: {e}); pass a picklable "
+                        "object") from None
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return the root rank's picklable ``obj`` on every rank (``root_rank`` is global)."""
@@ -443,9 +453,13 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     with diagnostics.collective(comm, "broadcast_object", name) as call:
         with call.checks():
             root = _check_root(root_rank, process_set)
+            # Pickled before the agreement, so that an object the root cannot pickle raises
+            # on every rank instead of leaving the others in the data phase.
+            payload = _pickled(obj) if comm.rank == root else None
         call.agree(lambda: {"root_rank": int(root_rank)})
         with call.communicate():
-            return comm.broadcast_object(obj, root)
+            payload = comm.broadcast_object(payload, root)
+        return obj if comm.rank == root else pickle.loads(payload)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -453,9 +467,12 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Return the list of every rank's picklable ``obj``, in rank order."""
     comm = runtime.communicator(process_set)
     with diagnostics.collective(comm, "allgather_object", name) as call:
+        with call.checks():
+            payload = _pickled(obj)  # before the agreement, as in broadcast_object
         call.agree(dict)
         with call.communicate():
-            return comm.allgather_object(obj)
+            every = comm.allgather_object(payload)
+        return [pickle.loads(p) for p in every]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

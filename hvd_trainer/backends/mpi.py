@@ -16,7 +16,8 @@ raw bytes except in native reductions, so MPI never needs to know a dtype it lac
 Messages of any size: MPI counts and displacements are C ints (below 2 GiB of bytes) unless
 the library has MPI-4's large counts. Without them, point-to-point messages, broadcasts and
 native reductions go in pieces under the limit, and gathers and all-to-alls whose counts or
-displacements exceed it are done as broadcasts or pairwise exchanges of such pieces.
+displacements exceed it are done as broadcasts or pairwise exchanges of such pieces (an
+all-to-all takes one more small allreduce there, as each rank knows only its own counts).
 """
 import pickle
 import threading
@@ -91,11 +92,15 @@ class MPICommunicator:
         if self._fits(send.size, recv.size):
             self.comm.Sendrecv([send, MPI.BYTE], dest, tag, [recv, MPI.BYTE], source, tag)
             return
-        # Both sides cut at the same offsets, so every piece meets its counterpart.
+        # A message of n bytes is always cut into the same pieces, by its sender and by its
+        # receiver (who knows n), whatever else either of them sends or receives: the send
+        # and the receive may need different numbers of pieces.
         limit = self.count_limit
-        for start in range(0, max(send.size, recv.size), limit):
-            self.comm.Sendrecv([send[start:start + limit], MPI.BYTE], dest, tag,
-                               [recv[start:start + limit], MPI.BYTE], source, tag)
+        requests = [self.comm.Irecv([recv[a:b], MPI.BYTE], source, tag)
+                    for a, b in _pieces(recv.size, limit)]
+        requests += [self.comm.Isend([send[a:b], MPI.BYTE], dest, tag)
+                     for a, b in _pieces(send.size, limit)]
+        MPI.Request.Waitall(requests)
 
     # -- allreduce -------------------------------------------------------------------------
     def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
@@ -207,7 +212,14 @@ class MPICommunicator:
         rc = [c * item for c in recv_counts]
         sd = [0, *accumulate(sc[:-1])]
         rd = [0, *accumulate(rc[:-1])]
-        if self._fits(*sc, *rc, *sd, *rd):
+        fits = self._fits(*sc, *rc, *sd, *rd)
+        if self.count_limit is not None:
+            # Each rank knows only its own counts, so the ranks choose the path together:
+            # one rank in MPI_Alltoallv and another in pairwise exchanges would hang.
+            over = np.array([not fits], np.int8)
+            self.comm.Allreduce(MPI.IN_PLACE, over, MPI.MAX)
+            fits = not over[0]
+        if fits:
             self.comm.Alltoallv([send.view(np.uint8), sc, sd, MPI.BYTE],
                                 [recv.view(np.uint8), rc, rd, MPI.BYTE])
             return

@@ -1,10 +1,14 @@
-"""Mismatch messages, flag packing and stall reports, checked without other processes."""
+"""Mismatch messages, flag packing, stall reports and turns, checked without other processes."""
 import logging
+import threading
 
 import numpy as np
 import pytest
 
-from hvd_trainer.diagnostics import StallInspector, describe_mismatch, pack_flags, unpack_flags
+import hvd_trainer as hvd
+from hvd_trainer import diagnostics, runtime
+from hvd_trainer.diagnostics import (StallInspector, _Turn, describe_mismatch, pack_flags,
+                                     unpack_flags)
 
 
 def test_names_first_differing_top_level_field():
@@ -90,3 +94,77 @@ def test_stall_report_says_where_other_ranks_wait():
     assert inspector.report(1.0) == (
         "stall: rank 0 has waited 1.0 s for allreduce 'x'; rank 2 has not submitted it "
         "(still computing, stuck, or exited); rank 1 waits for broadcast 'y' instead")
+
+
+# -- turns: one thread at a time per communicator --------------------------------------------
+def finishes(fn, seconds=10.0):
+    """Run ``fn`` in a thread; whether it returned within ``seconds`` (a deadlock does not)."""
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def test_a_turn_makes_another_thread_wait_until_it_ends():
+    turn, events = _Turn(), []
+
+    def other():
+        with turn:
+            events.append("other")
+
+    with turn:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive() and events == []
+        events.append("holder")
+    thread.join(10)
+    assert events == ["holder", "other"]
+
+
+def test_the_thread_holding_a_turn_may_enter_it_again():
+    turn = _Turn()
+
+    def nested():
+        with turn, turn:
+            pass
+        with turn:  # and it was left completely
+            pass
+
+    assert finishes(nested)
+
+
+def test_a_joined_thread_shares_the_turn_and_others_still_wait():
+    turn, events = _Turn(), []
+
+    def helper():
+        with turn.joined(), turn:  # a collective inside the shared turn takes it again
+            events.append("helper")
+
+    def outsider():
+        with turn:
+            events.append("outsider")
+
+    with turn:
+        assert finishes(helper)
+        waiting = threading.Thread(target=outsider)
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive()
+    waiting.join(10)
+    assert events == ["helper", "outsider"]
+
+
+def test_joining_a_turn_nobody_holds_is_an_error():
+    with pytest.raises(RuntimeError, match="ended"):
+        with _Turn().joined():
+            pass
+
+
+def test_a_covered_block_lets_its_shared_helper_run_collectives():
+    comm = runtime.communicator(hvd.global_process_set)
+    results = []
+    with diagnostics.covered(comm) as cover:
+        helper = cover.share(lambda: results.append(hvd.allreduce(np.ones(2), op=hvd.Sum)))
+        assert finishes(helper)
+    np.testing.assert_array_equal(results[0], np.ones(2))

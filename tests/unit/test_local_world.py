@@ -10,6 +10,7 @@ import pytest
 import hvd_trainer as hvd
 from hvd_trainer import runtime
 from hvd_trainer.backends import split_evenly
+from hvd_trainer.backends.mpi import _pieces
 
 
 def test_plain_python_gives_a_size_one_world_without_mpi():
@@ -34,6 +35,16 @@ def test_size_one_collectives():
     assert received.tolist() == [2]
     assert hvd.broadcast_object({"a": 1}) == {"a": 1}
     assert hvd.allgather_object(3) == [3]
+
+
+def test_tensor_arguments_may_be_passed_by_keyword():
+    x = np.arange(4.0)
+    np.testing.assert_array_equal(hvd.allreduce(tensor=x, op=hvd.Sum), x)
+    got = hvd.grouped_allreduce(tensors=[x, 2 * x], op=hvd.Sum)
+    np.testing.assert_array_equal(got[1], 2 * x)
+    assert hvd.grouped_allreduce_(tensors=[x])[0] is x
+    np.testing.assert_array_equal(hvd.broadcast(tensor=x, root_rank=0), x)
+    np.testing.assert_array_equal(hvd.reducescatter(tensor=x), x)
 
 
 def test_init_twice_is_harmless_and_state_survives():
@@ -87,6 +98,17 @@ def test_ring_chunks_cover_the_buffer_evenly(count, parts):
     sizes = np.diff(bounds)
     assert bounds[0] == 0 and bounds[-1] == count and len(sizes) == parts
     assert sizes.max() - sizes.min() <= (1 if count else 0)
+
+
+@pytest.mark.parametrize("count, limit, pieces", [
+    (2500, 1000, [(0, 1000), (1000, 2000), (2000, 2500)]),
+    (2000, 1000, [(0, 1000), (1000, 2000)]),
+    (5, 1000, [(0, 5)]),
+    (0, 1000, [(0, 0)]),  # an empty message is still one message, on both sides
+    (3, 1, [(0, 1), (1, 2), (2, 3)]),
+])
+def test_messages_over_the_count_limit_are_cut_into_pieces(count, limit, pieces):
+    assert _pieces(count, limit) == pieces
 
 
 def test_log_level_debug_reports_the_backend():
