@@ -174,6 +174,11 @@ class DistributedTrainer(mx.gluon.Trainer):
       when the ranks together send more rows than the tensor has, or always with
       ``sparse_as_dense=True``. ``sparse_exchanges`` says how each travelled at the last step.
       Compression applies to dense gradients only. GPU gradients are staged through host memory.
+    - row_sparse weights (``contrib.nn.SparseEmbedding``, ``Parameter(stype='row_sparse',
+      grad_stype='row_sparse')``): every rank holds the whole weight, serves
+      ``row_sparse_data`` and ``list_row_sparse_data`` from it, and applies the optimizer to
+      it once per step with the gathered gradient rows, so lazy updates touch only rows some
+      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`).
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
       docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 16 MiB; ``HVD_OVERLAP=1``
