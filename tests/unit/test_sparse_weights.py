@@ -148,3 +148,11 @@ def test_a_stale_row_sparse_gradient_raises_or_is_skipped_like_a_dense_one():
         trainer.step(2)
     trainer.step(2, ignore_stale_grad=True)
     np.testing.assert_array_equal(full(net.embed.weight), before)
+
+
+def test_a_row_sparse_weight_of_unknown_shape_is_refused_with_its_name():
+    weight = gluon.Parameter("late_weight", shape=(0, DIM), stype="row_sparse",
+                             grad_stype="row_sparse", allow_deferred_init=True)
+    weight.initialize()
+    with pytest.raises(ValueError, match=r"'late_weight'.*shape is not known yet"):
+        DistributedTrainer([weight], "sgd")
