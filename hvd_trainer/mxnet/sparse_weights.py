@@ -52,19 +52,19 @@ class SparseWeights:
     """The trainer's whole copy of each row_sparse weight, keyed by the parameter's index.
 
     A copy lives on the parameter's first context. It is taken from the root rank at
-    construction (a collective on ``process_set``, named like the dense weights' broadcast) and
-    replaced, locally, whenever ``param.set_data`` runs (``load_parameters`` included), as
+    construction when ``ranks`` > 1 (a broadcast on ``process_set``, named like the dense
+    weights') and replaced, locally, whenever ``param.set_data`` runs (``load_parameters`` included), as
     that resets gluon.Trainer's KVStore copy.
     """
 
     def __init__(self, params: Sequence[mx.gluon.Parameter], prefix: str, root_rank: int,
-                 process_set: ProcessSet):
+                 process_set: ProcessSet, ranks: int):
         self._params = {i: p for i, p in enumerate(params) if p._stype != "default"}
         self._index = {id(p): i for i, p in self._params.items()}
         self._whole: Dict[int, mx.nd.NDArray] = {}
         for i, param in self._params.items():
             values = _dense(weight_arrays(param)[0])
-            if process_set.size() > 1:
+            if ranks > 1:
                 ops.broadcast_(values, root_rank, f"{prefix}param.{i}", process_set)
             self._replace(i, values)
             param.set_data = self._following_set_data(i, param.set_data)

@@ -239,7 +239,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._updated: Set[int] = set()      # parameters already updated in this step
         # row_sparse weights: the trainer holds them whole (sparse_weights.py).
         self._sparse_weights = sparse_weights.SparseWeights(self._params, self._prefix,
-                                                            root_rank, process_set)
+                                                            root_rank, process_set, self._size)
         if self._size > 1:
             broadcast_named([(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)
                              if i not in self._sparse_weights], root_rank, process_set)
