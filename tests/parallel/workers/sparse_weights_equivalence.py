@@ -194,9 +194,34 @@ def run_case(index, name, model, rows, high, optimizer, opt_params, skip_step=No
           f"(kvstore='device') on the global batch {worst:.2g}", flush=True)
 
 
+def check_broadcast_parameters():
+    """hvd.broadcast_parameters gives every rank the root's row_sparse weights, before a
+    trainer serves them and after (when the trainer's copy is what it replaces)."""
+    seed_per_rank()
+    net = Bag(50)
+    net.initialize(mx.init.Uniform(0.5))
+    root = hvd_trainer.broadcast_object(net.embed.weight._data[0].tostype("default").asnumpy())
+    hvd_trainer.broadcast_parameters(net.collect_params(), prefix="bp.")
+    assert np.array_equal(net.embed.weight._data[0].tostype("default").asnumpy(), root)
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                             prefix="bp.trainer.")
+    mine = np.full((50, DIM), hvd_trainer.rank() + 1.0, np.float32)
+    net.embed.weight.set_data(mx.nd.array(mine))  # every rank's trainer now holds its own
+    net.embed.weight.row_sparse_data(mx.nd.array([1, 2]))  # the arrays now hold 2 rows only
+    hvd_trainer.broadcast_parameters(net.collect_params(), prefix="bp.again.")
+    assert np.array_equal(values(net)[0], np.ones((50, DIM), np.float32))
+    forward_backward(net, [(np.arange(10.0).reshape(2, 5), np.zeros(2), False)], [mx.cpu()])
+    trainer.step(2)
+    same_on_all_ranks(values(net), "broadcast_parameters, then one step")
+    if hvd_trainer.rank() == 0:
+        print("OK broadcast_parameters: row_sparse weights, before and after a trainer serves "
+              "them", flush=True)
+
+
 def main():
     for index, (name, model, rows, high, optimizer, opt_params, options) in enumerate(CASES):
         run_case(index, name, model, rows, high, optimizer, opt_params, **options)
+    check_broadcast_parameters()
     print(f"rank {hvd_trainer.rank()}: all sparse weight cases passed", flush=True)
 
 
