@@ -118,8 +118,8 @@ def main():
         print(f"| {v.label} | {payload / 1e6:.2f} | {received / 1e6:.2f} | {step:.1f} |")
     (sparse_bytes, sparse_ms), (dense_bytes, dense_ms) = rows[0], rows[-1]
     print(f"row_sparse weight vs dense: {dense_ms / sparse_ms:.1f}x faster per step, "
-          f"1/{dense_bytes / sparse_bytes:.0f} of the bytes ({variants[0].own_rows()} rows touched on rank 0)",
-          flush=True)
+          f"1/{dense_bytes / sparse_bytes:.0f} of the bytes ({variants[0].own_rows()} rows "
+          "touched on rank 0)", flush=True)
 
 
 if __name__ == "__main__":

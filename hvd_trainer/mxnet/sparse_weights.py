@@ -53,8 +53,8 @@ class SparseWeights:
 
     A copy lives on the parameter's first context. It is taken from the root rank at
     construction when ``ranks`` > 1 (a broadcast on ``process_set``, named like the dense
-    weights') and replaced, locally, whenever ``param.set_data`` runs (``load_parameters`` included), as
-    that resets gluon.Trainer's KVStore copy.
+    weights') and replaced, locally, whenever ``param.set_data`` runs (``load_parameters``
+    included), as that resets gluon.Trainer's KVStore copy.
     """
 
     def __init__(self, params: Sequence[mx.gluon.Parameter], prefix: str, root_rank: int,
@@ -99,11 +99,7 @@ class SparseWeights:
         sorted and unique, as ``KVStore.row_sparse_pull`` leaves it. Ids are cast to integers
         as ``Embedding`` does; one outside ``[0, rows)`` raises ValueError.
         """
-        index = self._index.get(id(param))
-        if index is None:
-            raise ValueError(f"Parameter {param.name!r} is not a row_sparse weight of this "
-                             "trainer; pass it in the trainer's params")
-        whole = self._whole[index]
+        whole = self._whole[self._index[id(param)]]
         if full_idx:
             rows = whole
         else:
@@ -122,7 +118,7 @@ class SparseWeights:
 
         The trainer has already made every context's gradient the sum over ranks and contexts
         (and fresh on all of them, or on none). Without a fresh gradient the weight is left
-        alone under ``ignore_stale_grad``, as Gluon leaves a stale one.
+        alone under ``ignore_stale_grad``, like a dense weight.
         """
         param = self._params[index]
         arrays = weight_arrays(param)
