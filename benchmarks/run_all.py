@@ -32,6 +32,7 @@ def scripts(quick: bool) -> List[List[str]]:
         [sys.executable, path("synthetic.py")] + rounds,
         [sys.executable, path("bridge.py")] + (["--quick"] if quick else []),
         HVDRUN + [sys.executable, path("sparse.py")],
+        HVDRUN + [sys.executable, path("sparse_weights.py")],
         [sys.executable, path("compression.py")] + rounds,
     ]
 

@@ -29,10 +29,27 @@ def broadcast_ndarray(array: mx.nd.NDArray, root_rank: int, name: str,
 def _broadcast_parameter(param: mx.gluon.Parameter, root_rank: int, name: str,
                          process_set: ProcessSet) -> None:
     """Broadcast the first context's copy, then copy it to the parameter's other contexts."""
+    if param._stype != "default":
+        _broadcast_whole(param, root_rank, name, process_set)
+        return
     first, *others = param.list_data()
     broadcast_ndarray(first, root_rank, name, process_set)
     for array in others:
         bridge.assign(array, bridge.read_view(first))
+
+
+def _broadcast_whole(param: mx.gluon.Parameter, root_rank: int, name: str,
+                     process_set: ProcessSet) -> None:
+    """Broadcast a row_sparse weight whole and set it with ``set_data``.
+
+    Once a trainer serves the weight, its arrays hold only the rows last served, so the whole
+    weight comes from the trainer (``_reduce`` asks it for every row), and ``set_data`` hands
+    the root's value back to it.
+    """
+    source = param._reduce() if param._trainer is not None else param._data[0]
+    values = source.tostype("default").asnumpy()
+    ops.broadcast_(values, root_rank, name, process_set)
+    param.set_data(mx.nd.array(values, dtype=values.dtype))
 
 
 def _broadcast_when_initialised(param: mx.gluon.Parameter, root_rank: int, name: str,

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import sparse
 from . import bridge
+from .sparse_weights import weight_arrays
 
 
 def local_rows(param: mx.gluon.Parameter) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -21,7 +22,7 @@ def local_rows(param: mx.gluon.Parameter) -> Optional[Tuple[np.ndarray, np.ndarr
 
     Returns None when no context has a fresh gradient.
     """
-    fresh = [g for d, g in zip(param.list_data(), param.list_grad()) if d._fresh_grad]
+    fresh = [g for d, g in zip(weight_arrays(param), param.list_grad()) if d._fresh_grad]
     if not fresh:
         return None
     parts = [(bridge.read_view(g.indices), bridge.read_view(g.data)) for g in fresh]
@@ -50,5 +51,5 @@ def publish_rows(param: mx.gluon.Parameter, ids: np.ndarray, rows: np.ndarray) -
         shape=grads[0].shape, ctx=ctx, dtype=dtype)
     for grad in grads:
         reduced.copyto(grad)
-    for data in param.list_data():
+    for data in weight_arrays(param):
         data._fresh_grad = True

@@ -42,6 +42,7 @@ from ..compression import from_params as compression_from_params
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
 from . import sparse as sparse_nd
+from . import sparse_weights
 from .errors import raises_mxnet_errors
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named
@@ -61,10 +62,7 @@ def _param_list(params: Any) -> List[mx.gluon.Parameter]:
             raise ValueError(f"params[{key!r}] is a {type(param).__name__}, not a gluon "
                              "Parameter; pass net.collect_params() or Parameters only")
         if param._stype != "default":
-            raise ValueError(
-                f"Parameter {param.name!r} has stype={param._stype!r}; DistributedTrainer "
-                "allreduces dense weights only. Create the weight dense (the default stype) and "
-                "give it sparse_grad=True instead (e.g. Embedding(..., sparse_grad=True)).")
+            sparse_weights.check(param)
     return [param for _, param in keyed]
 
 
@@ -169,6 +167,11 @@ class DistributedTrainer(mx.gluon.Trainer):
       when the ranks together send more rows than the tensor has, or always with
       ``sparse_as_dense=True``. ``sparse_exchanges`` says how each travelled at the last step.
       Compression applies to dense gradients only. GPU gradients are staged through host memory.
+    - row_sparse weights (``contrib.nn.SparseEmbedding``, ``Parameter(stype='row_sparse',
+      grad_stype='row_sparse')``): every rank holds the whole weight, serves
+      ``row_sparse_data`` and ``list_row_sparse_data`` from it, and applies the optimizer to
+      it once per step with the gathered gradient rows, so lazy updates touch only rows some
+      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`).
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
       docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 16 MiB; ``HVD_OVERLAP=1``
@@ -232,10 +235,23 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._updated: Set[int] = set()      # parameters already updated in this step
         if root_rank is None:
             root_rank = process_set.ranks[0]  # the set's first rank, as a global rank
+        # row_sparse weights: the trainer holds them whole (sparse_weights.py).
+        self._sparse_weights = sparse_weights.SparseWeights(self._params, self._prefix,
+                                                            root_rank, process_set, self._size)
         if self._size > 1:
             raises_mxnet_errors(broadcast_named)(
-                [(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)],
-                root_rank, process_set)
+                [(f"{self._prefix}param.{i}", p) for i, p in enumerate(self._params)
+                 if i not in self._sparse_weights], root_rank, process_set)
+
+    def _init_kvstore(self):
+        # There is no KVStore: gradients go by allreduce, row_sparse weights live in
+        # self._sparse_weights (gluon.Trainer's version insists on a KVStore for them).
+        self._kvstore, self._update_on_kvstore, self._distributed = None, None, False
+        self._kv_initialized = True
+
+    def _row_sparse_pull(self, parameter, out, row_id, full_idx=False):
+        # Parameter.row_sparse_data / list_row_sparse_data / _reduce ask the trainer for rows.
+        self._sparse_weights.pull(parameter, out, row_id, full_idx)
 
     def step(self, batch_size, ignore_stale_grad=False):
         # Lets _allreduce_grads update bucket by bucket; _update then does the rest.
@@ -470,6 +486,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 rest = [i for i in range(len(self._params)) if i not in self._updated]
                 self._updated = set()
                 self._apply_updates(rest, ignore_stale_grad)
+            elif self._sparse_weights:  # gluon.Trainer._update cannot update row_sparse weights
+                scaler = getattr(self, "_amp_loss_scaler", None)
+                if scaler is None or not scaler.has_overflow(self._params):
+                    self._apply_updates(list(range(len(self._params))), ignore_stale_grad)
             else:
                 super()._update(ignore_stale_grad)
 
@@ -481,7 +501,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             if param.grad_req == "null":
                 continue
             if not ignore_stale_grad:
-                for data in param.list_data():
+                for data in sparse_weights.weight_arrays(param):
                     if not data._fresh_grad:
                         raise UserWarning(
                             f"Gradient of Parameter `{param.name}` on context {data.context} has "
@@ -490,6 +510,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                             "(Blocks) for this iteration. If you are intentionally only using a "
                             "subset, call step with ignore_stale_grad=True to suppress this "
                             "warning and skip updating of Parameters with stale gradient")
+            if i in self._sparse_weights:  # one update of the whole weight
+                self._sparse_weights.update(self._updaters[0], i, ignore_stale_grad)
+                continue
             for upd, arr, grad in zip(updates, param.list_data(), param.list_grad()):
                 if not ignore_stale_grad or arr._fresh_grad:
                     upd.append((i, grad, arr))
@@ -614,7 +637,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         residuals = self._gather_residuals()
 
         def build() -> bytes:
-            weights = [bridge.read_view(p.list_data()[0]).copy() for p in self._params]
+            weights = [self._sparse_weights.value(i) if i in self._sparse_weights
+                       else bridge.read_view(p.list_data()[0]).copy()
+                       for i, p in enumerate(self._params)]
             return pickle.dumps({"format": _CHECKPOINT_FORMAT, "weights": weights,
                                  "states": self._states_bytes(residuals), "extra": extra},
                                 pickle.HIGHEST_PROTOCOL)
@@ -644,6 +669,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                 raise ValueError(f"parameter {i} ({param.name!r}) has shape {param.shape}, the "
                                  f"checkpoint's has {values.shape}; load it into the model "
                                  "that saved it")
+            if i in self._sparse_weights:
+                self._sparse_weights.assign(i, values)
+                continue
             for array in param.list_data():
                 bridge.assign(array, values.astype(array.dtype, copy=False))
         self._set_states(checkpoint["states"])

@@ -1,5 +1,5 @@
 """DistributedTrainer with row-sparse gradients in a one-rank world: two contexts are summed
-locally like one process on one context. (row_sparse weights: test_trainer_args.py.)"""
+locally like one process on one context. (row_sparse weights: test_sparse_weight_trainer.py.)"""
 import mxnet as mx
 import numpy as np
 import pytest

@@ -36,10 +36,18 @@ def test_update_on_kvstore_true_is_refused():
         DistributedTrainer(dense().collect_params(), "sgd", update_on_kvstore=True)
 
 
-def test_sparse_weight_is_refused_with_its_name_and_the_fix():
+def test_row_sparse_weight_with_a_dense_gradient_is_refused_with_its_name_and_the_fix():
     weight = gluon.Parameter("table_weight", shape=(5, 2), stype="row_sparse")
     weight.initialize()
-    with pytest.raises(ValueError, match=r"'table_weight'.*row_sparse.*sparse_grad=True"):
+    with pytest.raises(ValueError, match=r"'table_weight'.*'default' gradient.*"
+                                         r"grad_stype='row_sparse'"):
+        DistributedTrainer({"table": weight}, "sgd")
+
+
+def test_csr_weight_is_refused_with_its_name():
+    weight = gluon.Parameter("csr_weight", shape=(5, 2), stype="csr", grad_stype="csr")
+    weight.initialize()
+    with pytest.raises(ValueError, match=r"'csr_weight' has stype='csr'.*'row_sparse'"):
         DistributedTrainer({"table": weight}, "sgd")
 
 

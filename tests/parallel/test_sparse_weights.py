@@ -1,0 +1,31 @@
+"""row_sparse weights on 2 and 3 ranks against gluon.Trainer(kvstore='device') on the global
+batch, and broadcast_parameters of them (see workers/sparse_weights_equivalence.py); the
+recommendation example on 2 ranks."""
+import os
+import re
+
+import pytest
+
+from runner import REPO, run_ranks
+
+SPARSE_WEIGHT_CASES = 10  # the CASES, and broadcast_parameters
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_row_sparse_weights_match_gluon_trainer_on_the_global_batch(np_):
+    out = run_ranks("sparse_weights_equivalence.py", np_, timeout=180).stdout
+    assert out.count("all sparse weight cases passed") == np_
+    assert out.count("OK ") == SPARSE_WEIGHT_CASES
+
+
+def test_recommendation_example_learns_and_moves_less_than_its_tables():
+    out = run_ranks(os.path.join(REPO, "examples", "sparse_weights.py"), 2,
+                    ["--users", "2000", "--items", "1000", "--ratings", "30000", "--epochs", "3",
+                     "--batch-size", "256"], timeout=180).stdout
+    baseline = float(re.search(r"predicting the mean rating: held-out RMSE ([\d.]+)", out)[1])
+    epochs = re.findall(r"held-out RMSE ([\d.]+), [\d.]+ ms/step, gradient rows moved ([\d.]+) "
+                        r"MB per step \(the tables hold ([\d.]+) MB\)", out)
+    assert len(epochs) == 3, out
+    rmse, moved, tables = map(float, epochs[-1])
+    assert rmse < 0.9 * baseline, out
+    assert moved < tables, out
