@@ -105,9 +105,11 @@ def test_stall_shutdown_ends_the_job():
                      env={"HVD_STALL_CHECK_TIME_SECONDS": "1", "HVD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     assert time.monotonic() - start < 30
     ended(proc, 1)
-    for rank in (0, 2):
-        assert f"[{rank}]<stderr>:hvd_trainer: stalled for" in proc.stderr
-        assert re.search(rf"\[{rank}\]<stderr>:stall: .*rank 1 has not submitted it", proc.stderr)
+    # The first waiting rank to reach the shutdown time ends the job; the other may be killed
+    # before it logs, so one rank's report is what the job is sure to leave.
+    assert re.search(r"\[[02]\]<stderr>:hvd_trainer: stalled for", proc.stderr), proc.stderr
+    assert re.search(r"\[[02]\]<stderr>:stall: .*rank 1 has not submitted it", proc.stderr)
+    assert "[1]<stderr>:hvd_trainer: stalled for" not in proc.stderr
 
 
 # -- timeline -------------------------------------------------------------------------------
