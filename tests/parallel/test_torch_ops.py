@@ -12,3 +12,9 @@ from runner import run_ranks
 def test_tensor_collectives_match_numpy(np_):
     out = run_ranks("torch_ops_worker.py", np_, timeout=180).stdout
     assert out.count("torch ops ok") == np_, out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_autograd_parameters_optimizer_state_and_sync_batch_norm(np_):
+    out = run_ranks("torch_training_worker.py", np_, timeout=180).stdout
+    assert out.count("torch training ok") == np_, out
