@@ -6,11 +6,11 @@ collectives here take and return torch tensors. CPU tensors only.
 """
 from ..diagnostics import MismatchError, start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum
-from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
-                       ddl_built, gloo_built, gloo_enabled, global_process_set, init, is_homogeneous,
-                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                       mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                       shutdown, size)
+from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,
+                       cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
+                       is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                       mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
+                       rocm_built, shutdown, size)
 from .compression import Compression
 from .errors import HorovodInternalError
 from .ops import (Adasum, allgather, allgather_async, allgather_object, allreduce, allreduce_,

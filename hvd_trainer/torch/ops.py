@@ -24,7 +24,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import torch
 
-from .. import handles, sparse
+from .. import adasum, handles, sparse
 from .. import ops as core
 from ..handles import Handle
 from ..ops import Average, Sum
@@ -33,7 +33,8 @@ from . import bridge
 from .compression import Compression
 from .errors import as_horovod_error
 
-# Horovod's value of op=Adasum. The adaptive-summation rule is not implemented; using it raises.
+# Horovod's value of op=Adasum: allreduce and grouped_allreduce combine by adaptive summation
+# (see hvd_trainer/adasum.py).
 Adasum = 2
 _SPARSE = "sparse_allreduce"  # the base name of an unnamed sparse allreduce's collectives
 T = TypeVar("T")
@@ -105,17 +106,25 @@ def _reduce_op(op: Any, average: Optional[bool]) -> Any:
         warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
                       DeprecationWarning, stacklevel=4)
         return Average if average else Sum
-    if op is None:
-        return Average
-    if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
-        raise ValueError("op=Adasum is not implemented by hvd_trainer; use op=Average or op=Sum")
+    return Average if op is None else op
+
+
+def _is_adasum(op: Any) -> bool:
+    return isinstance(op, int) and not isinstance(op, bool) and op == Adasum
+
+
+def _no_adasum(op: Any, kind: str) -> Any:
+    if _is_adasum(op):
+        raise ValueError(f"{kind} does not take op=Adasum (nor does Horovod's); use op=Average "
+                         "or op=Sum")
     return op
 
 
 def _not_differentiable(kind: str, op: Any) -> None:
     if op not in (Average, Sum):
-        raise RuntimeError(f"{kind} with op={core.ReduceOp(op).name.title()} has no gradient "
-                           "here; only Average and Sum are differentiable")
+        what = "Adasum" if _is_adasum(op) else core.ReduceOp(op).name.title()
+        raise RuntimeError(f"{kind} with op={what} has no gradient here; only Average and Sum "
+                           "are differentiable")
 
 
 # -- allreduce ------------------------------------------------------------------------------
@@ -124,6 +133,10 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
                      postscale_factor: float, process_set: ProcessSet) -> Handle:
     op, tensor = checked("allreduce", name, process_set, lambda: (
         _reduce_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
+    if _is_adasum(op):
+        return _start(adasum.grouped_allreduce, [bridge.view(tensor)], name, prescale_factor,
+                      postscale_factor, process_set, inplace,
+                      finish=(lambda _: tensor) if inplace else lambda out: bridge.adopt(out[0]))
     collective = core.allreduce_ if inplace else core.allreduce
     return _start(collective, bridge.view(tensor), op, name, prescale_factor, postscale_factor,
                   process_set, finish=(lambda _: tensor) if inplace else bridge.adopt)
@@ -202,10 +215,14 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                              process_set: ProcessSet) -> Handle:
     op, tensors = checked("grouped_allreduce", name, process_set, lambda: (
         _reduce_op(op, average), _tensors(tensors, inplace)))
-    collective = core.grouped_allreduce_ if inplace else core.grouped_allreduce
     finish = (lambda _: list(tensors)) if inplace else (lambda out: [bridge.adopt(a) for a in out])
-    return _start(collective, [bridge.view(t) for t in tensors], op, name, prescale_factor,
-                  postscale_factor, process_set, finish=finish)
+    views = [bridge.view(t) for t in tensors]
+    if _is_adasum(op):
+        return _start(adasum.grouped_allreduce, views, name, prescale_factor, postscale_factor,
+                      process_set, inplace, finish=finish)
+    collective = core.grouped_allreduce_ if inplace else core.grouped_allreduce
+    return _start(collective, views, op, name, prescale_factor, postscale_factor, process_set,
+                  finish=finish)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -287,7 +304,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
         if tensor.device.type != "cpu":
             raise TypeError(f"tensor is on {tensor.device}; hvd_trainer.torch takes CPU "
                             "tensors only (pass tensor.cpu())")
-        reduce_op = _reduce_op(op, None)
+        reduce_op = _no_adasum(_reduce_op(op, None), "sparse_allreduce_async")
         if reduce_op not in (Average, Sum):
             raise ValueError(f"op={reduce_op!r}: sparse_allreduce_async takes Average or Sum")
         return reduce_op, tensor.detach().coalesce()
@@ -505,7 +522,7 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[
     """Start reducing ``tensor`` across the set; :func:`synchronize` returns this rank's rows
     of the result (dim 0 split as evenly as possible, lower ranks taking one more)."""
     op, tensor = checked("reducescatter", name, process_set, lambda: (
-        _reduce_op(op, None), bridge.check_tensor(tensor, "tensor")))
+        _no_adasum(_reduce_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
     return _start(core.reducescatter, bridge.view(tensor), op, name, process_set,
                   prescale_factor, postscale_factor)
 
@@ -517,7 +534,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
                                 postscale_factor: float = 1.0) -> Handle:
     """:func:`reducescatter_async` of each tensor of a list, agreed on in one exchange."""
     op, tensors = checked("grouped_reducescatter", name, process_set, lambda: (
-        _reduce_op(op, None), _tensors(tensors)))
+        _no_adasum(_reduce_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
     return _start(core.grouped_reducescatter, [bridge.view(t) for t in tensors], op, name,
                   process_set, prescale_factor, postscale_factor,
                   finish=lambda out: [bridge.adopt(a) for a in out])

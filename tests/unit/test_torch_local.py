@@ -63,8 +63,8 @@ def test_argument_errors_name_the_argument_and_the_fix():
         hvd.allgather(torch.ones(3).to_sparse())
     with pytest.raises(TypeError, match="list of tensors"):
         hvd.grouped_allreduce_(torch.ones(3))
-    with pytest.raises(ValueError, match="Adasum is not implemented"):
-        hvd.allreduce(torch.ones(3), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="does not take op=Adasum"):
+        hvd.reducescatter(torch.ones(3), op=hvd.Adasum)
     with pytest.raises(ValueError, match="either op= or the deprecated average="):
         hvd.allreduce(torch.ones(3), op=hvd.Sum, average=True)
     with pytest.raises(NotImplementedError, match="same number of batches"):
@@ -120,3 +120,17 @@ def test_broadcast_optimizer_state_on_one_rank_keeps_it():
     assert opt.param_groups[0]["lr"] == 0.05
     for key, value in before.items():
         assert torch.equal(opt.state[net.weight][key], value)
+
+
+def test_adasum_tree_combines_pairs_level_by_level():
+    from hvd_trainer.adasum import tree
+    vectors = [np.array(v, np.float64) for v in ([1, 0], [0, 1], [2, 0], [2, 0])]
+    # Orthogonal (1,0),(0,1) add to (1,1); equal (2,0),(2,0) average to (2,0); then
+    # (1,1) and (2,0): a.b = 2, so 0.5 * (1,1) + 0.75 * (2,0).
+    np.testing.assert_allclose(tree(vectors), [2.0, 0.5])
+    np.testing.assert_allclose(tree([np.zeros(2), np.array([3.0, 4.0])]), [3.0, 4.0])
+
+
+def test_adasum_of_one_rank_is_the_tensor_scaled():
+    x = torch.tensor([1.0, -2.0, 3.0])
+    assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, postscale_factor=2.0), 2 * x)

@@ -149,6 +149,31 @@ fp16 = hvd.allreduce(as_torch(inputs[RANK][0], torch.float32), op=hvd.Sum,
                      compression=hvd.Compression.fp16)
 check(fp16, np.sum([inp[0] for inp in inputs], axis=0), "Compression.fp16", torch.float32)
 
+# -- Adasum: (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b per tensor, on a power of two of ranks --
+first = [data(25, r, (4,)) for r in range(SIZE)]
+second = [data(26, r, (2, 3)) + 1 for r in range(SIZE)]
+if SIZE & (SIZE - 1):
+    raises(ValueError, ["power-of-two", str(SIZE)], hvd.allreduce, torch.tensor(first[RANK]),
+           op=hvd.Adasum)
+else:
+    def adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        dot = float(np.sum(a * b))
+        return (1 - dot / (2 * np.sum(a * a))) * a + (1 - dot / (2 * np.sum(b * b))) * b
+
+    assert SIZE == 2, "the reference below pairs two ranks"
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        outs = hvd.grouped_allreduce([as_torch(first[RANK], dtype), as_torch(second[RANK], dtype)],
+                                     op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0)
+        rounded = [[as_torch(x, dtype).double().numpy() * 0.5 for x in xs]
+                   for xs in (first, second)]
+        check(outs[0], 3.0 * adasum_pair(*rounded[0]), f"Adasum tensor 0 {dtype}", dtype)
+        check(outs[1], 3.0 * adasum_pair(*rounded[1]), f"Adasum tensor 1 {dtype}", dtype)
+    x = torch.tensor(first[RANK])
+    assert hvd.allreduce_(x, op=hvd.Adasum) is x
+    check(x, adasum_pair(first[0], first[1]), "Adasum in place", torch.float64)
+    raises(TypeError, "floating-point", hvd.allreduce, torch.ones(3, dtype=torch.int32),
+           op=hvd.Adasum)
+
 # -- async: handles, poll, synchronize; in-place async writes into the tensor ----------------
 inputs = [data(30, r, (SIZE * 2, 3)) for r in range(SIZE)]
 x = as_torch(inputs[RANK], torch.float32)
@@ -243,7 +268,7 @@ last = SIZE - 1
 raises(ValueError, ["on rank 1", "contiguous"], hvd.allreduce_,
        bad_on(1, torch.ones(4, 2).t(), torch.ones(2, 4)))
 raises(TypeError, ["on rank 0", "torch.Tensor"], hvd.allgather, bad_on(0, np.ones(4)))
-raises(ValueError, [f"on rank {last}", "Adasum"], hvd.allreduce, good,
+raises(ValueError, [f"on rank {last}", "Adasum"], hvd.reducescatter, good,
        op=hvd.Adasum if RANK == last else hvd.Sum)
 raises(TypeError, ["on rank 1", "sparse"], hvd.broadcast_,
        bad_on(1, torch.ones(4).to_sparse()), 0)
