@@ -8,6 +8,9 @@ from setuptools import setup
 MXNET = ["mxnet==1.9.1", "numpy>=1.17,<1.24"]  # MXNet 1.9.1 fails to import with numpy>=1.24
 MPI = ["mpi4py>=4", "mpich"]
 EXAMPLES = ["scikit-learn"]
+# PyTorch's CPU build: an unpinned or newer torch pulls a CUDA build of several GB. ml_dtypes
+# gives NumPy the bfloat16 dtype; 0.6 needs numpy>=2, which MXNet 1.9.1 cannot import.
+TORCH = ["torch==2.13.0", "ml_dtypes>=0.5,<0.6"]
 # CuPy for CUDA 12 and the NCCL it loads; on CUDA 13 install cupy-cuda13x and nvidia-nccl-cu13.
 GPU = ["cupy-cuda12x", "nvidia-nccl-cu12"]
 
@@ -17,16 +20,17 @@ setup(
     description="Horovod-style ring-allreduce data-parallel training for MXNet Gluon, pip-only",
     python_requires=">=3.9",
     packages=["hvd_trainer", "hvd_trainer.backends", "hvd_trainer.cuda", "hvd_trainer.mxnet",
-              "hvd_trainer_launch"],
+              "hvd_trainer.torch", "hvd_trainer_launch"],
     package_dir={"hvd_trainer_launch": "launch"},
     package_data={"hvd_trainer.cuda": ["*.cu"]},
     install_requires=["numpy"],
     extras_require={
         "mxnet": MXNET,
+        "torch": TORCH,
         "mpi": MPI,
         "gpu": GPU + MPI,
         "examples": MXNET + MPI + EXAMPLES,
-        "test": MXNET + MPI + EXAMPLES + ["pytest"],
+        "test": MXNET + TORCH + MPI + EXAMPLES + ["pytest"],
     },
     entry_points={"console_scripts": ["hvdrun = hvd_trainer_launch.hvdrun:main"]},
 )

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .backends import split_evenly
+from .backends import split_evenly, widened
 
 
 def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
@@ -78,8 +78,8 @@ class BufferPool:
 
 
 def _scale_into(src: np.ndarray, scale: float, dest: np.ndarray) -> None:
-    # float16 scales in float32 so the factor itself is not rounded to float16.
-    dtype = np.float32 if src.dtype == np.float16 else None
+    # 16-bit floats scale in float32 so the factor itself is not rounded to 16 bits.
+    dtype = widened(src.dtype)
     np.multiply(src, scale, out=dest, casting="unsafe", dtype=dtype)
 
 

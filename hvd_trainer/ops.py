@@ -55,9 +55,10 @@ def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
         raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__} (CuPy "
                         "arrays go to allreduce(_), grouped_allreduce(_), allgather, "
                         "broadcast(_) and reducescatter)")
-    if tensor.dtype.kind not in _SUPPORTED_KINDS or tensor.dtype.names is not None:
+    if (tensor.dtype.kind not in _SUPPORTED_KINDS or tensor.dtype.names is not None) \
+            and tensor.dtype.name != "bfloat16":
         raise TypeError(f"{arg} has dtype {tensor.dtype}, which collectives do not support; "
-                        "use a boolean, integer, floating or complex dtype")
+                        "use a boolean, integer, floating (bfloat16 included) or complex dtype")
     if inplace and not (tensor.flags.c_contiguous and tensor.flags.writeable):
         raise ValueError(f"{arg} must be C-contiguous and writeable for an in-place collective; "
                          "pass np.ascontiguousarray(...) or use the out-of-place function")

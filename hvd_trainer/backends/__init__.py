@@ -24,6 +24,13 @@ def split_evenly(count: int, parts: int) -> List[int]:
     return bounds
 
 
+def widened(dtype: np.dtype) -> Optional[type]:
+    """float32 for the 16-bit floats, which are reduced and scaled in float32 (rounded once per
+    step); None for any other dtype. bfloat16 is ml_dtypes' NumPy dtype (the PyTorch adapter's),
+    recognised by its name so that the core does not import ml_dtypes."""
+    return np.float32 if dtype == np.float16 or dtype.name == "bfloat16" else None
+
+
 class Request(Protocol):
     """A collective in progress, started without waiting."""
 

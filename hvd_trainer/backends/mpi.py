@@ -5,8 +5,8 @@ Two allreduce algorithms:
 * ``ring``: reduce-scatter then allgather over ``Sendrecv`` with the left and right
   neighbours. The buffer is cut into ``size`` chunks whose lengths differ by at most one
   element, so every count (zero, fewer elements than ranks, odd) and every world size works.
-  It reduces any NumPy dtype with a ufunc, including float16, which MPI cannot sum: each hop
-  adds in float32 and rounds once to float16.
+  It reduces any NumPy dtype with a ufunc, including float16 and bfloat16, which MPI cannot
+  sum: each hop adds in float32 and rounds once to the 16-bit type.
 * ``native``: the MPI library's ``MPI_Allreduce``, for dtypes and ops MPI defines.
 
 ``auto`` uses native below ``ring_threshold`` bytes and the ring at or above it; the default
@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import REDUCE_UFUNCS, split_evenly
+from . import REDUCE_UFUNCS, split_evenly, widened
 
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD, "bor": MPI.BOR}
 # Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
@@ -147,7 +147,7 @@ class MPICommunicator:
         p, r = self.size, self.rank
         right, left = (r + 1) % p, (r - 1) % p
         ufunc = REDUCE_UFUNCS[op]
-        widen = np.float32 if buf.dtype == np.float16 else None
+        widen = widened(buf.dtype)
         scratch = self._scratch_for(buf.dtype, max(b - a for a, b in zip(bounds, bounds[1:])))
         for step in range(p - 1):
             send_c, recv_c = (r - step - 1) % p, (r - step - 2) % p

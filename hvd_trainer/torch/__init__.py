@@ -1,0 +1,24 @@
+"""horovod.torch's API: a Horovod script runs unchanged after `import hvd_trainer.torch as hvd`
+(``DistributedOptimizer`` aside, which is still to come).
+
+Runtime functions, process sets and reduction ops come from the framework-free core; the
+collectives here take and return torch tensors. CPU tensors only.
+"""
+from ..diagnostics import MismatchError, start_timeline, stop_timeline
+from ..ops import Average, Max, Min, Product, Sum
+from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,
+                       cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
+                       is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                       mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
+                       rocm_built, shutdown, size)
+from .compression import Compression
+from .errors import HorovodInternalError
+from .ops import (Adasum, allgather, allgather_async, allgather_object, allreduce, allreduce_,
+                  allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                  broadcast_, broadcast_async, broadcast_async_, broadcast_object,
+                  grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                  grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                  grouped_reducescatter, grouped_reducescatter_async, join, poll, reducescatter,
+                  reducescatter_async, sparse_allreduce_async, synchronize)
+from .parameters import broadcast_optimizer_state, broadcast_parameters
+from .sync_batch_norm import SyncBatchNorm
