@@ -2,7 +2,8 @@
 
 This package is framework-free: the collectives below work on NumPy arrays and importing it
 does not import MXNet. ``DistributedTrainer`` and ``broadcast_parameters`` resolve lazily to
-the MXNet adapter in :mod:`hvd_trainer.mxnet`.
+the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists in both adapters,
+so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name.
 """
 from .diagnostics import MismatchError, start_timeline, stop_timeline
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
@@ -17,11 +18,16 @@ from .runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_
 
 __version__ = "0.1.0"
 
-_MXNET_NAMES = ("DistributedTrainer", "DistributedOptimizer", "broadcast_parameters")
+_MXNET_NAMES = ("DistributedTrainer", "broadcast_parameters")
 
 
 def __getattr__(name: str):
     if name in _MXNET_NAMES:
         from . import mxnet as adapter
         return getattr(adapter, name)
+    if name == "DistributedOptimizer":
+        # Both adapters have one, for different optimizers; neither is the obvious default.
+        raise AttributeError("hvd_trainer.DistributedOptimizer is ambiguous: use "
+                             "hvd_trainer.mxnet.DistributedOptimizer (an mx.optimizer.Optimizer, "
+                             "for Module.fit) or hvd_trainer.torch.DistributedOptimizer")
     raise AttributeError(f"module 'hvd_trainer' has no attribute {name!r}")

@@ -134,3 +134,9 @@ def test_cuda_queries_are_false_without_cupy():
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here; tests/gpu checks cuda_built() where a GPU is")
     assert (hvd.cuda_built(), hvd.nccl_built()) == (False, False)
+
+
+def test_top_level_distributed_optimizer_names_both_adapters():
+    with pytest.raises(AttributeError, match="hvd_trainer.mxnet.DistributedOptimizer.*"
+                                             "hvd_trainer.torch.DistributedOptimizer"):
+        hvd.DistributedOptimizer  # noqa: B018
