@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .backends import Communicator
@@ -170,10 +171,12 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     if comm is None and not _launched_by_mpi():
         from .backends.local import LocalCommunicator
         return LocalCommunicator(), "local"
-    # MPICH's MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang
-    # in it while the others wait for that rank: the job would never end. Without the wait the
-    # rank exits and the launcher sees its code. (Read by MPICH at MPI_Init, so set it first.)
+    # MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang in it
+    # while the others wait for that rank: the job would never end. Without the wait the rank
+    # exits and the launcher sees its code. MPICH and Open MPI each read their own variable at
+    # MPI_Init (so set them first) and ignore the other's.
     os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
+    os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
     try:
         from .backends import mpi
     except ImportError as e:
@@ -210,6 +213,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             global_process_set.comm = world
             _state.process_sets[0] = global_process_set
             if world.size > 1:
+                _install_exit_hook(world)
                 _install_abort_hook(world)
                 atexit.register(_empty_mailboxes)
             timeline = env("TIMELINE")
@@ -270,6 +274,65 @@ def abort_job(message: str, code: int = 1) -> None:
     if os.environ.get("HVDRUN_WORKER") or _state is None:
         os._exit(code)
     _state.world.abort(code)
+
+
+class _RankExit(SystemExit):
+    """The SystemExit that sys.exit raises in a multi-rank job (a subclass can be weakly
+    referenced, which tells whether it ended the interpreter)."""
+
+
+# (status, weak reference to its _RankExit) of a sys.exit call on the main thread whose
+# exception has not been caught; empty otherwise.
+_exit_request: List[Any] = []
+
+
+def _exit_dropped(ref: Any) -> None:
+    """Forget an exit request whose exception died while Python code ran: that code caught it.
+
+    The interpreter's top-level handler, which exits with the status, drops it with no Python
+    frame running.
+    """
+    try:
+        sys._getframe(1)
+    except ValueError:
+        return
+    if _exit_request and _exit_request[1] is ref:
+        _exit_request.clear()
+
+
+def _request_exit(status: Any) -> _RankExit:
+    """A watched _RankExit for ``status``. (Made here, not in the frame that raises it: that
+    frame lives on in the traceback, and a local there would keep the exception alive.)"""
+    request = _RankExit(status)
+    _exit_request[:] = [status, weakref.ref(request, _exit_dropped)]
+    return request
+
+
+def _install_exit_hook(world: Communicator) -> None:
+    """``sys.exit(n)``, n != 0, on one rank ends every rank with code n (at exit, as abort_job).
+
+    A launcher that does not end the job when one rank fails (MPICH's mpiexec, srun) would
+    otherwise leave the other ranks waiting for the one that left. A zero status, or a
+    SystemExit that the program catches, changes nothing.
+    """
+    original = sys.exit
+
+    @functools.wraps(original)
+    def exit_rank(status: Any = None) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            original(status)  # ends only this thread
+        raise _request_exit(status)
+
+    def end_job() -> None:
+        if not _exit_request:
+            return
+        status = _exit_request[0]
+        code = 0 if status is None else status if isinstance(status, int) else 1
+        if code:
+            abort_job(f"rank {world.rank} called sys.exit({status!r}); ending the job", code)
+
+    sys.exit = exit_rank
+    atexit.register(end_job)
 
 
 def shutdown() -> None:

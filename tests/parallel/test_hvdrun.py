@@ -72,8 +72,9 @@ def test_failing_rank_ends_job_with_its_code(tmp_path):
 
 
 def test_sys_exit_after_a_collective_ends_the_job_with_its_code(tmp_path):
-    # Without hvdrun's MPIR_CVAR_NO_COLLECTIVE_FINALIZE, rank 1 would wait in MPI_Finalize
-    # for rank 0, which waits in the barrier for rank 1: the job would never end.
+    # Without hvdrun's MPIR_CVAR_NO_COLLECTIVE_FINALIZE (MPICH) or OMPI_MCA_async_mpi_finalize
+    # (Open MPI), rank 1 would wait in MPI_Finalize for rank 0, which waits in the barrier for
+    # rank 1: the job would never end.
     leave = script(tmp_path, "leave.py", """
         import sys
         from mpi4py import MPI
