@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import threading
-import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from .backends import Communicator
@@ -276,36 +275,28 @@ def abort_job(message: str, code: int = 1) -> None:
     _state.world.abort(code)
 
 
-class _RankExit(SystemExit):
-    """The SystemExit that sys.exit raises in a multi-rank job (a subclass can be weakly
-    referenced, which tells whether it ended the interpreter)."""
-
-
-# (status, weak reference to its _RankExit) of a sys.exit call on the main thread whose
-# exception has not been caught; empty otherwise.
+# [status, id of its _RankExit] of a sys.exit call on the main thread whose exception has
+# not been caught; empty otherwise.
 _exit_request: List[Any] = []
 
 
-def _exit_dropped(ref: Any) -> None:
-    """Forget an exit request whose exception died while Python code ran: that code caught it.
+class _RankExit(SystemExit):
+    """The SystemExit that sys.exit raises in a multi-rank job: it records the exit request
+    while it lives, and forgets it if the program catches it."""
 
-    The interpreter's top-level handler, which exits with the status, drops it with no Python
-    frame running.
-    """
-    try:
-        sys._getframe(1)
-    except ValueError:
-        return
-    if _exit_request and _exit_request[1] is ref:
-        _exit_request.clear()
+    def __init__(self, status: Any):
+        super().__init__(status)
+        _exit_request[:] = [status, id(self)]
 
-
-def _request_exit(status: Any) -> _RankExit:
-    """A watched _RankExit for ``status``. (Made here, not in the frame that raises it: that
-    frame lives on in the traceback, and a local there would keep the exception alive.)"""
-    request = _RankExit(status)
-    _exit_request[:] = [status, weakref.ref(request, _exit_dropped)]
-    return request
+    def __del__(self) -> None:
+        # An exception that dies while Python code runs was caught there. The interpreter's
+        # top-level handler, which exits with its status, drops it with no Python frame running.
+        try:
+            sys._getframe(1)
+        except ValueError:
+            return
+        if _exit_request and _exit_request[1] == id(self):
+            _exit_request.clear()
 
 
 def _install_exit_hook(world: Communicator) -> None:
@@ -321,7 +312,7 @@ def _install_exit_hook(world: Communicator) -> None:
     def exit_rank(status: Any = None) -> None:
         if threading.current_thread() is not threading.main_thread():
             original(status)  # ends only this thread
-        raise _request_exit(status)
+        raise _RankExit(status)  # no local name: this frame lives on in the traceback
 
     def end_job() -> None:
         if not _exit_request:
