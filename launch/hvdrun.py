@@ -80,10 +80,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Optional[List[str]]) 
 def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
     """The caller's whole environment plus the variables that the flags set."""
     env = dict(os.environ)
-    # MPICH's MPI_Finalize waits for every rank: a rank that calls sys.exit(3) would wait there
-    # for ranks that wait for it, and never report its code. Without that wait it exits at
-    # once and the job ends. Other MPIs ignore the variable.
+    # MPI_Finalize waits for every rank: a rank that calls sys.exit(3) would wait there for
+    # ranks that wait for it, and never report its code. Without that wait it exits at once
+    # and the job ends. MPICH reads the first variable, Open MPI (mpirun passes its OMPI_MCA_*
+    # variables on) the second; each ignores the other's.
     env.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
+    env.setdefault("OMPI_MCA_async_mpi_finalize", "1")
     env.update(flags.rank_variables(args, flavour))
     return env
 

