@@ -95,7 +95,10 @@ def build(monkeypatch, flavour, *options, env=None):
         if name.startswith(("HVD_", "HOROVOD_", "NCCL_", "UCX_", "FI_", "MPI4PY_", "HYDRA_",
                             "I_MPI_", "HVDRUN_")):
             monkeypatch.delenv(name)
+    # hvdrun always sets these two (the finalize waits of MPICH and Open MPI); set beforehand,
+    # they are not among the variables the flags add.
     monkeypatch.setenv("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
+    monkeypatch.setenv("OMPI_MCA_async_mpi_finalize", "1")
     for name, value in (env or {}).items():
         monkeypatch.setenv(name, value)
     launcher = mpi.Launcher(LAUNCHERS[flavour], flavour)
