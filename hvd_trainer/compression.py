@@ -18,9 +18,8 @@ import math
 import numbers
 import pickle
 import time
-import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Hashable, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -416,21 +415,11 @@ def decode_sum(codec: Any, every: Any, offsets: Sequence[int], tensors: Sequence
 
 class ErrorFeedbackSum:
     """Sums gradients across ranks through a :class:`GatherCompressor`, with one residual per
-    tensor key on this rank (the state ``save_states`` keeps)."""
+    tensor key on this rank (the state ``save_checkpoint`` keeps)."""
 
     def __init__(self, compressor: GatherCompressor):
         self.compressor = compressor
         self.residuals: Dict[Hashable, np.ndarray] = {}
-
-    def load(self, every_rank: Optional[List[Dict[Hashable, np.ndarray]]], rank: int,
-             size: int) -> None:
-        """Take this rank's residuals from every rank's saved ones; zeros when there are none
-        or they were saved by a different number of ranks (with a warning)."""
-        if every_rank is not None and len(every_rank) != size:
-            warnings.warn(f"the saved error-feedback residuals come from {len(every_rank)} "
-                          f"ranks, this job has {size}; they start again from zero")
-            every_rank = None
-        self.residuals = {} if every_rank is None else dict(every_rank[rank])
 
     def sum_(self, named: Sequence[Tuple[Hashable, np.ndarray]], name: str, scale: float = 1.0,
              process_set: ProcessSet = global_process_set,
@@ -463,15 +452,15 @@ class ErrorFeedbackSum:
 _RESIDUALS_MAGIC = b"hvd_trainer residuals 1\n"
 
 
-def attach_residuals(states: bytes, every_rank: Optional[List[Dict[Hashable, np.ndarray]]]
-                     ) -> bytes:
-    """Optimizer states with every rank's residuals appended; ``states`` alone when None."""
-    if every_rank is None:
+def attach_residuals(states: bytes, residuals: Any) -> bytes:
+    """Optimizer states with the residuals (any picklable value: every rank's, with the
+    settings they belong to) appended; ``states`` alone when None."""
+    if residuals is None:
         return states
-    return _RESIDUALS_MAGIC + pickle.dumps((states, every_rank), pickle.HIGHEST_PROTOCOL)
+    return _RESIDUALS_MAGIC + pickle.dumps((states, residuals), pickle.HIGHEST_PROTOCOL)
 
 
-def detach_residuals(data: bytes) -> Tuple[bytes, Optional[List[Dict[Hashable, np.ndarray]]]]:
+def detach_residuals(data: bytes) -> Tuple[bytes, Any]:
     """Split what :func:`attach_residuals` wrote; plain optimizer states have no residuals."""
     if not data.startswith(_RESIDUALS_MAGIC):
         return data, None

@@ -34,20 +34,28 @@ def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], thr
     tensor counts (Horovod's ``num_groups``), each split only by dtype.
     """
     order = list(range(len(nbytes)))[::-1]
-    if groups > 0:
-        base, extra = divmod(len(order), groups)
-        bounds = [0]
-        for g in range(min(groups, len(order))):
-            bounds.append(bounds[-1] + base + (1 if g < extra else 0))
-        runs = [order[a:b] for a, b in zip(bounds, bounds[1:])]
-        limit = sum(nbytes) + 1
-    else:
-        runs, limit = [order], threshold
+    runs = split_runs(order, groups)
+    limit = sum(nbytes) + 1 if groups > 0 else threshold
     buckets = []
     for run in runs:
         plan = plan_buckets([nbytes[i] for i in run], [dtypes[i] for i in run], limit)
         buckets.extend([run[k] for k in members] for members in plan)
     return buckets
+
+
+def split_runs(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
+    """``items`` cut into ``groups`` consecutive runs of nearly equal length, the earlier ones
+    longer by one, empty runs left out; one run of everything when ``groups`` is 0."""
+    if groups <= 0:
+        return [items]
+    base, extra = divmod(len(items), groups)
+    runs, start = [], 0
+    for g in range(groups):
+        stop = start + base + (1 if g < extra else 0)
+        if stop > start:
+            runs.append(items[start:stop])
+        start = stop
+    return runs
 
 
 class BufferPool:
