@@ -43,7 +43,7 @@ import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -113,8 +113,9 @@ def compression_key(compression: AnyCompressor) -> str:
 class Step:
     """One step of a :class:`Reducer`: readiness, the launched buckets, the results."""
 
-    def __init__(self, count: int, buckets: List[Bucket]):
-        self.ready = np.zeros(count, bool)       # ready on this rank, by position
+    def __init__(self, count: int, buckets: List[Bucket], lock: threading.Lock):
+        self._marks = bytearray(count)           # cheap to set one by one; ready views it
+        self.ready = np.frombuffer(self._marks, bool)  # ready on this rank, by position
         self.fresh = np.zeros(count, bool)       # reduced this step (agreed), by position
         self.values: Dict[int, Any] = {}         # per-tensor gradients given, by position
         self.results: Dict[int, Any] = {}        # reduced per-tensor gradients, by key
@@ -126,7 +127,7 @@ class Step:
         self.buckets = buckets
         self.program: Optional["Future[None]"] = None
         self.overlapped = False                  # the program runs on the communication thread
-        self.changed = threading.Condition()
+        self.changed = threading.Condition(lock)  # the reducer's lock
 
     def launched(self) -> List[Tuple[Bucket, handles.Handle]]:
         """Every bucket with its handle, in launch order (the same on every rank)."""
@@ -226,7 +227,7 @@ class Reducer:
     # -- readiness --------------------------------------------------------------------------
     def _current(self) -> Step:
         if self._step is None:
-            self._step = Step(len(self.gradients), self.buckets)
+            self._step = Step(len(self.gradients), self.buckets, self._lock)
         return self._step
 
     def mark_ready(self, key: int, value: Any = None) -> None:
@@ -235,24 +236,27 @@ class Reducer:
 
         Thread-safe; with ``eager`` the first call of a step starts its reductions.
         """
-        position = self._position[key]
+        self.mark_all_ready(((key, value),))
+
+    def mark_all_ready(self, ready: Iterable[Tuple[int, Any]]) -> None:
+        """:meth:`mark_ready` for each (key, value) pair, in one call (step-time readiness)."""
         with self._lock:
-            step = self._current()
-            with step.changed:
-                if step.closed:
-                    raise RuntimeError(f"gradient {self.name(key)!r} was marked ready after "
-                                       "the step was launched; mark every gradient first")
-                if step.ready[position]:
-                    raise RuntimeError(f"gradient {self.name(key)!r} was marked ready twice in "
-                                       "one step")
-                step.ready[position] = True
+            step = self._step or self._current()
+            for key, value in ready:
+                position = self._position[key]
+                if step._marks[position]:
+                    raise RuntimeError(f"gradient {self.name(key)!r} was marked ready twice "
+                                       "in one step")
+                step._marks[position] = 1
                 step.order.append(key)
                 if value is not None:
                     step.values[position] = value
+            if self.eager:
                 step.changed.notify_all()
-            if self.eager and step.program is None:
-                step.overlapped = True
-                step.program = handles.communication_thread().submit(self._run, step, False)
+                if step.program is None:
+                    step.overlapped = True
+                    step.program = handles.communication_thread().submit(self._run, step,
+                                                                         False)
 
     def launch(self) -> Step:
         """Every gradient not marked ready is stale on this rank; launch what is left.
@@ -265,22 +269,19 @@ class Reducer:
         with self._lock:
             step = self._current()
             self._step = None
-            with step.changed:
-                step.closed = True
-                step.changed.notify_all()
-            if step.program is None:
-                if self.eager or (self.overlap and self.size > 1
-                                  and runtime.mpi_threads_supported()):
-                    step.overlapped = True
-                    step.program = handles.communication_thread().submit(
-                        self._run, step, not self.eager)
-                else:
-                    done: "Future[None]" = Future()
-                    step.program = done
-                    try:
-                        self._run(step, True)
-                    finally:
-                        done.set_result(None)
+            step.closed = True
+            step.changed.notify_all()
+            if step.program is None and (self.eager or (self.overlap and self.size > 1
+                                                        and runtime.mpi_threads_supported())):
+                step.overlapped = True
+                step.program = handles.communication_thread().submit(self._run, step,
+                                                                     not self.eager)
+        if step.program is None:  # overlap off: reduce here, now
+            step.program = Future()
+            try:
+                self._run(step, True)
+            finally:
+                step.program.set_result(None)
         return step
 
     def finish(self, step: Step) -> Dict[int, Any]:

@@ -228,6 +228,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._prepare(indices)
         in_bucket = self._views
         given: Dict[int, Any] = {}
+        ready: List[tuple] = []
         self._fresh_contexts = {}
         for i in indices:
             param = self._params[i]
@@ -235,13 +236,14 @@ class DistributedTrainer(mx.gluon.Trainer):
                 fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
                 self._fresh_contexts[i] = fresh
                 if fresh:
-                    reducer.mark_ready(i)
+                    ready.append((i, None))
                 continue
             local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
             with diagnostics.span(reducer.name(i), "WAIT_FOR_GRADIENT"):
                 given[i] = local_sum(param)
             if given[i] is not None:
-                reducer.mark_ready(i, given[i])
+                ready.append((i, given[i]))
+        reducer.mark_all_ready(ready)
         step = reducer.launch()
         try:
             self._use_buckets(step)
