@@ -48,9 +48,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from . import diagnostics, fusion, handles, ops, runtime, sparse
-from .compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
-                          GatherCompressor)
+from .compression import Compression, Compressor, GatherCompressor
+from .feedback import ErrorFeedbackSum
 from .runtime import ProcessSet, global_process_set
+from .traffic import CommStats
 
 AnyCompressor = Union[Type[Compressor], GatherCompressor]
 

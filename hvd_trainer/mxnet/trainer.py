@@ -40,13 +40,14 @@ import mxnet as mx
 import numpy as np
 
 from .. import diagnostics, ops, runtime
-from ..compression import (CommStats, Compression, Compressor, GatherCompressor,
-                           attach_residuals, detach_residuals)
+from ..checkpoint import attach_residuals, detach_residuals
+from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
 from ..fusion import split_runs as _split  # noqa: F401 (tests pin num_groups' split here)
 from ..reducer import Bucket, Gradient, Reducer, Step, check_settings
 from ..runtime import ProcessSet, global_process_set
 from ..sparse import Exchange
+from ..traffic import CommStats
 from . import bridge
 from . import sparse as sparse_nd
 from .errors import raises_mxnet_errors
