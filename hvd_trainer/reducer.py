@@ -140,7 +140,11 @@ class Reducer:
 
     Construct it on members of the process set only. ``eager=True`` launches buckets as
     their gradients become ready (hooks during backward); otherwise nothing moves before
-    :meth:`launch`, which then knows every gradient's freshness. ``overlap`` runs the
+    :meth:`launch`, which then knows every gradient's freshness. An eager step holds the
+    process set's turn (see :mod:`hvd_trainer.diagnostics`) from its first ready gradient
+    until its reductions end, so other collectives on the set wait for it: call
+    :meth:`launch` every step, from a thread that is not itself waiting for such a
+    collective. ``overlap`` runs the
     reductions on the communication thread (default: the agreed ``HVD_OVERLAP`` setting);
     eager reducers always do.
     """
@@ -265,7 +269,7 @@ class Reducer:
         A collective over the process set. Without ``eager`` this makes the step's agreement
         (with the freshness flags) and launches every bucket, on the communication thread
         with overlap or here otherwise (the returned handles are then done). Wait for the
-        bucket handles or for :meth:`finish`.
+        bucket handles or for :meth:`finish`, which raise what a reduction raised.
         """
         with self._lock:
             step = self._current()
@@ -281,8 +285,11 @@ class Reducer:
             step.program = Future()
             try:
                 self._run(step, True)
+            except Exception as e:  # raised by finish() and the handles, as with overlap
+                step.program.set_exception(e)
             finally:
-                step.program.set_result(None)
+                if not step.program.done():
+                    step.program.set_result(None)
         return step
 
     def finish(self, step: Step) -> Dict[int, Any]:
@@ -313,8 +320,8 @@ class Reducer:
                     if flags:
                         step.fresh[:] = diagnostics.agree(comm, lambda: self._description,
                                                           step.ready)
-                    else:
-                        diagnostics.agree(comm, lambda: self._description)
+                    else:  # no flags yet, but (empty) flags keep it an exchange when covered
+                        diagnostics.agree(comm, lambda: self._description, np.zeros(0, bool))
                         step.fresh[:] = True
                 for bucket, done in zip(step.buckets, step._done):
                     positions = [self._position[k] for k in bucket.keys]

@@ -153,18 +153,25 @@ def compression():
     close(fresh.feedback.residuals[0], residuals[R], "scattered residual")
 
 
-def mismatch_then_work():
-    reducer = make()
+def mismatch_then_work(eager):
+    reducer = make(eager=eager)
     shape = (4,) if R == 0 else (5,)
     reducer.set_gradients([Gradient(0, shape, "<f4")])
     back(reducer)
     reducer.mark_ready(0)
+    step = reducer.launch()
     try:
-        reducer.finish(reducer.launch())
+        reducer.finish(step)
     except diagnostics.MismatchError as e:
         assert "ranks disagree on shape of tensor 0 'grad.0'" in str(e), e
     else:
-        raise AssertionError(f"rank {R}: no MismatchError")
+        raise AssertionError(f"rank {R}: no MismatchError (eager={eager})")
+    try:  # the bucket's handle raises it too
+        step.handles[0].wait()
+    except diagnostics.MismatchError:
+        pass
+    else:
+        raise AssertionError(f"rank {R}: the handle did not raise (eager={eager})")
     reducer.set_gradients([Gradient(0, (4,), "<f4")])
     views = back(reducer)
     views[0][...] = R + 1
@@ -173,8 +180,8 @@ def mismatch_then_work():
     close(views[0], np.full(4, N * (N + 1) / 2), "after mismatch")
 
 
-def one_agreement_per_step():
-    reducer = make()
+def one_agreement_per_step(eager):
+    reducer = make(eager=eager)
     reducer.set_gradients([Gradient(k, s, "<f4") for k, s in enumerate(SHAPES)]
                           + [Gradient(9, (4,), "<f4", memory="gpu")])
     back(reducer)
@@ -184,15 +191,17 @@ def one_agreement_per_step():
         for key in list(range(len(SHAPES))) + [9]:
             reducer.mark_ready(key, np.ones(4, np.float32) if key == 9 else None)
         reducer.finish(reducer.launch())
-    assert diagnostics.agreements(comm) - before == 3
+    assert diagnostics.agreements(comm) - before == 3, f"eager={eager}"
 
 
 eager_any_order()
 step_time_stale()
 sparse_rows()
 compression()
-mismatch_then_work()
-one_agreement_per_step()
+mismatch_then_work(eager=False)
+mismatch_then_work(eager=True)
+one_agreement_per_step(eager=False)
+one_agreement_per_step(eager=True)
 got = ops.gather_object(("rank", R), root_rank=N - 1)
 assert got == ([("rank", r) for r in range(N)] if R == N - 1 else None), got
 assert ops.scatter_object([r * 10 for r in range(N)] if R == 1 else None, root_rank=1) == R * 10
