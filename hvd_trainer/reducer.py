@@ -248,7 +248,10 @@ class Reducer:
         with self._lock:
             step = self._step or self._current()
             for key, value in ready:
-                position = self._position[key]
+                position = self._position.get(key)
+                if position is None:
+                    raise ValueError(f"gradient key {key!r} is not one of this reducer's "
+                                     "gradients; pass it to set_gradients() first")
                 if step._marks[position]:
                     raise RuntimeError(f"gradient {self.name(key)!r} was marked ready twice "
                                        "in one step")

@@ -129,6 +129,8 @@ def test_marking_twice_or_after_launch_is_refused():
     reducer.mark_ready(0)
     with pytest.raises(RuntimeError, match="'grad.0' was marked ready twice"):
         reducer.mark_ready(0)
+    with pytest.raises(ValueError, match="gradient key 5 is not one of"):
+        reducer.mark_ready(5)
     reducer.finish(reducer.launch())
     reducer.mark_ready(0)  # the next step
     reducer.finish(reducer.launch())
