@@ -138,7 +138,8 @@ class Step:
 class Reducer:
     """Sums a set of gradients across ``process_set``; see the module docstring.
 
-    Construct it on members of the process set only. ``eager=True`` launches buckets as
+    Only members of the process set may use it (its steps are collectives over the set).
+    ``eager=True`` launches buckets as
     their gradients become ready (hooks during backward); otherwise nothing moves before
     :meth:`launch`, which then knows every gradient's freshness. An eager step holds the
     process set's turn (see :mod:`hvd_trainer.diagnostics`) from its first ready gradient
