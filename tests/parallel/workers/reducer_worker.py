@@ -49,22 +49,33 @@ def close(got, want, what, tol=1e-6):
 
 def eager_any_order():
     reducer = make(eager=True, gradient_predivide_factor=2.0)
-    reducer.set_gradients([Gradient(k, s, "<f4") for k, s in enumerate(SHAPES)])
+    reducer.set_gradients([Gradient(k, s, "<f4") for k, s in enumerate(SHAPES)]
+                          + [Gradient(8, (3,), "<f4", memory="gpu"),
+                             Gradient(9, (6, 2), "<f4", sparse=True)])
     views = back(reducer)
     assert len(reducer.buckets) > 2
-    order = list(range(len(SHAPES)))
+    given = {8: values(R, 8, (3,)), 9: (np.array([R, 5]), values(R, 9, (2, 2)))}
+    order = list(range(len(SHAPES))) + [8, 9]
     random.Random(R).shuffle(order)  # every rank in its own order
     for key in order:
-        views[key][...] = values(R, key, SHAPES[key])
-        t = threading.Thread(target=reducer.mark_ready, args=(key,))
+        if key in views:
+            views[key][...] = values(R, key, SHAPES[key])
+        t = threading.Thread(target=reducer.mark_ready, args=(key, given.get(key)))
         t.start()
         t.join()
     step = reducer.launch()
-    reducer.finish(step)
+    results = reducer.finish(step)
     assert all(h.poll() for h in step.handles)
     assert reducer.ready_order == order
     for key, shape in enumerate(SHAPES):
         close(views[key], sum(values(r, key, shape) for r in range(N)) / 2.0, f"eager {key}")
+    close(results[8], sum(values(r, 8, (3,)) for r in range(N)) / 2.0, "eager per-tensor")
+    table = np.zeros((6, 2), np.float32)
+    for r in range(N):
+        table[[r, 5]] += values(r, 9, (2, 2))
+    ids, rows = results[9]
+    assert ids.tolist() == sorted(set(range(N)) | {5}), ids
+    close(rows, table[ids] / 2.0, "eager sparse")
 
 
 def step_time_stale():
