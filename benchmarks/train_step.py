@@ -1,6 +1,7 @@
 """Training-step time, memory and overhead: gluon.Trainer in one process vs DistributedTrainer.
 
 Run:  python benchmarks/train_step.py [--rounds 2] [--threads 1] [--buckets]
+      python benchmarks/train_step.py --against REV [--rounds 3]
 It launches its own measurements as subprocesses. Per model, launches alternate between one
 process with gluon.Trainer and 2 ranks (through hvdrun) with DistributedTrainer with the
 overlap on and off (HVD_OVERLAP), each at the same per-rank batch, so that machine noise hits
@@ -18,10 +19,18 @@ prices the safety checks on the 40 x Dense(256) step, on 2 ranks in one job: rep
 alternate between the real step and the same step with the agreement replaced by the bare
 exchange of freshness flags that the step needs anyway (no description, no digest, blocking
 allreduce), and the timeline hooks (off) are counted and timed per call.
+
+``--against REV`` instead compares this tree's 2-rank step with commit REV's, overlap off and
+on: a detached worktree of REV is imported through PYTHONPATH, launches alternate between the
+two trees, and each variant keeps its best launch.
 """
 import argparse
+import datetime
 import os
+import platform
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -75,10 +84,18 @@ def measure(distributed: bool, name: str, independent: bool = False) -> dict:
     seconds = common.seconds_per_step(step, steps, REPETITIONS, WARMUP, distributed)
     grads = [p.grad() for p in net.collect_params().values()]
     results = {"seconds": seconds, "tensors": len(grads), "rss_mb": common.peak_rss_mb(distributed),
-               "megabytes": sum(g.size * 4 for g in grads) / 1e6}
+               "megabytes": sum(g.size * 4 for g in grads) / 1e6,
+               "file": hvd_trainer.__file__ if distributed else None}
     if distributed and not independent:
         results["wire"] = bare_allreduce(trainer)
     return results
+
+
+def buckets_of(trainer) -> list:
+    """The trainer's gradient buckets: its reducer's, or (commits before the reducer, for
+    ``--against``) its own."""
+    reducer = getattr(trainer, "_reducer", None)
+    return reducer.buckets if reducer is not None else trainer._buckets
 
 
 def bare_allreduce(trainer) -> float:
@@ -90,7 +107,7 @@ def bare_allreduce(trainer) -> float:
     for _ in range(REPETITIONS * 2):
         hvd_trainer.barrier()
         start = time.perf_counter()
-        for bucket in trainer._buckets:
+        for bucket in buckets_of(trainer):
             comm.allreduce(bucket.host, "sum")
         best = min(best, common.slowest_rank(time.perf_counter() - start, True))
     return best
@@ -129,7 +146,7 @@ def measure_overhead() -> dict:
     times = {"on": [], "off": [], "wire": []}
     for rounds in range(OVERHEAD_ROUNDS + 3):
         for variant in ("on", "off"):
-            trainer._overlap = variant == "on"
+            trainer._reducer.overlap = variant == "on"
             backward()
             hvd_trainer.barrier()
             start = time.perf_counter()
@@ -139,7 +156,7 @@ def measure_overhead() -> dict:
             plugin = time.perf_counter() - start
             hvd_trainer.barrier()
             start = time.perf_counter()
-            for bucket in trainer._buckets:
+            for bucket in trainer._reducer.buckets:
                 comm.allreduce(bucket.host, "sum")
             wire = time.perf_counter() - start
             trainer.update(BATCH)
@@ -149,7 +166,7 @@ def measure_overhead() -> dict:
     grads = [p.grad() for p in net.collect_params().values()]
     return {"on": float(np.median(times["on"])), "off": float(np.median(times["off"])),
             "wire": float(np.median(times["wire"])), "tensors": len(grads),
-            "buckets": len(trainer._buckets), "copied_per_step": sum(copied) / (2 * (OVERHEAD_ROUNDS + 3)),
+            "buckets": len(trainer._reducer.buckets), "copied_per_step": sum(copied) / (2 * (OVERHEAD_ROUNDS + 3)),
             "megabytes": sum(g.size * 4 for g in grads) / 1e6}
 
 
@@ -203,15 +220,14 @@ def measure_checks() -> dict:
     diagnostics.agree = checked
     # The step's agreement alone, the same two ways, in a tight loop: robust to machine noise.
     comm = runtime.communicator(hvd_trainer.global_process_set)
-    indices = list(range(len(trainer._params)))
-    flags = np.ones(len(indices), bool)
+    flags = np.ones(len(trainer._params), bool)
     exchange = {"on": [], "off": []}
     for _ in range(CHECKS_ROUNDS):
         for variant, agree in (("on", checked), ("off", exchange_only)):
             hvd_trainer.barrier()
             start = time.perf_counter()
             for _ in range(200):
-                agree(comm, lambda: trainer._step_description(indices), flags)
+                agree(comm, trainer._reducer.description, flags)
             exchange[variant].append(float(hvd_trainer.allreduce(
                 np.array([(time.perf_counter() - start) / 200]), op=hvd_trainer.Max)[0]))
     # Timeline hooks: how many span() calls a step makes, and what one costs while off.
@@ -238,6 +254,8 @@ def main():
                         help="OMP_NUM_THREADS of every process (default 1: one core per worker)")
     parser.add_argument("--buckets", action="store_true",
                         help="also time the 2-rank step at several bucket thresholds")
+    parser.add_argument("--against", metavar="REV",
+                        help="compare this tree's 2-rank step with commit REV's instead")
     parser.add_argument("--worker", choices=["single", "distributed", "independent", "overhead",
                                              "checks"],
                         help=argparse.SUPPRESS)
@@ -245,6 +263,9 @@ def main():
     args = parser.parse_args()
     if args.worker:
         run_worker(args.worker, args.model)
+        return
+    if args.against:
+        compare(args.against, args.rounds, args.threads)
         return
 
     best = {name: {} for name in MODELS}
@@ -299,6 +320,43 @@ def main():
     if args.buckets:
         print_buckets(args.threads)
     print_checks(common.launch(__file__, 2, ["--worker", "checks"], args.threads))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compare(rev: str, rounds: int, threads: int) -> None:
+    """The 2-rank step of this tree against commit ``rev``'s, launches alternating."""
+    best: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        old = os.path.join(tmp, rev)
+        subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "-f", old, rev],
+                       check=True, capture_output=True)
+        try:
+            for _ in range(rounds):
+                for name in MODELS:
+                    for overlap in ("0", "1"):
+                        for label, tree in (("before", old), ("after", REPO)):
+                            r = common.launch(__file__, 2, ["--worker", "distributed", "--model",
+                                                            name], threads,
+                                              {"PYTHONPATH": tree, "HVD_OVERLAP": overlap})
+                            if not r["file"].startswith(tree):
+                                raise RuntimeError(f"the worker imported {r['file']}, not {tree}")
+                            key = (name, overlap, label)
+                            best[key] = min(best.get(key, float("inf")), r["seconds"])
+        finally:
+            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", old],
+                           capture_output=True)
+    print(f"# {datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, 2 ranks, "
+          f"batch {BATCH} per rank, OMP_NUM_THREADS={threads}; before = {rev}, after = this "
+          f"tree; launches alternate, best of {rounds} launches x {REPETITIONS} repetitions")
+    print("| model | overlap | before ms/step | after ms/step | after / before |")
+    print("|---|---|---|---|---|")
+    for name in MODELS:
+        for overlap in ("0", "1"):
+            b, a = best[(name, overlap, "before")], best[(name, overlap, "after")]
+            print(f"| {name} | {'on' if overlap == '1' else 'off'} | {b * 1e3:.2f} | "
+                  f"{a * 1e3:.2f} | {a / b:.3f} |")
 
 
 def run_worker(mode: str, model: str) -> None:

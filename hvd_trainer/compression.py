@@ -5,9 +5,7 @@ Two kinds, by transport:
 - Horovod's :class:`Compressor` (``Compression.none``, ``Compression.fp16``): the payload is an
   array that can be summed where it is, so it rides the ring allreduce.
 - :class:`GatherCompressor` (2-bit, 1-bit, top-k): packed payloads that cannot be summed.
-  Every rank encodes its gradient (keeping what it did not send in a per-tensor residual),
-  the payloads travel by one allgather, and every rank decodes and sums all of them in rank
-  order, so every rank applies bit-identical updates.
+  They travel by allgather with per-rank residuals (:mod:`hvd_trainer.feedback`).
 
 :func:`from_params` maps MXNet's ``compression_params`` onto one of these. Tensors may be NumPy
 arrays or, for :class:`Compressor`, anything with ``dtype`` and ``astype`` (NDArrays), so
@@ -16,16 +14,9 @@ Horovod scripts that call ``Compression.fp16.compress`` themselves keep working.
 import abc
 import math
 import numbers
-import pickle
-import time
-import warnings
-from dataclasses import dataclass
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Tuple, Type, Union
 
 import numpy as np
-
-from . import ops
-from .runtime import ProcessSet, global_process_set
 
 # Encoders work through long tensors in chunks of this many elements (512 KiB of float32),
 # so that each vectorised pass runs in the L2 cache instead of main memory.
@@ -366,113 +357,3 @@ def from_params(params: Dict[str, Any]) -> Union[Type[Compressor], GatherCompres
                              "with fewer elements are sent uncompressed")
         compressor.min_size = int(min_size)
     return compressor
-
-
-# -- the allgather path and its accounting --------------------------------------------------
-@dataclass
-class CommStats:
-    """One rank's traffic and codec time, summed over the collectives of a training step.
-
-    Bytes follow the algorithms: a ring allreduce of B bytes sends and receives 2(N−1)/N·B
-    per rank; an allgather of P bytes per rank sends (N−1)·P and receives the others'
-    payloads. ``dense_bytes`` is what a float allreduce of the same gradients would send.
-    """
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    dense_bytes: int = 0
-    encode_seconds: float = 0.0
-    decode_seconds: float = 0.0
-
-    def add_allgather(self, ranks: int, payload_bytes: int, dense_bytes: int,
-                      encode_seconds: float, decode_seconds: float) -> None:
-        """Count an allgather of this rank's ``payload_bytes`` standing for ``dense_bytes``."""
-        self.bytes_sent += (ranks - 1) * payload_bytes
-        self.bytes_received += (ranks - 1) * payload_bytes
-        self.dense_bytes += round(2 * (ranks - 1) / ranks * dense_bytes)
-        self.encode_seconds += encode_seconds
-        self.decode_seconds += decode_seconds
-
-    def add_allreduce(self, payload_bytes: int, dense_bytes: int, size: int) -> None:
-        """Count a ring allreduce of ``payload_bytes`` standing for ``dense_bytes``."""
-        ring = 2 * (size - 1) / size
-        self.bytes_sent += round(ring * payload_bytes)
-        self.bytes_received += round(ring * payload_bytes)
-        self.dense_bytes += round(ring * dense_bytes)
-
-
-def decode_sum(codec: Any, every: Any, offsets: Sequence[int], tensors: Sequence[Any],
-               scale: float) -> None:
-    """Replace each tensor by the sum of what every rank's payload (a row of ``every``, cut at
-    ``offsets``) carries for it, times ``scale``; NumPy or CuPy arrays alike."""
-    for t, start, end in zip(tensors, offsets[:-1], offsets[1:]):
-        flat = t.reshape(-1)
-        flat[...] = 0
-        for payload in every:  # rank order, the same on every rank
-            codec.decode_add(payload[start:end], flat)
-        if scale != 1.0:
-            flat *= np.float32(scale)
-
-
-class ErrorFeedbackSum:
-    """Sums gradients across ranks through a :class:`GatherCompressor`, with one residual per
-    tensor key on this rank (the state ``save_states`` keeps)."""
-
-    def __init__(self, compressor: GatherCompressor):
-        self.compressor = compressor
-        self.residuals: Dict[Hashable, np.ndarray] = {}
-
-    def load(self, every_rank: Optional[List[Dict[Hashable, np.ndarray]]], rank: int,
-             size: int) -> None:
-        """Take this rank's residuals from every rank's saved ones; zeros when there are none
-        or they were saved by a different number of ranks (with a warning)."""
-        if every_rank is not None and len(every_rank) != size:
-            warnings.warn(f"the saved error-feedback residuals come from {len(every_rank)} "
-                          f"ranks, this job has {size}; they start again from zero")
-            every_rank = None
-        self.residuals = {} if every_rank is None else dict(every_rank[rank])
-
-    def sum_(self, named: Sequence[Tuple[Hashable, np.ndarray]], name: str, scale: float = 1.0,
-             process_set: ProcessSet = global_process_set,
-             stats: Optional[CommStats] = None) -> None:
-        """Replace each (C-contiguous float32) tensor by the sum over ranks of what they sent,
-        times ``scale``; one allgather carries every payload."""
-        codec = self.compressor
-        sizes = [codec.wire_bytes(t.size) for _, t in named]
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        send = np.empty(offsets[-1], np.uint8)
-        tic = time.perf_counter()
-        for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            residual = self.residuals.setdefault(key, np.zeros(t.size, np.float32))
-            payload = codec.encode(t.reshape(-1), residual)
-            if payload.dtype != np.uint8 or payload.shape != (end - start,):
-                raise ValueError(f"{type(codec).__name__}.encode returned {payload.dtype} of "
-                                 f"shape {payload.shape}; it must return wire_bytes(size) = "
-                                 f"{end - start} bytes as a 1-D uint8 array")
-            send[start:end] = payload
-        encoded = time.perf_counter()
-        every = ops.allgather(send, name, process_set).reshape(-1, send.size)
-        gathered = time.perf_counter()
-        decode_sum(codec, every, offsets, [t for _, t in named], scale)
-        if stats is not None:
-            stats.add_allgather(every.shape[0], send.size, sum(t.nbytes for _, t in named),
-                                encoded - tic, time.perf_counter() - gathered)
-
-
-# -- residuals in state files ---------------------------------------------------------------
-_RESIDUALS_MAGIC = b"hvd_trainer residuals 1\n"
-
-
-def attach_residuals(states: bytes, every_rank: Optional[List[Dict[Hashable, np.ndarray]]]
-                     ) -> bytes:
-    """Optimizer states with every rank's residuals appended; ``states`` alone when None."""
-    if every_rank is None:
-        return states
-    return _RESIDUALS_MAGIC + pickle.dumps((states, every_rank), pickle.HIGHEST_PROTOCOL)
-
-
-def detach_residuals(data: bytes) -> Tuple[bytes, Optional[List[Dict[Hashable, np.ndarray]]]]:
-    """Split what :func:`attach_residuals` wrote; plain optimizer states have no residuals."""
-    if not data.startswith(_RESIDUALS_MAGIC):
-        return data, None
-    return pickle.loads(data[len(_RESIDUALS_MAGIC):])

@@ -15,7 +15,8 @@ rank, and every rank has made the same exchange: the next collective works.
 
 **Turns.** One thread at a time runs collectives on a communicator (the others wait for its
 turn to end), so a collective from another thread is never mixed into a covered block and
-never skips its own agreement. A covered block may share its turn with a helper thread.
+never skips its own agreement. A covered block belongs to the thread that opened it (the
+reducer opens a step's block on the thread that runs the step's reductions).
 Without MPI_THREAD_MULTIPLE all communicators share one turn.
 
 **Cache.** A caller whose agreement already fixes the collectives that follow (the trainer's
@@ -33,7 +34,6 @@ job.
 Chrome trace.
 """
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
-                    Tuple, TypeVar)
+                    Tuple)
 
 import numpy as np
 
@@ -61,7 +61,6 @@ _SPIN_SECONDS = 0.1
 _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
 # Argument errors that travel to every rank keep their type; anything else is a RuntimeError.
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError}
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class MismatchError(RuntimeError):
@@ -69,7 +68,7 @@ class MismatchError(RuntimeError):
 
 
 class _Turn:
-    """Lets one thread at a time (plus the threads it shares with) use a communicator."""
+    """Lets one thread at a time use a communicator; the holder may enter again (nested)."""
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -89,19 +88,6 @@ class _Turn:
             if not self._holders[me]:
                 del self._holders[me]
                 self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def joined(self) -> Iterator[None]:
-        """Enter a turn that another thread holds, without waiting for it to end."""
-        me = threading.get_ident()
-        with self._cond:
-            if not self._holders:
-                raise RuntimeError("the turn to share has ended")
-            self._holders[me] = self._holders.get(me, 0) + 1
-        try:
-            yield
-        finally:
-            self.__exit__()
 
 
 _shared_turn = _Turn()
@@ -290,24 +276,8 @@ def collective(comm: Communicator, kind: str, name: Optional[str]) -> Iterator[C
         yield call
 
 
-class Cover:
-    """A block of collectives already agreed on; see :func:`covered`."""
-
-    def __init__(self, book: _Book):
-        self._book = book
-
-    def share(self, fn: F) -> F:
-        """``fn`` wrapped to run inside this block's turn from another thread (which must
-        only run while the block lasts)."""
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with self._book.turn.joined():
-                return fn(*args, **kwargs)
-        return run  # type: ignore[return-value]
-
-
 @contextlib.contextmanager
-def covered(comm: Communicator) -> Iterator[Cover]:
+def covered(comm: Communicator) -> Iterator[None]:
     """Collectives on ``comm`` in this block skip their agreement exchange.
 
     Only for a caller whose last :func:`agree` on ``comm`` already fixed, identically on
@@ -318,7 +288,7 @@ def covered(comm: Communicator) -> Iterator[Cover]:
     with book.turn:
         book.covered += 1
         try:
-            yield Cover(book)
+            yield
         finally:
             book.covered -= 1
 

@@ -47,10 +47,8 @@ def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], thr
     tensor counts (Horovod's ``num_groups``), each split only by dtype.
     """
     order = list(range(len(nbytes)))[::-1]
-    if groups > 0:
-        runs, limit = split_runs(order, groups), sum(nbytes) + 1
-    else:
-        runs, limit = [order], threshold
+    runs = split_runs(order, groups)
+    limit = sum(nbytes) + 1 if groups > 0 else threshold
     buckets = []
     for run in runs:
         plan = plan_buckets([nbytes[i] for i in run], [dtypes[i] for i in run], limit)

@@ -476,6 +476,53 @@ def allgather_object(obj: Any, name: Optional[str] = None,
         return [pickle.loads(p) for p in every]
 
 
+def _exchange_bytes(comm: Any, parts: Sequence[bytes]) -> List[bytes]:
+    """Send ``parts[r]`` to rank r and return what each rank sent here, in rank order."""
+    send_counts = np.array([len(p) for p in parts], np.int64)
+    recv_counts = np.empty(comm.size, np.int64)
+    comm.alltoallv(send_counts, [1] * comm.size, recv_counts, [1] * comm.size)
+    send = np.frombuffer(b"".join(parts), np.uint8)
+    recv = np.empty(int(recv_counts.sum()), np.uint8)
+    comm.alltoallv(send, send_counts.tolist(), recv, recv_counts.tolist())
+    bounds = np.concatenate([[0], np.cumsum(recv_counts)])
+    return [recv[a:b].tobytes() for a, b in zip(bounds, bounds[1:])]
+
+
+def gather_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                  process_set: ProcessSet = global_process_set) -> Optional[List[Any]]:
+    """Every rank's picklable ``obj`` in rank order on the root rank (a global rank), None on
+    the others: unlike :func:`allgather_object`, no rank but the root receives the others'."""
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, "gather_object", name) as call:
+        with call.checks():
+            root = _check_root(root_rank, process_set)
+        call.agree(lambda: {"root_rank": int(root_rank)})
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+        with call.communicate():
+            got = _exchange_bytes(comm, [data if r == root else b"" for r in range(comm.size)])
+        return [pickle.loads(b) for b in got] if comm.rank == root else None
+
+
+def scatter_object(objs: Optional[Sequence[Any]], root_rank: int = 0, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> Any:
+    """Give rank r of the process set ``objs[r]`` from the root rank (a global rank; ``objs``
+    is read there only and must hold one picklable object per rank)."""
+    comm = runtime.communicator(process_set)
+    with diagnostics.collective(comm, "scatter_object", name) as call:
+        with call.checks():
+            root = _check_root(root_rank, process_set)
+            if comm.rank == root and (objs is None or len(objs) != comm.size):
+                raise ValueError(f"objs must hold one object per rank of the process set "
+                                 f"({comm.size}) on the root rank, got "
+                                 f"{None if objs is None else len(objs)}")
+        call.agree(lambda: {"root_rank": int(root_rank)})
+        parts = ([pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs] if comm.rank == root
+                 else [b""] * comm.size)
+        with call.communicate():
+            got = _exchange_bytes(comm, parts)
+        return pickle.loads(got[root])
+
+
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set arrives.
 

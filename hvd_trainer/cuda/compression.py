@@ -17,7 +17,9 @@ import cupyx
 import numpy as np
 
 from .. import compression
-from ..compression import CommStats, GatherCompressor
+from ..compression import GatherCompressor
+from ..feedback import decode_sum
+from ..traffic import CommStats
 from ..runtime import ProcessSet, global_process_set
 from . import ops
 
@@ -154,7 +156,7 @@ class DeviceErrorFeedbackSum:
         encoded = time.perf_counter()
         every = ops.allgather(send, name, process_set).reshape(-1, send.size)
         gathered = time.perf_counter()
-        compression.decode_sum(self.codec, every, offsets, [t for _, t in named], scale)
+        decode_sum(self.codec, every, offsets, [t for _, t in named], scale)
         if stats is not None:
             stats.add_allgather(every.shape[0], send.size, sum(t.nbytes for _, t in named),
                                 encoded - tic, time.perf_counter() - gathered)

@@ -9,19 +9,20 @@ from typing import Any
 
 import mxnet as mx
 
-from .. import ops as core
-from .. import fusion, runtime
-from ..ops import Sum
+from .. import runtime
+from ..reducer import Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
 from . import bridge
 from .errors import raises_mxnet_errors
 
 _OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
-        "_rescale_grad")
+        "_rescale_grad", "_reducer")
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
-    """Wraps an ``mx.optimizer.Optimizer`` so that ``update`` allreduces gradients first.
+    """Wraps an ``mx.optimizer.Optimizer`` so that ``update`` allreduces gradients first
+    (through a :class:`hvd_trainer.reducer.Reducer`, without buckets: Module hands over a few
+    gradients at a time).
 
     ``gradient_predivide_factor`` f scales gradients by 1/f before the sum and f/size after
     (through ``rescale_grad``). ``num_groups`` > 0 reduces each update's gradients in that
@@ -44,13 +45,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                             f"{type(optimizer).__name__}; create it with mx.optimizer.create()")
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("optimizer is already a DistributedOptimizer; wrap it only once")
-        if gradient_predivide_factor <= 0:
-            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} must be "
-                             "positive")
+        check_settings(gradient_predivide_factor, num_groups)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_gradient_predivide_factor", float(gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", int(num_groups))
         object.__setattr__(self, "_process_set", process_set)
+        object.__setattr__(self, "_reducer", None)  # made at the first update, after init
         self.rescale_grad = optimizer.rescale_grad
 
     @property
@@ -99,6 +99,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                            state["gradient_predivide_factor"])
         object.__setattr__(self, "_num_groups", state["num_groups"])
         object.__setattr__(self, "_process_set", process_set)
+        object.__setattr__(self, "_reducer", None)
         object.__setattr__(self, "_rescale_grad", state["rescale_grad"])
 
     @property
@@ -116,17 +117,16 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
         for i, g in zip(indices, grads):
             bridge.check_dense(g, f"the gradient of parameter index {i}")
-        for group_indices, group_grads in zip(fusion.split_runs(indices, self._num_groups),
-                                              fusion.split_runs(grads, self._num_groups)):
-            buffers = [bridge.write_view(g) if bridge.is_host(g) else g.asnumpy()
-                       for g in group_grads]
-            core.grouped_allreduce_(buffers, Sum, f"DistributedOptimizer.{group_indices[0]}:"
-                                    f"{group_indices[-1]}",
-                                    1.0 / self._gradient_predivide_factor, 1.0,
-                                    self._process_set)
-            for g, b in zip(group_grads, buffers):
-                if not bridge.is_host(g):
-                    bridge.assign(g, b)
+        if self._reducer is None:
+            object.__setattr__(self, "_reducer", Reducer(
+                prefix="DistributedOptimizer.", num_groups=self._num_groups,
+                gradient_predivide_factor=self._gradient_predivide_factor,
+                process_set=self._process_set))
+        buffers = [bridge.write_view(g) if bridge.is_host(g) else g.asnumpy() for g in grads]
+        self._reducer.sum_now(list(zip(indices, buffers)))
+        for g, b in zip(grads, buffers):
+            if not bridge.is_host(g):
+                bridge.assign(g, b)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         """Allreduce ``grad`` (one NDArray or a list, matching ``index``), then update."""

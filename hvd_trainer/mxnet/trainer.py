@@ -1,52 +1,58 @@
-"""DistributedTrainer: gluon.Trainer whose gradient reduction is a ring allreduce across ranks.
+"""DistributedTrainer: gluon.Trainer whose gradients are summed across ranks by the core's reducer.
 
-**Gradient buckets.** At the first step (and again whenever a gradient is no longer ours,
-e.g. after ``grad_req`` changed), the dense host gradients of the first context are laid out
-in a few flat NDArrays, the *buckets*: parameters in reverse order (backward produces the
-last layers' gradients first), one dtype per bucket, at most ``HVD_BUCKET_THRESHOLD`` bytes
-each (``num_groups`` > 0 sets the number of buckets instead). Each gradient becomes a view
-into its bucket (``autograd.mark_variables``), so backward writes straight into the bucket
-and the bucket is allreduced in place: a step copies no gradient bytes on one context.
+The reducer (:mod:`hvd_trainer.reducer`) owns the gradient machinery: buckets, the step's
+agreement and freshness flags, compression, row-sparse gradients, the communication thread,
+the residuals of exact resume. This module keeps what is Gluon's: the parameter list,
+contexts, ``rescale_grad``, updaters and per-bucket optimizer updates, the NDArray bridge,
+and the files of states and checkpoints.
 
-**Overlap.** ``backward()`` only queues work on MXNet's engine. The step exchanges the
-freshness flags (no waiting for gradients), then hands the buckets in order to one
-communication thread, the only thread doing MPI until the step's buckets are done. For each
-bucket it waits for the engine's writes into that bucket alone (MXNet tracks dependencies per
-storage, which is why there are several buckets) and allreduces it, while backward still
-computes earlier layers; the main thread meanwhile takes each finished bucket and queues the
+**Gradient buckets.** The reducer lays out the dense host gradients of the first context in
+buckets; the trainer backs each with one flat NDArray and makes every gradient a view into it
+(``autograd.mark_variables``), so backward writes straight into the bucket and the bucket is
+allreduced in place: a step copies no gradient bytes on one context. It lays out anew when the
+reduced parameters change or a gradient is no longer the view it installed (e.g. after
+``grad_req`` changed).
+
+**Overlap.** ``backward()`` only queues work on MXNet's engine, so every gradient's freshness
+is known at step time: the trainer marks the fresh ones ready all at once and the reducer
+makes the step's one agreement. With ``HVD_OVERLAP=1`` the reducer then reduces the buckets in
+order on the communication thread, each once the engine's writes into it have finished
+(MXNet tracks dependencies per storage, which is why there are several buckets), while
+backward still computes earlier layers; the trainer takes each finished bucket and queues the
 optimizer update of its parameters, so bucket k is updated while bucket k+1 is on the wire.
 Inside ``step()`` updates go per bucket; after ``allreduce_grads()`` alone they wait for
-``update()``. With ``HVD_OVERLAP=0`` (the default) the calling thread reduces the buckets
-in turn and updates after all of them. Communication is CPU work too (shared-memory copies,
+``update()``. With ``HVD_OVERLAP=0`` (the default) the calling thread reduces the buckets in
+turn and updates after all of them. Communication is CPU work too (shared-memory copies,
 sums): overlap pays only where ranks have cores to spare while backward runs; on a machine
 whose cores all compute it slows the step (figures in benchmarks/README.md).
 
-Compressed gradients, row-sparse gradients and gradients on a GPU take the per-tensor path:
-summed into the first context's buffer, allreduced in fused groups, copied back.
+Compressed gradients, row-sparse gradients and gradients on a GPU take the reducer's
+per-tensor path: summed into the first context's buffer, reduced, copied back.
 """
+import functools
 import os
 import pickle
 import socket
-import time
 import warnings
-from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import mxnet as mx
 import numpy as np
 
-from .. import diagnostics, fusion, handles, ops, runtime, sparse
-from ..compression import (CommStats, Compression, Compressor, ErrorFeedbackSum,
-                           GatherCompressor, attach_residuals, detach_residuals)
+from .. import diagnostics, ops, runtime
+from ..checkpoint import attach_residuals, detach_residuals
+from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
+from ..reducer import Bucket, Gradient, Reducer, Step, check_settings
 from ..runtime import ProcessSet, global_process_set
+from ..sparse import Exchange
+from ..traffic import CommStats
 from . import bridge
 from . import sparse as sparse_nd
 from . import sparse_weights
 from .errors import raises_mxnet_errors
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named
-
 
 def _param_list(params: Any) -> List[mx.gluon.Parameter]:
     """Gluon's parameter order (sorted keys for a dict, given order for a list), checked."""
@@ -78,41 +84,6 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
 
 
 _CHECKPOINT_FORMAT = "hvd_trainer checkpoint 1"
-
-
-def _compression_key(compression: Union[Type[Compressor], GatherCompressor]) -> str:
-    """The compressor and its settings as text that is the same on every rank."""
-    if isinstance(compression, type):
-        return compression.__name__
-    settings = sorted((key, str(value)) for key, value in vars(compression).items())
-    return f"{type(compression).__name__}{settings}"
-
-
-class _Bucket:
-    """One flat gradient NDArray and where each parameter's gradient lies in it."""
-
-    def __init__(self, number: int, members: List[int], bounds: List[int],
-                 flat: mx.nd.NDArray, views: List[mx.nd.NDArray]):
-        self.number = number
-        self.members = members        # parameter indices, in bucket order
-        self.bounds = bounds          # element offsets: member k is flat[bounds[k]:bounds[k+1]]
-        self.flat = flat
-        self.views = views            # the gradient NDArrays installed in the parameters
-        self.host: Optional[np.ndarray] = None  # NumPy view of flat, taken once it is written
-
-
-def _split(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
-    """Split into ``groups`` contiguous, nearly equal, non-empty runs (one run for 0)."""
-    if groups <= 0 or groups >= len(items):
-        return [items] if groups <= 0 else [[x] for x in items]
-    base, extra = divmod(len(items), groups)
-    runs, start = [], 0
-    for g in range(groups):
-        end = start + base + (1 if g < extra else 0)
-        runs.append(items[start:end])
-        start = end
-    return runs
-
 
 class DistributedTrainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` for data-parallel training: gradients are summed across ranks.
@@ -193,11 +164,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                           "summed by allreduce instead", stacklevel=2)
         if prefix is not None and not isinstance(prefix, str):
             raise ValueError(f"prefix={prefix!r} must be a string or None")
-        if gradient_predivide_factor <= 0:
-            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} must "
-                             "be positive")
-        if int(num_groups) != num_groups or num_groups < 0:
-            raise ValueError(f"num_groups={num_groups!r} must be a non-negative integer")
+        check_settings(gradient_predivide_factor, num_groups)
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("DistributedTrainer reduces gradients itself; it uses the optimizer "
                           "inside the DistributedOptimizer it was given", stacklevel=2)
@@ -206,9 +173,6 @@ class DistributedTrainer(mx.gluon.Trainer):
             optimizer.rescale_grad = per_rank_scale
         param_list = _param_list(params)
         self._compression = _compressor(compression, compression_params)
-        self._feedback = (ErrorFeedbackSum(self._compression)
-                          if isinstance(self._compression, GatherCompressor) else None)
-        self.communication_stats = CommStats()
         runtime.init()
         self._process_set = process_set
         # Outside its process set the trainer is a plain gluon.Trainer, as in Horovod.
@@ -217,22 +181,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().__init__(param_list, optimizer, optimizer_params=optimizer_params,
                          kvstore=None, update_on_kvstore=False)
         self._prefix = prefix or ""
-        self._predivide = float(gradient_predivide_factor)
+        self._reducer = Reducer(prefix=self._prefix, compression=self._compression,
+                                gradient_predivide_factor=gradient_predivide_factor,
+                                num_groups=num_groups, sparse_as_dense=sparse_as_dense,
+                                process_set=process_set)
         # One rank reduces nothing, so there is no predivision to undo.
-        self._scale *= (self._predivide if self._size > 1 else 1.0) / self._size
-        self._num_groups = int(num_groups)
-        self._fresh = np.zeros(len(self._params), np.int8)
-        self._step_key, self._step = None, None  # see _step_description
+        self._scale *= (self._reducer.predivide if self._size > 1 else 1.0) / self._size
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
-        self._sparse_as_dense = bool(sparse_as_dense)
-        self.sparse_exchanges: Dict[str, sparse.Exchange] = {}
-        # Rank 0's settings, so that every rank lays out the same buckets.
-        self._overlap = runtime.setting("OVERLAP") != 0
-        self._bucket_threshold = runtime.setting("BUCKET_THRESHOLD")
-        self._buckets: List[_Bucket] = []
-        self._layout_key: Optional[tuple] = None  # the reduced indices the buckets were laid out for
+        self._gradients_key: Optional[tuple] = None  # what the reducer's gradients were made of
+        self._views: Dict[int, mx.nd.NDArray] = {}  # the bucket views installed as gradients
+        self._fresh_contexts: Dict[int, List[int]] = {}  # this step's fresh contexts, bucketed
         self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
-        self._updated: Set[int] = set()      # parameters already updated in this step
+        self._updated: set = set()           # parameters already updated in this step
         if root_rank is None:
             root_rank = process_set.ranks[0]  # the set's first rank, as a global rank
         # row_sparse weights: the trainer holds them whole (sparse_weights.py).
@@ -253,6 +213,16 @@ class DistributedTrainer(mx.gluon.Trainer):
         # Parameter.row_sparse_data / list_row_sparse_data / _reduce ask the trainer for rows.
         self._sparse_weights.pull(parameter, out, row_id, full_idx)
 
+    @property
+    def communication_stats(self) -> CommStats:
+        """The last step's traffic and codec time."""
+        return self._reducer.stats
+
+    @property
+    def sparse_exchanges(self) -> Dict[str, Exchange]:
+        """How each row-sparse gradient travelled at the last step, by parameter name."""
+        return {self._params[i].name: e for i, e in self._reducer.sparse_exchanges.items()}
+
     def step(self, batch_size, ignore_stale_grad=False):
         # Lets _allreduce_grads update bucket by bucket; _update then does the rest.
         self._step_ignore = ignore_stale_grad
@@ -269,43 +239,57 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._sum_contexts_locally()
             return
         self._updated = set()
+        reducer = self._reducer
         indices = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
-        buckets = self._bucket_layout(indices)
-        in_bucket = {i for b in buckets for i in b.members}
-        buffers, fresh_contexts = {}, {}
+        self._prepare(indices)
+        in_bucket = self._views
+        given: Dict[int, Any] = {}
+        ready: List[tuple] = []
+        self._fresh_contexts = {}
         for i in indices:
+            param = self._params[i]
             if i in in_bucket:  # its gradient is waited for later, bucket by bucket
-                fresh_contexts[i] = [k for k, d in enumerate(self._params[i].list_data())
-                                     if d._fresh_grad]
-                self._fresh[i] = bool(fresh_contexts[i])
+                fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+                self._fresh_contexts[i] = fresh
+                if fresh:
+                    ready.append((i, None))
                 continue
             local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
-            with diagnostics.span(f"{self._prefix}grad.{i}", "WAIT_FOR_GRADIENT"):
-                buffers[i] = local_sum(self._params[i])
-            self._fresh[i] = buffers[i] is not None
-        comm = runtime.communicator(self._process_set)
-        stats = self.communication_stats = CommStats()
-        # The block holds the communicator's turn, so no other thread's collective comes
-        # between the step's agreement and the collectives it covers.
-        with diagnostics.covered(comm) as cover:
-            # The step's one agreement exchange: it checks that every rank has the same
-            # gradients and settings, ors the freshness flags, and so covers what follows.
-            with diagnostics.span(f"{self._prefix}step", "NEGOTIATE"):
-                self._fresh[indices] = diagnostics.agree(
-                    comm, lambda: self._step_description(indices), self._fresh[indices])
-            self._reduce_buckets(buckets, fresh_contexts, stats, bool(self._fresh[indices].all()),
-                                 cover)
-            self._reduce_sparse([i for i in indices if self._fresh[i] and i in self._sparse_grads],
-                                buffers)
-            reduced = [i for i in indices if self._fresh[i] and i not in self._sparse_grads
-                       and i not in in_bucket]
-            for i in reduced:
-                if buffers[i] is None:
-                    buffers[i] = self._zeroed_first(self._params[i])
-            if self._size > 1 and reduced:
-                self._allreduce(reduced, buffers, stats)
-        for i in reduced:
-            self._publish(self._params[i], buffers[i])
+            with diagnostics.span(reducer.name(i), "WAIT_FOR_GRADIENT"):
+                given[i] = local_sum(param)
+            if given[i] is not None:
+                ready.append((i, given[i]))
+        reducer.mark_all_ready(ready)
+        step = reducer.launch()
+        try:
+            self._use_buckets(step)
+            results = reducer.finish(step)
+        finally:
+            step.program.exception()  # on an error, let the reductions end before leaving
+        for i, value in results.items():
+            if i in self._sparse_grads:
+                sparse_nd.publish_rows(self._params[i], *value)
+            else:
+                self._publish(self._params[i], value, in_place=value is given.get(i))
+
+    def _use_buckets(self, step: Step) -> None:
+        """Take each reduced bucket: copy it to the other contexts and, when the reductions
+        overlap inside ``step()``, queue its parameters' updates.
+
+        Per-bucket updates happen inside ``step()`` only, without an AMP loss scaler (it
+        inspects all gradients first), and not when ``step()`` is about to raise for a stale
+        gradient (Gluon raises before updating anything).
+        """
+        update = (step.overlapped and self._step_ignore is not None
+                  and getattr(self, "_amp_loss_scaler", None) is None)
+        for bucket, handle in step.launched():
+            handle.wait()
+            self._finish_bucket(bucket, step)
+            if update and (self._step_ignore or step.fresh.all()):
+                members = [i for i in bucket.keys if self._reducer.fresh(step, i)]
+                with diagnostics.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
+                    self._apply_updates(members, self._step_ignore)
+                self._updated.update(members)
 
     def _sum_contexts_locally(self) -> None:
         """Outside the process set: sum each gradient over this process's contexts only."""
@@ -319,115 +303,60 @@ class DistributedTrainer(mx.gluon.Trainer):
             else:
                 buf = self._local_sum(param)
                 if buf is not None:
-                    self._publish(param, buf)
+                    self._publish(param, buf, in_place=True)
 
-    def _bucket_layout(self, indices: List[int]) -> List[_Bucket]:
-        """The buckets for this step's gradients, laid out anew when the reduced parameters
-        changed or a gradient is no longer the view we installed."""
-        if self._compression is not Compression.none:
-            return []  # compressors work per tensor (see the module docstring)
-        key = tuple(indices)
-        if key == self._layout_key and all(self._params[i]._grad[0] is view for b in self._buckets
-                                           for i, view in zip(b.members, b.views)):
-            return self._buckets
-        eligible = [i for i in indices if i not in self._sparse_grads and self._params[i].shape
-                    and np.prod(self._params[i].shape) > 0
-                    and bridge.is_host(self._params[i].list_grad()[0])]
-        self._buckets, self._layout_key = self._lay_out(eligible), key
-        return self._buckets
+    def _prepare(self, indices: List[int]) -> None:
+        """Give the reducer this step's gradients; back its buckets when it laid them out
+        anew, or lay out again when a gradient is no longer the view we installed."""
+        key = (tuple(indices),
+               tuple((p._shape, p.dtype, p._grad_stype, p.list_ctx()[0].device_type)
+                     for p in self._params))
+        if key != self._gradients_key:
+            self._gradients_key = key
+            gradients = [Gradient(i, tuple(self._params[i].shape),
+                                  np.dtype(self._params[i].dtype).str, i in self._sparse_grads,
+                                  "host" if bridge.is_host(self._params[i].list_grad()[0])
+                                  else "gpu") for i in indices]
+            if self._reducer.set_gradients(gradients):
+                self._back(self._reducer.buckets)
+                return
+        if not all(self._params[i]._grad[0] is view for i, view in self._views.items()):
+            self._back(self._reducer.lay_out())
 
-    def _lay_out(self, eligible: List[int]) -> List[_Bucket]:
-        """Move the gradients of ``eligible`` into new buckets; install views as gradients.
+    def _back(self, buckets: List[Bucket]) -> None:
+        """Back each bucket with a flat NDArray and install its views as the gradients.
 
         The current gradient values are copied in, so a step may lay out after backward.
         """
-        grads = [self._params[i].list_grad()[0] for i in eligible]
-        plan = fusion.plan_gradient_buckets(
-            [g.size * np.dtype(g.dtype).itemsize for g in grads], [np.dtype(g.dtype) for g in grads],
-            self._bucket_threshold, self._num_groups)
-        buckets = []
-        for number, positions in enumerate(plan):
-            bounds = [0]
-            for k in positions:
-                bounds.append(bounds[-1] + grads[k].size)
-            first = grads[positions[0]]
-            flat = mx.nd.zeros(bounds[-1], ctx=first.context, dtype=first.dtype)
-            views = []
-            for k, start, end in zip(positions, bounds, bounds[1:]):
-                param, view = self._params[eligible[k]], flat[start:end].reshape(grads[k].shape)
-                if isinstance(grads[k], mx.np.ndarray):  # numpy-mode Gluon: keep the grad's type
+        self._views = {}
+        for bucket in buckets:
+            first = self._params[bucket.keys[0]].list_grad()[0]
+            flat = mx.nd.zeros(bucket.bounds[-1], ctx=first.context, dtype=bucket.dtype)
+            for i, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+                param = self._params[i]
+                grad = param.list_grad()[0]
+                view = flat[start:end].reshape(grad.shape)
+                if isinstance(grad, mx.np.ndarray):  # numpy-mode Gluon: keep the grad's type
                     view = view.as_np_ndarray()  # the same memory
-                grads[k].copyto(view)
+                grad.copyto(view)
                 param._grad[0] = view
                 # Marking resets the freshness flags that backward set; keep them.
                 fresh = [d._fresh_grad for d in param.list_data()]
                 mx.autograd.mark_variables(param.list_data(), param._grad, param.grad_req)
                 for d, flag in zip(param.list_data(), fresh):
                     d._fresh_grad = flag
-                views.append(view)
-            buckets.append(_Bucket(number, [eligible[k] for k in positions], bounds, flat, views))
-        return buckets
+                self._views[i] = view
+            bucket.open = functools.partial(self._open_bucket, bucket, flat)
 
-    def _reduce_buckets(self, buckets: List[_Bucket], fresh_contexts: Dict[int, List[int]],
-                        stats: CommStats, all_fresh: bool, cover: diagnostics.Cover) -> None:
-        """Reduce every bucket; with overlap, on the communication thread, updating as they come.
-
-        Per-bucket updates happen inside ``step()`` only, without an AMP loss scaler (it
-        inspects all gradients first), and not when ``step()`` is about to raise for a stale
-        gradient (Gluon raises before updating anything).
-        """
-        # A plain bucket (one context, every member fresh here) is reduced whole, as it is.
-        plain = [len(self._contexts) == 1 and all(fresh_contexts[i] for i in b.members)
-                 for b in buckets]
-        if not self._overlap or self._size == 1 or not runtime.mpi_threads_supported():
-            for bucket, whole in zip(buckets, plain):
-                self._reduce_bucket(bucket, fresh_contexts, whole)
-                self._finish_bucket(bucket, stats, whole)
-            return
-        update = (self._step_ignore is not None and (self._step_ignore or all_fresh)
-                  and getattr(self, "_amp_loss_scaler", None) is None)
-        thread = handles.communication_thread()
-        reduce = cover.share(self._reduce_bucket)  # the thread runs inside the step's turn
-        pending: List[Future] = [thread.submit(reduce, b, fresh_contexts, whole)
-                                 for b, whole in zip(buckets, plain)]
-        try:
-            for bucket, whole, future in zip(buckets, plain, pending):
-                future.result()
-                self._finish_bucket(bucket, stats, whole)
-                if update:
-                    members = [i for i in bucket.members if self._fresh[i]]
-                    with diagnostics.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
-                        self._apply_updates(members, self._step_ignore)
-                    self._updated.update(members)
-        finally:
-            for future in pending:  # on an error, let the thread finish before leaving
-                if not future.cancel():
-                    future.exception()
-
-    def _reduce_bucket(self, bucket: _Bucket, fresh_contexts: Dict[int, List[int]],
-                       whole: bool) -> None:
-        """Wait for backward's writes into ``bucket``, sum the contexts, allreduce in place.
-
-        Unless the bucket is ``whole``, only the members fresh on some rank are reduced (in
-        contiguous runs, normally one); the others stay as they are, as Gluon leaves a stale
-        gradient.
-        """
-        name = f"{self._prefix}bucket.{bucket.number}"
-        with diagnostics.span(name, "WAIT_FOR_GRADIENT"):
-            host = bucket.host = bridge.write_view(bucket.flat)
-        runs: List[List[int]] = [[0, host.size]] if whole else []
-        for i, start, end in zip(bucket.members, bucket.bounds, bucket.bounds[1:]):
-            if whole or not self._fresh[i]:
-                continue
-            self._sum_contexts(self._params[i], host[start:end], fresh_contexts[i])
-            if runs and runs[-1][1] == start:
-                runs[-1][1] = end
-            else:
-                runs.append([start, end])
-        if self._size > 1 and runs:
-            ops.grouped_allreduce_([host[a:b] for a, b in runs], ops.Sum, name,
-                                   prescale_factor=1.0 / self._predivide,
-                                   process_set=self._process_set)
+    def _open_bucket(self, bucket: Bucket, flat: mx.nd.NDArray) -> np.ndarray:
+        """The bucket's NumPy view once backward's writes into it are done; with several
+        contexts, each fresh member holds this process's sum over them."""
+        host = bridge.write_view(flat)
+        if len(self._contexts) > 1:
+            for i, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+                if self._fresh_contexts[i]:
+                    self._sum_contexts(self._params[i], host[start:end], self._fresh_contexts[i])
+        return host
 
     @staticmethod
     def _sum_contexts(param: mx.gluon.Parameter, first: np.ndarray, fresh: List[int]) -> None:
@@ -439,46 +368,14 @@ class DistributedTrainer(mx.gluon.Trainer):
             if k > 0:
                 first += bridge.read_view(grads[k]).reshape(-1)
 
-    def _finish_bucket(self, bucket: _Bucket, stats: CommStats, whole: bool) -> None:
-        """Copy the reduced members to the other contexts, mark them fresh, count the bytes."""
-        nbytes = 0
-        for i, start, end in zip(bucket.members, bucket.bounds, bucket.bounds[1:]):
-            if whole:  # one context, already fresh
-                nbytes = bucket.host.nbytes
-                break
-            if not self._fresh[i]:
-                continue
-            param = self._params[i]
-            self._publish(param, bucket.host[start:end].reshape(param.shape))
-            nbytes += (end - start) * bucket.host.itemsize
-        if self._size > 1:
-            stats.add_allreduce(nbytes, nbytes, self._size)
-
-    def _step_description(self, indices: List[int]) -> Dict[str, Any]:
-        """Everything that fixes a step's collectives, for the ranks' agreement on it.
-
-        The same object while no gradient's presence, shape, dtype, storage or device changes,
-        so the agreement reuses its digest.
-        """
-        key = (tuple(indices),
-               tuple((p._shape, p.dtype, p._grad_stype, p.list_ctx()[0].device_type)
-                     for p in self._params))
-        if key != self._step_key:
-            self._step_key, self._step = key, self._describe_step(indices)
-        return self._step
-
-    def _describe_step(self, indices: List[int]) -> Dict[str, Any]:
-        """The step description itself (see :meth:`_step_description`)."""
-        return {"kind": "trainer step", "name": f"{self._prefix}step",
-                "compression": _compression_key(self._compression),
-                "num_groups": self._num_groups, "gradient_predivide_factor": self._predivide,
-                "sparse_as_dense": self._sparse_as_dense,
-                "tensors": [{"name": f"{self._prefix}grad.{i}", "shape": self._params[i].shape,
-                             "dtype": np.dtype(self._params[i].dtype).str,
-                             "stype": self._params[i]._grad_stype,
-                             # host and GPU gradients travel different ways
-                             "memory": "host" if bridge.is_host(self._params[i].list_grad()[0])
-                             else "gpu"} for i in indices]}
+    def _finish_bucket(self, bucket: Bucket, step: Step) -> None:
+        """Copy the reduced members to the other contexts and mark them fresh."""
+        if len(self._contexts) == 1 and step.whole[bucket.number]:
+            return  # one context, every member already fresh
+        for i, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+            if self._reducer.fresh(step, i):
+                param = self._params[i]
+                self._publish(param, bucket.host[start:end].reshape(param.shape), in_place=True)
 
     def _update(self, ignore_stale_grad=False):
         with diagnostics.span(f"{self._prefix}step", "UPDATE"):
@@ -522,83 +419,24 @@ class DistributedTrainer(mx.gluon.Trainer):
                 i, g, w = zip(*upd)
                 updater(i, g, w)
 
-    def _reduce_sparse(self, indices: List[int], local: Dict[int, Any]) -> None:
-        """Reduce row-sparse gradients (a stale rank sends no rows) and write them back."""
-        prescale = 1.0 / self._predivide if self._size > 1 else 1.0
-        for i in indices:
-            param = self._params[i]
-            ids, rows = local[i] if local[i] is not None else sparse_nd.no_rows(param)
-            ids, rows, exchange = sparse.allreduce_rows(
-                ids, rows, param.shape[0], f"{self._prefix}grad.{i}",
-                prescale_factor=prescale, force_dense=self._sparse_as_dense,
-                process_set=self._process_set)
-            self.sparse_exchanges[param.name] = exchange
-            sparse_nd.publish_rows(param, ids, rows)
 
     def _local_sum(self, param: mx.gluon.Parameter) -> Optional[np.ndarray]:
-        """Sum this process's fresh gradients into the first context's (host) buffer.
-
-        Returns None when no context has a fresh gradient.
-        """
+        """Sum this process's fresh gradients into the first context's buffer: the gradient
+        itself on the host, a host copy for a GPU gradient. None when no context is fresh."""
         fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
         if not fresh:
             return None
-        buf = self._first_buffer(param.list_grad()[0])
+        grad = param.list_grad()[0]
+        buf = bridge.write_view(grad) if bridge.is_host(grad) else grad.asnumpy()
         self._sum_contexts(param, buf.reshape(-1), fresh)
         return buf
 
-    def _zeroed_first(self, param: mx.gluon.Parameter) -> np.ndarray:
-        """A stale rank's contribution: zeros in the first context's gradient buffer."""
-        buf = self._first_buffer(param.list_grad()[0])
-        buf[...] = 0
-        return buf
-
     @staticmethod
-    def _first_buffer(grad: mx.nd.NDArray) -> np.ndarray:
-        """The gradient itself on the host; a host copy for a GPU gradient."""
-        return bridge.write_view(grad) if bridge.is_host(grad) else grad.asnumpy()
-
-    def _allreduce(self, reduced: List[int], buffers: Dict[int, np.ndarray],
-                   stats: CommStats) -> None:
-        """Sum the buffers across ranks in place, in ``num_groups`` grouped calls.
-
-        Tensors a GatherCompressor accepts go by one allgather per group (with error feedback,
-        see ``compression.ErrorFeedbackSum``), the others by allreduce; the traffic lands in
-        ``stats``.
-        """
-        feedback = self._feedback
-        compressor = self._compression if feedback is None else Compression.none
-        for group in _split(reduced, self._num_groups):
-            name = f"{self._prefix}grad.{group[0]}:{group[-1]}"
-            packed = [i for i in group if feedback and feedback.compressor.accepts(buffers[i])]
-            if packed:
-                feedback.sum_([(i, buffers[i]) for i in packed], f"{name}.packed",
-                              1.0 / self._predivide, self._process_set, stats)
-            dense = [i for i in group if i not in packed]
-            if not dense:
-                continue
-            tic = time.perf_counter()
-            with diagnostics.span(name, "COMPRESS"):
-                payloads, ctxs = zip(*(compressor.compress(buffers[i]) for i in dense))
-            stats.encode_seconds += time.perf_counter() - tic
-            ops.grouped_allreduce_(list(payloads), ops.Sum, name,
-                                   prescale_factor=1.0 / self._predivide,
-                                   process_set=self._process_set)
-            stats.add_allreduce(sum(p.nbytes for p in payloads),
-                                sum(buffers[i].nbytes for i in dense), self._size)
-            tic = time.perf_counter()
-            with diagnostics.span(name, "DECODE"):
-                for i, payload, ctx in zip(dense, payloads, ctxs):
-                    if payload is not buffers[i]:
-                        buffers[i][...] = compressor.decompress(payload, ctx)
-            stats.decode_seconds += time.perf_counter() - tic
-
-    @staticmethod
-    def _publish(param: mx.gluon.Parameter, buf: np.ndarray) -> None:
-        """Write the reduced gradient to every context and mark it fresh there."""
-        grads = param.list_grad()
-        for k, g in enumerate(grads):
-            if k > 0 or not bridge.is_host(g):
+    def _publish(param: mx.gluon.Parameter, buf: np.ndarray, in_place: bool) -> None:
+        """Write the reduced gradient to every context and mark it fresh there; ``in_place``:
+        ``buf`` is the first context's host gradient itself."""
+        for k, g in enumerate(param.list_grad()):
+            if k > 0 or not in_place or not bridge.is_host(g):
                 bridge.assign(g, buf)
         for d in param.list_data():
             d._fresh_grad = True
@@ -627,22 +465,25 @@ class DistributedTrainer(mx.gluon.Trainer):
         trainer's process set calls it.
 
         The set's first rank writes the weights, the optimizer states (with the optimizer
-        itself, its update counts and lr scheduler), every rank's compression residuals, and
-        ``extra`` (any picklable value, e.g. the epoch and step), through a temporary file and
-        ``os.replace``, so the file is always whole: the old one or the new one. Every rank
+        itself, its update counts and lr scheduler), every rank's compression residuals
+        (gathered to it alone), and ``extra`` (any picklable value, e.g. the epoch and step),
+        through a temporary file and ``os.replace``, so the file is always whole: the old one
+        or the new one. Every rank
         returns once it is written; a write error raises OSError on all. On a rank outside
         the process set it is local: that rank writes its own file.
         """
         self._check_initialized("save_checkpoint")
-        residuals = self._gather_residuals()
+        reducer_state = (raises_mxnet_errors(self._reducer.gather_state)(
+            f"{self._prefix}residuals") if self._member else None)
 
         def build() -> bytes:
             weights = [self._sparse_weights.value(i) if i in self._sparse_weights
                        else bridge.read_view(p.list_data()[0]).copy()
                        for i, p in enumerate(self._params)]
+            states = attach_residuals(self._updaters[0].get_states(dump_optimizer=True),
+                                      reducer_state)
             return pickle.dumps({"format": _CHECKPOINT_FORMAT, "weights": weights,
-                                 "states": self._states_bytes(residuals), "extra": extra},
-                                pickle.HIGHEST_PROTOCOL)
+                                 "states": states, "extra": extra}, pickle.HIGHEST_PROTOCOL)
 
         self._write_on_root(fname, build, "save_checkpoint")
 
@@ -650,13 +491,15 @@ class DistributedTrainer(mx.gluon.Trainer):
         """Restore what :meth:`save_checkpoint` wrote and return its ``extra``. A collective:
         every rank of the trainer's process set calls it.
 
-        The set's first rank reads the file and sends it to the others, so no shared file
-        system is needed. After it a run continues exactly as the one that saved it: on CPU
-        the weights of a resumed run equal those of an uninterrupted one, bit for bit. On a
-        rank outside the process set it is local: that rank reads its own file.
+        The set's first rank reads the file and sends it to the others, each rank receiving
+        only its own compression residuals, so no shared file system is needed. After it a run
+        continues exactly as the one that saved it: on CPU the weights of a resumed run equal
+        those of an uninterrupted one, bit for bit. On a rank outside the process set it is
+        local: that rank reads its own file.
         """
         self._check_initialized("load_checkpoint")
-        checkpoint = pickle.loads(self._read_on_root(fname, "load_checkpoint"))
+        data, reducer_state = self._read_on_root(fname, "load_checkpoint")
+        checkpoint = pickle.loads(data)
         if not isinstance(checkpoint, dict) or checkpoint.get("format") != _CHECKPOINT_FORMAT:
             raise ValueError(f"{fname!r} is not a DistributedTrainer checkpoint; write one "
                              "with trainer.save_checkpoint()")
@@ -675,6 +518,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             for array in param.list_data():
                 bridge.assign(array, values.astype(array.dtype, copy=False))
         self._set_states(checkpoint["states"])
+        if self._member:
+            raises_mxnet_errors(self._reducer.scatter_state)(reducer_state,
+                                                             f"{self._prefix}residuals")
         return checkpoint["extra"]
 
     def _check_initialized(self, what: str) -> None:
@@ -683,26 +529,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise ValueError(f"{what}: parameters {waiting} are not initialized yet (deferred "
                              "shapes); run one forward pass first")
 
-    def _gather_residuals(self) -> Optional[List[Dict[Any, np.ndarray]]]:
-        """Every member's error-feedback residuals (a collective over the process set); this
-        process's alone outside the set; None without error feedback."""
-        if self._feedback is None:
-            return None
-        if not self._member:
-            return [self._feedback.residuals]
-        return raises_mxnet_errors(ops.allgather_object)(
-            self._feedback.residuals, f"{self._prefix}residuals", self._process_set)
-
-    def _states_bytes(self, residuals: Optional[List[Dict[Any, np.ndarray]]]) -> bytes:
-        """The optimizer states (with the optimizer), ``residuals`` attached."""
-        return attach_residuals(self._updaters[0].get_states(dump_optimizer=True), residuals)
-
-    def _set_states(self, data: bytes) -> None:
-        """Load what :meth:`_states_bytes` made into every updater and the residuals."""
-        states, residuals = detach_residuals(data)
-        if self._feedback is not None:
-            self._feedback.load(residuals, self._process_set.rank() if self._member else 0,
-                                self._size)
+    def _set_states(self, states: bytes) -> None:
+        """Load optimizer states (with the optimizer) into every updater."""
         for updater in self._updaters:
             updater.set_states(states)
             updater.optimizer = self._updaters[0].optimizer
@@ -733,14 +561,15 @@ class DistributedTrainer(mx.gluon.Trainer):
         if error:
             raise OSError(error)
 
-    def _read_on_root(self, fname: str, what: str) -> bytes:
-        """The set's first rank reads ``fname`` and every member gets its bytes; OSError on
-        all members if it failed."""
-        data, error = None, None
+    def _read_on_root(self, fname: str, what: str) -> Tuple[bytes, Any]:
+        """The set's first rank reads ``fname`` and every member gets its bytes, less the
+        residuals, which stay on the reading rank (returned there, None elsewhere); OSError
+        on all members if it failed."""
+        data, error, reducer_state = None, None, None
         if self._writes():
             try:
                 with open(fname, "rb") as f:
-                    data = f.read()
+                    data, reducer_state = _without_residuals(f.read())
             except OSError as e:
                 error = f"rank {runtime.rank()} could not read {fname!r}: {e}"
         if self._member:
@@ -749,7 +578,20 @@ class DistributedTrainer(mx.gluon.Trainer):
                 self._process_set)[0]
         if error:
             raise OSError(error)
-        return data
+        return data, reducer_state
+
+
+def _without_residuals(data: bytes) -> Tuple[bytes, Any]:
+    """A checkpoint's bytes with the residuals taken out of its states, and the residuals;
+    anything that is not a checkpoint unchanged (every rank then refuses it alike)."""
+    try:
+        checkpoint = pickle.loads(data)
+    except Exception:
+        return data, None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != _CHECKPOINT_FORMAT:
+        return data, None
+    checkpoint["states"], reducer_state = detach_residuals(checkpoint["states"])
+    return pickle.dumps(checkpoint, pickle.HIGHEST_PROTOCOL), reducer_state
 
 
 def _write_bytes(path: str, data: bytes) -> None:

@@ -9,7 +9,7 @@ require_gpu()
 import cupy  # noqa: E402
 
 import hvd_trainer as hvd  # noqa: E402
-from hvd_trainer import compression, cuda, runtime  # noqa: E402
+from hvd_trainer import compression, cuda, feedback, runtime  # noqa: E402
 from hvd_trainer.backends import nccl  # noqa: E402
 
 rng = np.random.default_rng(3)
@@ -70,7 +70,7 @@ def test_the_top_level_collectives_hand_cupy_arrays_to_the_gpu_ones():
 
 def test_compressed_sum_on_the_gpu_equals_the_numpy_one():
     grads = [rng.standard_normal(n).astype(np.float32) for n in (5000, 2048)]
-    host = compression.ErrorFeedbackSum(compression.TwoBit(0.5))
+    host = feedback.ErrorFeedbackSum(compression.TwoBit(0.5))
     device = cuda.DeviceErrorFeedbackSum(compression.TwoBit(0.5))
     for step in range(3):
         h = [(i, g.copy()) for i, g in enumerate(grads)]

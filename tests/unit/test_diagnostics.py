@@ -5,8 +5,6 @@ import threading
 import numpy as np
 import pytest
 
-import hvd_trainer as hvd
-from hvd_trainer import diagnostics, runtime
 from hvd_trainer.diagnostics import (StallInspector, _Turn, describe_mismatch, pack_flags,
                                      unpack_flags)
 
@@ -132,39 +130,3 @@ def test_the_thread_holding_a_turn_may_enter_it_again():
             pass
 
     assert finishes(nested)
-
-
-def test_a_joined_thread_shares_the_turn_and_others_still_wait():
-    turn, events = _Turn(), []
-
-    def helper():
-        with turn.joined(), turn:  # a collective inside the shared turn takes it again
-            events.append("helper")
-
-    def outsider():
-        with turn:
-            events.append("outsider")
-
-    with turn:
-        assert finishes(helper)
-        waiting = threading.Thread(target=outsider)
-        waiting.start()
-        waiting.join(0.3)
-        assert waiting.is_alive()
-    waiting.join(10)
-    assert events == ["helper", "outsider"]
-
-
-def test_joining_a_turn_nobody_holds_is_an_error():
-    with pytest.raises(RuntimeError, match="ended"):
-        with _Turn().joined():
-            pass
-
-
-def test_a_covered_block_lets_its_shared_helper_run_collectives():
-    comm = runtime.communicator(hvd.global_process_set)
-    results = []
-    with diagnostics.covered(comm) as cover:
-        helper = cover.share(lambda: results.append(hvd.allreduce(np.ones(2), op=hvd.Sum)))
-        assert finishes(helper)
-    np.testing.assert_array_equal(results[0], np.ones(2))

@@ -11,7 +11,7 @@ from mxnet import autograd, gluon
 from hvd_trainer.compression import Compression
 from hvd_trainer.mxnet.optimizer import DistributedOptimizer
 from hvd_trainer.mxnet.parameters import broadcast_parameters
-from hvd_trainer.mxnet.trainer import DistributedTrainer, _split
+from hvd_trainer.mxnet.trainer import DistributedTrainer
 
 
 def dense(in_units=3, units=2):
@@ -126,12 +126,6 @@ def test_save_and_load_states_round_trip(tmp_path):
         np.testing.assert_array_equal(a_var.asnumpy(), b_var.asnumpy())
     with pytest.raises(FileNotFoundError, match="missing"):
         other.load_states(str(tmp_path / "missing"))
-
-
-def test_split_into_groups():
-    assert _split(list(range(7)), 0) == [list(range(7))]
-    assert _split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
-    assert _split(list(range(2)), 5) == [[0], [1]]
 
 
 def test_distributed_optimizer_is_unwrapped_once():

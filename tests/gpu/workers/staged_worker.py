@@ -13,7 +13,7 @@ import cupy
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import compression, cuda
+from hvd_trainer import compression, cuda, feedback
 from hvd_trainer.backends.host_staged import HostStagedCommunicator
 
 hvd.init()
@@ -59,7 +59,7 @@ np.testing.assert_allclose(share.get(), total[first:first + mine], rtol=1e-5)
 
 # 2-bit error feedback: every rank decodes every payload in rank order, so the GPU sum must
 # equal the NumPy one bit for bit.
-host, device = (compression.ErrorFeedbackSum(compression.TwoBit(0.5)),
+host, device = (feedback.ErrorFeedbackSum(compression.TwoBit(0.5)),
                 cuda.DeviceErrorFeedbackSum(compression.TwoBit(0.5)))
 for step in range(3):
     grad = data(rank * 10 + step, 4099)

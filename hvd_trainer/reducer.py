@@ -1,0 +1,468 @@
+"""The gradient reducer: sums one set of gradients across a process set, step after step.
+
+A framework adapter (the MXNet trainer, a PyTorch optimizer) describes its gradients as
+:class:`Gradient` records and hands their values over as NumPy arrays; the reducer owns the
+rest, as PyTorch DDP's ``Reducer`` does for DDP:
+
+- **Buckets.** Dense host gradients (without a compressor) are laid out in flat buckets:
+  in reverse registration order (backward produces the last layers' gradients first), one
+  dtype per bucket, at most ``HVD_BUCKET_THRESHOLD`` bytes each (``num_groups`` > 0 sets the
+  number of buckets instead). The adapter backs each :class:`Bucket` with its framework's
+  flat storage, makes the gradients views of it, and sets ``Bucket.open`` to return a NumPy
+  view of that storage once the framework's writes into it have finished. A bucket is then
+  reduced in place: a step copies no gradient bytes.
+- **Readiness.** :meth:`Reducer.mark_ready` marks one gradient ready, from a per-parameter
+  hook during backward or for every gradient in turn at step time. A bucket is launched when
+  all its members are ready, buckets in the same order on every rank. The order in which
+  gradients became ready is recorded (``ready_order``), but buckets are *not* rebuilt from
+  it: a rebuilt layout would need the ranks to agree on one order (theirs may differ) and
+  the adapter to install new views, and at step-time readiness (MXNet) the order is only the
+  adapter's loop.
+- **Handles.** Reductions run in one program per step: on the communication thread
+  (:mod:`hvd_trainer.handles`), or on the calling thread when overlap is off. Each launched
+  bucket has a :class:`~hvd_trainer.handles.Handle`; the adapter waits for it and then uses
+  the bucket (an optimizer update while the next bucket is on the wire).
+- **Agreement.** Each step makes one exchange (:func:`diagnostics.agree`) that checks every
+  rank has the same gradients (names, shapes, dtypes, storage, memory) and settings. With
+  step-time readiness it carries the freshness flags: a gradient fresh on some rank is
+  reduced everywhere, stale ranks contributing zeros; one fresh nowhere is left untouched.
+  With hook readiness the step starts before freshness is known, so every gradient is
+  reduced and a rank that never marked one ready contributes zeros. The step's collectives
+  then run inside :func:`diagnostics.covered` and skip their own exchanges.
+- **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
+  :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
+  compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
+  error-feedback residuals). ``gradient_predivide_factor`` f scales every gradient by 1/f
+  before the sum; the adapter folds f/size into its optimizer.
+- **State.** :meth:`Reducer.gather_state` and :meth:`Reducer.scatter_state` move the residuals
+  and the settings they depend on between the ranks and the one rank that saves or loads a
+  checkpoint, without gathering every rank's residuals onto every rank.
+"""
+import threading
+import time
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
+
+import numpy as np
+
+from . import diagnostics, fusion, handles, ops, runtime, sparse
+from .compression import Compression, Compressor, GatherCompressor
+from .feedback import ErrorFeedbackSum
+from .runtime import ProcessSet, global_process_set
+from .traffic import CommStats
+
+AnyCompressor = Union[Type[Compressor], GatherCompressor]
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """One gradient as the ranks must agree on it.
+
+    ``key`` identifies it among the adapter's gradients (its name is ``prefix + grad.key``,
+    and its residual is kept under ``key``); ``sparse`` marks a row-sparse gradient, whose
+    value is a pair (ids, rows); ``memory`` is "host" or "gpu" (they travel different ways).
+    """
+
+    key: int
+    shape: Tuple[int, ...]
+    dtype: str
+    sparse: bool = False
+    memory: str = "host"
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class Bucket:
+    """A flat run of gradients of one dtype, reduced together.
+
+    ``keys`` are its gradients in bucket order; gradient k is ``flat[bounds[k]:bounds[k+1]]``.
+    The adapter sets ``open``: a callable returning the NumPy view of the bucket's storage
+    once every write into it has finished; ``host`` is that view, taken when it is launched.
+    """
+
+    def __init__(self, number: int, keys: List[int], bounds: List[int], dtype: np.dtype):
+        self.number = number
+        self.keys = keys
+        self.bounds = bounds
+        self.dtype = dtype
+        self.open: Optional[Callable[[], np.ndarray]] = None
+        self.host: Optional[np.ndarray] = None
+
+
+def check_settings(gradient_predivide_factor: float, num_groups: int) -> None:
+    """Refuse a non-positive ``gradient_predivide_factor`` or a bad ``num_groups``."""
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} must "
+                         "be positive")
+    if int(num_groups) != num_groups or num_groups < 0:
+        raise ValueError(f"num_groups={num_groups!r} must be a non-negative integer")
+
+
+def compression_key(compression: AnyCompressor) -> str:
+    """The compressor and its settings as text that is the same on every rank."""
+    if isinstance(compression, type):
+        return compression.__name__
+    settings = sorted((key, str(value)) for key, value in vars(compression).items())
+    return f"{type(compression).__name__}{settings}"
+
+
+class Step:
+    """One step of a :class:`Reducer`: readiness, the launched buckets, the results."""
+
+    def __init__(self, count: int, buckets: List[Bucket], lock: threading.Lock):
+        self._marks = bytearray(count)           # cheap to set one by one; ready views it
+        self.ready = np.frombuffer(self._marks, bool)  # ready on this rank, by position
+        self.fresh = np.zeros(count, bool)       # reduced this step (agreed), by position
+        self.values: Dict[int, Any] = {}         # per-tensor gradients given, by position
+        self.results: Dict[int, Any] = {}        # reduced per-tensor gradients, by key
+        self.order: List[int] = []               # keys in the order they became ready
+        self.closed = False                      # no more gradients become ready
+        self.whole: Dict[int, bool] = {}         # bucket number -> reduced in one piece
+        self._done: List["Future[Bucket]"] = [Future() for _ in buckets]
+        self.handles = [handles.Handle(f) for f in self._done]
+        self.buckets = buckets
+        self.program: Optional["Future[None]"] = None
+        self.overlapped = False                  # the program runs on the communication thread
+        self.changed = threading.Condition(lock)  # the reducer's lock
+
+    def launched(self) -> List[Tuple[Bucket, handles.Handle]]:
+        """Every bucket with its handle, in launch order (the same on every rank)."""
+        return list(zip(self.buckets, self.handles))
+
+
+class Reducer:
+    """Sums a set of gradients across ``process_set``; see the module docstring.
+
+    Only members of the process set may use it (its steps are collectives over the set).
+    ``eager=True`` launches buckets as
+    their gradients become ready (hooks during backward); otherwise nothing moves before
+    :meth:`launch`, which then knows every gradient's freshness. An eager step holds the
+    process set's turn (see :mod:`hvd_trainer.diagnostics`) from its first ready gradient
+    until its reductions end, so other collectives on the set wait for it: call
+    :meth:`launch` every step, from a thread that is not itself waiting for such a
+    collective. ``overlap`` runs the
+    reductions on the communication thread (default: the agreed ``HVD_OVERLAP`` setting);
+    eager reducers always do.
+    """
+
+    def __init__(self, *, prefix: str = "", compression: AnyCompressor = Compression.none,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
+                 eager: bool = False):
+        check_settings(gradient_predivide_factor, num_groups)
+        runtime.init()
+        self.prefix = prefix
+        self.compression = compression
+        self.feedback = (ErrorFeedbackSum(compression)
+                         if isinstance(compression, GatherCompressor) else None)
+        self.predivide = float(gradient_predivide_factor)
+        self.num_groups = int(num_groups)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.process_set = process_set
+        self.size = process_set.size()
+        self.eager = eager
+        # Rank 0's settings, so that every rank lays out the same buckets.
+        self.bucket_threshold = runtime.setting("BUCKET_THRESHOLD")
+        self.overlap = runtime.setting("OVERLAP") != 0
+        self.gradients: Tuple[Gradient, ...] = ()
+        self.buckets: List[Bucket] = []
+        self.stats = CommStats()
+        self.sparse_exchanges: Dict[int, sparse.Exchange] = {}
+        self.ready_order: List[int] = []
+        self._position: Dict[int, int] = {}
+        self._description: Dict[str, Any] = {}
+        self._step: Optional[Step] = None
+        self._lock = threading.Lock()
+
+    # -- the gradients and their layout -----------------------------------------------------
+    def set_gradients(self, gradients: Sequence[Gradient]) -> bool:
+        """Reduce ``gradients`` from the next step on. When they differ from the current ones,
+        the buckets are laid out anew (the adapter must back them) and True is returned."""
+        gradients = tuple(gradients)
+        if gradients == self.gradients:
+            return False
+        self.gradients = gradients
+        self._position = {g.key: k for k, g in enumerate(gradients)}
+        self._description = self._describe()
+        self.lay_out()
+        return True
+
+    def lay_out(self) -> List[Bucket]:
+        """Lay out new buckets for the current gradients (see the module docstring)."""
+        bucketed = [g for g in self.gradients if self._bucketed(g)]
+        plan = fusion.plan_gradient_buckets(
+            [g.size * np.dtype(g.dtype).itemsize for g in bucketed],
+            [np.dtype(g.dtype) for g in bucketed], self.bucket_threshold, self.num_groups)
+        self.buckets = []
+        for number, members in enumerate(plan):
+            bounds = [0]
+            for k in members:
+                bounds.append(bounds[-1] + bucketed[k].size)
+            self.buckets.append(Bucket(number, [bucketed[k].key for k in members], bounds,
+                                       np.dtype(bucketed[members[0]].dtype)))
+        return self.buckets
+
+    def _bucketed(self, g: Gradient) -> bool:
+        return (self.compression is Compression.none and not g.sparse and g.memory == "host"
+                and len(g.shape) > 0 and g.size > 0)
+
+    def name(self, key: int) -> str:
+        """The name of gradient ``key`` in collectives and the timeline."""
+        return f"{self.prefix}grad.{key}"
+
+    def description(self) -> Dict[str, Any]:
+        """What the step's agreement checks (the same object while the gradients stay)."""
+        return self._description
+
+    def _describe(self) -> Dict[str, Any]:
+        """Everything that fixes a step's collectives; kept while the gradients stay the same,
+        so the agreement reuses its digest."""
+        return {"kind": "trainer step", "name": f"{self.prefix}step",
+                "compression": compression_key(self.compression),
+                "num_groups": self.num_groups, "gradient_predivide_factor": self.predivide,
+                "sparse_as_dense": self.sparse_as_dense,
+                "tensors": [{"name": self.name(g.key), "shape": tuple(g.shape),
+                             "dtype": g.dtype, "stype": "row_sparse" if g.sparse else "default",
+                             "memory": g.memory} for g in self.gradients]}
+
+    # -- readiness --------------------------------------------------------------------------
+    def _current(self) -> Step:
+        if self._step is None:
+            self._step = Step(len(self.gradients), self.buckets, self._lock)
+        return self._step
+
+    def mark_ready(self, key: int, value: Any = None) -> None:
+        """Gradient ``key`` is ready on this rank: its bucket view holds it, or ``value`` is
+        its NumPy array (row-sparse: (ids, rows)) when it is not in a bucket.
+
+        Thread-safe; with ``eager`` the first call of a step starts its reductions.
+        """
+        self.mark_all_ready(((key, value),))
+
+    def mark_all_ready(self, ready: Iterable[Tuple[int, Any]]) -> None:
+        """:meth:`mark_ready` for each (key, value) pair, in one call (step-time readiness)."""
+        with self._lock:
+            step = self._step or self._current()
+            for key, value in ready:
+                position = self._position.get(key)
+                if position is None:
+                    raise ValueError(f"gradient key {key!r} is not one of this reducer's "
+                                     "gradients; pass it to set_gradients() first")
+                if step._marks[position]:
+                    raise RuntimeError(f"gradient {self.name(key)!r} was marked ready twice "
+                                       "in one step")
+                step._marks[position] = 1
+                step.order.append(key)
+                if value is not None:
+                    step.values[position] = value
+            if self.eager:
+                step.changed.notify_all()
+                if step.program is None:
+                    step.overlapped = True
+                    step.program = handles.communication_thread().submit(self._run, step,
+                                                                         False)
+
+    def launch(self) -> Step:
+        """Every gradient not marked ready is stale on this rank; launch what is left.
+
+        A collective over the process set. Without ``eager`` this makes the step's agreement
+        (with the freshness flags) and launches every bucket, on the communication thread
+        with overlap or here otherwise (the returned handles are then done). Wait for the
+        bucket handles or for :meth:`finish`, which raise what a reduction raised.
+        """
+        with self._lock:
+            step = self._current()
+            self._step = None
+            step.closed = True
+            step.changed.notify_all()
+            if step.program is None and (self.eager or (self.overlap and self.size > 1
+                                                        and runtime.mpi_threads_supported())):
+                step.overlapped = True
+                step.program = handles.communication_thread().submit(self._run, step,
+                                                                     not self.eager)
+        if step.program is None:  # overlap off: reduce here, now
+            step.program = Future()
+            try:
+                self._run(step, True)
+            except Exception as e:  # raised by finish() and the handles, as with overlap
+                step.program.set_exception(e)
+            finally:
+                if not step.program.done():
+                    step.program.set_result(None)
+        return step
+
+    def finish(self, step: Step) -> Dict[int, Any]:
+        """Wait for ``step``'s reductions; return its reduced per-tensor gradients by key
+        (a NumPy array, or (ids, rows) for a row-sparse one). Raises what a reduction raised."""
+        step.program.result()
+        for handle in step.handles:
+            handle.wait()
+        return step.results
+
+    def fresh(self, step: Step, key: int) -> bool:
+        """Whether gradient ``key`` was reduced in ``step``."""
+        return bool(step.fresh[self._position[key]])
+
+    # -- the step's program -----------------------------------------------------------------
+    def _wait_for(self, step: Step, positions: Sequence[int]) -> None:
+        with step.changed:
+            while not step.closed and not step.ready[positions].all():
+                step.changed.wait()
+
+    def _run(self, step: Step, flags: bool) -> None:
+        """Agree, reduce the buckets in order, then the per-tensor gradients."""
+        comm = runtime.communicator(self.process_set)
+        stats = self.stats = CommStats()
+        try:
+            with diagnostics.covered(comm):
+                with diagnostics.span(f"{self.prefix}step", "NEGOTIATE"):
+                    if flags:
+                        step.fresh[:] = diagnostics.agree(comm, lambda: self._description,
+                                                          step.ready)
+                    else:  # no flags yet, but (empty) flags keep it an exchange when covered
+                        diagnostics.agree(comm, lambda: self._description, np.zeros(0, bool))
+                        step.fresh[:] = True
+                for bucket, done in zip(step.buckets, step._done):
+                    positions = [self._position[k] for k in bucket.keys]
+                    self._wait_for(step, positions)
+                    self._reduce_bucket(bucket, positions, step, stats)
+                    done.set_result(bucket)
+                self._wait_for(step, list(range(len(self.gradients))))
+                self._reduce_rest(step, stats)
+        except BaseException as e:
+            for done in step._done:
+                if not done.done():
+                    done.set_exception(e)
+            raise
+        finally:
+            self.ready_order = step.order
+
+    def _reduce_bucket(self, bucket: Bucket, positions: List[int], step: Step,
+                       stats: CommStats) -> None:
+        """Reduce ``bucket`` in place: whole when every member is ready here, otherwise the
+        members fresh somewhere (zeros where stale here), in contiguous runs."""
+        name = f"{self.prefix}bucket.{bucket.number}"
+        with diagnostics.span(name, "WAIT_FOR_GRADIENT"):
+            host = bucket.host = bucket.open()
+        whole = step.whole[bucket.number] = bool(step.ready[positions].all())
+        runs: List[List[int]] = [[0, host.size]] if whole else []
+        for p, start, end in zip(positions, bucket.bounds, bucket.bounds[1:]):
+            if whole or not step.fresh[p]:
+                continue
+            if not step.ready[p]:
+                host[start:end] = 0  # stale here: contribute zeros
+            if runs and runs[-1][1] == start:
+                runs[-1][1] = end
+            else:
+                runs.append([start, end])
+        if self.size > 1 and runs:
+            ops.grouped_allreduce_([host[a:b] for a, b in runs], ops.Sum, name,
+                                   prescale_factor=1.0 / self.predivide,
+                                   process_set=self.process_set)
+            nbytes = sum(b - a for a, b in runs) * host.itemsize
+            stats.add_allreduce(nbytes, nbytes, self.size)
+
+    def _reduce_rest(self, step: Step, stats: CommStats) -> None:
+        """The gradients outside buckets: row-sparse ones, then dense ones by group."""
+        in_bucket = {k for b in step.buckets for k in b.keys}
+        dense: List[Tuple[int, np.ndarray]] = []
+        for p, g in enumerate(self.gradients):
+            if not step.fresh[p] or g.key in in_bucket:
+                continue
+            value = step.values.get(p)
+            if g.sparse:
+                if value is None:  # stale here: no rows
+                    value = (np.empty(0, sparse.ID_DTYPE), np.empty((0,) + g.shape[1:], g.dtype))
+                ids, rows, exchange = sparse.allreduce_rows(
+                    value[0], value[1], g.shape[0], self.name(g.key),
+                    prescale_factor=1.0 / self.predivide if self.size > 1 else 1.0,
+                    force_dense=self.sparse_as_dense, process_set=self.process_set)
+                self.sparse_exchanges[g.key] = exchange
+                step.results[g.key] = (ids, rows)
+            else:
+                dense.append((g.key, np.zeros(g.shape, g.dtype) if value is None else value))
+        if self.size > 1 and dense:
+            self._sum_tensors(dense, stats)
+        step.results.update(dense)
+
+    def _sum_tensors(self, tensors: Sequence[Tuple[int, np.ndarray]], stats: CommStats) -> None:
+        """Sum (key, array) pairs across ranks in place, in ``num_groups`` grouped calls.
+
+        Arrays a GatherCompressor accepts go by one allgather per group (with error feedback,
+        see ``compression.ErrorFeedbackSum``), the others by allreduce through the compressor.
+        """
+        feedback = self.feedback
+        compressor = self.compression if feedback is None else Compression.none
+        for group in fusion.split_runs(list(tensors), self.num_groups):
+            name = f"{self.prefix}grad.{group[0][0]}:{group[-1][0]}"
+            packed = [(k, t) for k, t in group if feedback and feedback.compressor.accepts(t)]
+            if packed:
+                feedback.sum_(packed, f"{name}.packed", 1.0 / self.predivide, self.process_set,
+                              stats)
+            plain = [t for k, t in group if not (feedback and feedback.compressor.accepts(t))]
+            if not plain:
+                continue
+            tic = time.perf_counter()
+            with diagnostics.span(name, "COMPRESS"):
+                payloads, ctxs = zip(*(compressor.compress(t) for t in plain))
+            stats.encode_seconds += time.perf_counter() - tic
+            ops.grouped_allreduce_(list(payloads), ops.Sum, name,
+                                   prescale_factor=1.0 / self.predivide,
+                                   process_set=self.process_set)
+            stats.add_allreduce(sum(p.nbytes for p in payloads),
+                                sum(t.nbytes for t in plain), self.size)
+            tic = time.perf_counter()
+            with diagnostics.span(name, "DECODE"):
+                for t, payload, ctx in zip(plain, payloads, ctxs):
+                    if payload is not t:
+                        t[...] = compressor.decompress(payload, ctx)
+            stats.decode_seconds += time.perf_counter() - tic
+
+    def sum_now(self, tensors: Sequence[Tuple[int, np.ndarray]]) -> None:
+        """Sum (key, array) pairs across the process set in place, right now, outside any step:
+        ``num_groups`` grouped calls, each with its own agreement (for callers that reduce a
+        few gradients at a time, such as an optimizer's update). A collective."""
+        if self.size > 1 and tensors:
+            stats = self.stats = CommStats()
+            self._sum_tensors(tensors, stats)
+
+    # -- state for exact resume -------------------------------------------------------------
+    def _settings(self) -> Dict[str, Any]:
+        return {"compression": compression_key(self.compression), "size": self.size}
+
+    def gather_state(self, name: str) -> Optional[Dict[str, Any]]:
+        """Every member's residuals and the settings they belong to, on the set's first rank
+        (None on the others); None everywhere without error feedback. A collective."""
+        if self.feedback is None:
+            return None
+        every = ops.gather_object(self.feedback.residuals, self.process_set.ranks[0],
+                                  name, self.process_set)
+        return None if every is None else dict(self._settings(), residuals=every)
+
+    def scatter_state(self, state: Optional[Dict[str, Any]], name: str) -> None:
+        """Give each member its residuals from ``state`` (what :meth:`gather_state` returned,
+        read on the set's first rank; ignored elsewhere). Residuals saved with other settings
+        (another compressor or number of ranks) start again from zero, with a warning.
+        A collective."""
+        if self.feedback is None:
+            return
+        root = self.process_set.rank() == 0
+        every = None
+        if root and state is not None:
+            saved = state if isinstance(state, dict) else {}
+            if {k: saved.get(k) for k in self._settings()} == self._settings():
+                every = state["residuals"]
+            else:
+                warnings.warn(f"the saved error-feedback residuals come from "
+                              f"{saved.get('size')} ranks with {saved.get('compression')}, "
+                              f"this job has {self.size} with {self._settings()['compression']}"
+                              "; they start again from zero")
+        if root and every is None:
+            every = [None] * self.size
+        mine = ops.scatter_object(every, self.process_set.ranks[0], name, self.process_set)
+        self.feedback.residuals = {} if mine is None else dict(mine)

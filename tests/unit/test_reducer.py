@@ -1,0 +1,188 @@
+"""The gradient reducer in a size-1 world, with plain NumPy gradients: bucket layout, readiness
+in any order, in-order launches, handles, stale gradients, sparse rows and state round trips.
+Multi-rank sums, compression and agreement mismatches: tests/parallel/test_reducer.py."""
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import hvd_trainer
+from hvd_trainer import ops, runtime
+from hvd_trainer.compression import TwoBit
+from hvd_trainer.reducer import Gradient, Reducer
+
+
+def make(**settings):
+    """A Reducer whose buckets hold at most 64 bytes (16 float32)."""
+    runtime.init()
+    reducer = Reducer(**settings)
+    reducer.bucket_threshold = 64
+    return reducer
+
+
+def grads(*shapes, dtype="<f4"):
+    return [Gradient(k, shape, dtype) for k, shape in enumerate(shapes)]
+
+
+def back(reducer, opened=None):
+    """Back every bucket with a NumPy array; return each bucketed gradient's view."""
+    views = {}
+    for bucket in reducer.buckets:
+        flat = np.zeros(bucket.bounds[-1], bucket.dtype)
+        for key, a, b in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+            views[key] = flat[a:b].reshape(reducer.gradients[key].shape)
+
+        def open_(bucket=bucket, flat=flat):
+            if opened is not None:
+                opened.append(bucket.number)
+            return flat
+        bucket.open = open_
+    return views
+
+
+def test_layout_reverse_order_one_dtype_per_bucket_threshold():
+    reducer = make()
+    gradients = grads((4,), (8,), (8,), (4,)) + [Gradient(4, (2,), "<f8")]
+    assert reducer.set_gradients(gradients)
+    # Reverse order; 64 bytes at most; float64 apart.
+    assert [b.keys for b in reducer.buckets] == [[4], [3, 2], [1, 0]]
+    assert [b.bounds for b in reducer.buckets] == [[0, 2], [0, 4, 12], [0, 8, 12]]
+    assert [b.dtype for b in reducer.buckets] == [np.float64, np.float32, np.float32]
+    assert not reducer.set_gradients(list(gradients))  # unchanged: same buckets
+
+
+def test_num_groups_and_what_stays_out_of_buckets():
+    reducer = make(num_groups=2)
+    reducer.set_gradients(grads((4,), (4,), (4,), (4,))
+                          + [Gradient(4, (5, 2), "<f4", sparse=True),
+                             Gradient(5, (3,), "<f4", memory="gpu"), Gradient(6, (), "<f4")])
+    assert [b.keys for b in reducer.buckets] == [[3, 2], [1, 0]]
+    compressed = make(compression=TwoBit())
+    compressed.set_gradients(grads((4,)))
+    assert compressed.buckets == []
+
+
+def test_eager_buckets_launch_in_order_once_complete_whatever_the_ready_order():
+    reducer = make(eager=True)
+    reducer.set_gradients(grads(*[(4,)] * 8))
+    opened = []
+    views = back(reducer, opened)
+    assert [b.keys for b in reducer.buckets] == [[7, 6, 5, 4], [3, 2, 1, 0]]
+    marked = []
+    real_open = {b.number: b.open for b in reducer.buckets}
+    for bucket in reducer.buckets:
+        def check(bucket=bucket):
+            assert set(bucket.keys) <= set(marked), "launched before its members were ready"
+            return real_open[bucket.number]()
+        bucket.open = check
+    order = [0, 5, 3, 1, 2, 7, 6, 4]  # bucket 1 completes first, but launches second
+    threads = []
+    for key in order:
+        views[key][...] = key + 1
+        marked.append(key)
+        t = threading.Thread(target=reducer.mark_ready, args=(key,))
+        t.start()
+        t.join()
+        threads.append(t)
+    step = reducer.launch()
+    reducer.finish(step)
+    assert opened == [0, 1]
+    assert all(handle.poll() for handle in step.handles)
+    assert reducer.ready_order == order
+    for key in range(8):  # a size-1 sum leaves the values as they were
+        assert np.array_equal(views[key], np.full(4, key + 1, np.float32))
+
+
+def test_step_time_readiness_stale_and_fresh_nowhere():
+    reducer = make()
+    reducer.set_gradients(grads((4,), (4,)) + [Gradient(2, (3,), "<f4", memory="gpu")])
+    views = back(reducer)
+    views[0][...], views[1][...] = 1, 2
+    reducer.mark_ready(1)
+    reducer.mark_ready(2, np.full(3, 5, np.float32))
+    step = reducer.launch()
+    results = reducer.finish(step)
+    # Fresh nowhere: left as it was, not reduced; the per-tensor one comes back.
+    assert not reducer.fresh(step, 0) and reducer.fresh(step, 1)
+    assert np.array_equal(views[0], np.ones(4)) and np.array_equal(views[1], np.full(4, 2))
+    assert step.whole == {0: False}
+    assert np.array_equal(results[2], np.full(3, 5))
+
+
+def test_eager_reduces_what_was_never_marked_as_zeros():
+    reducer = make(eager=True)
+    reducer.set_gradients(grads((4,), (4,)) + [Gradient(2, (3,), "<f4", memory="gpu")])
+    views = back(reducer)
+    views[0][...], views[1][...] = 7, 2
+    reducer.mark_ready(1)
+    step = reducer.launch()
+    results = reducer.finish(step)
+    assert np.array_equal(views[0], np.zeros(4)) and np.array_equal(views[1], np.full(4, 2))
+    assert np.array_equal(results[2], np.zeros(3))
+
+
+def test_marking_twice_or_after_launch_is_refused():
+    reducer = make()
+    reducer.set_gradients(grads((4,)))
+    back(reducer)
+    reducer.mark_ready(0)
+    with pytest.raises(RuntimeError, match="'grad.0' was marked ready twice"):
+        reducer.mark_ready(0)
+    with pytest.raises(ValueError, match="gradient key 5 is not one of"):
+        reducer.mark_ready(5)
+    reducer.finish(reducer.launch())
+    reducer.mark_ready(0)  # the next step
+    reducer.finish(reducer.launch())
+
+
+def test_sparse_rows_merge_in_a_size_one_world():
+    reducer = make()
+    reducer.set_gradients([Gradient(0, (6, 2), "<f4", sparse=True)])
+    ids = np.array([4, 1])
+    rows = np.array([[1, 2], [3, 4]], np.float32)
+    reducer.mark_ready(0, (ids, rows))
+    step = reducer.launch()
+    got_ids, got_rows = reducer.finish(step)[0]
+    assert got_ids.tolist() == [1, 4] and got_rows.tolist() == [[3, 4], [1, 2]]
+    assert reducer.sparse_exchanges[0].dense is False
+
+
+def test_agreement_description_names_every_gradient():
+    reducer = make(prefix="m.")
+    reducer.set_gradients([Gradient(3, (2, 2), "<f4"), Gradient(5, (9, 2), "<f8", sparse=True)])
+    described = reducer.description()
+    assert described["name"] == "m.step"
+    assert described["tensors"] == [
+        {"name": "m.grad.3", "shape": (2, 2), "dtype": "<f4", "stype": "default",
+         "memory": "host"},
+        {"name": "m.grad.5", "shape": (9, 2), "dtype": "<f8", "stype": "row_sparse",
+         "memory": "host"}]
+    assert reducer.description() is described  # reused, so the digest is too
+
+
+def test_state_round_trip_and_other_settings_start_from_zero():
+    reducer = make(compression=TwoBit(0.5))
+    residual = np.arange(4, dtype=np.float32)
+    reducer.feedback.residuals = {7: residual.copy()}
+    state = reducer.gather_state("residuals")
+    assert state["size"] == 1 and state["compression"].startswith("TwoBit")
+    reducer.feedback.residuals = {}
+    reducer.scatter_state(state, "residuals")
+    assert np.array_equal(reducer.feedback.residuals[7], residual)
+    other = make(compression=TwoBit(0.25))
+    other.feedback.residuals = {7: residual.copy()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        other.scatter_state(state, "residuals")
+    assert other.feedback.residuals == {}
+    assert "start again from zero" in str(caught[0].message)
+    assert make().gather_state("residuals") is None  # no error feedback, no state
+
+
+def test_gather_and_scatter_object_in_a_size_one_world():
+    assert ops.gather_object({"a": 1}, 0) == [{"a": 1}]
+    assert ops.scatter_object([("x", 2)], 0) == ("x", 2)
+    with pytest.raises(ValueError, match="one object per rank"):
+        ops.scatter_object([1, 2], 0)
+    assert hvd_trainer.rank() == 0
