@@ -9,15 +9,17 @@ WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
 
 
 def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 120,
-              env: dict = None, check: bool = True) -> subprocess.CompletedProcess:
+              env: dict = None, check: bool = True,
+              hvdrun_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Run ``tests/parallel/workers/<script>`` (or a path) on ``np`` ranks through hvdrun.
 
-    Returns the completed process (stdout and stderr as text). With ``check``, a non-zero exit
-    fails the test with the job's whole output, so a failing rank says what went wrong.
+    ``hvdrun_args`` are further hvdrun flags (e.g. the elastic ones). Returns the completed
+    process (stdout and stderr as text). With ``check``, a non-zero exit fails the test with
+    the job's whole output, so a failing rank says what went wrong.
     """
     path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(np),
-           sys.executable, path, *args]
+           *hvdrun_args, sys.executable, path, *args]
     # One OpenMP thread per rank: three ranks share two cores in CI.
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     full_env.update(env or {})
