@@ -303,6 +303,7 @@ class ElasticSampler:
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.epoch = 0
         self.processed = np.zeros(self.num_samples, bool)
+        self._current: Optional[List[List[int]]] = None  # the batches of the running iteration
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch``: its own order, nothing processed yet."""
@@ -327,7 +328,8 @@ class ElasticSampler:
 
     def __iter__(self) -> Iterator[List[int]]:
         runtime.init()
-        return iter(self.batches(runtime.rank(), runtime.size()))
+        self._current = self.batches(runtime.rank(), runtime.size())
+        return iter(self._current)
 
     def __len__(self) -> int:
         runtime.init()
@@ -336,6 +338,15 @@ class ElasticSampler:
     def record(self, indices: Sequence[int]) -> None:
         """Mark this rank's ``indices`` as processed."""
         self.processed[np.asarray(indices, dtype=np.int64)] = True
+
+    def record_batch(self, batch_index: int) -> None:
+        """Mark the ``batch_index``-th batch of the current iteration as processed."""
+        if self._current is None or not 0 <= batch_index < len(self._current):
+            count = "no iteration has started" if self._current is None else \
+                f"the current iteration has {len(self._current)} batches"
+            raise ValueError(f"ElasticSampler.record_batch({batch_index}): {count}; pass the "
+                             "position of a batch the sampler has handed out")
+        self.record(self._current[batch_index])
 
     def sync(self) -> None:
         """Merge every rank's processed samples (a collective)."""

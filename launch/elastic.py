@@ -12,6 +12,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -125,6 +126,11 @@ class Blacklist:
                 self.until[host] = self.clock() + wait
                 out.append(host)
         return out
+
+    def will_return(self) -> bool:
+        """Whether some host now out will come back (after its cooldown)."""
+        now = self.clock()
+        return any(now < until < float("inf") for until in self.until.values())
 
     def usable(self, hosts: Hosts) -> Hosts:
         """``hosts`` without those out now."""
@@ -240,10 +246,23 @@ def _text(hosts: Hosts) -> str:
     return ",".join(f"{host}:{slots}" for host, slots in hosts)
 
 
+class _Stopped(Exception):
+    """hvdrun received a signal between two lives of the job."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame) -> None:
+    raise _Stopped(signum)
+
+
 def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, min_np: int,
                     timeout: float) -> Tuple[Optional[Hosts], Hosts]:
     """The usable hosts once they have at least ``min_np`` slots, or (None, last seen) after
-    ``timeout`` seconds."""
+    ``timeout`` seconds, or at once when no more can come (fixed hosts, none to come back
+    from the blacklist)."""
     deadline = time.monotonic() + timeout
     hosts: Hosts = []
     said = False
@@ -254,7 +273,7 @@ def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, min_np: int,
             _say(f"warning: {error}")
         if sum(slots for _, slots in hosts) >= min_np:
             return hosts, hosts
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or not (discovery.script or blacklist.will_return()):
             return None, hosts
         if not said:
             _say(f"{sum(slots for _, slots in hosts)} usable slots ({_text(hosts) or 'no hosts'}), "
@@ -277,13 +296,18 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     job_dir = tempfile.mkdtemp(prefix="hvd_elastic.")
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
+    previous = {signum: signal.signal(signum, _stop)
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         while True:
+            waited = time.monotonic()
             hosts, seen = _wait_for_slots(discovery, blacklist, min_np, timeout)
             if hosts is None:
+                why = ("and no more can come (fixed hosts, none to return from the blacklist)"
+                       if time.monotonic() - waited < timeout
+                       else f"for --elastic-timeout {timeout:g} s")
                 _say(f"only {sum(s for _, s in seen)} usable slots ({_text(seen) or 'no hosts'}) "
-                     f"for --elastic-timeout {timeout:g} s, fewer than --min-np {min_np}; "
-                     "ending the job")
+                     f"{why}, fewer than --min-np {min_np}; ending the job")
                 return 1
             cap = args.np if restarts == 0 and args.np is not None else args.max_np
             np = sum(slots for _, slots in hosts)
@@ -319,6 +343,11 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; "
                      "leaving it out" + (" for the cooldown" if args.blacklist_cooldown_range
                                          else " for the rest of the job"))
+    except _Stopped as stopped:
+        _say(f"received {signal.Signals(stopped.signum).name} between two lives; ending the job")
+        return 128 + stopped.signum
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         generation.close()
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -194,8 +194,9 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
         reader.start()
     received: List[int] = []
     handled = 0
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda signum, _frame: received.append(signum))
+    # Forward signals while the job runs; the caller's handlers come back afterwards.
+    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     ending = False
     kill_at = None
     start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
@@ -223,6 +224,8 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             os.killpg(process.pid, signal.SIGKILL)
             kill_at = None
         time.sleep(0.05)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
     if not any(reader.is_alive() for reader in readers):

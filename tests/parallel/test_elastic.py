@@ -5,9 +5,11 @@ single-process replay of the same global batches, the sums against NumPy, and th
 samples of each epoch against range(num_samples).
 """
 import json
-import os
 import re
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -109,3 +111,27 @@ def test_a_rank_that_keeps_failing_trips_the_reset_limit(tmp_path):
     assert re.findall(r"LIFE restart=(\d+)", proc.stdout) == ["0", "1"]
     assert "HorovodInternalError: rank 1 lost its peer (simulated)" in proc.stderr
     assert "the job needs restart 2, over --reset-limit 1; ending the job" in proc.stderr
+
+
+def test_fixed_hosts_all_blacklisted_end_the_job_at_once(tmp_path):
+    proc = run_ranks("elastic_failing.py", 2, check=False, timeout=60,
+                     hvdrun_args=["--min-np", "2", "--elastic-timeout", "600"])
+    assert proc.returncode == 1
+    assert re.findall(r"LIFE restart=(\d+)", proc.stdout) == ["0", "1"]
+    assert "host localhost failed in 2 lives in a row; leaving it out" in proc.stderr
+    assert ("only 0 usable slots (no hosts) and no more can come (fixed hosts, none to return "
+            "from the blacklist), fewer than --min-np 2; ending the job") in proc.stderr
+
+
+def test_sigterm_while_waiting_for_slots_ends_hvdrun_with_128_plus_15(tmp_path):
+    script = discovery(tmp_path, "localhost:1")
+    hvdrun = subprocess.Popen(
+        [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "--min-np", "2",
+         "--host-discovery-script", script, sys.executable, "-c", "pass"],
+        stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # it is waiting for a second slot by then (or the asserts below say why not)
+    hvdrun.send_signal(signal.SIGTERM)
+    _, err = hvdrun.communicate(timeout=30)
+    assert hvdrun.returncode == 128 + signal.SIGTERM, err
+    assert "waiting up to 600 s for more" in err
+    assert "received SIGTERM between two lives; ending the job" in err

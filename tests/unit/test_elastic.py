@@ -41,6 +41,17 @@ def test_sampler_spreads_what_is_left_over_the_new_ranks():
     assert [split[0][0], split[1][0]] == [rest[0:4:2], rest[1:4:2]]
 
 
+def test_record_batch_marks_the_batch_at_that_position_of_the_iteration():
+    sampler = elastic.ElasticSampler(9, 4, shuffle=False)
+    with pytest.raises(ValueError, match="no iteration has started"):
+        sampler.record_batch(0)
+    assert list(sampler) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    sampler.record_batch(1)
+    assert list(sampler) == [[0, 1, 2, 3], [8]]
+    with pytest.raises(ValueError, match="the current iteration has 2 batches"):
+        sampler.record_batch(2)
+
+
 def test_sampler_epoch_changes_the_order_and_clears_the_record():
     sampler = elastic.ElasticSampler(50, 5, shuffle=True, seed=2)
     first = sampler.order()

@@ -27,7 +27,7 @@ def train(state):
     if hvd.rank() == 0:
         print(f"LIFE size={hvd.size()} step={state.step}", flush=True)
     while state.epoch < EPOCHS:
-        for batch in state.sampler:
+        for position, batch in enumerate(state.sampler):
             if (os.environ["HVD_ELASTIC_RESTART"] == "0" and hvd.rank() == 1
                     and state.step == KILL_AT_STEP):
                 with open(hosts_file, "w") as f:
@@ -39,7 +39,7 @@ def train(state):
             trainer.step(1)
             state.history.append([state.epoch, hvd.size(),
                                   hvd.allgather_object(batch, name="batch")])
-            state.sampler.record(batch)
+            state.sampler.record_batch(position)
             state.step += 1
             if state.step % COMMIT_EVERY == 0:
                 state.commit()
