@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from runner import WORKERS, run_ranks
 
@@ -104,23 +105,21 @@ def test_fewer_slots_than_min_np_for_the_elastic_timeout_ends_the_job(tmp_path):
     assert "LIFE" not in proc.stdout
 
 
-def test_a_rank_that_keeps_failing_trips_the_reset_limit(tmp_path):
+@pytest.mark.parametrize("flags, ending", [
+    (["--reset-limit", "1"], ["the job needs restart 2, over --reset-limit 1; ending the job"]),
+    (["--elastic-timeout", "600"],  # fixed hosts all blacklisted: no point in waiting
+     ["host localhost failed in 2 lives in a row; leaving it out",
+      "only 0 usable slots (no hosts) and no more can come (fixed hosts, none to return from "
+      "the blacklist), fewer than --min-np 2; ending the job"]),
+])
+def test_a_rank_that_keeps_failing_ends_the_job_after_two_lives(flags, ending):
     proc = run_ranks("elastic_failing.py", 2, check=False, timeout=60,
-                     hvdrun_args=["--min-np", "2", "--reset-limit", "1"])
+                     hvdrun_args=["--min-np", "2", *flags])
     assert proc.returncode == 1
     assert re.findall(r"LIFE restart=(\d+)", proc.stdout) == ["0", "1"]
     assert "HorovodInternalError: rank 1 lost its peer (simulated)" in proc.stderr
-    assert "the job needs restart 2, over --reset-limit 1; ending the job" in proc.stderr
-
-
-def test_fixed_hosts_all_blacklisted_end_the_job_at_once(tmp_path):
-    proc = run_ranks("elastic_failing.py", 2, check=False, timeout=60,
-                     hvdrun_args=["--min-np", "2", "--elastic-timeout", "600"])
-    assert proc.returncode == 1
-    assert re.findall(r"LIFE restart=(\d+)", proc.stdout) == ["0", "1"]
-    assert "host localhost failed in 2 lives in a row; leaving it out" in proc.stderr
-    assert ("only 0 usable slots (no hosts) and no more can come (fixed hosts, none to return "
-            "from the blacklist), fewer than --min-np 2; ending the job") in proc.stderr
+    for line in ending:
+        assert line in proc.stderr
 
 
 def test_sigterm_while_waiting_for_slots_ends_hvdrun_with_128_plus_15(tmp_path):
