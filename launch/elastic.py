@@ -11,6 +11,7 @@ for ``--elastic-timeout`` seconds ends the job.
 import argparse
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -320,6 +321,8 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             mpiexec_command = mpi.build_command(launcher, np, layout, mpi_args, program, env)
             _say(f"starting {np} ranks on {_text(layout)}"
                  + (f" (restart {restarts})" if restarts else ""))
+            if args.verbose:
+                _say(f"running: {shlex.join(mpiexec_command)}")
             output = (os.path.join(args.output_filename, f"restart.{restarts}")
                       if args.output_filename else None)
             relay = ElasticRelay(np, args.no_prefix, output)
