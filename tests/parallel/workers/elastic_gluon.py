@@ -12,7 +12,6 @@ import signal
 import sys
 
 import mxnet as mx
-import numpy as np
 
 import hvd_trainer.mxnet as hvd
 from elastic_model import BATCH, EPOCHS, NUM_SAMPLES, data, make_net
