@@ -213,7 +213,7 @@ class HostWatcher(threading.Thread):
             except ValueError as error:
                 _say(f"warning: {error}; keeping the hosts as they are")
                 continue
-            if hosts != self.started_with:
+            if sorted(hosts) != sorted(self.started_with):  # the order alone is no change
                 self.generation.number += 1
                 _say(f"hosts changed to {_text(hosts) or 'none'}; the ranks restart on them at "
                      "their next commit")
