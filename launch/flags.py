@@ -75,7 +75,8 @@ FLAGS: List[Flag] = [
     Flag(("-v", "--version"), dict(action=_Version, nargs=0),
          "prints hvd_trainer's version and exits"),
     Flag(("-np", "--num-proc"), dict(dest="np", type=int, metavar="N"),
-         "number of ranks (`mpiexec -n N`); required"),
+         "number of ranks (`mpiexec -n N`); required, except in elastic mode (default: every "
+         "usable slot up to `--max-np`)"),
     Flag(("-cb", "--check-build"), dict(action="store_true"),
          "prints the MPI library, launcher, NCCL/CuPy, MXNet and numpy it would use, and exits"),
     Flag(("--disable-cache",), dict(action="store_true"),
@@ -152,13 +153,30 @@ FLAGS: List[Flag] = [
     Flag(("-hostfile", "--hostfile"), dict(metavar="FILE"),
          "hosts from FILE, one `host slots=N` or `host:N` a line"),
     Flag(("--mpi",), dict(action="store_true"), ALREADY + "hvdrun always runs on MPI"),
+    Flag(("--min-np", "--min-num-proc"), dict(type=int, dest="min_np", metavar="N"),
+         "elastic mode: the fewest ranks to train on; with fewer slots the job waits up to "
+         "`--elastic-timeout`"),
+    Flag(("--max-np", "--max-num-proc"), dict(type=int, dest="max_np", metavar="N"),
+         "elastic mode: the most ranks to train on (default: all discovered slots)"),
+    Flag(("--host-discovery-script",), dict(metavar="SCRIPT"),
+         "elastic mode: SCRIPT prints the usable hosts, one `host:slots` (or `host`) a line; "
+         "hvdrun runs it every second and restarts the job on a change at the next commit"),
+    Flag(("--slots-per-host",), dict(type=int, metavar="N"),
+         "elastic mode: slots of a discovered host whose line gives none (default 1)"),
+    Flag(("--elastic-timeout",), dict(type=float, metavar="S"),
+         "elastic mode: ends the job (exit 1) after S seconds with fewer than `--min-np` "
+         "usable slots (default 600)"),
+    Flag(("--reset-limit",), dict(type=int, metavar="N"),
+         "elastic mode: ends the job after N restarts (default: no limit)"),
+    Flag(("--blacklist-cooldown-range",), dict(type=float, nargs=2, metavar=("MIN", "MAX")),
+         "elastic mode: a host whose ranks failed in two lives in a row stays out for a random "
+         "MIN..MAX seconds (default: for the rest of the job)"),
     Flag(("--mpiexec",), dict(metavar="PATH"),
          "hvdrun's own: the launcher (default `$HVD_MPIEXEC`, else the one of mpi4py's MPI)"),
     Flag(("--no-prefix",), dict(action="store_true"),
          "hvdrun's own: prints output lines without the rank prefix"),
 ]
 
-ELASTIC = "elastic mode is not available yet in hvdrun; run a fixed-size job with -np N"
 AUTOTUNE = "autotuning is not implemented yet in hvd_trainer; set --fusion-threshold-mb yourself"
 LOG_TIMESTAMP = ("hvd_trainer's log lines carry no timestamp; use --prefix-output-with-timestamp "
                  "to stamp every output line")
@@ -192,13 +210,6 @@ REFUSED: List[Refused] = [
                                        "ranks with --binding-args (e.g. \"-bind-to core\")"),
     Refused(("--log-with-timestamp",), 0, LOG_TIMESTAMP),
     Refused(("--no-log-hide-timestamp",), 0, LOG_TIMESTAMP),
-    Refused(("--min-np", "--min-num-proc"), 1, ELASTIC),
-    Refused(("--max-np", "--max-num-proc"), 1, ELASTIC),
-    Refused(("--slots-per-host",), 1, ELASTIC),
-    Refused(("--elastic-timeout",), 1, ELASTIC),
-    Refused(("--reset-limit",), 1, ELASTIC),
-    Refused(("--blacklist-cooldown-range",), 2, ELASTIC),
-    Refused(("--host-discovery-script",), 1, ELASTIC),
 ]
 
 

@@ -5,6 +5,7 @@ prefixes output lines with the rank and reports a non-zero exit. hvdrun relays t
 or without prefixes, optionally into per-rank files), names the first rank that failed, ends
 the whole job promptly after a failure or a Ctrl-C/SIGTERM, and exits with that rank's code.
 It takes horovodrun's flags; launch/flags.py says what each one does, or why it is refused.
+With --min-np, --max-np or --host-discovery-script it runs elastically (launch/elastic.py).
 """
 import argparse
 import os
@@ -178,12 +179,14 @@ def _say(message: str) -> None:
 
 
 def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
-            np: int = 0, start_timeout: Optional[float] = None) -> int:
+            np: int = 0, start_timeout: Optional[float] = None,
+            failure_grace: float = FAILURE_GRACE_SECONDS) -> int:
     """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
 
     mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
     it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. With
     ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
+    ``failure_grace`` is how long the other ranks get to report after the first failure.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
@@ -193,8 +196,9 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
         reader.start()
     received: List[int] = []
     handled = 0
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda signum, _frame: received.append(signum))
+    # Forward signals while the job runs; the caller's handlers come back afterwards.
+    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     ending = False
     kill_at = None
     start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
@@ -215,13 +219,15 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             else:
                 kill_at = now
         failure = relay.failure
-        if failure is not None and not ending and now >= failure.seen_at + FAILURE_GRACE_SECONDS:
+        if failure is not None and not ending and now >= failure.seen_at + failure_grace:
             process.terminate()
             ending, kill_at = True, now + KILL_GRACE_SECONDS
         if kill_at is not None and now >= kill_at:
             os.killpg(process.pid, signal.SIGKILL)
             kill_at = None
         time.sleep(0.05)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
     if not any(reader.is_alive() for reader in readers):
@@ -245,9 +251,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from hvd_trainer_launch.check_build import check_build
         return check_build(args.mpiexec)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.np is None:
+    from hvd_trainer_launch import elastic
+    if args.np is None and not elastic.requested(args):
         parser.error("-np N is required (the number of ranks to start)")
-    if args.np < 1:
+    if args.np is not None and args.np < 1:
         parser.error(f"-np must be >= 1, got {args.np}")
     if not command:
         parser.error("missing command: give the program to run, e.g. hvdrun -np 2 python train.py")
@@ -273,11 +280,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                  mpi.read_hostfile(args.hostfile) if args.hostfile else [])
         launcher = mpi.find_launcher(args.mpiexec)
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
+        if elastic.requested(args):
+            elastic.check(args)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
         _say(f"error: {error}")
         return 2
+    if elastic.requested(args):
+        return elastic.run(args, launcher, mpi_args, command, hosts)
     env = rank_environment(args, launcher.flavour)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)

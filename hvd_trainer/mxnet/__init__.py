@@ -17,3 +17,4 @@ from .ops import (allgather, allgather_object, allreduce, allreduce_, alltoall, 
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_parameters
 from .trainer import DistributedTrainer
+from . import elastic

@@ -1,0 +1,72 @@
+"""horovod.elastic's API for Gluon: ``GluonState`` plus the framework-free core's names.
+
+``hvd.elastic.GluonState(net, trainer, epoch=0)`` keeps the weights, the trainer's optimizer
+states and compression residuals, and any picklable attributes across a reset of the job.
+"""
+from typing import Any, Dict, List
+
+import mxnet as mx
+
+from ..elastic import (ElasticSampler, HorovodInternalError, HostsUpdatedInterrupt, ObjectState,
+                       State, run)
+from .trainer import DistributedTrainer
+
+__all__ = ["ElasticSampler", "GluonState", "HorovodInternalError", "HostsUpdatedInterrupt",
+           "ObjectState", "State", "run"]
+
+
+def _parameters(net_or_params: Any) -> List[mx.gluon.Parameter]:
+    """The parameters of a Block, a ParameterDict/dict (sorted keys) or a list, in order."""
+    if isinstance(net_or_params, mx.gluon.Block):
+        net_or_params = net_or_params.collect_params()
+    if isinstance(net_or_params, (dict, mx.gluon.ParameterDict)):
+        return [net_or_params[key] for key in sorted(net_or_params.keys())]
+    if isinstance(net_or_params, (list, tuple)):
+        return list(net_or_params)
+    raise ValueError(f"GluonState: net_or_params is a {type(net_or_params).__name__}; pass a "
+                     "Block, net.collect_params() or a list of Parameters")
+
+
+class GluonState(ObjectState):
+    """The state of a Gluon model and its DistributedTrainer, plus picklable ``attributes``.
+
+    A commit holds every parameter's values (running statistics included), the optimizer
+    states with the optimizer itself (update counts, lr scheduler), every rank's compression
+    residuals (gathered: after a restart on another number of ranks they start from zero,
+    with a warning) and the attributes. Parameters must be initialised (one forward pass for
+    deferred shapes) before the first commit.
+    """
+
+    def __init__(self, net_or_params: Any, trainer: DistributedTrainer, **attributes: Any):
+        if not isinstance(trainer, DistributedTrainer):
+            raise ValueError(f"GluonState: trainer is a {type(trainer).__name__}; pass the "
+                             "hvd_trainer DistributedTrainer that updates the model")
+        self._params = _parameters(net_or_params)
+        self._trainer = trainer
+        super().__init__(**attributes)
+
+    def save(self) -> Dict[str, Any]:
+        trainer = self._trainer
+        trainer._check_initialized("GluonState.commit")
+        waiting = [p.name for p in self._params if p._data is None]
+        if waiting:
+            raise ValueError(f"GluonState: parameters {waiting} are not initialised yet; run "
+                             "one forward pass before the first commit")
+        snapshot = super().save()
+        snapshot["_weights"] = [p.list_data()[0].asnumpy() for p in self._params]
+        snapshot["_trainer"] = trainer._states_bytes(trainer._gather_residuals())
+        return snapshot
+
+    def load(self, snapshot: Dict[str, Any]) -> None:
+        weights = snapshot["_weights"]
+        if len(weights) != len(self._params):
+            raise ValueError(f"GluonState: the commit holds {len(weights)} parameters, the "
+                             f"model has {len(self._params)}; restore into the same model")
+        for param, values in zip(self._params, weights):
+            if tuple(param.shape) != values.shape:
+                raise ValueError(f"GluonState: parameter {param.name!r} has shape "
+                                 f"{param.shape}, the commit's has {values.shape}")
+            param.set_data(mx.nd.array(values, dtype=values.dtype))
+        self._trainer._set_states(snapshot["_trainer"])
+        super().load(snapshot)
+

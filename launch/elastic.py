@@ -1,0 +1,356 @@
+"""hvdrun's elastic mode (``--min-np``, ``--max-np``, ``--host-discovery-script``): restarts.
+
+An MPI job cannot lose a rank and go on, so each change starts a new *life* of the job: when a
+rank fails, or discovery reports other hosts and the ranks have left at their next commit,
+hvdrun ends the job's processes, discovers the hosts again and starts every rank anew on the
+usable slots (at most ``--max-np``). The ranks restore their newest commit from their local
+disks (hvd_trainer.elastic). Hosts whose ranks failed in two lives in a row stay out for the
+blacklist cooldown; ``--reset-limit`` bounds the restarts; fewer than ``--min-np`` usable slots
+for ``--elastic-timeout`` seconds ends the job.
+"""
+import argparse
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from hvd_trainer_launch import hvdrun, mpi
+
+# The values hvd_trainer.elastic reads (the launcher does not import hvd_trainer).
+RESET_EXIT_CODE = 75
+DIR_VARIABLE = "HVD_ELASTIC_DIR"
+RESTART_VARIABLE = "HVD_ELASTIC_RESTART"
+NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"
+GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"
+
+DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as horovodrun
+DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
+DISCOVERY_TIMEOUT = 30.0  # seconds a discovery script may take
+# After a rank fails, how long the others get to report before the life is ended: short,
+# since the survivors usually wait in a collective for the dead rank.
+FAILURE_GRACE_SECONDS = 1.0
+FAILED_LIVES_TO_BLACKLIST = 2  # a host out after its ranks failed in this many lives in a row
+
+Hosts = List[Tuple[str, int]]
+
+
+def requested(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for elastic mode."""
+    return any(value is not None for value in (args.min_np, args.max_np,
+                                               args.host_discovery_script))
+
+
+def check(args: argparse.Namespace) -> None:
+    """Check the elastic flags together; ValueError names the flag and what to give."""
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        raise ValueError("give either --host-discovery-script or -H/--hostfile, not both")
+    min_np = args.min_np if args.min_np is not None else 1
+    if min_np < 1:
+        raise ValueError(f"--min-np must be >= 1, got {min_np}")
+    if args.max_np is not None and args.max_np < min_np:
+        raise ValueError(f"--max-np {args.max_np} is below --min-np {min_np}")
+    if args.np is not None and (args.np < min_np or (args.max_np or args.np) < args.np):
+        raise ValueError(f"-np {args.np} must lie between --min-np and --max-np")
+    if args.slots_per_host is not None and args.slots_per_host < 1:
+        raise ValueError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
+    if args.elastic_timeout is not None and args.elastic_timeout <= 0:
+        raise ValueError(f"--elastic-timeout must be > 0 seconds, got {args.elastic_timeout:g}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise ValueError(f"--reset-limit must be >= 0, got {args.reset_limit}")
+    if args.blacklist_cooldown_range is not None:
+        low, high = args.blacklist_cooldown_range
+        if not 0 <= low <= high:
+            raise ValueError(f"--blacklist-cooldown-range {low:g} {high:g}: give MIN MAX "
+                             "with 0 <= MIN <= MAX seconds")
+
+
+def parse_discovered(text: str, slots_per_host: Optional[int]) -> Hosts:
+    """The hosts a discovery script printed: ``host:slots`` or ``host`` a line (then
+    ``slots_per_host``, default 1); blank lines are skipped."""
+    hosts = []
+    for line in text.splitlines():
+        entry = line.strip()
+        if entry:
+            host, _, slots = entry.partition(":")
+            hosts.append(mpi._host(host.strip(), slots.strip() or str(slots_per_host or 1), entry))
+    return hosts
+
+
+class Discovery:
+    """The hosts now: from the discovery script, or the fixed -H/--hostfile list."""
+
+    def __init__(self, script: Optional[str], fixed: Hosts, slots_per_host: Optional[int]):
+        self.script, self.fixed, self.slots_per_host = script, fixed, slots_per_host
+
+    def hosts(self) -> Hosts:
+        """Run the script; ValueError says why its answer cannot be used."""
+        if not self.script:
+            return list(self.fixed)
+        try:
+            result = subprocess.run([self.script], stdin=subprocess.DEVNULL, capture_output=True,
+                                    text=True, timeout=DISCOVERY_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise ValueError(f"--host-discovery-script {self.script!r} failed: {error}") from None
+        if result.returncode:
+            raise ValueError(f"--host-discovery-script {self.script!r} exited with code "
+                             f"{result.returncode}: {result.stderr.strip()[-300:]}")
+        return parse_discovered(result.stdout, self.slots_per_host)
+
+
+class Blacklist:
+    """Hosts kept out: one whose ranks failed in FAILED_LIVES_TO_BLACKLIST lives in a row stays
+    out for a random time in the cooldown range, or for good without one."""
+
+    def __init__(self, cooldown: Optional[Sequence[float]],
+                 clock: Callable[[], float] = time.monotonic):
+        self.cooldown, self.clock = cooldown, clock
+        self.streak: Dict[str, int] = {}
+        self.until: Dict[str, float] = {}
+
+    def life_ended(self, used: Sequence[str], failed: Set[str]) -> List[str]:
+        """Count the lives in a row in which each used host failed; return the hosts that
+        this puts out."""
+        out = []
+        for host in used:
+            self.streak[host] = self.streak.get(host, 0) + 1 if host in failed else 0
+            if self.streak[host] >= FAILED_LIVES_TO_BLACKLIST:
+                self.streak[host] = 0
+                wait = random.uniform(*self.cooldown) if self.cooldown else float("inf")
+                self.until[host] = self.clock() + wait
+                out.append(host)
+        return out
+
+    def will_return(self) -> bool:
+        """Whether some host now out will come back (after its cooldown)."""
+        now = self.clock()
+        return any(now < until < float("inf") for until in self.until.values())
+
+    def usable(self, hosts: Hosts) -> Hosts:
+        """``hosts`` without those out now."""
+        now = self.clock()
+        return [(host, slots) for host, slots in hosts if self.until.get(host, 0.0) <= now]
+
+
+def allocate(hosts: Hosts, np: int) -> Hosts:
+    """``np`` ranks on ``hosts`` in order, filling each host's slots: the (host, ranks) used."""
+    layout = []
+    for host, slots in hosts:
+        if np <= 0:
+            break
+        layout.append((host, min(slots, np)))
+        np -= min(slots, np)
+    return layout
+
+
+def host_of(layout: Hosts, rank: int) -> Optional[str]:
+    """The host that ``layout`` puts ``rank`` on."""
+    for host, count in layout:
+        if rank < count:
+            return host
+        rank -= count
+    return None
+
+
+class Generation:
+    """A TCP server that answers each connection with the hosts' generation number, which
+    goes up when discovery reports a change; rank 0 asks at each commit."""
+
+    def __init__(self) -> None:
+        self.number = 0
+        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                try:
+                    conn.sendall(str(self.number).encode())
+                except OSError:
+                    pass
+
+    def address(self, layout: Hosts) -> str:
+        """host:port for the ranks of ``layout``: the loopback when they all run here."""
+        local = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+        host = "127.0.0.1" if all(h in local for h, _ in layout) else socket.getfqdn()
+        return f"{host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class HostWatcher(threading.Thread):
+    """Runs discovery every DISCOVERY_INTERVAL during a life; when the usable hosts differ
+    from those the life started with, raises the generation once (the ranks leave at their
+    next commit)."""
+
+    def __init__(self, discovery: Discovery, blacklist: Blacklist, started_with: Hosts,
+                 generation: Generation):
+        super().__init__(daemon=True)
+        self.discovery, self.blacklist = discovery, blacklist
+        self.started_with, self.generation = started_with, generation
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(DISCOVERY_INTERVAL):
+            try:
+                hosts = self.blacklist.usable(self.discovery.hosts())
+            except ValueError as error:
+                _say(f"warning: {error}; keeping the hosts as they are")
+                continue
+            if sorted(hosts) != sorted(self.started_with):  # the order alone is no change
+                self.generation.number += 1
+                _say(f"hosts changed to {_text(hosts) or 'none'}; the ranks restart on them at "
+                     "their next commit")
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+class ElasticRelay(hvdrun.OutputRelay):
+    """hvdrun's output relay, whose first failure ends a life of the job, not the job: its
+    message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure."""
+
+    def record(self, rank: int, code: int, how: str) -> None:
+        with self._lock:
+            if self.failure is not None or self.interrupted:
+                return
+            self.failure = hvdrun.Failure(rank, code, how)
+        if code != RESET_EXIT_CODE:
+            _say(f"rank {rank} {how} {code}; ending this life of the job to restart it from "
+                 "the last commit")
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"hvdrun: elastic: {message}\n")
+    sys.stderr.flush()
+
+
+def _text(hosts: Hosts) -> str:
+    return ",".join(f"{host}:{slots}" for host, slots in hosts)
+
+
+class _Stopped(Exception):
+    """hvdrun received a signal between two lives of the job."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame) -> None:
+    raise _Stopped(signum)
+
+
+def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, min_np: int,
+                    timeout: float) -> Tuple[Optional[Hosts], Hosts]:
+    """The usable hosts once they have at least ``min_np`` slots, or (None, last seen) after
+    ``timeout`` seconds, or at once when no more can come (fixed hosts, none to come back
+    from the blacklist)."""
+    deadline = time.monotonic() + timeout
+    hosts: Hosts = []
+    said = False
+    while True:
+        try:
+            hosts = blacklist.usable(discovery.hosts())
+        except ValueError as error:
+            _say(f"warning: {error}")
+        if sum(slots for _, slots in hosts) >= min_np:
+            return hosts, hosts
+        if time.monotonic() >= deadline or not (discovery.script or blacklist.will_return()):
+            return None, hosts
+        if not said:
+            _say(f"{sum(slots for _, slots in hosts)} usable slots ({_text(hosts) or 'no hosts'}), "
+                 f"--min-np is {min_np}; waiting up to {timeout:g} s for more")
+            said = True
+        time.sleep(min(DISCOVERY_INTERVAL, max(0.0, deadline - time.monotonic())))
+
+
+def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
+        command: List[str], fixed_hosts: Hosts) -> int:
+    """Run ``command`` elastically until it ends with 0, is interrupted, or a limit ends it;
+    return hvdrun's exit code."""
+    min_np = args.min_np if args.min_np is not None else 1
+    timeout = args.elastic_timeout if args.elastic_timeout is not None else DEFAULT_ELASTIC_TIMEOUT
+    discovery = Discovery(args.host_discovery_script,
+                          fixed_hosts or [("localhost", args.max_np or args.np or min_np)],
+                          args.slots_per_host)
+    blacklist = Blacklist(args.blacklist_cooldown_range)
+    generation = Generation()
+    job_dir = tempfile.mkdtemp(prefix="hvd_elastic.")
+    program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
+    restarts = 0
+    previous = {signum: signal.signal(signum, _stop)
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            waited = time.monotonic()
+            hosts, seen = _wait_for_slots(discovery, blacklist, min_np, timeout)
+            if hosts is None:
+                why = ("and no more can come (fixed hosts, none to return from the blacklist)"
+                       if time.monotonic() - waited < timeout
+                       else f"for --elastic-timeout {timeout:g} s")
+                _say(f"only {sum(s for _, s in seen)} usable slots ({_text(seen) or 'no hosts'}) "
+                     f"{why}, fewer than --min-np {min_np}; ending the job")
+                return 1
+            cap = args.np if restarts == 0 and args.np is not None else args.max_np
+            np = sum(slots for _, slots in hosts)
+            np = min(np, cap) if cap is not None else np
+            layout = allocate(hosts, np)
+            env = hvdrun.rank_environment(args, launcher.flavour)
+            env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
+                        NOTIFY_VARIABLE: generation.address(layout),
+                        GENERATION_VARIABLE: str(generation.number)})
+            mpiexec_command = mpi.build_command(launcher, np, layout, mpi_args, program, env)
+            _say(f"starting {np} ranks on {_text(layout)}"
+                 + (f" (restart {restarts})" if restarts else ""))
+            if args.verbose:
+                _say(f"running: {shlex.join(mpiexec_command)}")
+            output = (os.path.join(args.output_filename, f"restart.{restarts}")
+                      if args.output_filename else None)
+            relay = ElasticRelay(np, args.no_prefix, output)
+            watcher = HostWatcher(discovery, blacklist, hosts, generation)
+            watcher.start()
+            code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
+                                  failure_grace=FAILURE_GRACE_SECONDS)
+            watcher.stop()
+            if relay.interrupted or (code == 0 and relay.failure is None):
+                return code
+            failure = relay.failure
+            failed = set()
+            if failure is not None and failure.code != RESET_EXIT_CODE:
+                failed.add(host_of(layout, failure.rank))
+            restarts += 1
+            if args.reset_limit is not None and restarts > args.reset_limit:
+                _say(f"the job needs restart {restarts}, over --reset-limit {args.reset_limit}; "
+                     "ending the job")
+                return (failure.code if failure is not None else code) or 1
+            for host in blacklist.life_ended([host for host, _ in layout], failed):
+                _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; "
+                     "leaving it out" + (" for the cooldown" if args.blacklist_cooldown_range
+                                         else " for the rest of the job"))
+    except _Stopped as stopped:
+        _say(f"received {signal.Signals(stopped.signum).name} between two lives; ending the job")
+        return 128 + stopped.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        generation.close()
+        shutil.rmtree(job_dir, ignore_errors=True)
