@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 
 import mxnet as mx
 
+from .. import ops
 from ..elastic import (ElasticSampler, HorovodInternalError, HostsUpdatedInterrupt, ObjectState,
                        State, run)
 from .trainer import DistributedTrainer
@@ -54,7 +55,15 @@ class GluonState(ObjectState):
                              "one forward pass before the first commit")
         snapshot = super().save()
         snapshot["_weights"] = [p.list_data()[0].asnumpy() for p in self._params]
-        snapshot["_trainer"] = trainer._states_bytes(trainer._gather_residuals())
+        snapshot["_trainer"] = trainer._updaters[0].get_states(dump_optimizer=True)
+        # Every rank's commit holds every rank's residuals: the commit that survives may be
+        # any rank's. (Gathered to the set's first rank, then sent to all.)
+        snapshot["_residuals"] = None
+        if trainer._member and trainer._reducer.feedback is not None:
+            name = f"{trainer._prefix}elastic.residuals"
+            snapshot["_residuals"] = ops.broadcast_object(
+                trainer._reducer.gather_state(name), trainer._process_set.ranks[0], name,
+                trainer._process_set)
         return snapshot
 
     def load(self, snapshot: Dict[str, Any]) -> None:
@@ -67,6 +76,10 @@ class GluonState(ObjectState):
                 raise ValueError(f"GluonState: parameter {param.name!r} has shape "
                                  f"{param.shape}, the commit's has {values.shape}")
             param.set_data(mx.nd.array(values, dtype=values.dtype))
-        self._trainer._set_states(snapshot["_trainer"])
+        trainer = self._trainer
+        trainer._set_states(snapshot["_trainer"])
+        if trainer._member:
+            trainer._reducer.scatter_state(snapshot["_residuals"],
+                                           f"{trainer._prefix}elastic.residuals")
         super().load(snapshot)
 
