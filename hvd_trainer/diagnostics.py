@@ -67,36 +67,14 @@ class MismatchError(RuntimeError):
     """Ranks called a collective with different arguments; raised on every rank alike."""
 
 
-class _Turn:
-    """Lets one thread at a time use a communicator; the holder may enter again (nested)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._holders: Dict[int, int] = {}  # thread id -> nesting depth
-
-    def __enter__(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            while self._holders and me not in self._holders:
-                self._cond.wait()
-            self._holders[me] = self._holders.get(me, 0) + 1
-
-    def __exit__(self, *exc: Any) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            self._holders[me] -= 1
-            if not self._holders[me]:
-                del self._holders[me]
-                self._cond.notify_all()
-
-
-_shared_turn = _Turn()
+# Without MPI_THREAD_MULTIPLE every communicator shares one turn.
+_shared_turn = threading.RLock()
 
 
 class _Book:
     """Per-communicator agreement state: exchanges, names, turn, and covered blocks."""
 
-    def __init__(self, turn: _Turn):
+    def __init__(self, turn: Any):
         self.exchanges = 0
         self.covered = 0
         self.unnamed = 0  # automatic names are counted per communicator
@@ -116,7 +94,7 @@ def _book(comm: Communicator) -> _Book:
             book = _books.get(comm)
             if book is None:
                 multiple = comm.size == 1 or runtime.threads_multiple()
-                book = _books[comm] = _Book(_Turn() if multiple else _shared_turn)
+                book = _books[comm] = _Book(threading.RLock() if multiple else _shared_turn)
     return book
 
 
@@ -208,24 +186,58 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     return unpack_flags(words, len(flags))
 
 
+class _Checks:
+    """Keeps a ValueError or TypeError raised in its block for :meth:`Call.agree`."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: "Call"):
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
+        if kind is not None and issubclass(kind, (ValueError, TypeError)):
+            self.call.error = error
+            return True
+        return False
+
+
 class Call:
     """One collective on a communicator: its name, its argument checks, its agreement.
 
-    Made by :func:`collective`, which holds the communicator's turn while the call runs.
+    Made by :func:`collective`; as a context manager it holds the communicator's turn while
+    the call runs. Its pieces are plain classes, not generators: every collective pays for
+    them.
     """
 
-    def __init__(self, comm: Communicator, kind: str, name: str):
-        self.comm, self.kind, self.name = comm, kind, name
+    def __init__(self, comm: Communicator, kind: str, name: Optional[str]):
+        self.comm, self.kind, self._given = comm, kind, name
+        self.name = ""
         self.error: Optional[Exception] = None
+        self._book = _book(comm)
 
-    @contextlib.contextmanager
-    def checks(self) -> Iterator[None]:
+    def __enter__(self) -> "Call":
+        book = self._book
+        book.turn.acquire()
+        name = self._given
+        if name is None:
+            name = f"{self.kind}.noname.{book.unnamed}"
+            book.unnamed += 1
+        if not isinstance(name, str):
+            self.error = TypeError(f"name={name!r} must be a string or None")
+            name = repr(name)
+        self.name = name
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._book.turn.release()
+
+    def checks(self) -> ContextManager[None]:
         """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which
         raises it on every rank, instead of raising on this rank alone."""
-        try:
-            yield
-        except (ValueError, TypeError) as e:
-            self.error = e
+        return _Checks(self)
 
     def agree(self, describe: Callable[[], Dict[str, Any]],
               flags: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
@@ -248,32 +260,22 @@ class Call:
             self.comm.allgatherv(np.array([extra()], np.int64), gathered, [1] * self.comm.size)
         return gathered.tolist()
 
-    def communicate(self) -> ContextManager[None]:
+    def communicate(self) -> ContextManager[Any]:
         """The data phase: timed on the timeline, and watched by the stall inspector."""
-        return _communicating(self)
+        wait = waiting(self.comm, f"{self.kind} {self.name!r}", "data")
+        if _timeline is None:
+            return wait
+        stack = contextlib.ExitStack()
+        stack.enter_context(span(self.name, "COMMUNICATE"))
+        stack.enter_context(wait)
+        return stack
 
 
-@contextlib.contextmanager
-def _communicating(call: Call) -> Iterator[None]:
-    with span(call.name, "COMMUNICATE"), waiting(call.comm, f"{call.kind} {call.name!r}", "data"):
-        yield
-
-
-@contextlib.contextmanager
-def collective(comm: Communicator, kind: str, name: Optional[str]) -> Iterator[Call]:
-    """Take ``comm``'s turn for one collective and name it (``kind.noname.N`` per communicator
-    when ``name`` is None). A name that is not a string is an argument error."""
-    book = _book(comm)
-    with book.turn:
-        if name is None:
-            name = f"{kind}.noname.{book.unnamed}"
-            book.unnamed += 1
-        if isinstance(name, str):
-            yield Call(comm, kind, name)
-            return
-        call = Call(comm, kind, repr(name))
-        call.error = TypeError(f"name={name!r} must be a string or None")
-        yield call
+def collective(comm: Communicator, kind: str, name: Optional[str]) -> Call:
+    """One collective on ``comm``, to run as ``with collective(...) as call:``, which takes
+    ``comm``'s turn and names the call (``kind.noname.N`` per communicator when ``name`` is
+    None; a name that is not a string is an argument error)."""
+    return Call(comm, kind, name)
 
 
 @contextlib.contextmanager
@@ -324,41 +326,45 @@ def _poll(request: Request) -> None:
 
 
 class _Wait:
-    """A thread waiting for other ranks: in an agreement or in a collective's data phase."""
+    """A thread waiting for other ranks, in an agreement or in a collective's data phase;
+    registered with the stall watchdog while its block lasts."""
 
-    def __init__(self, comm: Communicator, what: str, exchange: int):
-        self.comm, self.what, self.exchange = comm, what, exchange
+    __slots__ = ("comm", "what", "phase", "exchange", "start", "inspector", "_me", "_outer")
+
+    def __init__(self, comm: Communicator, what: str, phase: str, exchange: int):
+        self.comm, self.what, self.phase, self.exchange = comm, what, phase, exchange
         self.start = time.monotonic()
         self.inspector: Optional["StallInspector"] = None
+
+    def label(self) -> str:
+        return self.what if self.phase == "agreement" else f"the data phase of {self.what}"
+
+    def __enter__(self) -> None:
+        self._me = threading.get_ident()
+        with _waits_lock:
+            self._outer = _waits.get(self._me)
+            _waits[self._me] = self
+
+    def __exit__(self, *exc: Any) -> None:
+        with _waits_lock:
+            if self._outer is None:
+                del _waits[self._me]
+            else:
+                _waits[self._me] = self._outer
 
 
 _waits: Dict[int, _Wait] = {}
 _waits_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def waiting(comm: Communicator, what: str, phase: str) -> Iterator[None]:
-    """Register a wait of this thread with the stall watchdog for the block's duration.
+def waiting(comm: Communicator, what: str, phase: str) -> ContextManager[Any]:
+    """A block in which this thread waits for the other ranks, watched for stalls.
 
     ``phase`` is "agreement" or "data"; a data-phase wait belongs to the last agreement.
     """
     if comm.size == 1:
-        yield
-        return
-    label = what if phase == "agreement" else f"the data phase of {what}"
-    me = threading.get_ident()
-    entry = _Wait(comm, label, _book(comm).exchanges)
-    with _waits_lock:
-        outer = _waits.get(me)
-        _waits[me] = entry
-    try:
-        yield
-    finally:
-        with _waits_lock:
-            if outer is None:
-                del _waits[me]
-            else:
-                _waits[me] = outer
+        return _OFF
+    return _Wait(comm, what, phase, _book(comm).exchanges)
 
 
 class Watchdog(threading.Thread):
@@ -379,7 +385,7 @@ class Watchdog(threading.Thread):
             with _waits_lock:
                 for w in _waits.values():
                     if w.inspector is None:
-                        w.inspector = StallInspector(w.comm, w.what, w.exchange, w.start,
+                        w.inspector = StallInspector(w.comm, w.label(), w.exchange, w.start,
                                                      self.check_seconds, self.shutdown_seconds,
                                                      self.post)
                     w.inspector.check(now)

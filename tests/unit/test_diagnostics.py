@@ -1,12 +1,10 @@
-"""Mismatch messages, flag packing, stall reports and turns, checked without other processes."""
+"""Mismatch messages, flag packing and stall reports, checked without other processes."""
 import logging
-import threading
 
 import numpy as np
 import pytest
 
-from hvd_trainer.diagnostics import (StallInspector, _Turn, describe_mismatch, pack_flags,
-                                     unpack_flags)
+from hvd_trainer.diagnostics import StallInspector, describe_mismatch, pack_flags, unpack_flags
 
 
 def test_names_first_differing_top_level_field():
@@ -92,41 +90,3 @@ def test_stall_report_says_where_other_ranks_wait():
     assert inspector.report(1.0) == (
         "stall: rank 0 has waited 1.0 s for allreduce 'x'; rank 2 has not submitted it "
         "(still computing, stuck, or exited); rank 1 waits for broadcast 'y' instead")
-
-
-# -- turns: one thread at a time per communicator --------------------------------------------
-def finishes(fn, seconds=10.0):
-    """Run ``fn`` in a thread; whether it returned within ``seconds`` (a deadlock does not)."""
-    thread = threading.Thread(target=fn, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    return not thread.is_alive()
-
-
-def test_a_turn_makes_another_thread_wait_until_it_ends():
-    turn, events = _Turn(), []
-
-    def other():
-        with turn:
-            events.append("other")
-
-    with turn:
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join(0.3)
-        assert thread.is_alive() and events == []
-        events.append("holder")
-    thread.join(10)
-    assert events == ["holder", "other"]
-
-
-def test_the_thread_holding_a_turn_may_enter_it_again():
-    turn = _Turn()
-
-    def nested():
-        with turn, turn:
-            pass
-        with turn:  # and it was left completely
-            pass
-
-    assert finishes(nested)
