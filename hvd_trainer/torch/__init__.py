@@ -1,5 +1,4 @@
-"""horovod.torch's API: a Horovod script runs unchanged after `import hvd_trainer.torch as hvd`
-(``DistributedOptimizer`` aside, which is still to come).
+"""horovod.torch's API: a Horovod script runs unchanged after `import hvd_trainer.torch as hvd`.
 
 Runtime functions, process sets and reduction ops come from the framework-free core; the
 collectives here take and return torch tensors. CPU tensors only.
@@ -20,5 +19,6 @@ from .ops import (Adasum, allgather, allgather_async, allgather_object, allreduc
                   grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                   grouped_reducescatter, grouped_reducescatter_async, join, poll, reducescatter,
                   reducescatter_async, sparse_allreduce_async, synchronize)
+from .optimizer import DistributedOptimizer
 from .parameters import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm

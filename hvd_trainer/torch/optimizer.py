@@ -1,0 +1,276 @@
+"""DistributedOptimizer: horovod.torch's optimizer wrapper, over the core's gradient reducer.
+
+Per-parameter post-accumulate-grad hooks mark each gradient ready with the reducer (built with
+``eager=True``) as backward produces it, so the reducer's buckets are reduced on the
+communication thread while backward still computes earlier layers; ``synchronize()`` (called
+by ``step()``) launches what is left, waits, and leaves every gradient averaged or summed.
+
+**Gradients are views into the buckets.** Each bucket is one flat CPU tensor and each of its
+parameters' ``.grad`` is set to a view of it, so the reducer's NumPy view of the flat tensor
+is the gradients' own memory and a bucket is reduced in place. While ``.grad`` is that view
+(after a step, and after ``zero_grad(set_to_none=False)``), backward accumulates straight into
+the bucket and a step copies no gradient bytes. After ``zero_grad()`` (``set_to_none=True``,
+PyTorch's default) backward makes a fresh ``.grad``; the hook then copies it into the bucket
+once and installs the view again, as PyTorch DDP does with ``gradient_as_bucket_view``.
+"""
+import contextlib
+import functools
+import warnings
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+
+from .. import compression as core_compression
+from ..ops import Average, Sum
+from ..reducer import Bucket, Gradient, Reducer, check_settings
+from ..runtime import ProcessSet, global_process_set
+from . import bridge
+from .compression import Compression, FP16Compressor
+from .ops import Adasum
+
+
+def _core_compressor(compression: Any) -> Any:
+    """The core compressor (which works on NumPy arrays) for ``compression``."""
+    if compression is FP16Compressor:
+        return core_compression.Compression.fp16
+    return compression
+
+
+class _Distributed:
+    """The methods that DistributedOptimizer adds to the wrapped optimizer's class."""
+
+    def _set_up(self, names: Dict[int, str], compression: Any, backward_passes_per_step: int,
+                op: Any, gradient_predivide_factor: float, num_groups: int,
+                sparse_as_dense: bool, process_set: ProcessSet) -> None:
+        self._process_set = process_set
+        self._passes = backward_passes_per_step
+        self._sparse_as_dense = sparse_as_dense
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks: List[Any] = []
+        self._params: List[torch.nn.Parameter] = [
+            p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._names = [names.get(id(p), f"allreduce.noname.{k}")
+                       for k, p in enumerate(self._params)]
+        self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
+        self._marked = [False] * len(self._params)
+        self._views: Dict[int, torch.Tensor] = {}
+        self._flats: List[torch.Tensor] = []
+        self._reducer: Optional[Reducer] = None
+        if not process_set.included():
+            return  # a plain local optimizer, as in Horovod
+        size = process_set.size()
+        # The reducer sums with 1/f before; Average multiplies by f/size after.
+        self._postscale = gradient_predivide_factor / size if op == Average else 1.0
+        self._reducer = Reducer(prefix="DistributedOptimizer.",
+                                compression=_core_compressor(compression),
+                                gradient_predivide_factor=gradient_predivide_factor,
+                                num_groups=num_groups, sparse_as_dense=sparse_as_dense,
+                                process_set=process_set, eager=True)
+        self._reducer.set_gradients(
+            [Gradient(k, tuple(p.shape), str(bridge.view(p.detach()).dtype))
+             for k, p in enumerate(self._params)])
+        for bucket in self._reducer.buckets:
+            self._back(bucket)
+        for k, p in enumerate(self._params):
+            self._hooks.append(p.register_post_accumulate_grad_hook(
+                functools.partial(self._on_gradient, k)))
+
+    def _back(self, bucket: Bucket) -> None:
+        """Back ``bucket`` with a flat tensor; its members' gradients become views of it."""
+        first = self._params[bucket.keys[0]]
+        flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype)
+        self._flats.append(flat)
+        for k, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+            self._views[k] = flat[start:end].view(self._params[k].shape)
+        bucket.open = functools.partial(bridge.view, flat)
+
+    def _on_gradient(self, k: int, param: torch.Tensor) -> None:
+        """Backward accumulated parameter ``k``'s gradient: count the pass, and after the
+        last of ``backward_passes_per_step`` mark the gradient ready."""
+        if self._left[k] <= 0:
+            raise RuntimeError(
+                f"the gradient of {self._names[k]!r} was computed more than "
+                f"backward_passes_per_step={self._passes} times before step() or "
+                "synchronize(); raise backward_passes_per_step to accumulate more passes")
+        self._left[k] -= 1
+        if self._left[k] == 0:
+            self._mark(k)
+
+    def _mark(self, k: int) -> None:
+        """Hand gradient ``k`` to the reducer: in its bucket view, or as a NumPy view."""
+        p = self._params[k]
+        grad = p.grad
+        if grad.layout != torch.strided:
+            if not self._sparse_as_dense:
+                raise TypeError(
+                    f"parameter {self._names[k]!r} has a sparse gradient; pass "
+                    "sparse_as_dense=True to DistributedOptimizer (sparse gradients are "
+                    "reduced densely)")
+            grad = p.grad = grad.to_dense()
+        view = self._views.get(k)
+        if view is not None:
+            if grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
+                p.grad = view
+            self._reducer.mark_ready(k)
+        else:
+            if not grad.is_contiguous():
+                grad = p.grad = grad.contiguous()
+            self._reducer.mark_ready(k, bridge.view(grad))
+        self._marked[k] = True
+
+    def synchronize(self) -> None:
+        """Finish reducing every gradient; afterwards each ``.grad`` holds the average (or
+        sum) over the process set. A collective: every member calls it once per step."""
+        if self._reducer is None:
+            return
+        # What the hooks did not mark is reduced as it stands now; no gradient, zeros. A
+        # gradient refused here is raised after the step's reductions, which the other ranks
+        # (and the marked gradients' buckets) are already in.
+        refused: Optional[Exception] = None
+        for k, p in enumerate(self._params):
+            if not self._marked[k] and p.grad is not None:
+                try:
+                    self._mark(k)
+                except TypeError as e:
+                    refused = refused or e
+        step = self._reducer.launch()
+        try:
+            for bucket, handle in step.launched():
+                handle.wait()
+                if self._postscale != 1.0:
+                    self._flats[bucket.number].mul_(self._postscale)
+            results = self._reducer.finish(step)
+        finally:
+            self._left = [self._passes] * len(self._params)
+            self._marked = [False] * len(self._params)
+        if refused is not None:
+            raise refused
+        for k, p in enumerate(self._params):
+            view = self._views.get(k)
+            if view is not None:
+                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                    p.grad = view
+                continue
+            result = results[k]
+            if p.grad is None or result.ctypes.data != p.grad.data_ptr():
+                p.grad = bridge.adopt(result)
+            if self._postscale != 1.0:
+                p.grad.mul_(self._postscale)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this context ``step()`` does not synchronize: call ``synchronize()`` first
+        (e.g. to clip the reduced gradients), then ``step()`` here."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Synchronize (unless inside ``skip_synchronize()``), then the wrapped step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() was called after optimizer.synchronize() "
+                              "outside optimizer.skip_synchronize(): the gradients are "
+                              "reduced again. Call step() inside "
+                              "`with optimizer.skip_synchronize():` after synchronize()")
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped ``zero_grad``; refused between backward and step()/synchronize(),
+        while gradients are being reduced."""
+        if any(left != self._passes for left in self._left):
+            raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but "
+                               "before optimizer.step() or optimizer.synchronize(); call it "
+                               "before backward (or after step) instead")
+        super().zero_grad(set_to_none=set_to_none)
+
+
+@functools.lru_cache(maxsize=None)
+def _distributed_class(base: type) -> type:
+    """The wrapped optimizer's class with :class:`_Distributed`'s methods in front."""
+    return type(base.__name__, (_Distributed, base), {"__doc__": base.__doc__})
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression: Any = Compression.none,
+                         backward_passes_per_step: int = 1, op: Any = Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Optional[Any] = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op=Average``) or
+    summed (``op=Sum``) over ``process_set``, as horovod.torch's DistributedOptimizer.
+
+    Returns an instance of a subclass of the optimizer's class sharing its parameter groups,
+    options and state (use it in place of ``optimizer``, also for LR schedulers). Gradients
+    are reduced in buckets during backward and live in them as views (see the module
+    docstring). ``backward_passes_per_step`` passes accumulate locally before a reduction;
+    a parameter without a gradient on a rank contributes zeros there (if no rank has one,
+    it gets a zero gradient, as in Horovod). ``gradient_predivide_factor`` f (Average only)
+    scales by 1/f before the sum and f/size after. ``num_groups`` > 0 sets the number of
+    buckets. ``compression``: ``Compression.none``, ``Compression.fp16`` or a core packed
+    compressor (``hvd_trainer.compression``). Sparse gradients need ``sparse_as_dense=True``.
+    ``groups`` and ``op=Adasum`` are refused (see the README's PyTorch section).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _Distributed):
+        raise ValueError("optimizer is already a DistributedOptimizer; wrap it only once")
+    if op == Adasum:
+        raise ValueError("DistributedOptimizer does not take op=Adasum in hvd_trainer.torch; "
+                         "use op=hvd.Average or op=hvd.Sum (hvd.allreduce(op=hvd.Adasum) "
+                         "remains available)")
+    if op not in (Average, Sum):
+        raise ValueError(f"op={op!r}: DistributedOptimizer takes op=hvd.Average or op=hvd.Sum")
+    if op != Average and gradient_predivide_factor != 1.0:
+        raise ValueError("gradient_predivide_factor needs op=hvd.Average; pass "
+                         "gradient_predivide_factor=1.0 with op=hvd.Sum")
+    if groups is not None:
+        raise ValueError("groups= is not supported by hvd_trainer.torch.DistributedOptimizer: "
+                         "the reducer lays out its own buckets; pass num_groups= instead")
+    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r} must be a "
+                         "positive integer")
+    check_settings(gradient_predivide_factor, num_groups)
+    names = _check_names(optimizer, named_parameters)
+    wrapped = _distributed_class(type(optimizer)).__new__(_distributed_class(type(optimizer)))
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._patch_step_function()  # step hooks and profiling, as Optimizer.__init__ does
+    wrapped._set_up(names, compression, int(backward_passes_per_step), op,
+                    float(gradient_predivide_factor), int(num_groups), bool(sparse_as_dense),
+                    process_set)
+    return wrapped
+
+
+def _check_names(optimizer: torch.optim.Optimizer,
+                 named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]) -> Dict[int, str]:
+    """The parameters' names by id, checked as Horovod checks them."""
+    if named_parameters is None:
+        return {}
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters must be (name, parameter) pairs, as "
+                         "model.named_parameters() gives")
+    seen: Dict[str, int] = {}
+    for name, _ in named:
+        seen[name] = seen.get(name, 0) + 1
+    twice = sorted(n for n, c in seen.items() if c > 1)
+    if twice:
+        raise ValueError(f"named_parameters has duplicate names {twice}; give each parameter "
+                         "its own name")
+    names = {id(p): name for name, p in named}
+    unnamed = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in names]
+    if unnamed:
+        raise ValueError(f"named_parameters does not name {len(unnamed)} of the optimizer's "
+                         "parameters (shapes "
+                         f"{[tuple(p.shape) for p in unnamed]}); pass model.named_parameters() "
+                         "of the model the optimizer trains")
+    return names
