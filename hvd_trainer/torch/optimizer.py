@@ -4,6 +4,8 @@ Per-parameter post-accumulate-grad hooks mark each gradient ready with the reduc
 ``eager=True``) as backward produces it, so the reducer's buckets are reduced on the
 communication thread while backward still computes earlier layers; ``synchronize()`` (called
 by ``step()``) launches what is left, waits, and leaves every gradient averaged or summed.
+Gradients that become ready while backward has still to make a collective of its own
+(SyncBatchNorm's, see :mod:`.backward_collectives`) are held back until it has run.
 
 **Gradients are views into the buckets.** Each bucket is one flat CPU tensor and each of its
 parameters' ``.grad`` is set to a view of it, so the reducer's NumPy view of the flat tensor
@@ -24,7 +26,7 @@ from .. import compression as core_compression
 from ..ops import Average, Sum
 from ..reducer import Bucket, Gradient, Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
-from . import bridge
+from . import backward_collectives, bridge
 from .compression import Compression, FP16Compressor
 from .ops import Adasum
 
@@ -54,6 +56,7 @@ class _Distributed:
                        for k, p in enumerate(self._params)]
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._marked = [False] * len(self._params)
+        self._held: List[int] = []  # ready, held back while backward has collectives to make
         self._views: Dict[int, torch.Tensor] = {}
         self._flats: List[torch.Tensor] = []
         self._reducer: Optional[Reducer] = None
@@ -95,7 +98,11 @@ class _Distributed:
                 "synchronize(); raise backward_passes_per_step to accumulate more passes")
         self._left[k] -= 1
         if self._left[k] == 0:
-            self._mark(k)
+            self._held.append(k)
+        if not backward_collectives.pending():
+            held, self._held = self._held, []
+            for k in held:
+                self._mark(k)
 
     def _mark(self, k: int) -> None:
         """Hand gradient ``k`` to the reducer: in its bucket view, or as a NumPy view."""
@@ -129,6 +136,8 @@ class _Distributed:
         # gradient refused here is raised after the step's reductions, which the other ranks
         # (and the marked gradients' buckets) are already in.
         refused: Optional[Exception] = None
+        backward_collectives.forget()
+        self._held = []
         for k, p in enumerate(self._params):
             if not self._marked[k] and p.grad is not None:
                 try:

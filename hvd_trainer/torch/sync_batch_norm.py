@@ -15,7 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..ops import Sum
 from ..runtime import ProcessSet, global_process_set
-from . import ops
+from . import backward_collectives, ops
 
 _NAME = "sync_batch_norm"
 
@@ -57,6 +57,8 @@ class _SyncBatchNorm(torch.autograd.Function):
             out = out + _per_channel(bias, x.dim())
         ctx.save_for_backward(x, weight, mean_c, invstd)
         ctx.total, ctx.process_set = total.item(), process_set
+        if ctx.needs_input_grad[0]:
+            backward_collectives.expect()
         return out
 
     @staticmethod
@@ -72,6 +74,7 @@ class _SyncBatchNorm(torch.autograd.Function):
             # The input gradient needs both sums over the global batch.
             both = ops.allreduce(torch.stack([sum_dy, sum_dy_xmu]), op=Sum,
                                  name=f"{_NAME}.grad", process_set=ctx.process_set)
+            backward_collectives.done()
             mean_dy, mean_dy_xmu = both[0] / ctx.total, both[1] / ctx.total
             scale = invstd if weight is None else invstd * weight
             grad_x = (grad_out - _per_channel(mean_dy, dims)

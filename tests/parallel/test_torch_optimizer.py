@@ -2,14 +2,25 @@
 batch (workers/torch_optimizer_equivalence.py): SGD with momentum and weight decay, Adam,
 AdamW, clipping through synchronize() and skip_synchronize(), an LR scheduler,
 backward_passes_per_step=2, a parameter unused on one rank, op=Sum, a predivide factor,
-several buckets, sparse embeddings with sparse_as_dense, and fp16 compression.
+several buckets, sparse embeddings with sparse_as_dense, fp16 compression and
+SyncBatchNorm (whose backward allreduce must not wait behind the gradients' step); and
+examples/torch_digits.py on 2 ranks.
 """
+import os
+
 import pytest
 
-from runner import run_ranks
+from runner import REPO, run_ranks
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_distributed_optimizer_matches_one_process(np_):
     out = run_ranks("torch_optimizer_equivalence.py", np_, timeout=300).stdout
     assert out.count("torch optimizer ok\n") == np_, out
+
+
+def test_torch_digits_example_reaches_95_percent_on_two_ranks():
+    out = run_ranks(os.path.join(REPO, "examples", "torch_digits.py"), 2, timeout=120).stdout
+    last = [line for line in out.splitlines() if "epoch 25" in line]
+    assert len(last) == 1, out
+    assert float(last[0].split("test acc")[1].split()[0]) >= 0.95, out

@@ -116,5 +116,33 @@ run("one parameter per bucket", sgd, num_groups=4)
 run("sparse as dense", lambda p: torch.optim.SGD(p, lr=0.1), sparse=True,
     sparse_as_dense=True)
 run("fp16", sgd, compression=hvd.Compression.fp16, tol=2e-3)
+
+
+def sync_batch_norm() -> None:
+    """SyncBatchNorm between two layers (its backward allreduce comes after the last layer's
+    gradients are ready) against BatchNorm1d on the global batch."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.Tanh(),
+                              torch.nn.Linear(6, 4))
+    model = copy.deepcopy(ref)
+    model[1] = hvd.SyncBatchNorm(6)
+    model[1].load_state_dict(ref[1].state_dict())
+    ref_opt = sgd(ref.parameters())
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), model.named_parameters())
+    loss = torch.nn.functional.cross_entropy
+    for step in range(STEPS):
+        xs, _, ys = zip(*(batch(step, r) for r in range(SIZE)))
+        ref_opt.zero_grad()
+        loss(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss(model(xs[RANK]), ys[RANK]).backward()
+        opt.step()
+    for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"SyncBatchNorm: {name}")
+    print("torch optimizer ok: SyncBatchNorm", flush=True)
+
+
+sync_batch_norm()
 print("torch optimizer ok", flush=True)
 sys.stdout.flush()
