@@ -2,7 +2,7 @@
 batch (workers/torch_optimizer_equivalence.py): SGD with momentum and weight decay, Adam,
 AdamW, clipping through synchronize() and skip_synchronize(), an LR scheduler,
 backward_passes_per_step=2, a parameter unused on one rank, op=Sum, a predivide factor,
-several buckets, sparse embeddings with sparse_as_dense, fp16 compression and
+several buckets, sparse embeddings with sparse_as_dense, fp16 and packed top-k compression and
 SyncBatchNorm (whose backward allreduce must not wait behind the gradients' step); and
 examples/torch_digits.py on 2 ranks.
 """

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 import hvd_trainer.torch as hvd
+from hvd_trainer.compression import TopK
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -43,7 +44,7 @@ class Net(torch.nn.Module):
 
 def batch(step: int, rank: int):
     rng = np.random.default_rng(100 * step + rank)
-    return (torch.from_numpy(rng.normal(size=(B, 5))),
+    return (torch.from_numpy(rng.normal(size=(B, 5))).to(torch.get_default_dtype()),
             torch.from_numpy(rng.integers(0, 10, size=(B, 2))),
             torch.from_numpy(rng.integers(0, 4, size=B)))
 
@@ -116,6 +117,13 @@ run("one parameter per bucket", sgd, num_groups=4)
 run("sparse as dense", lambda p: torch.optim.SGD(p, lr=0.1), sparse=True,
     sparse_as_dense=True)
 run("fp16", sgd, compression=hvd.Compression.fp16, tol=2e-3)
+# The core's packed path (allgather with error feedback, float32 tensors only): top-k of
+# every entry is exact.
+every_entry = TopK(1.0)
+every_entry.min_size = 1
+torch.set_default_dtype(torch.float32)
+run("packed top-k, ratio 1", sgd, compression=every_entry, tol=1e-5)
+torch.set_default_dtype(torch.float64)
 
 
 def sync_batch_norm() -> None:
