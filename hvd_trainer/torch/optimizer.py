@@ -169,6 +169,12 @@ class _Distributed:
                 p.grad.mul_(self._postscale)
         self._synchronized = True
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Accumulate ``passes`` backward passes per step from now on; call it between steps."""
+        _check_passes(passes)
+        self._passes = int(passes)
+        self._left = [self._passes] * len(self._params)
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Inside this context ``step()`` does not synchronize: call ``synchronize()`` first
@@ -245,9 +251,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if groups is not None:
         raise ValueError("groups= is not supported by hvd_trainer.torch.DistributedOptimizer: "
                          "the reducer lays out its own buckets; pass num_groups= instead")
-    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r} must be a "
-                         "positive integer")
+    _check_passes(backward_passes_per_step)
     check_settings(gradient_predivide_factor, num_groups)
     names = _check_names(optimizer, named_parameters)
     wrapped = _distributed_class(type(optimizer)).__new__(_distributed_class(type(optimizer)))
@@ -257,6 +261,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                     float(gradient_predivide_factor), int(num_groups), bool(sparse_as_dense),
                     process_set)
     return wrapped
+
+
+def _check_passes(passes: int) -> None:
+    if int(passes) != passes or passes < 1:
+        raise ValueError(f"backward_passes_per_step={passes!r} must be a positive integer")
 
 
 def _check_names(optimizer: torch.optim.Optimizer,

@@ -80,6 +80,20 @@ def test_more_passes_than_backward_passes_per_step_raise():
     opt.step()
 
 
+def test_set_backward_passes_per_step_accumulates_that_many_passes():
+    ref, loss = model_and_data()
+    model = copy.deepcopy(ref)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    opt.set_backward_passes_per_step(3)
+    for o, m in ((ref_opt, ref), (opt, model)):
+        for _ in range(3):
+            loss(m).backward()
+        o.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_step_after_synchronize_warns_outside_skip_synchronize():
     model, loss = model_and_data()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
