@@ -3,8 +3,9 @@
 torch_digits.py is torch_digits_single.py, a plain PyTorch script, plus the lines that
 Horovod's documentation asks for: hvd.init, a rank-strided shard of the training set per
 rank, DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state, and printing on
-rank 0 only. Run it with hvdrun -np 2 python examples/torch_digits.py. The data ships with scikit-learn, so nothing is downloaded. Per epoch, it prints the loss and
-accuracy on the full training and test sets and the throughput.
+rank 0 only. Run it with hvdrun -np 2 python examples/torch_digits.py. The data ships with
+scikit-learn, so nothing is downloaded. Per epoch, it prints the loss and accuracy on the
+full training and test sets and the throughput.
 """
 import argparse
 import time
