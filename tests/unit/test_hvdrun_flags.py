@@ -153,7 +153,7 @@ def test_refused_flag_says_why_in_one_line(capsys, name, nargs):
     reason = err.split("is not supported: ", 1)[1]
     assert len(reason.split()) >= 6  # a reason and what to do, not a bare "unsupported"
     if name.startswith("--autotune"):
-        assert "not implemented yet" in reason
+        assert "fixed grid" in reason
 
 
 # For each accepted Horovod flag: the values to give it, the variables it must add to the
@@ -164,7 +164,12 @@ EFFECTS = {
     "--disable-cache": NOTHING,
     "--no-hierarchical-allreduce": NOTHING,
     "--no-hierarchical-allgather": NOTHING,
-    "--no-autotune": NOTHING,
+    "--autotune": ([], {"HVD_AUTOTUNE": "1"}, [], []),
+    "--no-autotune": ([], {"HVD_AUTOTUNE": "0"}, [], []),
+    "--autotune-log-file": (["tune.csv"], {"HVD_AUTOTUNE_LOG": os.path.join(os.getcwd(),
+                                                                           "tune.csv")}, [], []),
+    "--autotune-warmup-samples": (["2"], {"HVD_AUTOTUNE_WARMUP_SAMPLES": "2"}, [], []),
+    "--autotune-steps-per-sample": (["5"], {"HVD_AUTOTUNE_STEPS_PER_SAMPLE": "5"}, [], []),
     "--no-timeline-mark-cycles": NOTHING,
     "--stall-check": NOTHING,
     "--no-mpi-threads-disable": NOTHING,
