@@ -399,6 +399,18 @@ def test_config_disabling_the_stall_check(monkeypatch, tmp_path):
     assert env["HVD_STALL_CHECK_TIME_SECONDS"] == "60"
 
 
+def test_config_autotune_section_acts_as_its_flags(monkeypatch, capsys, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("autotune:\n  enabled: true\n  log_file: tune.csv\n"
+                      "  warmup_samples: 2\n  steps_per_sample: 4\n")
+    _, env, _ = build(monkeypatch, mpi.HYDRA, "--config-file", str(config))
+    assert env == {"HVD_AUTOTUNE": "1", "HVD_AUTOTUNE_LOG": os.path.join(os.getcwd(), "tune.csv"),
+                   "HVD_AUTOTUNE_WARMUP_SAMPLES": "2", "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "4"}
+    config.write_text("autotune:\n  enabled: true\n  bayes_opt_max_samples: 20\n")
+    err = refused_line(capsys, "--config-file", str(config), "-np", "2", *PROGRAM)
+    assert "--autotune-bayes-opt-max-samples is not supported" in err and "fixed grid" in err
+
+
 def test_refused_config_setting_names_setting_and_flag(capsys, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("controller: gloo\n")
