@@ -2,6 +2,7 @@
 
 Run:  python benchmarks/train_step.py [--rounds 2] [--threads 1] [--buckets]
       python benchmarks/train_step.py --against REV [--rounds 3]
+      python benchmarks/train_step.py --autotune [--rounds 2]
 It launches its own measurements as subprocesses. Per model, launches alternate between one
 process with gluon.Trainer and 2 ranks (through hvdrun) with DistributedTrainer with the
 overlap on and off (HVD_OVERLAP), each at the same per-rank batch, so that machine noise hits
@@ -23,6 +24,10 @@ allreduce), and the timeline hooks (off) are counted and timed per call.
 ``--against REV`` instead compares this tree's 2-rank step with commit REV's, overlap off and
 on: a detached worktree of REV is imported through PYTHONPATH, launches alternate between the
 two trees, and each variant keeps its best launch.
+
+``--autotune`` instead compares, per model, the 2-rank step with HVD_AUTOTUNE=1 (timed after
+its tuning steps, which are reported apart) against every fixed setting of its grid (bucket
+threshold x overlap); launches alternate between all of them, each keeps its best launch.
 """
 import argparse
 import datetime
@@ -44,6 +49,9 @@ HOROVOD = {"40 x Dense(256)": 0.45, "8 x Dense(2048)": 0.56}  # Horovod 0.28.1, 
 VARIANTS = [("1 process", 1, {}), ("overlap on", 2, {"HVD_OVERLAP": "1"}),
             ("overlap off", 2, {"HVD_OVERLAP": "0"}), ("2 independent", 2, {})]
 BUCKET_THRESHOLDS_MIB = [1, 4, 16, 64]
+# HVD_AUTOTUNE_WARMUP_SAMPLES, HVD_AUTOTUNE_STEPS_PER_SAMPLE per model: Horovod's defaults for
+# the small model; fewer for the large one, whose 110 default steps would take half a minute.
+AUTOTUNE_SAMPLES = {"40 x Dense(256)": (3, 10), "8 x Dense(2048)": (1, 5)}
 
 
 def mlp(inputs: int, width: int, layers: int, head: bool = True):
@@ -81,9 +89,20 @@ def measure(distributed: bool, name: str, independent: bool = False) -> dict:
     y = mx.nd.array(np.random.randint(0, 10, BATCH))
     step = common.training_step(net, trainer, x, y)
 
+    tuned = {}
+    tuner = trainer._reducer.autotuner if distributed and not independent else None
+    if tuner is not None:  # the tuning steps, timed apart; then the chosen setting is timed
+        import hvd_trainer
+        hvd_trainer.barrier()
+        start = time.perf_counter()
+        for _ in range(tuner.last_step + 1):
+            step()
+        mx.nd.waitall()
+        tuned = {"tuning_seconds": common.slowest_rank(time.perf_counter() - start, True),
+                 "tuning_steps": tuner.last_step + 1, "chosen": list(tuner.chosen)}
     seconds = common.seconds_per_step(step, steps, REPETITIONS, WARMUP, distributed)
     grads = [p.grad() for p in net.collect_params().values()]
-    results = {"seconds": seconds, "tensors": len(grads), "rss_mb": common.peak_rss_mb(distributed),
+    results = {"seconds": seconds, **tuned, "tensors": len(grads), "rss_mb": common.peak_rss_mb(distributed),
                "megabytes": sum(g.size * 4 for g in grads) / 1e6,
                "file": hvd_trainer.__file__ if distributed else None}
     if distributed and not independent:
@@ -256,6 +275,8 @@ def main():
                         help="also time the 2-rank step at several bucket thresholds")
     parser.add_argument("--against", metavar="REV",
                         help="compare this tree's 2-rank step with commit REV's instead")
+    parser.add_argument("--autotune", action="store_true",
+                        help="compare the autotuned 2-rank step with every fixed setting instead")
     parser.add_argument("--worker", choices=["single", "distributed", "independent", "overhead",
                                              "checks"],
                         help=argparse.SUPPRESS)
@@ -266,6 +287,9 @@ def main():
         return
     if args.against:
         compare(args.against, args.rounds, args.threads)
+        return
+    if args.autotune:
+        compare_autotune(args.rounds, args.threads)
         return
 
     best = {name: {} for name in MODELS}
@@ -357,6 +381,48 @@ def compare(rev: str, rounds: int, threads: int) -> None:
             b, a = best[(name, overlap, "before")], best[(name, overlap, "after")]
             print(f"| {name} | {'on' if overlap == '1' else 'off'} | {b * 1e3:.2f} | "
                   f"{a * 1e3:.2f} | {a / b:.3f} |")
+
+
+def compare_autotune(rounds: int, threads: int) -> None:
+    """Per model, the autotuned 2-rank step against each fixed setting, launches alternating."""
+    fixed = [(t, o) for t in BUCKET_THRESHOLDS_MIB for o in ("0", "1")]
+    best: dict = {}
+    for _ in range(rounds):
+        for name in MODELS:
+            warmup, per_sample = AUTOTUNE_SAMPLES[name]
+            variants = [((t, o), {"HVD_BUCKET_THRESHOLD": str(t << 20), "HVD_OVERLAP": o})
+                        for t, o in fixed]
+            variants.append(("autotune", {"HVD_AUTOTUNE": "1",
+                                          "HVD_AUTOTUNE_WARMUP_SAMPLES": str(warmup),
+                                          "HVD_AUTOTUNE_STEPS_PER_SAMPLE": str(per_sample)}))
+            for label, env in variants:
+                r = common.launch(__file__, 2, ["--worker", "distributed", "--model", name],
+                                  threads, env)
+                key = (name, label)
+                if key not in best or r["seconds"] < best[key]["seconds"]:
+                    best[key] = r
+                if label == "autotune":
+                    best.setdefault((name, "choices"), []).append(r["chosen"])
+
+    def setting(t, o):
+        return f"{t} MiB, overlap {'on' if o == '1' else 'off'}"
+    print(common.header(f"autotuned vs fixed settings, 2 ranks, batch {BATCH} per rank",
+                        f"OMP_NUM_THREADS={threads}, launches alternate, best of {rounds} "
+                        f"launches x {REPETITIONS} repetitions"))
+    print("| model | best fixed setting | best fixed ms/step | worst fixed ms/step | default "
+          "(16 MiB, off) ms/step | autotuned ms/step | autotuned / best fixed | choices "
+          "(each launch) | tuning steps, s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in MODELS:
+        times = {label: best[(name, label)]["seconds"] for label in fixed}
+        fastest, slowest = min(times, key=times.get), max(times.values())
+        tuned = best[(name, "autotune")]
+        choices = "; ".join(setting(t >> 20, "1" if o else "0")
+                            for t, o in best[(name, "choices")])
+        print(f"| {name} | {setting(*fastest)} | {times[fastest] * 1e3:.1f} | "
+              f"{slowest * 1e3:.1f} | {times[(16, '0')] * 1e3:.1f} | "
+              f"{tuned['seconds'] * 1e3:.1f} | {tuned['seconds'] / times[fastest]:.3f} | "
+              f"{choices} | {tuned['tuning_steps']}, {tuned['tuning_seconds']:.1f} |")
 
 
 def run_worker(mode: str, model: str) -> None:

@@ -34,6 +34,11 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
   error-feedback residuals). ``gradient_predivide_factor`` f scales every gradient by 1/f
   before the sum; the adapter folds f/size into its optimizer.
+- **Autotuning.** With ``HVD_AUTOTUNE=1`` the first steps try bucket thresholds and overlap
+  on and off on a schedule of step numbers (:mod:`hvd_trainer.autotune`), the same on every
+  rank; :meth:`Reducer.finish` moves to the next step's setting (laying out new buckets, which
+  the adapter backs before the next step). After the last sample the process set's first
+  rank broadcasts its fastest setting, and every rank keeps it from the next step on.
 - **State.** :meth:`Reducer.gather_state` and :meth:`Reducer.scatter_state` move the residuals
   and the settings they depend on between the ranks and the one rank that saves or loads a
   checkpoint, without gathering every rank's residuals onto every rank.
@@ -47,7 +52,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from . import diagnostics, fusion, handles, ops, runtime, sparse
+from . import autotune, diagnostics, fusion, handles, ops, runtime, sparse
 from .compression import Compression, Compressor, GatherCompressor
 from .feedback import ErrorFeedbackSum
 from .runtime import ProcessSet, global_process_set
@@ -123,6 +128,7 @@ class Step:
         self.order: List[int] = []               # keys in the order they became ready
         self.closed = False                      # no more gradients become ready
         self.whole: Dict[int, bool] = {}         # bucket number -> reduced in one piece
+        self.number = -1                         # the reducer's count of steps, from 0
         self._done: List["Future[Bucket]"] = [Future() for _ in buckets]
         self.handles = [handles.Handle(f) for f in self._done]
         self.buckets = buckets
@@ -178,6 +184,24 @@ class Reducer:
         self._description: Dict[str, Any] = {}
         self._step: Optional[Step] = None
         self._lock = threading.Lock()
+        self._launched = 0  # steps launched so far
+        self.autotuner = self._autotuner() if runtime.setting("AUTOTUNE") else None
+
+    def _autotuner(self) -> autotune.Autotuner:
+        """The autotuner over what can vary here: thresholds only when they lay out the
+        buckets, overlap only when a step may run on the communication thread."""
+        bucketed = self.num_groups == 0 and self.compression is Compression.none
+        thresholds = autotune.THRESHOLDS if bucketed else (self.bucket_threshold,)
+        overlaps = ((False, True) if not self.eager and self.size > 1
+                    and runtime.mpi_threads_supported() else (self.overlap,))
+        first = self.process_set.included() and self.process_set.rank() == 0
+        return autotune.Autotuner(
+            autotune.Setting(self.bucket_threshold, self.overlap),
+            autotune.candidates(thresholds, overlaps),
+            runtime.setting("AUTOTUNE_WARMUP_SAMPLES"),
+            runtime.setting("AUTOTUNE_STEPS_PER_SAMPLE"),
+            log_path=runtime.setting("AUTOTUNE_LOG") if first else None,
+            name=f"{self.prefix}step")
 
     # -- the gradients and their layout -----------------------------------------------------
     def set_gradients(self, gradients: Sequence[Gradient]) -> bool:
@@ -275,9 +299,14 @@ class Reducer:
         with overlap or here otherwise (the returned handles are then done). Wait for the
         bucket handles or for :meth:`finish`, which raise what a reduction raised.
         """
+        now = time.perf_counter()
         with self._lock:
             step = self._current()
             self._step = None
+            step.number = self._launched
+            self._launched += 1
+            if self.autotuner is not None:
+                self.autotuner.launched(step.number, now)
             step.closed = True
             step.changed.notify_all()
             if step.program is None and (self.eager or (self.overlap and self.size > 1
@@ -298,11 +327,31 @@ class Reducer:
 
     def finish(self, step: Step) -> Dict[int, Any]:
         """Wait for ``step``'s reductions; return its reduced per-tensor gradients by key
-        (a NumPy array, or (ids, rows) for a row-sparse one). Raises what a reduction raised."""
+        (a NumPy array, or (ids, rows) for a row-sparse one). Raises what a reduction raised.
+
+        While autotuning, the reducer then takes the next step's setting: new buckets when
+        the threshold changes (the adapter must back them), and after the last sample a
+        broadcast of the first rank's choice (a collective at the same step on every rank).
+        """
         step.program.result()
         for handle in step.handles:
             handle.wait()
+        tuner = self.autotuner
+        if tuner is not None and step.number <= tuner.last_step:
+            if step.number == tuner.last_step:
+                mine = tuple(tuner.best()) if self.process_set.rank() == 0 else None
+                tuner.adopt(ops.broadcast_object(mine, self.process_set.ranks[0],
+                                                 f"{self.prefix}autotune", self.process_set))
+            self._use(tuner.setting(step.number + 1))
         return step.results
+
+    def _use(self, setting: autotune.Setting) -> None:
+        """Reduce with ``setting`` from the next step on."""
+        self.overlap = setting.overlap
+        if setting.bucket_threshold != self.bucket_threshold:
+            self.bucket_threshold = setting.bucket_threshold
+            if self.gradients:
+                self.lay_out()
 
     def fresh(self, step: Step, key: int) -> bool:
         """Whether gradient ``key`` was reduced in ``step``."""

@@ -114,14 +114,21 @@ def _gpu_communicator(raw: str) -> str:
     return raw
 
 
-def _count(raw: str) -> int:
+def _whole(raw: str, fix: str = "0 or more") -> int:
     try:
         value = int(float(raw))
     except ValueError:
         raise ValueError("is not a number; set it to an integer") from None
     if value < 0:
-        raise ValueError("is negative; set it to a number of bytes, or 0")
+        raise ValueError(f"is negative; set it to {fix}")
     return value
+
+
+_count = functools.partial(_whole, fix="a number of bytes, or 0")
+
+
+def _text(raw: str) -> str:
+    return raw
 
 
 AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
@@ -131,6 +138,11 @@ AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
     "BUCKET_THRESHOLD": (DEFAULT_BUCKET_THRESHOLD, _count),
     "OVERLAP": (DEFAULT_OVERLAP, _count),
     "GPU_COMMUNICATOR": ("auto", _gpu_communicator),
+    # The reducer's autotuner (see hvd_trainer/autotune.py); defaults as Horovod's.
+    "AUTOTUNE": (0, _whole),
+    "AUTOTUNE_LOG": ("", _text),
+    "AUTOTUNE_WARMUP_SAMPLES": (3, _whole),
+    "AUTOTUNE_STEPS_PER_SAMPLE": (10, _whole),
 }
 
 

@@ -107,8 +107,19 @@ FLAGS: List[Flag] = [
     Flag(("--no-hierarchical-allgather",), dict(action="store_false", dest="hierarchical_allgather",
                                                 default=None),
          ALREADY + "hvd_trainer's allgather is the MPI library's `MPI_Allgatherv`"),
+    Flag(("--autotune",), dict(action="store_true", dest="autotune", default=None),
+         "`HVD_AUTOTUNE=1`: the first steps try gradient bucket thresholds (1, 4, 16, 64 MiB) "
+         "and overlap on and off; every rank keeps rank 0's fastest"),
     Flag(("--no-autotune",), dict(action="store_false", dest="autotune", default=None),
-         ALREADY + "hvd_trainer does not autotune"),
+         "`HVD_AUTOTUNE=0` (the default), e.g. over a config file's `enabled: true`"),
+    Flag(("--autotune-log-file",), dict(metavar="FILE"),
+         "`HVD_AUTOTUNE_LOG` = FILE as an absolute path (CSV from rank 0: one row per sample, "
+         "then the choice)"),
+    Flag(("--autotune-warmup-samples",), dict(type=int, metavar="N"),
+         "`HVD_AUTOTUNE_WARMUP_SAMPLES` = N samples of the configured setting, not counted "
+         "(default 3)"),
+    Flag(("--autotune-steps-per-sample",), dict(type=int, metavar="N"),
+         "`HVD_AUTOTUNE_STEPS_PER_SAMPLE` = N steps per sample, at least 2 (default 10)"),
     Flag(("--timeline-filename",), dict(metavar="FILE"),
          "`HVD_TIMELINE` = FILE as an absolute path (Chrome trace from rank 0)"),
     Flag(("--no-timeline-mark-cycles",), dict(action="store_false", dest="timeline_mark_cycles",
@@ -177,7 +188,8 @@ FLAGS: List[Flag] = [
          "hvdrun's own: prints output lines without the rank prefix"),
 ]
 
-AUTOTUNE = "autotuning is not implemented yet in hvd_trainer; set --fusion-threshold-mb yourself"
+BAYES = ("hvd_trainer's autotuner searches a fixed grid (4 bucket thresholds, overlap on and "
+         "off), not by Bayesian optimisation; drop it")
 LOG_TIMESTAMP = ("hvd_trainer's log lines carry no timestamp; use --prefix-output-with-timestamp "
                  "to stamp every output line")
 REFUSED: List[Refused] = [
@@ -196,12 +208,8 @@ REFUSED: List[Refused] = [
                                               "HVD_ALLREDUCE_ALGO=native uses the MPI library's own"),
     Refused(("--hierarchical-allgather",), 0, "hvd_trainer has no hierarchical allgather; its "
                                               "allgather is the MPI library's MPI_Allgatherv"),
-    Refused(("--autotune",), 0, AUTOTUNE),
-    Refused(("--autotune-log-file",), 1, AUTOTUNE),
-    Refused(("--autotune-warmup-samples",), 1, AUTOTUNE),
-    Refused(("--autotune-steps-per-sample",), 1, AUTOTUNE),
-    Refused(("--autotune-bayes-opt-max-samples",), 1, AUTOTUNE),
-    Refused(("--autotune-gaussian-process-noise",), 1, AUTOTUNE),
+    Refused(("--autotune-bayes-opt-max-samples",), 1, BAYES),
+    Refused(("--autotune-gaussian-process-noise",), 1, BAYES),
     Refused(("--timeline-mark-cycles",), 0, "hvd_trainer has no background cycles to mark; "
                                             "the timeline shows each tensor's phases"),
     Refused(("--num-nccl-streams",), 1, "hvd_trainer runs each NCCL communicator on one CUDA "
@@ -248,6 +256,14 @@ def rank_variables(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
         env["HVD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     if args.timeline_filename:
         env["HVD_TIMELINE"] = os.path.abspath(args.timeline_filename)
+    if args.autotune is not None:
+        env["HVD_AUTOTUNE"] = "1" if args.autotune else "0"
+    if args.autotune_log_file:
+        env["HVD_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
+    if args.autotune_warmup_samples is not None:
+        env["HVD_AUTOTUNE_WARMUP_SAMPLES"] = str(args.autotune_warmup_samples)
+    if args.autotune_steps_per_sample is not None:
+        env["HVD_AUTOTUNE_STEPS_PER_SAMPLE"] = str(args.autotune_steps_per_sample)
     if args.no_stall_check:
         env["HVD_STALL_CHECK_TIME_SECONDS"] = env["HVD_STALL_SHUTDOWN_TIME_SECONDS"] = "0"
     else:

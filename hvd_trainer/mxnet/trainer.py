@@ -190,6 +190,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
         self._gradients_key: Optional[tuple] = None  # what the reducer's gradients were made of
         self._views: Dict[int, mx.nd.NDArray] = {}  # the bucket views installed as gradients
+        self._backed: Optional[List[Bucket]] = None  # the reducer's buckets that _back backed
         self._fresh_contexts: Dict[int, List[int]] = {}  # this step's fresh contexts, bucketed
         self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
         self._updated: set = set()           # parameters already updated in this step
@@ -306,8 +307,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                     self._publish(param, buf, in_place=True)
 
     def _prepare(self, indices: List[int]) -> None:
-        """Give the reducer this step's gradients; back its buckets when it laid them out
-        anew, or lay out again when a gradient is no longer the view we installed."""
+        """Give the reducer this step's gradients; lay out again when a gradient is no longer
+        the view we installed; back the buckets whenever the reducer laid them out anew
+        (for new gradients, or a new bucket threshold from the autotuner)."""
         key = (tuple(indices),
                tuple((p._shape, p.dtype, p._grad_stype, p.list_ctx()[0].device_type)
                      for p in self._params))
@@ -317,11 +319,11 @@ class DistributedTrainer(mx.gluon.Trainer):
                                   np.dtype(self._params[i].dtype).str, i in self._sparse_grads,
                                   "host" if bridge.is_host(self._params[i].list_grad()[0])
                                   else "gpu") for i in indices]
-            if self._reducer.set_gradients(gradients):
-                self._back(self._reducer.buckets)
-                return
+            self._reducer.set_gradients(gradients)
         if not all(self._params[i]._grad[0] is view for i, view in self._views.items()):
-            self._back(self._reducer.lay_out())
+            self._reducer.lay_out()
+        if self._reducer.buckets is not self._backed:  # new gradients, or the autotuner's
+            self._back(self._reducer.buckets)
 
     def _back(self, buckets: List[Bucket]) -> None:
         """Back each bucket with a flat NDArray and install its views as the gradients.
@@ -329,6 +331,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         The current gradient values are copied in, so a step may lay out after backward.
         """
         self._views = {}
+        self._backed = buckets
         for bucket in buckets:
             first = self._params[bucket.keys[0]].list_grad()[0]
             flat = mx.nd.zeros(bucket.bounds[-1], ctx=first.context, dtype=bucket.dtype)

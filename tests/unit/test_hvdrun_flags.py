@@ -153,7 +153,7 @@ def test_refused_flag_says_why_in_one_line(capsys, name, nargs):
     reason = err.split("is not supported: ", 1)[1]
     assert len(reason.split()) >= 6  # a reason and what to do, not a bare "unsupported"
     if name.startswith("--autotune"):
-        assert "not implemented yet" in reason
+        assert "fixed grid" in reason
 
 
 # For each accepted Horovod flag: the values to give it, the variables it must add to the
@@ -164,7 +164,12 @@ EFFECTS = {
     "--disable-cache": NOTHING,
     "--no-hierarchical-allreduce": NOTHING,
     "--no-hierarchical-allgather": NOTHING,
-    "--no-autotune": NOTHING,
+    "--autotune": ([], {"HVD_AUTOTUNE": "1"}, [], []),
+    "--no-autotune": ([], {"HVD_AUTOTUNE": "0"}, [], []),
+    "--autotune-log-file": (["tune.csv"], {"HVD_AUTOTUNE_LOG": os.path.join(os.getcwd(),
+                                                                           "tune.csv")}, [], []),
+    "--autotune-warmup-samples": (["2"], {"HVD_AUTOTUNE_WARMUP_SAMPLES": "2"}, [], []),
+    "--autotune-steps-per-sample": (["5"], {"HVD_AUTOTUNE_STEPS_PER_SAMPLE": "5"}, [], []),
     "--no-timeline-mark-cycles": NOTHING,
     "--stall-check": NOTHING,
     "--no-mpi-threads-disable": NOTHING,
@@ -392,6 +397,18 @@ def test_config_disabling_the_stall_check(monkeypatch, tmp_path):
     assert env["HVD_STALL_CHECK_TIME_SECONDS"] == "0"
     _, env, _ = build(monkeypatch, mpi.HYDRA, "--config-file", str(config), "--stall-check")
     assert env["HVD_STALL_CHECK_TIME_SECONDS"] == "60"
+
+
+def test_config_autotune_section_acts_as_its_flags(monkeypatch, capsys, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("autotune:\n  enabled: true\n  log_file: tune.csv\n"
+                      "  warmup_samples: 2\n  steps_per_sample: 4\n")
+    _, env, _ = build(monkeypatch, mpi.HYDRA, "--config-file", str(config))
+    assert env == {"HVD_AUTOTUNE": "1", "HVD_AUTOTUNE_LOG": os.path.join(os.getcwd(), "tune.csv"),
+                   "HVD_AUTOTUNE_WARMUP_SAMPLES": "2", "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "4"}
+    config.write_text("autotune:\n  enabled: true\n  bayes_opt_max_samples: 20\n")
+    err = refused_line(capsys, "--config-file", str(config), "-np", "2", *PROGRAM)
+    assert "--autotune-bayes-opt-max-samples is not supported" in err and "fixed grid" in err
 
 
 def test_refused_config_setting_names_setting_and_flag(capsys, tmp_path):

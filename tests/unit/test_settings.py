@@ -10,7 +10,8 @@ import pytest
 from hvd_trainer import runtime
 
 NAMES = ("FUSION_THRESHOLD", "ALLREDUCE_ALGO", "RING_THRESHOLD", "BUCKET_THRESHOLD", "OVERLAP",
-         "GPU_COMMUNICATOR")
+         "GPU_COMMUNICATOR", "AUTOTUNE", "AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
+         "AUTOTUNE_STEPS_PER_SAMPLE")
 
 
 def view(monkeypatch, **values):
@@ -27,7 +28,8 @@ def test_without_settings_every_rank_uses_the_defaults(monkeypatch):
     chosen = runtime._agree_settings([view(monkeypatch)] * 2, 1)
     assert chosen == {"FUSION_THRESHOLD": 64 << 20, "ALLREDUCE_ALGO": "auto",
                       "RING_THRESHOLD": 1 << 20, "BUCKET_THRESHOLD": 16 << 20, "OVERLAP": 0,
-                      "GPU_COMMUNICATOR": "auto"}
+                      "GPU_COMMUNICATOR": "auto", "AUTOTUNE": 0, "AUTOTUNE_LOG": "",
+                      "AUTOTUNE_WARMUP_SAMPLES": 3, "AUTOTUNE_STEPS_PER_SAMPLE": 10}
 
 
 def test_rank_0s_values_win_and_a_rank_that_differs_says_so(monkeypatch, caplog):
@@ -58,6 +60,7 @@ def test_rank_0s_values_win_and_a_rank_that_differs_says_so(monkeypatch, caplog)
     ("HVD_RING_THRESHOLD", "-5", "is negative"),
     ("HVD_ALLREDUCE_ALGO", "tree", "is not an allreduce algorithm"),
     ("HVD_GPU_COMMUNICATOR", "gloo", "is not a GPU communicator"),
+    ("HVD_AUTOTUNE_STEPS_PER_SAMPLE", "-2", "is negative; set it to 0 or more"),
 ])
 def test_a_parse_error_on_one_rank_raises_on_every_rank_naming_it(monkeypatch, variable,
                                                                    value, words):
