@@ -28,3 +28,14 @@ def test_first_command_trains_the_example_on_two_ranks():
     first = _bash_blocks()[0]
     assert first.endswith("hvdrun -np 2 python examples/gluon_digits.py")
     assert os.path.exists(os.path.join(REPO, "examples", "gluon_digits.py"))
+
+
+def test_test_files_have_unique_basenames():
+    # `python -m pytest tests` imports test modules by basename (no packages), so two files
+    # of one name in tests/unit and tests/parallel stop the whole run at collection.
+    seen = {}
+    for folder, _, files in os.walk(os.path.join(REPO, "tests")):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                assert name not in seen, f"{name} is in {seen.get(name)} and {folder}"
+                seen[name] = folder
