@@ -313,14 +313,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         key = (tuple(indices),
                tuple((p._shape, p.dtype, p._grad_stype, p.list_ctx()[0].device_type)
                      for p in self._params))
+        laid_out = False
         if key != self._gradients_key:
             self._gradients_key = key
             gradients = [Gradient(i, tuple(self._params[i].shape),
                                   np.dtype(self._params[i].dtype).str, i in self._sparse_grads,
                                   "host" if bridge.is_host(self._params[i].list_grad()[0])
                                   else "gpu") for i in indices]
-            self._reducer.set_gradients(gradients)
-        if not all(self._params[i]._grad[0] is view for i, view in self._views.items()):
+            laid_out = self._reducer.set_gradients(gradients)
+        # A frozen parameter (grad_req 'null') has no gradient arrays at all.
+        if not laid_out and not all(self._params[i]._grad is not None
+                                    and self._params[i]._grad[0] is view
+                                    for i, view in self._views.items()):
             self._reducer.lay_out()
         if self._reducer.buckets is not self._backed:  # new gradients, or the autotuner's
             self._back(self._reducer.buckets)
