@@ -67,6 +67,28 @@ class MismatchError(RuntimeError):
     """Ranks called a collective with different arguments; raised on every rank alike."""
 
 
+_dual_classes: Dict[Tuple[type, type], type] = {}
+
+
+def also_raised_as(error: Exception, base: type, prefix: str, module: str) -> Exception:
+    """``error`` as an instance of a class deriving from both ``base`` (a framework's error,
+    e.g. MXNetError) and the error's own class, with the same message and fields, so that
+    ``except base`` and ``except ValueError`` (say) both catch it; ``error`` itself if it
+    already is a ``base``. The class is named ``prefix`` + its own name, in ``module``."""
+    cls = type(error)
+    if issubclass(cls, base):
+        return error
+    dual = _dual_classes.get((base, cls))
+    if dual is None:
+        dual = _dual_classes[(base, cls)] = type(f"{prefix}{cls.__name__}", (base, cls), {
+            "__module__": module,
+            "__doc__": f"A {cls.__name__} that is also a {base.__name__}."})
+    translated = dual.__new__(dual)
+    translated.args = error.args
+    translated.__dict__.update(error.__dict__)
+    return translated
+
+
 # Without MPI_THREAD_MULTIPLE every communicator shares one turn.
 _shared_turn = threading.RLock()
 

@@ -7,6 +7,7 @@ set by hvdrun per job), and :func:`run` restores, on every rank, the newest comm
 still holds before it calls the training function again. Framework adapters subclass
 :class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic`).
 """
+import abc
 import functools
 import glob
 import logging
@@ -111,7 +112,7 @@ class _CommitStore:
                 os.remove(old)
 
 
-class State:
+class State(abc.ABC):
     """State to keep across a reset of the job (horovod.elastic's State).
 
     Subclasses say what the state is with :meth:`save` (a picklable snapshot; it runs on every
@@ -127,13 +128,13 @@ class State:
         self._commit_number = 0
         self._committed: Optional[bytes] = None
 
+    @abc.abstractmethod
     def save(self) -> Any:
         """A picklable snapshot of the state (called on every rank)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load(self, snapshot: Any) -> None:
         """Set the state from what :meth:`save` returned."""
-        raise NotImplementedError
 
     def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
         """Call each of ``callbacks`` (no arguments) after the job was restarted, once the

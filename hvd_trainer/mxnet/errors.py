@@ -9,34 +9,19 @@ attributes, so ``except MXNetError`` and ``except ValueError`` (or ``MismatchErr
 catch it.
 """
 import functools
-from typing import Callable, Dict, Type, TypeVar
+from typing import Callable, TypeVar
 
 from mxnet.base import MXNetError
 
-_classes: Dict[type, type] = {}
+from ..diagnostics import also_raised_as
+
 _F = TypeVar("_F", bound=Callable)
 
 
-def mxnet_class(cls: Type[Exception]) -> Type[Exception]:
-    """The class deriving from ``MXNetError`` and ``cls`` (``cls`` itself if it already is one)."""
-    if issubclass(cls, MXNetError):
-        return cls
-    if cls not in _classes:
-        _classes[cls] = type(f"MXNet{cls.__name__}", (MXNetError, cls), {
-            "__module__": __name__,
-            "__doc__": f"A {cls.__name__} that is also an MXNetError, as horovod.mxnet raises."})
-    return _classes[cls]
-
-
 def as_mxnet_error(error: Exception) -> Exception:
-    """``error`` as an instance of :func:`mxnet_class` of its class: same message, same fields."""
-    cls = mxnet_class(type(error))
-    if cls is type(error):
-        return error
-    translated = cls.__new__(cls)
-    translated.args = error.args
-    translated.__dict__.update(error.__dict__)
-    return translated
+    """``error`` as an instance of a class deriving from ``MXNetError`` and its own class
+    (``MXNetValueError`` ...): same message, same fields."""
+    return also_raised_as(error, MXNetError, "MXNet", __name__)
 
 
 def raises_mxnet_errors(function: _F) -> _F:

@@ -7,26 +7,13 @@ that do not fit, a rank outside the process set) as ``HorovodInternalError``, a
 deriving from both ``HorovodInternalError`` and the core's class, with the same message, so
 ``except HorovodInternalError`` and ``except ValueError`` both catch it.
 """
-from typing import Dict
+from ..diagnostics import also_raised_as
 
 
 class HorovodInternalError(RuntimeError):
     """A collective failed: raised on every rank of its process set, as in Horovod."""
 
 
-_classes: Dict[type, type] = {}
-
-
 def as_horovod_error(error: Exception) -> Exception:
     """``error`` as an instance of a class deriving from HorovodInternalError and its own."""
-    cls = type(error)
-    if issubclass(cls, HorovodInternalError):
-        return error
-    if cls not in _classes:
-        _classes[cls] = type(f"Horovod{cls.__name__}", (HorovodInternalError, cls), {
-            "__module__": __name__,
-            "__doc__": f"A {cls.__name__} that is also a HorovodInternalError."})
-    translated = _classes[cls].__new__(_classes[cls])
-    translated.args = error.args
-    translated.__dict__.update(error.__dict__)
-    return translated
+    return also_raised_as(error, HorovodInternalError, "Horovod", __name__)
