@@ -119,8 +119,14 @@ def compression_key(compression: AnyCompressor) -> str:
 class Step:
     """One step of a :class:`Reducer`: readiness, the launched buckets, the results."""
 
-    def __init__(self, count: int, buckets: List[Bucket], lock: threading.Lock):
+    def __init__(self, count: int, buckets: List[Bucket], bucket_of: Sequence[int],
+                 lock: threading.Lock):
         self._marks = bytearray(count)           # cheap to set one by one; ready views it
+        # What the program waits for: each bucket complete, then every gradient. A mark
+        # wakes it only when it completes one of those, not once per gradient.
+        self._bucket_of = bucket_of              # position -> bucket number, or -1
+        self._unmarked_in = [len(b.keys) for b in buckets]
+        self._unmarked = count
         self.ready = np.frombuffer(self._marks, bool)  # ready on this rank, by position
         self.fresh = np.zeros(count, bool)       # reduced this step (agreed), by position
         self.values: Dict[int, Any] = {}         # per-tensor gradients given, by position
@@ -181,6 +187,7 @@ class Reducer:
         self.sparse_exchanges: Dict[int, sparse.Exchange] = {}
         self.ready_order: List[int] = []
         self._position: Dict[int, int] = {}
+        self._bucket_of: List[int] = []
         self._description: Dict[str, Any] = {}
         self._step: Optional[Step] = None
         self._lock = threading.Lock()
@@ -223,7 +230,10 @@ class Reducer:
             [g.size * np.dtype(g.dtype).itemsize for g in bucketed],
             [np.dtype(g.dtype) for g in bucketed], self.bucket_threshold, self.num_groups)
         self.buckets = []
+        self._bucket_of = [-1] * len(self.gradients)
         for number, members in enumerate(plan):
+            for k in members:
+                self._bucket_of[self._position[bucketed[k].key]] = number
             bounds = [0]
             for k in members:
                 bounds.append(bounds[-1] + bucketed[k].size)
@@ -257,7 +267,7 @@ class Reducer:
     # -- readiness --------------------------------------------------------------------------
     def _current(self) -> Step:
         if self._step is None:
-            self._step = Step(len(self.gradients), self.buckets, self._lock)
+            self._step = Step(len(self.gradients), self.buckets, self._bucket_of, self._lock)
         return self._step
 
     def mark_ready(self, key: int, value: Any = None) -> None:
@@ -272,6 +282,7 @@ class Reducer:
         """:meth:`mark_ready` for each (key, value) pair, in one call (step-time readiness)."""
         with self._lock:
             step = self._step or self._current()
+            completes = False
             for key, value in ready:
                 position = self._position.get(key)
                 if position is None:
@@ -284,8 +295,15 @@ class Reducer:
                 step.order.append(key)
                 if value is not None:
                     step.values[position] = value
+                step._unmarked -= 1
+                number = step._bucket_of[position]
+                if number >= 0:
+                    step._unmarked_in[number] -= 1
+                    completes = completes or step._unmarked_in[number] == 0
+                completes = completes or step._unmarked == 0
             if self.eager:
-                step.changed.notify_all()
+                if completes:
+                    step.changed.notify_all()
                 if step.program is None:
                     step.overlapped = True
                     step.program = handles.communication_thread().submit(self._run, step,

@@ -24,7 +24,7 @@ import torch
 
 from .. import compression as core_compression
 from ..ops import Average, Sum
-from ..reducer import Bucket, Gradient, Reducer, check_settings
+from ..reducer import Gradient, Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
 from . import backward_collectives, bridge
 from .compression import Compression, FP16Compressor
@@ -57,8 +57,6 @@ class _Distributed:
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._marked = [False] * len(self._params)
         self._held: List[int] = []  # ready, held back while backward has collectives to make
-        self._views: Dict[int, torch.Tensor] = {}
-        self._flats: List[torch.Tensor] = []
         self._reducer: Optional[Reducer] = None
         if not process_set.included():
             return  # a plain local optimizer, as in Horovod
@@ -73,20 +71,33 @@ class _Distributed:
         self._reducer.set_gradients(
             [Gradient(k, tuple(p.shape), str(bridge.view(p.detach()).dtype))
              for k, p in enumerate(self._params)])
-        for bucket in self._reducer.buckets:
-            self._back(bucket)
+        self._back_buckets()
         for k, p in enumerate(self._params):
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 functools.partial(self._on_gradient, k)))
 
-    def _back(self, bucket: Bucket) -> None:
-        """Back ``bucket`` with a flat tensor; its members' gradients become views of it."""
-        first = self._params[bucket.keys[0]]
-        flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype)
-        self._flats.append(flat)
-        for k, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
-            self._views[k] = flat[start:end].view(self._params[k].shape)
-        bucket.open = functools.partial(bridge.view, flat)
+    def _back_buckets(self) -> None:
+        """Back each of the reducer's buckets with a flat tensor, and make its members'
+        gradients views of it (keeping their values). Again after autotuning lays out new
+        buckets."""
+        self._backed = self._reducer.buckets
+        self._views, self._flats = {}, []
+        self._bucket_of: Dict[int, int] = {}
+        for bucket in self._backed:
+            first = self._params[bucket.keys[0]]
+            flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype)
+            self._flats.append(flat)
+            for k, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+                p = self._params[k]
+                view = self._views[k] = flat[start:end].view(p.shape)
+                self._bucket_of[k] = bucket.number
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                    p.grad = view
+            bucket.open = functools.partial(bridge.view, flat)
+        # Gradients ready here, per bucket, until the whole bucket goes to the reducer in one
+        # call: one lock and one wake-up per bucket instead of per gradient.
+        self._in_bucket: List[List[int]] = [[] for _ in self._backed]
 
     def _on_gradient(self, k: int, param: torch.Tensor) -> None:
         """Backward accumulated parameter ``k``'s gradient: count the pass, and after the
@@ -120,7 +131,10 @@ class _Distributed:
             if grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
                 p.grad = view
-            self._reducer.mark_ready(k)
+            ready = self._in_bucket[self._bucket_of[k]]
+            ready.append(k)
+            if len(ready) == len(self._backed[self._bucket_of[k]].keys):
+                self._reducer.mark_all_ready([(key, None) for key in ready])
         else:
             if not grad.is_contiguous():
                 grad = p.grad = grad.contiguous()
@@ -144,6 +158,10 @@ class _Distributed:
                     self._mark(k)
                 except TypeError as e:
                     refused = refused or e
+        for number, ready in enumerate(self._in_bucket):
+            if ready and len(ready) < len(self._backed[number].keys):
+                self._reducer.mark_all_ready([(key, None) for key in ready])
+        self._in_bucket = [[] for _ in self._backed]
         step = self._reducer.launch()
         try:
             for bucket, handle in step.launched():
@@ -154,6 +172,8 @@ class _Distributed:
         finally:
             self._left = [self._passes] * len(self._params)
             self._marked = [False] * len(self._params)
+        if self._reducer.buckets is not self._backed:
+            self._back_buckets()
         if refused is not None:
             raise refused
         for k, p in enumerate(self._params):
