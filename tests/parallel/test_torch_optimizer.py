@@ -3,8 +3,9 @@ batch (workers/torch_optimizer_equivalence.py): SGD with momentum and weight dec
 AdamW, clipping through synchronize() and skip_synchronize(), an LR scheduler,
 backward_passes_per_step=2, a parameter unused on one rank, op=Sum, a predivide factor,
 several buckets, sparse embeddings with sparse_as_dense, fp16 and packed top-k compression and
-SyncBatchNorm (whose backward allreduce must not wait behind the gradients' step); and
-examples/torch_digits.py on 2 ranks.
+SyncBatchNorm (whose backward allreduce must not wait behind the gradients' step); each packed
+codec (2-bit, scaled 2-bit, 1-bit, top-k, with error feedback) against a NumPy model of it
+(workers/torch_compression_equivalence.py); and examples/torch_digits.py on 2 ranks.
 """
 import os
 
@@ -24,3 +25,10 @@ def test_torch_digits_example_reaches_95_percent_on_two_ranks():
     last = [line for line in out.splitlines() if "epoch 25" in line]
     assert len(last) == 1, out
     assert float(last[0].split("test acc")[1].split()[0]) >= 0.95, out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_packed_codecs_match_a_numpy_model_of_each(np_):
+    out = run_ranks("torch_compression_equivalence.py", np_, timeout=180).stdout
+    for case in ("2bit", "scaled 2bit", "1bit", "topk"):
+        assert out.count(f"torch codec ok: {case}") == np_, out
