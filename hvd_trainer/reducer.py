@@ -443,19 +443,32 @@ class Reducer:
                 continue
             value = step.values.get(p)
             if g.sparse:
-                if value is None:  # stale here: no rows
-                    value = (np.empty(0, sparse.ID_DTYPE), np.empty((0,) + g.shape[1:], g.dtype))
-                ids, rows, exchange = sparse.allreduce_rows(
-                    value[0], value[1], g.shape[0], self.name(g.key),
-                    prescale_factor=1.0 / self.predivide if self.size > 1 else 1.0,
-                    force_dense=self.sparse_as_dense, process_set=self.process_set)
-                self.sparse_exchanges[g.key] = exchange
-                step.results[g.key] = (ids, rows)
+                step.results[g.key] = self._sum_rows(g, value)
             else:
                 dense.append((g.key, np.zeros(g.shape, g.dtype) if value is None else value))
         if self.size > 1 and dense:
             self._sum_tensors(dense, stats)
         step.results.update(dense)
+
+    def _sum_rows(self, g: Gradient, value: Optional[Tuple[np.ndarray, np.ndarray]]
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+        """Sum row-sparse gradient ``g``'s (ids, rows) across ranks (None: no rows here)."""
+        if value is None:
+            value = (np.empty(0, sparse.ID_DTYPE), np.empty((0,) + g.shape[1:], g.dtype))
+        ids, rows, exchange = sparse.allreduce_rows(
+            value[0], value[1], g.shape[0], self.name(g.key),
+            prescale_factor=1.0 / self.predivide if self.size > 1 else 1.0,
+            force_dense=self.sparse_as_dense, process_set=self.process_set)
+        self.sparse_exchanges[g.key] = exchange
+        return ids, rows
+
+    def sum_rows_now(self, key: int, value: Optional[Tuple[np.ndarray, np.ndarray]]
+                     ) -> Tuple[np.ndarray, np.ndarray]:
+        """Sum row-sparse gradient ``key``'s (ids, rows) across the process set right now,
+        outside any step, as a step would (None: no rows on this rank); return the summed
+        (ids, rows). For an adapter that learns only after a step that a gradient is
+        row-sparse. A collective."""
+        return self._sum_rows(self.gradients[self._position[key]], value)
 
     def _sum_tensors(self, tensors: Sequence[Tuple[int, np.ndarray]], stats: CommStats) -> None:
         """Sum (key, array) pairs across ranks in place, in ``num_groups`` grouped calls.

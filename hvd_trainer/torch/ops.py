@@ -30,6 +30,7 @@ from ..handles import Handle
 from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set, rank
 from . import bridge
+from . import sparse as torch_sparse
 from .compression import Compression
 from .errors import as_horovod_error
 
@@ -317,22 +318,15 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 
 def _sparse_allreduce(tensor: torch.Tensor, name: Optional[str], op: Any,
                       process_set: ProcessSet) -> torch.Tensor:
-    sparse_shape = tuple(tensor.shape[:tensor.sparse_dim()])
-    # Entries are rows of a (prod(sparse_shape), *dense_shape) table, one id per index tuple.
-    ids = np.ravel_multi_index(tuple(tensor.indices().numpy()), sparse_shape) \
-        if tensor.sparse_dim() > 1 else tensor.indices().numpy()[0]
-    values = bridge.view(tensor.values())
-    num_rows = int(np.prod(sparse_shape, dtype=np.int64))
-    union, summed, _ = sparse.allreduce_rows(ids, np.ascontiguousarray(values), num_rows,
-                                             name or _SPARSE,
+    ids, rows = torch_sparse.to_rows(tensor)
+    num_rows = torch_sparse.table_shape(tensor.shape, tensor.sparse_dim())[0]
+    union, summed, _ = sparse.allreduce_rows(ids, rows, num_rows, name or _SPARSE,
                                              process_set=process_set)
     result = bridge.adopt(summed)
     if op == Average:
         result = result / process_set.size() if result.is_floating_point() \
             else result.div(process_set.size(), rounding_mode="trunc")
-    indices = torch.from_numpy(np.stack(np.unravel_index(union, sparse_shape)).astype(np.int64))
-    return torch.sparse_coo_tensor(indices.reshape(len(sparse_shape), -1), result,
-                                   tensor.shape, is_coalesced=True, check_invariants=False)
+    return torch_sparse.from_rows(union, result, tensor.shape)
 
 
 # -- allgather ------------------------------------------------------------------------------

@@ -14,21 +14,39 @@ is the gradients' own memory and a bucket is reduced in place. While ``.grad`` i
 the bucket and a step copies no gradient bytes. After ``zero_grad()`` (``set_to_none=True``,
 PyTorch's default) backward makes a fresh ``.grad``; the hook then copies it into the bucket
 once and installs the view again, as PyTorch DDP does with ``gradient_as_bucket_view``.
+
+**Sparse gradients** (``nn.Embedding(sparse=True)``) are summed by the core's row allgather
+(:func:`hvd_trainer.sparse.allreduce_rows`, dense fallback included) unless
+``sparse_as_dense``. Which gradients are sparse shows only in backward, and a rank that has no
+gradient for a parameter cannot tell, so the ranks agree on each parameter's kind in one
+small exchange after the steps in which some parameter has had no gradient on any rank yet
+(usually the first step only). Until then a parameter's gradient is in a bucket: a sparse one
+travels densely in the step that reveals it (then by rows as well, which the result is taken
+from), and leaves the buckets from the next step on.
 """
 import contextlib
 import functools
 import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from .. import compression as core_compression
+from .. import ops as core_ops
+from .. import sparse
 from ..ops import Average, Sum
-from ..reducer import Gradient, Reducer, check_settings
+from ..reducer import Bucket, Gradient, Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
 from . import backward_collectives, bridge
+from . import sparse as torch_sparse
 from .compression import Compression, FP16Compressor
 from .ops import Adasum
+
+# A gradient's kind as the ranks agree on it; the largest code wins, so dense beats sparse.
+# Sparse COO gradients with s sparse dimensions have the code s (1, 2, ...).
+_NONE = 0    # no rank has had a gradient for the parameter yet
+_DENSE = 64
 
 
 def _core_compressor(compression: Any) -> Any:
@@ -46,7 +64,6 @@ class _Distributed:
                 sparse_as_dense: bool, process_set: ProcessSet) -> None:
         self._process_set = process_set
         self._passes = backward_passes_per_step
-        self._sparse_as_dense = sparse_as_dense
         self._synchronized = False
         self._should_synchronize = True
         self._hooks: List[Any] = []
@@ -57,6 +74,12 @@ class _Distributed:
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._marked = [False] * len(self._params)
         self._held: List[int] = []  # ready, held back while backward has collectives to make
+        self._views: Dict[int, torch.Tensor] = {}
+        self._flats: List[torch.Tensor] = []
+        self._backed: List[Bucket] = []
+        self._kinds = [_DENSE if sparse_as_dense else _NONE] * len(self._params)
+        self._seen = [_NONE] * len(self._params)  # this step's kinds, of the undecided ones
+        self._revealing: Dict[int, torch.Tensor] = {}  # first sparse gradients, by key
         self._reducer: Optional[Reducer] = None
         if not process_set.included():
             return  # a plain local optimizer, as in Horovod
@@ -68,35 +91,44 @@ class _Distributed:
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 num_groups=num_groups, sparse_as_dense=sparse_as_dense,
                                 process_set=process_set, eager=True)
-        self._reducer.set_gradients(
-            [Gradient(k, tuple(p.shape), str(bridge.view(p.detach()).dtype))
-             for k, p in enumerate(self._params)])
+        self._reducer.set_gradients(self._gradients())
         self._back_buckets()
         for k, p in enumerate(self._params):
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 functools.partial(self._on_gradient, k)))
 
+    def _gradients(self) -> List[Gradient]:
+        """The gradients as the reducer must know them: row-sparse where agreed sparse."""
+        gradients = []
+        for k, p in enumerate(self._params):
+            dtype = str(bridge.view(p.detach()).dtype)
+            kind = self._kinds[k]
+            if _NONE < kind < _DENSE:
+                gradients.append(Gradient(k, torch_sparse.table_shape(p.shape, kind), dtype,
+                                          sparse=True))
+            else:
+                gradients.append(Gradient(k, tuple(p.shape), dtype))
+        return gradients
+
     def _back_buckets(self) -> None:
-        """Back each of the reducer's buckets with a flat tensor, and make its members'
-        gradients views of it (keeping their values). Again after autotuning lays out new
-        buckets."""
-        self._backed = self._reducer.buckets
+        """Back each of the reducer's buckets with a flat tensor whose views become the
+        gradients; values in the previous views move into the new ones."""
+        previous = self._views
         self._views, self._flats = {}, []
         self._bucket_of: Dict[int, int] = {}
-        for bucket in self._backed:
+        for bucket in self._reducer.buckets:
             first = self._params[bucket.keys[0]]
             flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype)
             self._flats.append(flat)
             for k, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
-                p = self._params[k]
-                view = self._views[k] = flat[start:end].view(p.shape)
+                view = self._views[k] = flat[start:end].view(self._params[k].shape)
                 self._bucket_of[k] = bucket.number
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                    p.grad = view
+                if k in previous:
+                    view.copy_(previous[k])
             bucket.open = functools.partial(bridge.view, flat)
+        self._backed = self._reducer.buckets
         # Gradients ready here, per bucket, until the whole bucket goes to the reducer in one
-        # call: one lock and one wake-up per bucket instead of per gradient.
+        # call: one lock and one wake-up of its program per bucket instead of per gradient.
         self._in_bucket: List[List[int]] = [[] for _ in self._backed]
 
     def _on_gradient(self, k: int, param: torch.Tensor) -> None:
@@ -116,67 +148,110 @@ class _Distributed:
                 self._mark(k)
 
     def _mark(self, k: int) -> None:
-        """Hand gradient ``k`` to the reducer: in its bucket view, or as a NumPy view."""
+        """Hand gradient ``k`` to the reducer: as (ids, rows) where agreed sparse, otherwise
+        dense, in its bucket view or as a NumPy view."""
         p = self._params[k]
         grad = p.grad
+        kind = self._kinds[k]
+        self._marked[k] = True
+        if kind == _NONE:
+            is_sparse = grad.layout == torch.sparse_coo
+            self._seen[k] = grad.sparse_dim() if is_sparse else _DENSE
+            if is_sparse:  # kept for the rows, in case every rank's first gradient is sparse
+                self._revealing[k] = grad
+        elif kind != _DENSE:
+            self._reducer.mark_ready(k, self._rows(k, grad))
+            return
         if grad.layout != torch.strided:
-            if not self._sparse_as_dense:
-                raise TypeError(
-                    f"parameter {self._names[k]!r} has a sparse gradient; pass "
-                    "sparse_as_dense=True to DistributedOptimizer (sparse gradients are "
-                    "reduced densely)")
             grad = p.grad = grad.to_dense()
         view = self._views.get(k)
         if view is not None:
             if grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
                 p.grad = view
-            ready = self._in_bucket[self._bucket_of[k]]
+            number = self._bucket_of[k]
+            ready = self._in_bucket[number]
             ready.append(k)
-            if len(ready) == len(self._backed[self._bucket_of[k]].keys):
+            if len(ready) == len(self._backed[number].keys):
                 self._reducer.mark_all_ready([(key, None) for key in ready])
         else:
             if not grad.is_contiguous():
                 grad = p.grad = grad.contiguous()
             self._reducer.mark_ready(k, bridge.view(grad))
-        self._marked[k] = True
+
+    def _rows(self, k: int, grad: Optional[torch.Tensor]
+              ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """Sparse gradient ``k`` as (ids, rows); a gradient in another form (dense, or other
+        sparse dimensions) as all its rows; None for no gradient."""
+        if grad is None:
+            return None
+        sparse_dim = self._kinds[k]
+        if grad.layout == torch.sparse_coo and grad.sparse_dim() == sparse_dim:
+            return torch_sparse.to_rows(grad)
+        table = grad.detach().to_dense().reshape(
+            torch_sparse.table_shape(grad.shape, sparse_dim)).contiguous()
+        return np.arange(table.shape[0], dtype=np.int64), bridge.view(table)
+
+    def _agree_kinds(self) -> List[int]:
+        """Agree with the other ranks on the kind of each gradient that has been on no rank
+        before this step; lay out the buckets again without those found sparse, and return
+        them. A collective (a small allreduce) in steps that have such gradients."""
+        undecided = [k for k, kind in enumerate(self._kinds) if kind == _NONE]
+        if not undecided:
+            return []
+        seen = core_ops.allreduce(np.array([self._seen[k] for k in undecided], np.int8),
+                                  core_ops.Max, f"{self._reducer.prefix}gradient_kinds",
+                                  process_set=self._process_set)
+        for k, kind in zip(undecided, seen):
+            self._kinds[k] = int(kind)
+        found = [k for k, kind in zip(undecided, seen) if _NONE < kind < _DENSE]
+        if found:
+            self._reducer.set_gradients(self._gradients())
+        return found
 
     def synchronize(self) -> None:
         """Finish reducing every gradient; afterwards each ``.grad`` holds the average (or
         sum) over the process set. A collective: every member calls it once per step."""
         if self._reducer is None:
             return
-        # What the hooks did not mark is reduced as it stands now; no gradient, zeros. A
-        # gradient refused here is raised after the step's reductions, which the other ranks
-        # (and the marked gradients' buckets) are already in.
-        refused: Optional[Exception] = None
+        # What the hooks did not mark is reduced as it stands now; no gradient, zeros.
         backward_collectives.forget()
         self._held = []
         for k, p in enumerate(self._params):
             if not self._marked[k] and p.grad is not None:
-                try:
-                    self._mark(k)
-                except TypeError as e:
-                    refused = refused or e
+                self._mark(k)
         for number, ready in enumerate(self._in_bucket):
             if ready and len(ready) < len(self._backed[number].keys):
                 self._reducer.mark_all_ready([(key, None) for key in ready])
         self._in_bucket = [[] for _ in self._backed]
         step = self._reducer.launch()
+        revealing, self._revealing = self._revealing, {}
         try:
             for bucket, handle in step.launched():
                 handle.wait()
                 if self._postscale != 1.0:
                     self._flats[bucket.number].mul_(self._postscale)
             results = self._reducer.finish(step)
+            found = self._agree_kinds()
         finally:
             self._left = [self._passes] * len(self._params)
             self._marked = [False] * len(self._params)
+            self._seen = [_NONE] * len(self._params)
         if self._reducer.buckets is not self._backed:
             self._back_buckets()
-        if refused is not None:
-            raise refused
+        for k in found:  # every rank's first gradient was sparse: sum it by rows as well
+            results[k] = self._reducer.sum_rows_now(k, self._rows(k, revealing.get(k)))
         for k, p in enumerate(self._params):
+            kind = self._kinds[k]
+            if kind == _NONE:
+                continue  # no rank has had a gradient: its kind, dense or sparse, is unknown
+            if kind != _DENSE:
+                ids, rows = results[k]
+                rows = bridge.adopt(rows)
+                if self._postscale != 1.0:
+                    rows.mul_(self._postscale)
+                p.grad = torch_sparse.from_rows(ids, rows, p.shape)
+                continue
             view = self._views.get(k)
             if view is not None:
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
@@ -188,6 +263,14 @@ class _Distributed:
             if self._postscale != 1.0:
                 p.grad.mul_(self._postscale)
         self._synchronized = True
+
+    @property
+    def sparse_exchanges(self) -> Dict[str, sparse.Exchange]:
+        """How each sparse gradient travelled in the last step, by parameter name:
+        ``Exchange(dense, gathered_rows, bytes)`` (see :mod:`hvd_trainer.sparse`)."""
+        if self._reducer is None:
+            return {}
+        return {self._names[k]: e for k, e in self._reducer.sparse_exchanges.items()}
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Accumulate ``passes`` backward passes per step from now on; call it between steps."""
@@ -248,10 +331,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     are reduced in buckets during backward and live in them as views (see the module
     docstring). ``backward_passes_per_step`` passes accumulate locally before a reduction;
     a parameter without a gradient on a rank contributes zeros there (if no rank has one,
-    it gets a zero gradient, as in Horovod). ``gradient_predivide_factor`` f (Average only)
-    scales by 1/f before the sum and f/size after. ``num_groups`` > 0 sets the number of
-    buckets. ``compression``: ``Compression.none``, ``Compression.fp16`` or a core packed
-    compressor (``hvd_trainer.compression``). Sparse gradients need ``sparse_as_dense=True``.
+    it gets a zero gradient, as in Horovod; before any rank has had one, it keeps none).
+    ``gradient_predivide_factor`` f (Average only) scales by 1/f before the sum and f/size
+    after. ``num_groups`` > 0 sets the number of buckets. ``compression``:
+    ``Compression.none``, ``Compression.fp16`` or a core packed compressor
+    (``hvd_trainer.compression``); it applies to dense gradients only. Sparse COO gradients
+    (``nn.Embedding(sparse=True)``) stay sparse: the result holds the rows touched on any
+    rank, summed by the core's row allgather, or by a dense allreduce where that moves fewer
+    bytes; ``sparse_as_dense=True`` makes them dense before the reduction instead.
     ``groups`` and ``op=Adasum`` are refused (see the README's PyTorch section).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -23,15 +23,21 @@ def model_and_data():
     return model, lambda m: torch.nn.functional.cross_entropy(m(x), y)
 
 
+def plain_and_distributed(make, ref: torch.nn.Module):
+    """A copy of ``ref``, ``make``'s optimizer of ``ref`` and a DistributedOptimizer of the
+    copy."""
+    model = copy.deepcopy(ref)
+    return model, make(ref.parameters()), hvd.DistributedOptimizer(make(model.parameters()),
+                                                                   model.named_parameters())
+
+
 @pytest.mark.parametrize("make", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
     lambda p: torch.optim.Adam(p, lr=0.01),
     lambda p: torch.optim.RMSprop(p, lr=0.01)])
 def test_steps_equal_the_plain_optimizer(make):
     ref, loss = model_and_data()
-    model = copy.deepcopy(ref)
-    ref_opt = make(ref.parameters())
-    opt = hvd.DistributedOptimizer(make(model.parameters()), model.named_parameters())
+    model, ref_opt, opt = plain_and_distributed(make, ref)
     assert isinstance(opt, type(ref_opt))
     for _ in range(3):
         for o, m in ((ref_opt, ref), (opt, model)):
@@ -122,14 +128,60 @@ def test_bad_arguments_are_refused(kwargs, match):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
 
 
-def test_sparse_gradient_needs_sparse_as_dense():
-    emb = torch.nn.Embedding(5, 2, sparse=True)
+def embedding_and_ids():
+    torch.manual_seed(0)
+    return torch.nn.Embedding(6, 2, sparse=True), torch.tensor([[1, 4], [4, 2]])
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1),
+                                  lambda p: torch.optim.SparseAdam(p, lr=0.1)])
+def test_sparse_gradients_stay_sparse_and_step_as_the_plain_optimizer(make):
+    ref, ids = embedding_and_ids()
+    emb, ref_opt, opt = plain_and_distributed(make, ref)
+    for step in range(3):
+        for o, m in ((ref_opt, ref), (opt, emb)):
+            o.zero_grad(set_to_none=step != 1)
+            m(ids[:, :step]).sum().backward()  # no rows in the first step
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse
+        torch.testing.assert_close(emb.weight.grad.to_dense(), ref.weight.grad.to_dense())
+        touched = set(ids[:, :step].reshape(-1).tolist())
+        assert opt.sparse_exchanges["weight"].gathered_rows == len(touched)
+        with opt.skip_synchronize():
+            opt.step()
+        ref_opt.step()
+    torch.testing.assert_close(emb.weight, ref.weight)
+
+
+def test_a_parameter_without_any_gradient_yet_keeps_none():
+    emb, ids = embedding_and_ids()
+    unused = torch.nn.Linear(2, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([*emb.parameters(), *unused.parameters()],
+                                                   lr=0.1))
+    emb(ids).sum().backward()
+    opt.step()
+    assert emb.weight.grad.is_sparse and unused.weight.grad is None
+
+
+def test_a_dense_gradient_of_a_sparse_parameter_travels_as_every_row():
+    emb, ids = embedding_and_ids()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1))
-    with pytest.raises(TypeError, match="sparse_as_dense=True"):
-        emb(torch.tensor([1, 2])).sum().backward()
-    with pytest.raises(TypeError, match="sparse_as_dense=True"):
-        opt.step()
-    torch.testing.assert_close(hvd.allreduce(torch.ones(2)), torch.ones(2))  # nothing hangs
+    emb(ids).sum().backward()
+    opt.step()
+    emb.weight.grad = torch.ones(6, 2)
+    opt.synchronize()
+    assert emb.weight.grad.is_sparse and emb.weight.grad.indices().shape == (1, 6)
+    torch.testing.assert_close(emb.weight.grad.to_dense(), torch.ones(6, 2))
+
+
+def test_sparse_as_dense_makes_sparse_gradients_dense():
+    emb, ids = embedding_and_ids()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                   sparse_as_dense=True)
+    emb(ids).sum().backward()
+    opt.synchronize()
+    assert emb.weight.grad.layout == torch.strided and opt.sparse_exchanges == {}
+    torch.testing.assert_close(emb.weight.grad.sum(), torch.tensor(8.0))
 
 
 def test_top_level_name_points_to_the_torch_class():
