@@ -14,6 +14,15 @@ is the gradients' own memory and a bucket is reduced in place. While ``.grad`` i
 the bucket and a step copies no gradient bytes. After ``zero_grad()`` (``set_to_none=True``,
 PyTorch's default) backward makes a fresh ``.grad``; the hook then copies it into the bucket
 once and installs the view again, as PyTorch DDP does with ``gradient_as_bucket_view``.
+
+**CUDA parameters.** Their buckets are flat tensors on the parameters' GPU, handed to the core
+as CuPy arrays (bridge.py), so gradients never leave the device. The stream rule: a bucket
+is reduced on a stream of the optimizer's own, which first waits for the streams that
+produced its gradients (an event recorded when each is marked ready, on the stream current
+in its hook), and ``synchronize()`` makes the caller's current stream wait for each bucket
+before it scales the bucket or returns, so what PyTorch queues afterwards (``step()``'s
+update) sees the reduced gradients. The host waits only for the collectives to be queued.
+CUDA parameters need ``compression=Compression.none`` and at least one element each.
 """
 import contextlib
 import functools
@@ -62,6 +71,14 @@ class _Distributed:
         self._reducer: Optional[Reducer] = None
         if not process_set.included():
             return  # a plain local optimizer, as in Horovod
+        gpu = [k for k, p in enumerate(self._params) if bridge.is_cuda(p)]
+        for k in gpu:
+            _check_gpu_parameter(self._params[k], self._names[k], compression)
+        # CUDA parameters: the stream their buckets are reduced on, an event per gradient
+        # (its producer's stream, when marked ready) and per bucket (reduced).
+        self._stream = torch.cuda.Stream(self._params[gpu[0]].device) if gpu else None
+        self._produced = {k: torch.cuda.Event() for k in gpu}
+        self._reduced: Dict[int, Any] = {}
         size = process_set.size()
         # The reducer sums with 1/f before; Average multiplies by f/size after.
         self._postscale = gradient_predivide_factor / size if op == Average else 1.0
@@ -70,9 +87,7 @@ class _Distributed:
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 num_groups=num_groups, sparse_as_dense=sparse_as_dense,
                                 process_set=process_set, eager=True)
-        self._reducer.set_gradients(
-            [Gradient(k, tuple(p.shape), str(bridge.view(p.detach()).dtype))
-             for k, p in enumerate(self._params)])
+        self._reducer.set_gradients([_gradient(k, p) for k, p in enumerate(self._params)])
         for bucket in self._reducer.buckets:
             self._back(bucket)
         for k, p in enumerate(self._params):
@@ -82,11 +97,24 @@ class _Distributed:
     def _back(self, bucket: Bucket) -> None:
         """Back ``bucket`` with a flat tensor; its members' gradients become views of it."""
         first = self._params[bucket.keys[0]]
-        flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype)
+        flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype, device=first.device)
         self._flats.append(flat)
         for k, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
             self._views[k] = flat[start:end].view(self._params[k].shape)
         bucket.open = functools.partial(bridge.view, flat)
+        if bridge.is_cuda(flat):
+            self._reduced[bucket.number] = torch.cuda.Event()
+            bucket.active = functools.partial(self._on_stream, bucket)
+
+    @contextlib.contextmanager
+    def _on_stream(self, bucket: Bucket) -> Iterator[None]:
+        """A GPU bucket's reduction (on the communication thread): on the optimizer's stream,
+        after its gradients' producers; the bucket's event marks its end."""
+        for k in bucket.keys:
+            self._stream.wait_event(self._produced[k])
+        with bridge.on_stream(self._stream):
+            yield
+        self._reduced[bucket.number].record(self._stream)
 
     def _on_gradient(self, k: int, param: torch.Tensor) -> None:
         """Backward accumulated parameter ``k``'s gradient: count the pass, and after the
@@ -120,6 +148,8 @@ class _Distributed:
             if grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
                 p.grad = view
+            if k in self._produced:
+                self._produced[k].record()  # on the stream current here, which wrote it
             self._reducer.mark_ready(k)
         else:
             if not grad.is_contiguous():
@@ -148,8 +178,12 @@ class _Distributed:
         try:
             for bucket, handle in step.launched():
                 handle.wait()
+                flat = self._flats[bucket.number]
+                if bucket.number in self._reduced:
+                    torch.cuda.current_stream(flat.device).wait_event(
+                        self._reduced[bucket.number])
                 if self._postscale != 1.0:
-                    self._flats[bucket.number].mul_(self._postscale)
+                    flat.mul_(self._postscale)
             results = self._reducer.finish(step)
         finally:
             self._left = [self._passes] * len(self._params)
@@ -205,6 +239,27 @@ class _Distributed:
                                "before optimizer.step() or optimizer.synchronize(); call it "
                                "before backward (or after step) instead")
         super().zero_grad(set_to_none=set_to_none)
+
+
+def _gradient(k: int, p: torch.Tensor) -> Gradient:
+    """Parameter ``k``'s gradient as the reducer describes it. A CUDA one lives on the GPU,
+    and a 0-d one there is described as one element so that it gets a bucket like the rest."""
+    dtype = str(bridge.view(torch.empty(0, dtype=p.dtype)).dtype)
+    if bridge.is_cuda(p):
+        return Gradient(k, tuple(p.shape) or (1,), dtype, memory="gpu")
+    return Gradient(k, tuple(p.shape), dtype)
+
+
+def _check_gpu_parameter(p: torch.Tensor, name: str, compression: Any) -> None:
+    """Refuse a CUDA parameter whose gradient cannot be reduced in a GPU bucket."""
+    bridge.check_gpu(p, f"parameter {name!r}")
+    if compression is not Compression.none:
+        raise ValueError(f"parameter {name!r} is on {p.device}, and compression= works on "
+                         "host gradients only; pass compression=Compression.none for CUDA "
+                         "parameters")
+    if p.numel() == 0:
+        raise ValueError(f"parameter {name!r} on {p.device} has no elements; CUDA parameters "
+                         "need at least one (drop it from the optimizer)")
 
 
 @functools.lru_cache(maxsize=None)
