@@ -148,8 +148,8 @@ class _Distributed:
             if grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
                 p.grad = view
-            if k in self._produced:
-                self._produced[k].record()  # on the stream current here, which wrote it
+            if k in self._produced:  # on the stream current here, which wrote it
+                self._produced[k].record(torch.cuda.current_stream(p.device))
             self._reducer.mark_ready(k)
         else:
             if not grad.is_contiguous():
@@ -286,7 +286,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     it gets a zero gradient, as in Horovod). ``gradient_predivide_factor`` f (Average only)
     scales by 1/f before the sum and f/size after. ``num_groups`` > 0 sets the number of
     buckets. ``compression``: ``Compression.none``, ``Compression.fp16`` or a core packed
-    compressor (``hvd_trainer.compression``). Sparse gradients need ``sparse_as_dense=True``.
+    compressor (``hvd_trainer.compression``; CPU parameters only). Sparse gradients need
+    ``sparse_as_dense=True``. CUDA parameters are reduced in buckets on their GPU, in order
+    with PyTorch's streams (see the module docstring).
     ``groups`` and ``op=Adasum`` are refused (see the README's PyTorch section).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
