@@ -3,7 +3,7 @@
 # finishes in a few minutes. Usage: bash benchmarks/gpu_check.sh   (PYTHON=... to pick one)
 #
 # It installs with pip only what is missing (CuPy for CUDA 12 with its NCCL, mpi4py and MPICH,
-# pytest), so a GPU image with CuPy already in it keeps its own. hvd_trainer itself is
+# pytest, PyTorch), so a GPU image with CuPy already in it keeps its own. hvd_trainer itself is
 # installed from this checkout where pip can build it, and otherwise runs from the source.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,12 @@ $PY -c "import pytest" 2>/dev/null || missing+=(pytest)
 if ((${#missing[@]})); then
     $PY -m pip install -q "${missing[@]}" || exit 1
 fi
+# PyTorch with CUDA, for tests/gpu/test_torch_cuda.py (a GPU image usually has it; a CUDA
+# wheel is several GB, so a failed install only skips those tests).
+$PY -c "import torch" 2>/dev/null || $PY -m pip install -q torch \
+    || echo "gpu_check: no PyTorch here; the torch CUDA tests will be skipped"
+$PY -c "import ml_dtypes" 2>/dev/null || $PY -m pip install -q "ml_dtypes>=0.5,<0.6" \
+    || echo "gpu_check: no ml_dtypes (hvd_trainer.torch needs it); the torch CUDA tests will fail"
 if ! $PY -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null \
         && ! $PY -m pip install -q --no-deps -e . 2>/dev/null; then
     echo "gpu_check: pip cannot build hvd_trainer here; running it from the source"
@@ -37,10 +43,15 @@ print(f"cuda_built={hvd.cuda_built()} nccl_built={hvd.nccl_built()}", end="")
 print(f" NCCL {nccl.nccl.get_version()}" if nccl.available() else " (no NCCL: host-staged only)")
 if not hvd.cuda_built():
     sys.exit("gpu_check: CuPy sees no CUDA GPU here; run this on a machine with one")
+try:
+    import torch
+    print(f"PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
+except ImportError:
+    print("PyTorch: not installed")
 PY
 
-echo "== GPU tests"
-timeout 300 $PY -m pytest tests/gpu -q -rs -p no:cacheprovider || status=1
+echo "== GPU tests (tests/gpu, the torch CUDA ones included)"
+timeout 420 $PY -m pytest tests/gpu -q -rs -p no:cacheprovider || status=1
 
 echo "== GPU figures, one process"
 timeout 150 $PY benchmarks/gpu.py || status=1

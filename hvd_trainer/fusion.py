@@ -5,16 +5,16 @@ tensor larger than the threshold gets a bucket of its own. Bucket storage persis
 :class:`BufferPool` keyed by (dtype, bucket index), so a training loop that issues the same
 grouped call every step allocates nothing after the first step.
 """
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
 from .backends import split_evenly, widened
 
 
-def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
+def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], threshold: int) -> List[List[int]]:
     """Group tensor indices into buckets: same dtype, call order, at most ``threshold`` bytes."""
-    open_bucket: Dict[np.dtype, Tuple[List[int], int]] = {}
+    open_bucket: Dict[Hashable, Tuple[List[int], int]] = {}
     buckets: List[List[int]] = []
     for i, (n, dt) in enumerate(zip(nbytes, dtypes)):
         members, filled = open_bucket.get(dt, (None, 0))
@@ -37,14 +37,15 @@ def split_runs(items: Sequence[Any], groups: int) -> List[Sequence[Any]]:
     return [items[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int,
+def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], threshold: int,
                           groups: int = 0) -> List[List[int]]:
     """Buckets for gradients in parameter order: the last parameters' first.
 
     Backward produces the last layers' gradients first, so the tensors are taken in reverse
     order, split by dtype and cut at ``threshold`` bytes (see :func:`plan_buckets`). With
     ``groups`` > 0 the reversed list is instead cut into that many runs of nearly equal
-    tensor counts (Horovod's ``num_groups``), each split only by dtype.
+    tensor counts (Horovod's ``num_groups``), each split only by dtype. A ``dtypes`` entry
+    may be any key that members of a bucket must share, e.g. (dtype, memory).
     """
     order = list(range(len(nbytes)))[::-1]
     runs = split_runs(order, groups)

@@ -54,7 +54,7 @@ def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
     if not isinstance(tensor, np.ndarray):
         raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__} (CuPy "
                         "arrays go to allreduce(_), grouped_allreduce(_), allgather, "
-                        "broadcast(_) and reducescatter)")
+                        "grouped_allgather, broadcast(_) and (grouped_)reducescatter)")
     if (tensor.dtype.kind not in _SUPPORTED_KINDS or tensor.dtype.names is not None) \
             and tensor.dtype.name != "bfloat16":
         raise TypeError(f"{arg} has dtype {tensor.dtype}, which collectives do not support; "
@@ -290,7 +290,7 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     with diagnostics.collective(comm, "grouped_allgather", name) as call:
         with call.checks():
-            tensors = _check_list(tensors, HOST)
+            tensors = _check_list(tensors, memory_of(tensors))
             for i, t in enumerate(tensors):
                 _check_rows(t, f"tensors[{i}]", "allgather")
         names = [f"{call.name}.{i}" for i in range(len(tensors))]
@@ -400,7 +400,7 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
     """:func:`reducescatter` on each tensor of a list, agreed on in one exchange."""
-    return scatter_reduce(HOST, tensors, op, name, process_set, prescale_factor,
+    return scatter_reduce(memory_of(tensors), tensors, op, name, process_set, prescale_factor,
                           postscale_factor, "grouped_reducescatter")
 
 

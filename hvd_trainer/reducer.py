@@ -4,13 +4,14 @@ A framework adapter (the MXNet trainer, a PyTorch optimizer) describes its gradi
 :class:`Gradient` records and hands their values over as NumPy arrays; the reducer owns the
 rest, as PyTorch DDP's ``Reducer`` does for DDP:
 
-- **Buckets.** Dense host gradients (without a compressor) are laid out in flat buckets:
+- **Buckets.** Dense gradients (without a compressor) are laid out in flat buckets:
   in reverse registration order (backward produces the last layers' gradients first), one
-  dtype per bucket, at most ``HVD_BUCKET_THRESHOLD`` bytes each (``num_groups`` > 0 sets the
-  number of buckets instead). The adapter backs each :class:`Bucket` with its framework's
-  flat storage, makes the gradients views of it, and sets ``Bucket.open`` to return a NumPy
-  view of that storage once the framework's writes into it have finished. A bucket is then
-  reduced in place: a step copies no gradient bytes.
+  dtype and one memory (host or GPU) per bucket, at most ``HVD_BUCKET_THRESHOLD`` bytes each
+  (``num_groups`` > 0 sets the number of buckets instead). The adapter backs each
+  :class:`Bucket` with its framework's flat storage, makes the gradients views of it, and
+  sets ``Bucket.open`` to return a NumPy (or CuPy) view of that storage once the framework's
+  writes into it have finished, or, on a GPU, ``Bucket.active`` to a context that orders the
+  reduction after them. A bucket is then reduced in place: a step copies no gradient bytes.
 - **Readiness.** :meth:`Reducer.mark_ready` marks one gradient ready, from a per-parameter
   hook during backward or for every gradient in turn at step time. A bucket is launched when
   all its members are ready, buckets in the same order on every rank. The order in which
@@ -43,12 +44,14 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   and the settings they depend on between the ranks and the one rank that saves or loads a
   checkpoint, without gathering every rank's residuals onto every rank.
 """
+import contextlib
 import threading
 import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
+from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence,
+                    Tuple, Type, Union)
 
 import numpy as np
 
@@ -86,16 +89,21 @@ class Bucket:
     """A flat run of gradients of one dtype, reduced together.
 
     ``keys`` are its gradients in bucket order; gradient k is ``flat[bounds[k]:bounds[k+1]]``.
-    The adapter sets ``open``: a callable returning the NumPy view of the bucket's storage
-    once every write into it has finished; ``host`` is that view, taken when it is launched.
+    The adapter sets ``open``: a callable returning the NumPy (or CuPy) view of the bucket's
+    storage once every write into it has finished; ``host`` is that view, taken when it is
+    launched. ``active`` makes the context that the bucket is opened and reduced in (a GPU
+    bucket's stream, ordered after the writes; none by default).
     """
 
-    def __init__(self, number: int, keys: List[int], bounds: List[int], dtype: np.dtype):
+    def __init__(self, number: int, keys: List[int], bounds: List[int], dtype: np.dtype,
+                 memory: str = "host"):
         self.number = number
         self.keys = keys
         self.bounds = bounds
         self.dtype = dtype
+        self.memory = memory
         self.open: Optional[Callable[[], np.ndarray]] = None
+        self.active: Callable[[], ContextManager[Any]] = contextlib.nullcontext
         self.host: Optional[np.ndarray] = None
 
 
@@ -228,7 +236,8 @@ class Reducer:
         bucketed = [g for g in self.gradients if self._bucketed(g)]
         plan = fusion.plan_gradient_buckets(
             [g.size * np.dtype(g.dtype).itemsize for g in bucketed],
-            [np.dtype(g.dtype) for g in bucketed], self.bucket_threshold, self.num_groups)
+            [(np.dtype(g.dtype), g.memory) for g in bucketed], self.bucket_threshold,
+            self.num_groups)
         self.buckets = []
         self._bucket_of = [-1] * len(self.gradients)
         for number, members in enumerate(plan):
@@ -237,12 +246,13 @@ class Reducer:
             bounds = [0]
             for k in members:
                 bounds.append(bounds[-1] + bucketed[k].size)
+            first = bucketed[members[0]]
             self.buckets.append(Bucket(number, [bucketed[k].key for k in members], bounds,
-                                       np.dtype(bucketed[members[0]].dtype)))
+                                       np.dtype(first.dtype), first.memory))
         return self.buckets
 
     def _bucketed(self, g: Gradient) -> bool:
-        return (self.compression is Compression.none and not g.sparse and g.memory == "host"
+        return (self.compression is Compression.none and not g.sparse
                 and len(g.shape) > 0 and g.size > 0)
 
     def name(self, key: int) -> str:
@@ -413,6 +423,11 @@ class Reducer:
                        stats: CommStats) -> None:
         """Reduce ``bucket`` in place: whole when every member is ready here, otherwise the
         members fresh somewhere (zeros where stale here), in contiguous runs."""
+        with bucket.active():
+            self._reduce_open_bucket(bucket, positions, step, stats)
+
+    def _reduce_open_bucket(self, bucket: Bucket, positions: List[int], step: Step,
+                            stats: CommStats) -> None:
         name = f"{self.prefix}bucket.{bucket.number}"
         with diagnostics.span(name, "WAIT_FOR_GRADIENT"):
             host = bucket.host = bucket.open()

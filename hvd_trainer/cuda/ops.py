@@ -16,15 +16,17 @@ import cupy
 
 from .. import runtime
 from ..backends import nccl
+from ..backends.companions import Companions
 from ..backends.host_staged import HostStagedCommunicator
 from ..fusion import BufferPool
 from ..ops import Memory
 from ..runtime import ProcessSet, global_process_set
 from . import fusion
 
-# A process set's host communicator -> its GPU communicator; an entry goes with the host
+# A process set's host communicator -> its GPU communicator, which holds the host one only
+# through a weak proxy, so the entry goes (and the GPU communicator is freed) with the host
 # communicator (remove_process_set, shutdown).
-_communicators: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_communicators: Companions[Any] = Companions()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -59,11 +61,8 @@ def communicator(process_set: ProcessSet = global_process_set):
         raise RuntimeError(f"HVD_GPU_COMMUNICATOR=nccl but NCCL cannot run: {why}, or set "
                            "HVD_GPU_COMMUNICATOR=mpi")
     if choice == "mpi" or shared or not nccl.available():
-        held = HostStagedCommunicator(host)
-    else:
-        held = nccl.NCCLCommunicator(host, device())
-    _communicators[host] = held
-    return held
+        return _communicators.add(host, HostStagedCommunicator)
+    return _communicators.add(host, lambda proxy: nccl.NCCLCommunicator(proxy, device()))
 
 
 class DeviceMemory(Memory):

@@ -8,7 +8,11 @@ waits for it and returns its result (or raises its error). A synchronous functio
 
 CPU tensors are reduced through views of their memory (bridge.py): an in-place function
 writes into the tensor it is given, an out-of-place one returns a tensor that adopts the
-core's result array. Until a handle is synchronized, its tensors must not be modified.
+core's result array. CUDA tensors go the same way to the core's GPU collectives, as CuPy
+arrays sharing their memory, in order with PyTorch's current stream at the call (the rule is
+in bridge.py's docstring); ``alltoall``, ``sparse_allreduce_async`` and ``op=Adasum``, which
+the core runs on the host only, copy CUDA tensors through host memory. Until a handle is
+synchronized, its tensors must not be modified.
 
 Errors are collective. The adapter's own argument checks run at the call; one that fails
 goes through the core's agreement (``ops.refuse``), so the rank that made the bad call raises
@@ -74,9 +78,23 @@ class _CallableHandle(Handle):
 
 
 def _start(collective: Callable[..., Any], *args: Any,
-           finish: Callable[[Any], Any] = bridge.adopt, handle: type = Handle) -> Handle:
-    """Run ``finish(collective(*args))`` on the communication thread; return its handle."""
-    return handle(handles.communication_thread().submit(lambda: finish(collective(*args))))
+           finish: Callable[[Any], Any] = bridge.adopt, handle: type = Handle,
+           on: Optional[torch.Tensor] = None, gpu_core: bool = True) -> Handle:
+    """Run ``finish(collective(*args))`` on the communication thread; return its handle.
+
+    When ``on`` is a CUDA tensor, the work runs in order with PyTorch's current stream on its
+    device, taken now (``bridge.ordered``; ``gpu_core=False`` for work that never reaches
+    CuPy).
+    """
+    ordered = None if on is None else bridge.ordered(on, gpu_core)
+    if ordered is None:
+        return handle(handles.communication_thread().submit(lambda: finish(collective(*args))))
+
+    def run() -> Any:
+        with ordered():
+            return finish(collective(*args))
+
+    return handle(handles.communication_thread().submit(run))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
@@ -96,7 +114,14 @@ def _tensors(tensors: Sequence[torch.Tensor], inplace: bool = False) -> List[tor
     if isinstance(tensors, torch.Tensor):
         raise TypeError("tensors must be a list of tensors, got a single tensor; wrap it in a "
                         "list")
-    return [bridge.check_tensor(t, f"tensors[{i}]", inplace) for i, t in enumerate(tensors)]
+    checked_tensors = [bridge.check_tensor(t, f"tensors[{i}]", inplace)
+                       for i, t in enumerate(tensors)]
+    for i, t in enumerate(checked_tensors[1:], 1):
+        if t.device != checked_tensors[0].device:
+            raise ValueError(f"tensors[{i}] is on {t.device} but tensors[0] on "
+                             f"{checked_tensors[0].device}; a group's tensors must share one "
+                             "device (move them, or make one call per device)")
+    return checked_tensors
 
 
 def _reduce_op(op: Any, average: Optional[bool]) -> Any:
@@ -135,12 +160,14 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
     op, tensor = checked("allreduce", name, process_set, lambda: (
         _reduce_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
     if _is_adasum(op):
-        return _start(adasum.grouped_allreduce, [bridge.view(tensor)], name, prescale_factor,
+        staged = bridge.host_view(tensor)
+        return _start(adasum.grouped_allreduce, [staged], name, prescale_factor,
                       postscale_factor, process_set, inplace,
-                      finish=(lambda _: tensor) if inplace else lambda out: bridge.adopt(out[0]))
+                      finish=(lambda _: bridge.write_back(staged, tensor)) if inplace
+                      else lambda out: bridge.on_device(out[0], tensor), on=tensor)
     collective = core.allreduce_ if inplace else core.allreduce
     return _start(collective, bridge.view(tensor), op, name, prescale_factor, postscale_factor,
-                  process_set, finish=(lambda _: tensor) if inplace else bridge.adopt)
+                  process_set, finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -216,14 +243,19 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                              process_set: ProcessSet) -> Handle:
     op, tensors = checked("grouped_allreduce", name, process_set, lambda: (
         _reduce_op(op, average), _tensors(tensors, inplace)))
-    finish = (lambda _: list(tensors)) if inplace else (lambda out: [bridge.adopt(a) for a in out])
-    views = [bridge.view(t) for t in tensors]
+    first = tensors[0] if tensors else None
     if _is_adasum(op):
-        return _start(adasum.grouped_allreduce, views, name, prescale_factor, postscale_factor,
-                      process_set, inplace, finish=finish)
+        staged = [bridge.host_view(t) for t in tensors]
+        return _start(adasum.grouped_allreduce, staged, name, prescale_factor,
+                      postscale_factor, process_set, inplace,
+                      finish=(lambda _: [bridge.write_back(a, t)
+                                         for a, t in zip(staged, tensors)]) if inplace
+                      else lambda out: [bridge.on_device(a, t) for a, t in zip(out, tensors)],
+                      on=first)
+    finish = (lambda _: list(tensors)) if inplace else (lambda out: [bridge.adopt(a) for a in out])
     collective = core.grouped_allreduce_ if inplace else core.grouped_allreduce
-    return _start(collective, views, op, name, prescale_factor, postscale_factor, process_set,
-                  finish=finish)
+    return _start(collective, [bridge.view(t) for t in tensors], op, name, prescale_factor,
+                  postscale_factor, process_set, finish=finish, on=first)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -296,24 +328,26 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
     index are summed, so the result (a coalesced sparse tensor) holds exactly the indices
     present on some rank. Where the gathered entries would cost more than the dense tensor,
     they travel as a dense allreduce instead. :func:`synchronize` returns it; as in Horovod,
-    calling the handle does too.
+    calling the handle does too. A CUDA tensor's entries travel through host memory, and the
+    result is on its device.
     """
     def check() -> Tuple[Any, torch.Tensor]:
         if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
             raise TypeError("tensor must be a sparse COO torch.Tensor, got "
                             f"{getattr(tensor, 'layout', type(tensor).__name__)}")
-        if tensor.device.type != "cpu":
-            raise TypeError(f"tensor is on {tensor.device}; hvd_trainer.torch takes CPU "
-                            "tensors only (pass tensor.cpu())")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise TypeError(f"tensor is on {tensor.device}; hvd_trainer.torch takes CPU and "
+                            "CUDA tensors (pass tensor.cpu())")
         reduce_op = _no_adasum(_reduce_op(op, None), "sparse_allreduce_async")
         if reduce_op not in (Average, Sum):
             raise ValueError(f"op={reduce_op!r}: sparse_allreduce_async takes Average or Sum")
-        return reduce_op, tensor.detach().coalesce()
+        return reduce_op, tensor.detach().coalesce().cpu()
 
     # The core's first step is the allgather of the ids, which a refusal stands in for.
     op, coalesced = checked("allgather", f"{name or _SPARSE}.ids", process_set, check)
     return _start(_sparse_allreduce, coalesced, name, op, process_set,
-                  finish=lambda result: result, handle=_CallableHandle)
+                  finish=lambda result: result.to(tensor.device), handle=_CallableHandle,
+                  on=tensor, gpu_core=False)
 
 
 def _sparse_allreduce(tensor: torch.Tensor, name: Optional[str], op: Any,
@@ -335,7 +369,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     """Start concatenating every rank's ``tensor`` along dim 0 (which may differ per rank)."""
     tensor = checked("allgather", name, process_set,
                       lambda: bridge.check_tensor(tensor, "tensor"))
-    return _start(core.allgather, bridge.view(tensor), name, process_set)
+    return _start(core.allgather, bridge.view(tensor), name, process_set, on=tensor)
 
 
 def _rows_before(rows: int, process_set: ProcessSet) -> int:
@@ -372,7 +406,8 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     """Start allgathering each tensor of a list, agreed on in one exchange."""
     tensors = checked("grouped_allgather", name, process_set, lambda: _tensors(tensors))
     return _start(core.grouped_allgather, [bridge.view(t) for t in tensors], name, process_set,
-                  finish=lambda out: [bridge.adopt(a) for a in out])
+                  finish=lambda out: [bridge.adopt(a) for a in out],
+                  on=tensors[0] if tensors else None)
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -408,7 +443,7 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str],
                       lambda: bridge.check_tensor(tensor, "tensor", inplace))
     collective = core.broadcast_ if inplace else core.broadcast
     return _start(collective, bridge.view(tensor), root_rank, name, process_set,
-                  finish=(lambda _: tensor) if inplace else bridge.adopt)
+                  finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -460,7 +495,9 @@ def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torc
     """Start sending ``splits[i]`` rows of ``tensor`` (dim 0, in order) to rank i of the set.
 
     Without ``splits`` dim 0 is divided equally. :func:`synchronize` returns
-    ``(output, received_splits)``, the second an int32 tensor of the rows from each rank.
+    ``(output, received_splits)``, the second an int32 CPU tensor of the rows from each rank.
+    A CUDA tensor travels through host memory (the core's alltoall is host-only); the output
+    is on its device.
     """
     def check() -> Tuple[torch.Tensor, Any]:
         t = bridge.check_tensor(tensor, "tensor")
@@ -476,10 +513,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torc
     def finish(result: Any) -> Tuple[torch.Tensor, torch.Tensor]:
         # split_rows is None only where the core refuses the call, so a result is a pair.
         output, received = result
-        return bridge.adopt(output), torch.from_numpy(received.astype(np.int32))
+        return bridge.on_device(output, tensor), torch.from_numpy(received.astype(np.int32))
 
-    return _start(core.alltoall, bridge.view(tensor), split_rows, name, process_set,
-                  finish=finish)
+    return _start(core.alltoall, bridge.host_view(tensor), split_rows, name, process_set,
+                  finish=finish, on=tensor)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -518,7 +555,7 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[
     op, tensor = checked("reducescatter", name, process_set, lambda: (
         _no_adasum(_reduce_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
     return _start(core.reducescatter, bridge.view(tensor), op, name, process_set,
-                  prescale_factor, postscale_factor)
+                  prescale_factor, postscale_factor, on=tensor)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Average,
@@ -531,7 +568,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
         _no_adasum(_reduce_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
     return _start(core.grouped_reducescatter, [bridge.view(t) for t in tensors], op, name,
                   process_set, prescale_factor, postscale_factor,
-                  finish=lambda out: [bridge.adopt(a) for a in out])
+                  finish=lambda out: [bridge.adopt(a) for a in out],
+                  on=tensors[0] if tensors else None)
 
 
 def _scatter_gradient(grads: List[torch.Tensor], op: Any, scale: float,

@@ -15,6 +15,16 @@ the bucket and a step copies no gradient bytes. After ``zero_grad()`` (``set_to_
 PyTorch's default) backward makes a fresh ``.grad``; the hook then copies it into the bucket
 once and installs the view again, as PyTorch DDP does with ``gradient_as_bucket_view``.
 
+**CUDA parameters.** Their buckets are flat tensors on the parameters' GPU, handed to the core
+as CuPy arrays (bridge.py), so gradients never leave the device. The stream rule: a bucket
+is reduced on a stream of the optimizer's own, which first waits for the streams that
+produced its gradients (an event recorded when each is marked ready, on the stream current
+in its hook), and ``synchronize()`` makes the caller's current stream wait for each bucket
+before it scales the bucket or returns, so what PyTorch queues afterwards (``step()``'s
+update) sees the reduced gradients. The host waits only for the collectives to be queued.
+CUDA parameters need ``compression=Compression.none`` and at least one element each; their
+sparse gradients are reduced densely.
+
 **Sparse gradients** (``nn.Embedding(sparse=True)``) are summed by the core's row allgather
 (:func:`hvd_trainer.sparse.allreduce_rows`, dense fallback included) unless
 ``sparse_as_dense``. Which gradients are sparse shows only in backward, and a rank that has no
@@ -83,6 +93,15 @@ class _Distributed:
         self._reducer: Optional[Reducer] = None
         if not process_set.included():
             return  # a plain local optimizer, as in Horovod
+        gpu = [k for k, p in enumerate(self._params) if bridge.is_cuda(p)]
+        for k in gpu:
+            _check_gpu_parameter(self._params[k], self._names[k], compression)
+            self._kinds[k] = _DENSE
+        # CUDA parameters: the stream their buckets are reduced on, an event per gradient
+        # (its producer's stream, when marked ready) and per bucket (reduced).
+        self._stream = torch.cuda.Stream(self._params[gpu[0]].device) if gpu else None
+        self._produced = {k: torch.cuda.Event() for k in gpu}
+        self._reduced: Dict[int, Any] = {}
         size = process_set.size()
         # The reducer sums with 1/f before; Average multiplies by f/size after.
         self._postscale = gradient_predivide_factor / size if op == Average else 1.0
@@ -101,13 +120,13 @@ class _Distributed:
         """The gradients as the reducer must know them: row-sparse where agreed sparse."""
         gradients = []
         for k, p in enumerate(self._params):
-            dtype = str(bridge.view(p.detach()).dtype)
             kind = self._kinds[k]
             if _NONE < kind < _DENSE:
+                dtype = str(bridge.view(p.detach()).dtype)
                 gradients.append(Gradient(k, torch_sparse.table_shape(p.shape, kind), dtype,
                                           sparse=True))
             else:
-                gradients.append(Gradient(k, tuple(p.shape), dtype))
+                gradients.append(_gradient(k, p))
         return gradients
 
     def _back_buckets(self) -> None:
@@ -118,7 +137,7 @@ class _Distributed:
         self._bucket_of: Dict[int, int] = {}
         for bucket in self._reducer.buckets:
             first = self._params[bucket.keys[0]]
-            flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype)
+            flat = torch.zeros(bucket.bounds[-1], dtype=first.dtype, device=first.device)
             self._flats.append(flat)
             for k, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
                 view = self._views[k] = flat[start:end].view(self._params[k].shape)
@@ -126,10 +145,23 @@ class _Distributed:
                 if k in previous:
                     view.copy_(previous[k])
             bucket.open = functools.partial(bridge.view, flat)
+            if bridge.is_cuda(flat):
+                self._reduced[bucket.number] = torch.cuda.Event()
+                bucket.active = functools.partial(self._on_stream, bucket)
         self._backed = self._reducer.buckets
         # Gradients ready here, per bucket, until the whole bucket goes to the reducer in one
         # call: one lock and one wake-up of its program per bucket instead of per gradient.
         self._in_bucket: List[List[int]] = [[] for _ in self._backed]
+
+    @contextlib.contextmanager
+    def _on_stream(self, bucket: Bucket) -> Iterator[None]:
+        """A GPU bucket's reduction (on the communication thread): on the optimizer's stream,
+        after its gradients' producers; the bucket's event marks its end."""
+        for k in bucket.keys:
+            self._stream.wait_event(self._produced[k])
+        with bridge.on_stream(self._stream):
+            yield
+        self._reduced[bucket.number].record(self._stream)
 
     def _on_gradient(self, k: int, param: torch.Tensor) -> None:
         """Backward accumulated parameter ``k``'s gradient: count the pass, and after the
@@ -169,6 +201,8 @@ class _Distributed:
             if grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
                 p.grad = view
+            if k in self._produced:  # on the stream current here, which wrote it
+                self._produced[k].record(torch.cuda.current_stream(p.device))
             number = self._bucket_of[k]
             ready = self._in_bucket[number]
             ready.append(k)
@@ -229,8 +263,12 @@ class _Distributed:
         try:
             for bucket, handle in step.launched():
                 handle.wait()
+                flat = self._flats[bucket.number]
+                if bucket.number in self._reduced:
+                    torch.cuda.current_stream(flat.device).wait_event(
+                        self._reduced[bucket.number])
                 if self._postscale != 1.0:
-                    self._flats[bucket.number].mul_(self._postscale)
+                    flat.mul_(self._postscale)
             results = self._reducer.finish(step)
             found = self._agree_kinds()
         finally:
@@ -310,6 +348,28 @@ class _Distributed:
         super().zero_grad(set_to_none=set_to_none)
 
 
+def _gradient(k: int, p: torch.Tensor) -> Gradient:
+    """Parameter ``k``'s dense gradient as the reducer describes it. A CUDA one lives on the
+    GPU, and a 0-d one there is described as one element so that it gets a bucket like the
+    rest."""
+    dtype = str(bridge.view(torch.empty(0, dtype=p.dtype)).dtype)
+    if bridge.is_cuda(p):
+        return Gradient(k, tuple(p.shape) or (1,), dtype, memory="gpu")
+    return Gradient(k, tuple(p.shape), dtype)
+
+
+def _check_gpu_parameter(p: torch.Tensor, name: str, compression: Any) -> None:
+    """Refuse a CUDA parameter whose gradient cannot be reduced in a GPU bucket."""
+    bridge.check_gpu(p, f"parameter {name!r}")
+    if compression is not Compression.none:
+        raise ValueError(f"parameter {name!r} is on {p.device}, and compression= works on "
+                         "host gradients only; pass compression=Compression.none for CUDA "
+                         "parameters")
+    if p.numel() == 0:
+        raise ValueError(f"parameter {name!r} on {p.device} has no elements; CUDA parameters "
+                         "need at least one (drop it from the optimizer)")
+
+
 @functools.lru_cache(maxsize=None)
 def _distributed_class(base: type) -> type:
     """The wrapped optimizer's class with :class:`_Distributed`'s methods in front."""
@@ -335,7 +395,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``gradient_predivide_factor`` f (Average only) scales by 1/f before the sum and f/size
     after. ``num_groups`` > 0 sets the number of buckets. ``compression``:
     ``Compression.none``, ``Compression.fp16`` or a core packed compressor
-    (``hvd_trainer.compression``); it applies to dense gradients only. Sparse COO gradients
+    (``hvd_trainer.compression``); it applies to dense CPU gradients only. CUDA parameters are
+    reduced in buckets on their GPU, in order with PyTorch's streams (see the module
+    docstring). Sparse COO gradients
     (``nn.Embedding(sparse=True)``) stay sparse: the result holds the rows touched on any
     rank, summed by the core's row allgather, or by a dense allreduce where that moves fewer
     bytes; ``sparse_as_dense=True`` makes them dense before the reduction instead.

@@ -35,9 +35,11 @@ class _SyncBatchNorm(torch.autograd.Function):
         # Each rank's count, mean and sum of squared deviations, combined exactly (Chan et
         # al.'s pairwise rule) in float64, which also keeps large counts exact.
         local = x.detach().to(torch.float64)
-        mean = local.mean(reduce_dims) if count else torch.zeros(x.shape[1], dtype=torch.float64)
+        mean = local.mean(reduce_dims) if count else torch.zeros(x.shape[1], dtype=torch.float64,
+                                                                  device=x.device)
         m2 = ((local - _per_channel(mean, x.dim())) ** 2).sum(reduce_dims)
-        stats = torch.cat([torch.tensor([float(count)], dtype=torch.float64), mean, m2])
+        stats = torch.cat([torch.tensor([float(count)], dtype=torch.float64, device=x.device),
+                           mean, m2])
         every = ops.allgather(stats.unsqueeze(0), name=f"{_NAME}.stats",
                               process_set=process_set)
         counts, means, m2s = every[:, :1], every[:, 1:1 + x.shape[1]], every[:, 1 + x.shape[1]:]

@@ -56,11 +56,32 @@ def test_num_groups_and_what_stays_out_of_buckets():
     reducer = make(num_groups=2)
     reducer.set_gradients(grads((4,), (4,), (4,), (4,))
                           + [Gradient(4, (5, 2), "<f4", sparse=True),
-                             Gradient(5, (3,), "<f4", memory="gpu"), Gradient(6, (), "<f4")])
+                             Gradient(5, (0,), "<f4"), Gradient(6, (), "<f4")])
     assert [b.keys for b in reducer.buckets] == [[3, 2], [1, 0]]
     compressed = make(compression=TwoBit())
     compressed.set_gradients(grads((4,)))
     assert compressed.buckets == []
+
+
+def test_gpu_gradients_get_buckets_of_their_own_reduced_in_their_context():
+    import contextlib
+    reducer = make()
+    reducer.set_gradients([Gradient(0, (4,), "<f4"), Gradient(1, (4,), "<f4", memory="gpu"),
+                           Gradient(2, (4,), "<f4", memory="gpu"), Gradient(3, (4,), "<f4")])
+    # Same dtype, and 64 bytes would fit all four: memory keeps them apart.
+    assert [(b.keys, b.memory) for b in reducer.buckets] == [([3, 0], "host"), ([2, 1], "gpu")]
+    events = []
+    back(reducer, events)
+
+    @contextlib.contextmanager
+    def active():
+        events.append("enter")
+        yield
+        events.append("exit")
+    reducer.buckets[1].active = active
+    reducer.mark_all_ready((k, None) for k in range(4))
+    reducer.finish(reducer.launch())
+    assert events == [0, "enter", 1, "exit"]
 
 
 def test_eager_buckets_launch_in_order_once_complete_whatever_the_ready_order():
@@ -96,30 +117,30 @@ def test_eager_buckets_launch_in_order_once_complete_whatever_the_ready_order():
 
 def test_step_time_readiness_stale_and_fresh_nowhere():
     reducer = make()
-    reducer.set_gradients(grads((4,), (4,)) + [Gradient(2, (3,), "<f4", memory="gpu")])
+    reducer.set_gradients(grads((4,), (4,)) + [Gradient(2, (), "<f4")])
     views = back(reducer)
     views[0][...], views[1][...] = 1, 2
     reducer.mark_ready(1)
-    reducer.mark_ready(2, np.full(3, 5, np.float32))
+    reducer.mark_ready(2, np.full((), 5, np.float32))
     step = reducer.launch()
     results = reducer.finish(step)
     # Fresh nowhere: left as it was, not reduced; the per-tensor one comes back.
     assert not reducer.fresh(step, 0) and reducer.fresh(step, 1)
     assert np.array_equal(views[0], np.ones(4)) and np.array_equal(views[1], np.full(4, 2))
     assert step.whole == {0: False}
-    assert np.array_equal(results[2], np.full(3, 5))
+    assert np.array_equal(results[2], np.full((), 5))
 
 
 def test_eager_reduces_what_was_never_marked_as_zeros():
     reducer = make(eager=True)
-    reducer.set_gradients(grads((4,), (4,)) + [Gradient(2, (3,), "<f4", memory="gpu")])
+    reducer.set_gradients(grads((4,), (4,)) + [Gradient(2, (), "<f4")])
     views = back(reducer)
     views[0][...], views[1][...] = 7, 2
     reducer.mark_ready(1)
     step = reducer.launch()
     results = reducer.finish(step)
     assert np.array_equal(views[0], np.zeros(4)) and np.array_equal(views[1], np.full(4, 2))
-    assert np.array_equal(results[2], np.zeros(3))
+    assert np.array_equal(results[2], np.zeros(()))
 
 
 def test_marking_twice_or_after_launch_is_refused():

@@ -50,11 +50,11 @@ def close(got, want, what, tol=1e-6):
 def eager_any_order():
     reducer = make(eager=True, gradient_predivide_factor=2.0)
     reducer.set_gradients([Gradient(k, s, "<f4") for k, s in enumerate(SHAPES)]
-                          + [Gradient(8, (3,), "<f4", memory="gpu"),
+                          + [Gradient(8, (), "<f4"),  # 0-d: a per-tensor one
                              Gradient(9, (6, 2), "<f4", sparse=True)])
     views = back(reducer)
     assert len(reducer.buckets) > 2
-    given = {8: values(R, 8, (3,)), 9: (np.array([R, 5]), values(R, 9, (2, 2)))}
+    given = {8: np.array(values(R, 8, ())), 9: (np.array([R, 5]), values(R, 9, (2, 2)))}
     order = list(range(len(SHAPES))) + [8, 9]
     random.Random(R).shuffle(order)  # every rank in its own order
     for key in order:
@@ -69,7 +69,7 @@ def eager_any_order():
     assert reducer.ready_order == order
     for key, shape in enumerate(SHAPES):
         close(views[key], sum(values(r, key, shape) for r in range(N)) / 2.0, f"eager {key}")
-    close(results[8], sum(values(r, 8, (3,)) for r in range(N)) / 2.0, "eager per-tensor")
+    close(results[8], sum(values(r, 8, ()) for r in range(N)) / 2.0, "eager per-tensor")
     table = np.zeros((6, 2), np.float32)
     for r in range(N):
         table[[r, 5]] += values(r, 9, (2, 2))
@@ -81,7 +81,7 @@ def eager_any_order():
 def step_time_stale():
     reducer = make()
     gradients = [Gradient(k, s, "<f4") for k, s in enumerate(SHAPES)]
-    gradients.append(Gradient(9, (4,), "<f4", memory="gpu"))  # a per-tensor one
+    gradients.append(Gradient(9, (), "<f4"))  # 0-d: a per-tensor one
     reducer.set_gradients(gradients)
     views = back(reducer)
     for key, shape in enumerate(SHAPES):
@@ -91,7 +91,7 @@ def step_time_stale():
     for key in list(range(len(SHAPES))) + [9]:
         if key == fresh_nowhere or (R == N - 1 and key in stale_on_last):
             continue
-        value = values(R, key, (4,)) if key == 9 else None
+        value = np.array(values(R, key, ())) if key == 9 else None
         reducer.mark_ready(key, value)
     step = reducer.launch()
     results = reducer.finish(step)
@@ -102,7 +102,7 @@ def step_time_stale():
             continue
         ranks = range(N - 1) if key in stale_on_last else range(N)
         close(views[key], sum(values(r, key, shape) for r in ranks), f"stale {key}")
-    close(results[9], sum(values(r, 9, (4,)) for r in range(N - 1)), "per-tensor stale")
+    close(results[9], sum(values(r, 9, ()) for r in range(N - 1)), "per-tensor stale")
 
 
 def sparse_rows():
@@ -194,13 +194,13 @@ def mismatch_then_work(eager):
 def one_agreement_per_step(eager):
     reducer = make(eager=eager)
     reducer.set_gradients([Gradient(k, s, "<f4") for k, s in enumerate(SHAPES)]
-                          + [Gradient(9, (4,), "<f4", memory="gpu")])
+                          + [Gradient(9, (), "<f4")])
     back(reducer)
     comm = runtime.communicator(hvd_trainer.global_process_set)
     before = diagnostics.agreements(comm)
     for _ in range(3):
         for key in list(range(len(SHAPES))) + [9]:
-            reducer.mark_ready(key, np.ones(4, np.float32) if key == 9 else None)
+            reducer.mark_ready(key, np.ones((), np.float32) if key == 9 else None)
         reducer.finish(reducer.launch())
     assert diagnostics.agreements(comm) - before == 3, f"eager={eager}"
 
