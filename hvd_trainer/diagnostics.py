@@ -2,9 +2,10 @@
 
 **Agreement.** Before a collective every rank contributes a record to one small nonblocking
 allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names, dtypes,
-shapes, op, root, scale factors), the digest's complement, and optional flags. The digests
-were all equal exactly when or(d) == ~or(~d). If they differ, the ranks exchange their full
-descriptions and every rank raises the same error. Every agreement uses the same record, so
+shapes, op, root, scale factors), the digest's complement, a state word (active or joined,
+see below), and optional flags. The digests were all equal exactly when or(d) == ~or(~d).
+If they differ, the ranks exchange their full descriptions and every rank raises the same
+error. Every agreement uses the same record, so
 even ranks that reached different kinds of collective meet in it: a disagreement never hangs
 and never reads past a buffer.
 
@@ -267,34 +268,57 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     return unpack_flags(words, len(flags))
 
 
-def serve_joined(comm: Communicator) -> Optional[Dict[str, Any]]:
-    """A joined rank's side of the next agreement on ``comm``: the description of the call
-    the other ranks make, if this rank is to serve it; ``{}`` if there is nothing to serve
-    (the call raised on the ranks that made it); None once every rank has joined.
+class JoinedRecord:
+    """A joined rank's record in the next agreement on ``comm``, posted without waiting.
 
-    Hold ``comm``'s turn (see :func:`joined`) around the calls. The wait is not a stall:
-    the other ranks may compute for long between collectives.
+    Hold ``comm``'s turn while it is pending. The wait is not watched as a stall: the other
+    ranks may compute for long between collectives.
     """
-    record = np.zeros(_RECORD_WORDS, np.int64)
-    record[2] = _JOINED
-    _book(comm).exchanges += 1
-    _poll(comm.start_allreduce(record, "bor"))
-    discard_posts(comm)
-    if not record[2] & _ACTIVE:
-        return None
-    if record[0] != ~record[1]:
-        _raise_disagreement(comm, None)
-        return {}
-    every = comm.allgather_object(None)  # _meet_joined on the active ranks
-    description = next(d for d in every if d is not None)
-    if "error" in description or refusal_while_joined(description) is not None:
-        return {}
-    count = description.get("flags", -1)
-    if count >= 0:
-        words = pack_flags(np.zeros(count, bool))
-        if words.size > INLINE_FLAG_WORDS:  # the flags' second exchange, with no flags set
-            comm.allreduce(words[INLINE_FLAG_WORDS:], "bor")
-    return description
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self._record = np.zeros(_RECORD_WORDS, np.int64)
+        self._record[2] = _JOINED
+        _book(comm).exchanges += 1
+        self._request = comm.start_allreduce(self._record, "bor")
+        self._done = False
+
+    def done(self) -> bool:
+        """Whether the other ranks have reached the agreement; never blocks."""
+        self._done = self._done or self._request.test()
+        return self._done
+
+    def read(self) -> Optional[Dict[str, Any]]:
+        """Once :meth:`done`: the description of the call the other ranks make, if this rank
+        is to serve it; ``{}`` if there is nothing to serve (the call raised on the ranks that
+        made it); None if every rank of ``comm`` has joined."""
+        comm, record = self.comm, self._record
+        discard_posts(comm)
+        if not record[2] & _ACTIVE:
+            return None
+        if record[0] != ~record[1]:
+            _raise_disagreement(comm, None)
+            return {}
+        every = comm.allgather_object(None)  # _meet_joined on the active ranks
+        description = next(d for d in every if d is not None)
+        if "error" in description or refusal_while_joined(description) is not None:
+            return {}
+        count = description.get("flags", -1)
+        if count >= 0:
+            words = pack_flags(np.zeros(count, bool))
+            if words.size > INLINE_FLAG_WORDS:  # the flags' second exchange, with none set
+                comm.allreduce(words[INLINE_FLAG_WORDS:], "bor")
+        return description
+
+
+def pause(start: float) -> None:
+    """Give the core away between polls of a wait that began at ``start`` (monotonic): a
+    yield for the first moments, then sleeps of a small share of the time waited."""
+    waited = time.monotonic() - start
+    if waited < _SPIN_SECONDS:
+        os.sched_yield()
+    else:
+        time.sleep(min(_PAUSE_SHARE * waited, _MAX_PAUSE))
 
 
 def turn(comm: Communicator) -> ContextManager[Any]:
@@ -303,7 +327,7 @@ def turn(comm: Communicator) -> ContextManager[Any]:
 
 
 def finish_join(comm: Communicator, newly: bool) -> int:
-    """End join on every rank of ``comm`` (each has seen :func:`serve_joined` return None);
+    """End join on every rank of ``comm`` (each has read None from a :class:`JoinedRecord`);
     ``newly``: this rank joined in that last agreement. Returns the rank in ``comm`` that
     joined last (the highest of those that joined together). Sets the count of automatic
     names to the other ranks' (they named calls that this rank served). A collective."""
@@ -462,14 +486,10 @@ def _poll(request: Request) -> None:
     if request.test():
         return
     start = time.monotonic()
-    while time.monotonic() - start < _SPIN_SECONDS:
-        # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
-        # rank we wait for may need this core.
-        os.sched_yield()
-        if request.test():
-            return
+    # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
+    # rank we wait for may need this core.
     while not request.test():
-        time.sleep(min(_PAUSE_SHARE * (time.monotonic() - start), _MAX_PAUSE))
+        pause(start)
 
 
 class _Wait:

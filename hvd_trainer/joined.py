@@ -5,7 +5,8 @@ Horovod's semantics (``horovod.torch.join``): a rank that has no more batches ca
 that have not joined go on calling collectives; each joined rank learns each call from its
 agreement (see diagnostics.py) and runs the same data phase with zeros of the described
 shapes and dtypes, so the wire pattern (fusion, pieces, ring) is the same as if it had made
-the call. It serves ``allreduce``, ``grouped_allreduce`` (Adasum included), ``barrier`` and
+the call; on the world and on every process set it belongs to, so no collective waits for it
+in vain. It serves ``allreduce``, ``grouped_allreduce`` (Adasum included), ``barrier`` and
 the reducer's gradient steps (DistributedOptimizer, DistributedTrainer), whose collectives
 then each make their own agreement. Any other collective (allgather, broadcast, alltoall,
 reducescatter, the object collectives, process-set changes, and a step's sparse or packed
@@ -16,12 +17,14 @@ wait for the next call. So does a call on GPU arrays.
 0.28 (its test expects ``tensor * (size - 1) / size`` with one rank joined): the joined
 ranks' zeros count as contributions. ``Min``, ``Max`` and ``Product`` see the zeros too.
 """
+import contextlib
+import time
 from typing import Any, Dict
 
 import numpy as np
 
 from . import adasum, diagnostics, ops, runtime
-from .runtime import global_process_set
+from .runtime import ProcessSet, global_process_set
 
 
 def _dtype(text: str) -> np.dtype:
@@ -30,40 +33,59 @@ def _dtype(text: str) -> np.dtype:
     return np.dtype("bfloat16") if text.lstrip("<>|=").startswith("V") else np.dtype(text)
 
 
-def _serve(description: Dict[str, Any]) -> None:
+def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
     """Run the data phase of the call ``description`` describes, with zeros."""
     kind = description["kind"]
     if kind not in ("allreduce", "grouped_allreduce", "adasum"):
         return  # barrier, a step's agreement: nothing but the agreement itself
     zeros = [np.zeros(t["shape"], _dtype(t["dtype"])) for t in description["tensors"]]
     pre, post = description["prescale_factor"], description["postscale_factor"]
-    comm = runtime.communicator(global_process_set)
-    with diagnostics.covered(comm):  # agreed on in serve_joined
+    with diagnostics.covered(runtime.communicator(process_set)):  # agreed on already
         if kind == "adasum":
-            adasum.grouped_allreduce(zeros, description["name"], pre, post, inplace=True)
+            adasum.grouped_allreduce(zeros, description["name"], pre, post, process_set,
+                                     inplace=True)
         else:
             ops.reduce_group(ops.HOST, zeros, ops.ReduceOp[description["op"]],
-                             description["name"], pre, post, global_process_set, kind, True)
+                             description["name"], pre, post, process_set, kind, True)
 
 
 def join() -> int:
     """Serve the other ranks' reductions with zeros until every rank has called join; return
     the global rank that joined last (of several joining together, the highest).
 
-    A collective over the world; the next collective after it works normally on every rank.
+    A joined rank serves calls on every process set it belongs to, so a collective on a
+    process set never waits for it. A collective over the world; the next collective after
+    it works normally on every rank.
     """
     runtime.init()
-    comm = runtime.communicator(global_process_set)
-    if comm.size == 1:
+    world = runtime.communicator(global_process_set)
+    if world.size == 1:
         return runtime.rank()
-    newly = True
-    with diagnostics.turn(comm):
-        while True:
-            description = diagnostics.serve_joined(comm)
-            if description is None:
-                break
-            newly = False
-            if description:
-                _serve(description)
-        last = diagnostics.finish_join(comm, newly)
-    return runtime.world_rank(comm, last)
+    sets = sorted((ps for ps in runtime.state().process_sets.values() if ps.included()),
+                  key=lambda ps: ps.process_set_id)  # the world first
+    newly = True  # this rank joined in the world's last agreement
+    with contextlib.ExitStack() as turns:
+        for ps in sets:
+            turns.enter_context(diagnostics.turn(runtime.communicator(ps)))
+        pending = {ps.process_set_id: (ps, diagnostics.JoinedRecord(runtime.communicator(ps)))
+                   for ps in sets}
+        start = time.monotonic()
+        while pending:
+            # A set whose ranks have all joined is done: nobody can call on it any more.
+            for key, (ps, record) in list(pending.items()):
+                if not record.done():
+                    continue
+                description = record.read()
+                if description is None:
+                    del pending[key]
+                    continue
+                newly = newly and ps is not global_process_set
+                if description:
+                    _serve(description, ps)
+                pending[key] = (ps, diagnostics.JoinedRecord(record.comm))
+                start = time.monotonic()
+            diagnostics.pause(start)
+        last = diagnostics.finish_join(world, newly)
+        for ps in sets[1:]:
+            diagnostics.finish_join(runtime.communicator(ps), False)
+    return runtime.world_rank(world, last)

@@ -2,8 +2,9 @@
 
 Each rank in turn joins first. The others then run allreduce, its async form and
 grouped_allreduce (several dtypes, one tensor larger than the fusion threshold), Min/Max,
-Adasum on 2 ranks, barrier and a step of the core's reducer with more freshness flags than
-the agreement record carries: each result must equal the NumPy reduction of the ranks that
+Adasum on 2 ranks, barrier, a step of the core's reducer with more freshness flags than
+the agreement record carries, and an allreduce on a process set that may hold the joined
+rank: each result must equal the NumPy reduction of the ranks that
 have not joined, with zeros for the joined ones and Average dividing by the full size
 (Horovod 0.28's rule). Collectives a joined rank cannot serve must raise on every rank that
 called them; an argument error and a disagreement among the active ranks too. The rest join
@@ -27,6 +28,8 @@ from hvd_trainer.reducer import Gradient, Reducer
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
+# A process set that a joined rank may belong to (on 2 ranks, the world).
+PAIR = hvd.add_process_set([0, SIZE - 1]) if SIZE > 2 else hvd.global_process_set
 checks = 0
 
 
@@ -90,6 +93,13 @@ def reductions(seed: int, active) -> None:
         check(hvd.allreduce(torch.tensor(x[RANK]), op=hvd.Adasum), x[active[0]], "Adasum")
     hvd.barrier()
     checks_reducer(seed, active)
+    if RANK in PAIR.ranks:  # a joined member of a process set serves its calls too
+        x = inputs(10, (3,))
+        check(hvd.allreduce(torch.tensor(x[RANK]), process_set=PAIR),
+              sum(x[r] for r in PAIR.ranks) / 2, "Average on a process set")
+        if any(r not in active for r in PAIR.ranks):
+            raises(hvd.HorovodInternalError, ["cannot run while", "joined"], hvd.allgather,
+                   torch.ones(1), process_set=PAIR)
 
 
 def checks_reducer(seed: int, active) -> None:
@@ -164,6 +174,9 @@ for first in range(SIZE):
     x = [data(77 + first, r, (4,)) for r in range(SIZE)]
     check(hvd.allreduce(torch.tensor(x[RANK]), op=hvd.Sum), sum(x), "allreduce after join")
     assert hvd.allgather_object(RANK) == list(range(SIZE))
+
+if SIZE > 2:
+    hvd.remove_process_set(PAIR)
 
 # Ranks joining together: the highest of them is last.
 assert hvd.join() == SIZE - 1
