@@ -5,9 +5,8 @@ allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names,
 shapes, op, root, scale factors), the digest's complement, a state word (active or joined,
 see below), and optional flags. The digests were all equal exactly when or(d) == ~or(~d).
 If they differ, the ranks exchange their full descriptions and every rank raises the same
-error. Every agreement uses the same record, so
-even ranks that reached different kinds of collective meet in it: a disagreement never hangs
-and never reads past a buffer.
+error. Every agreement uses the same record, so even ranks that reached different kinds of
+collective meet in it: a disagreement never hangs and never reads past a buffer.
 
 **Argument errors are collective.** A collective runs its argument checks inside
 :meth:`Call.checks`; a check that fails on one rank does not raise there at once but travels
