@@ -6,6 +6,7 @@ the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists i
 so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name.
 """
 from .diagnostics import MismatchError, start_timeline, stop_timeline
+from .joined import join
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
                   allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,
                   grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter,

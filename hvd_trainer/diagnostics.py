@@ -2,11 +2,11 @@
 
 **Agreement.** Before a collective every rank contributes a record to one small nonblocking
 allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names, dtypes,
-shapes, op, root, scale factors), the digest's complement, and optional flags. The digests
-were all equal exactly when or(d) == ~or(~d). If they differ, the ranks exchange their full
-descriptions and every rank raises the same error. Every agreement uses the same record, so
-even ranks that reached different kinds of collective meet in it: a disagreement never hangs
-and never reads past a buffer.
+shapes, op, root, scale factors), the digest's complement, a state word (active or joined,
+see below), and optional flags. The digests were all equal exactly when or(d) == ~or(~d).
+If they differ, the ranks exchange their full descriptions and every rank raises the same
+error. Every agreement uses the same record, so even ranks that reached different kinds of
+collective meet in it: a disagreement never hangs and never reads past a buffer.
 
 **Argument errors are collective.** A collective runs its argument checks inside
 :meth:`Call.checks`; a check that fails on one rank does not raise there at once but travels
@@ -18,6 +18,14 @@ turn to end), so a collective from another thread is never mixed into a covered 
 never skips its own agreement. A covered block belongs to the thread that opened it (the
 reducer opens a step's block on the thread that runs the step's reductions).
 Without MPI_THREAD_MULTIPLE all communicators share one turn.
+
+**Joined ranks.** A rank that called :func:`hvd_trainer.joined.join` (it ran out of data)
+takes part in every agreement without a call of its own: its record carries a *joined*
+state bit and no digest, so the others' digests are still compared among themselves. When an
+agreement finds a joined rank, the ranks make one more exchange (only then), in which the
+joined ranks learn the full description of the call, so they can run its data phase with
+zeros; a call they cannot serve (:func:`refusal_while_joined`) raises on every rank that made
+it, and the joined ranks wait for the next. When every rank is joined, join ends.
 
 **Cache.** A caller whose agreement already fixes the collectives that follow (the trainer's
 step: the names, shapes and dtypes of its gradients, and which are fresh, carried as flags)
@@ -53,7 +61,13 @@ log = logging.getLogger("hvd_trainer")
 
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6
-_RECORD_WORDS = 2 + INLINE_FLAG_WORDS
+# The record: digest, ~digest, state bits, inline flags.
+_RECORD_WORDS = 3 + INLINE_FLAG_WORDS
+_FLAGS_AT = 3
+# State bits, or-ed across ranks: a rank is active (it makes the call) or joined (it serves).
+_ACTIVE, _JOINED = 1, 2
+# What a joined rank serves (with zeros, or nothing to send): the other kinds raise.
+_SERVED_WHILE_JOINED = ("allreduce", "grouped_allreduce", "adasum", "barrier", "trainer step")
 # A wait first polls without sleeping, as MPI's blocking calls do (nearly every wait in a
 # training step is shorter), then sleeps between polls for at most 1/20 of the time waited so
 # far (so sleeping adds at most 5% to a wait), up to 20 ms.
@@ -100,6 +114,7 @@ class _Book:
         self.exchanges = 0
         self.covered = 0
         self.unnamed = 0  # automatic names are counted per communicator
+        self.peers_joined = False  # the last agreement found a joined rank
         self.turn = turn
         # The last description object agreed on, with its flag count, digest and full text.
         self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
@@ -125,15 +140,55 @@ def _digest(description: Dict[str, Any]) -> int:
     return int.from_bytes(raw, "little", signed=True)
 
 
-def _raise_disagreement(comm: Communicator, description: Dict[str, Any]) -> None:
-    every = comm.allgather_object(description)
+def _raise_error(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) -> None:
+    """Raise the first rank's argument error in ``every`` (None: a joined rank), if any."""
     for r, d in enumerate(every):
-        if "error" in d:  # the first rank's argument error wins, on every rank
+        if d is not None and "error" in d:  # the first rank's argument error wins everywhere
             kind, message = d["error"]
             what = f"{d.get('kind', 'collective')} {d.get('name')!r}"
             raise _ERROR_TYPES.get(kind, RuntimeError)(
                 f"{what} on rank {runtime.world_rank(comm, r)}: {message}")
+
+
+def _raise_disagreement(comm: Communicator, description: Optional[Dict[str, Any]]) -> None:
+    """Exchange full descriptions and raise the same error on every rank that made a call
+    (a joined rank gives None, and returns)."""
+    every = comm.allgather_object(description)
+    if description is None:
+        return
+    _raise_error(comm, every)
     raise MismatchError(describe_mismatch(every))
+
+
+def refusal_while_joined(description: Dict[str, Any]) -> Optional[str]:
+    """Why a joined rank cannot serve the call ``description`` describes (None if it can)."""
+    kind = description.get("kind")
+    if kind not in _SERVED_WHILE_JOINED:
+        hint = ("; a DistributedOptimizer or trainer with sparse gradients or packed "
+                "compression reduces by allgather: pass sparse_as_dense=True, and "
+                "compression=Compression.none or fp16" if kind == "allgather" else "")
+        return (f"a joined rank serves only allreduce, grouped_allreduce (Adasum included), "
+                f"barrier and the gradient steps of DistributedOptimizer and "
+                f"DistributedTrainer, as in Horovod, whose join refuses allgather, broadcast, "
+                f"alltoall and reducescatter; make this call before join() on every rank"
+                f"{hint}")
+    if any(t.get("memory", "host") != "host" for t in description.get("tensors", ())):
+        return "a joined rank serves host (NumPy, CPU tensor) arrays only, not GPU arrays"
+    return None
+
+
+def _meet_joined(comm: Communicator, description: Dict[str, Any]) -> None:
+    """An active rank's side of the exchange that tells joined ranks what to serve; raises
+    this call's argument error, or why it cannot run while a rank is joined."""
+    every = comm.allgather_object(description)
+    _raise_error(comm, every)
+    refusal = refusal_while_joined(description)
+    if refusal is not None:
+        joined = [runtime.world_rank(comm, r) for r, d in enumerate(every) if d is None]
+        who = (f"rank{'s' if len(joined) > 1 else ''} {', '.join(map(str, joined))} "
+               f"{'have' if len(joined) > 1 else 'has'}")
+        raise RuntimeError(f"{description.get('kind')} {description.get('name')!r} cannot run "
+                           f"while {who} joined (hvd.join()): {refusal}")
 
 
 def pack_flags(flags: np.ndarray) -> np.ndarray:
@@ -186,26 +241,107 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
             digest = _digest(description)
             book.memo = (given, count, digest, description)
     record = np.zeros(_RECORD_WORDS, np.int64)
-    record[0], record[1] = digest, ~digest
+    record[0], record[1], record[2] = digest, ~digest, _ACTIVE
     words = pack_flags(flags) if flags is not None else record[:0]
     inline = min(words.size, INLINE_FLAG_WORDS)
-    record[2:2 + inline] = words[:inline]
+    record[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
     book.exchanges += 1
     what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     with waiting(comm, what, "agreement"):
         _poll(comm.start_allreduce(record, "bor"))
     discard_posts(comm)
+    # A joined rank's record has no digest (zeros): the others' digests are compared alone.
+    book.peers_joined = bool(record[2] & _JOINED)
     if record[0] != ~record[1]:
         _raise_disagreement(comm, description)
+    if book.peers_joined:
+        _meet_joined(comm, description)
     if flags is None:
         return None
     words = words.copy()
-    words[:inline] = record[2:2 + inline]
+    words[:inline] = record[_FLAGS_AT:_FLAGS_AT + inline]
     if words.size > inline:  # the ranks agree on len(flags), so this exchange matches
         rest = words[inline:]
         comm.allreduce(rest, "bor")
         words[inline:] = rest
     return unpack_flags(words, len(flags))
+
+
+class JoinedRecord:
+    """A joined rank's record in the next agreement on ``comm``, posted without waiting.
+
+    Hold ``comm``'s turn while it is pending. The wait is not watched as a stall: the other
+    ranks may compute for long between collectives.
+    """
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self._record = np.zeros(_RECORD_WORDS, np.int64)
+        self._record[2] = _JOINED
+        _book(comm).exchanges += 1
+        self._request = comm.start_allreduce(self._record, "bor")
+        self._done = False
+
+    def done(self) -> bool:
+        """Whether the other ranks have reached the agreement; never blocks."""
+        self._done = self._done or self._request.test()
+        return self._done
+
+    def read(self) -> Optional[Dict[str, Any]]:
+        """Once :meth:`done`: the description of the call the other ranks make, if this rank
+        is to serve it; ``{}`` if there is nothing to serve (the call raised on the ranks that
+        made it); None if every rank of ``comm`` has joined."""
+        comm, record = self.comm, self._record
+        discard_posts(comm)
+        if not record[2] & _ACTIVE:
+            return None
+        if record[0] != ~record[1]:
+            _raise_disagreement(comm, None)
+            return {}
+        every = comm.allgather_object(None)  # _meet_joined on the active ranks
+        description = next(d for d in every if d is not None)
+        if "error" in description or refusal_while_joined(description) is not None:
+            return {}
+        count = description.get("flags", -1)
+        if count >= 0:
+            words = pack_flags(np.zeros(count, bool))
+            if words.size > INLINE_FLAG_WORDS:  # the flags' second exchange, with none set
+                comm.allreduce(words[INLINE_FLAG_WORDS:], "bor")
+        return description
+
+
+def pause(start: float) -> None:
+    """Give the core away between polls of a wait that began at ``start`` (monotonic): a
+    yield for the first moments, then sleeps of a small share of the time waited."""
+    waited = time.monotonic() - start
+    if waited < _SPIN_SECONDS:
+        os.sched_yield()
+    else:
+        time.sleep(min(_PAUSE_SHARE * waited, _MAX_PAUSE))
+
+
+def turn(comm: Communicator) -> ContextManager[Any]:
+    """Hold ``comm``'s turn: other threads' collectives on it wait until the block ends."""
+    return _book(comm).turn
+
+
+def finish_join(comm: Communicator, newly: bool) -> int:
+    """End join on every rank of ``comm`` (each has read None from a :class:`JoinedRecord`);
+    ``newly``: this rank joined in that last agreement. Returns the rank in ``comm`` that
+    joined last (the highest of those that joined together). Sets the count of automatic
+    names to the other ranks' (they named calls that this rank served). A collective."""
+    book = _book(comm)
+    values = np.array([book.unnamed, comm.rank if newly else -1], np.int64)
+    comm.allreduce(values, "max")
+    book.unnamed = int(values[0])
+    book.peers_joined = False
+    return int(values[1])
+
+
+def peers_joined(comm: Communicator) -> bool:
+    """Whether the last agreement on ``comm`` found a joined rank (its collectives after it
+    need their own agreements, so that the joined rank learns each one)."""
+    return _book(comm).peers_joined
 
 
 class _Checks:
@@ -317,6 +453,18 @@ def covered(comm: Communicator) -> Iterator[None]:
             book.covered -= 1
 
 
+@contextlib.contextmanager
+def uncovered(comm: Communicator) -> Iterator[None]:
+    """Inside a :func:`covered` block, collectives make their own agreements again (a step
+    whose agreement found a joined rank: that rank learns each collective from its own)."""
+    book = _book(comm)
+    outer, book.covered = book.covered, 0
+    try:
+        yield
+    finally:
+        book.covered = outer
+
+
 def agreements(comm: Communicator) -> int:
     """How many agreement exchanges this rank has made on ``comm`` (tests count them)."""
     return _book(comm).exchanges
@@ -337,14 +485,10 @@ def _poll(request: Request) -> None:
     if request.test():
         return
     start = time.monotonic()
-    while time.monotonic() - start < _SPIN_SECONDS:
-        # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
-        # rank we wait for may need this core.
-        os.sched_yield()
-        if request.test():
-            return
+    # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
+    # rank we wait for may need this core.
     while not request.test():
-        time.sleep(min(_PAUSE_SHARE * (time.monotonic() - start), _MAX_PAUSE))
+        pause(start)
 
 
 class _Wait:
@@ -491,16 +635,16 @@ def _differing(values: Sequence[Any]) -> bool:
     return any(v != values[0] for v in values)
 
 
-def _by_rank(values: Sequence[Any]) -> str:
-    return ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+def _by_rank(ranks: Sequence[int], values: Sequence[Any]) -> str:
+    return ", ".join(f"rank {r}: {v!r}" for r, v in zip(ranks, values))
 
 
-def _missing_tensors(every: Sequence[Dict[str, Any]]) -> Optional[str]:
+def _missing_tensors(ranks: Sequence[int], every: Sequence[Dict[str, Any]]) -> Optional[str]:
     """'tensor 'x' is missing on rank 1' for tensors named on some ranks and not on others."""
     names = [[t.get("name") for t in d.get("tensors", ())] for d in every]
     notes = []
     for name in dict.fromkeys(n for per_rank in names for n in per_rank):
-        absent = [r for r, per_rank in enumerate(names) if name not in per_rank]
+        absent = [r for r, per_rank in zip(ranks, names) if name not in per_rank]
         if absent:
             where = ", ".join(str(r) for r in absent)
             notes.append(f"tensor {name!r} is missing on rank{'s' if len(absent) > 1 else ''} "
@@ -508,8 +652,11 @@ def _missing_tensors(every: Sequence[Dict[str, Any]]) -> Optional[str]:
     return "; ".join(notes) if notes else None
 
 
-def describe_mismatch(every: Sequence[Dict[str, Any]]) -> str:
-    """One message naming the first field (and tensor) on which the ranks' descriptions differ."""
+def describe_mismatch(given: Sequence[Optional[Dict[str, Any]]]) -> str:
+    """One message naming the first field (and tensor) on which the ranks' descriptions differ
+    (``given`` by rank; None for a joined rank, which made no call)."""
+    ranks = [r for r, d in enumerate(given) if d is not None]
+    every = [d for d in given if d is not None]
     first = every[0]
     what = f"{first.get('kind', 'collective')} {first.get('name')!r}"
     for field in dict.fromkeys(key for d in every for key in d):
@@ -517,23 +664,23 @@ def describe_mismatch(every: Sequence[Dict[str, Any]]) -> str:
             continue
         values = [d.get(field) for d in every]
         if _differing(values):
-            return f"{what}: ranks disagree on {field} ({_by_rank(values)})"
+            return f"{what}: ranks disagree on {field} ({_by_rank(ranks, values)})"
     counts = [len(d.get("tensors", ())) for d in every]
     if _differing(counts):
-        missing = _missing_tensors(every)
+        missing = _missing_tensors(ranks, every)
         detail = f"; {missing}" if missing else ""
-        return (f"{what}: ranks disagree on the number of tensors ({_by_rank(counts)})"
+        return (f"{what}: ranks disagree on the number of tensors ({_by_rank(ranks, counts)})"
                 f"{detail}")
     for i, tensor in enumerate(first.get("tensors", ())):
         for field in tensor:
             values = [d["tensors"][i][field] for d in every]
             if _differing(values):
                 return (f"{what}: ranks disagree on {field} of tensor {i} "
-                        f"{tensor.get('name')!r} ({_by_rank(values)})")
+                        f"{tensor.get('name')!r} ({_by_rank(ranks, values)})")
     values = [d.get("flags") for d in every]
     if _differing(values):
-        return f"{what}: ranks disagree on the number of flags ({_by_rank(values)})"
-    return f"{what}: ranks disagree ({_by_rank(every)})"
+        return f"{what}: ranks disagree on the number of flags ({_by_rank(ranks, values)})"
+    return f"{what}: ranks disagree ({_by_rank(ranks, every)})"
 
 
 class Timeline:

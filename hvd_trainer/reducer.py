@@ -29,7 +29,9 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   reduced everywhere, stale ranks contributing zeros; one fresh nowhere is left untouched.
   With hook readiness the step starts before freshness is known, so every gradient is
   reduced and a rank that never marked one ready contributes zeros. The step's collectives
-  then run inside :func:`diagnostics.covered` and skip their own exchanges.
+  then run inside :func:`diagnostics.covered` and skip their own exchanges, except while a
+  rank is joined (:mod:`hvd_trainer.joined`): then each makes its own agreement, from which
+  the joined rank learns what to serve with zeros.
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
   :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
   compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
@@ -404,13 +406,16 @@ class Reducer:
                     else:  # no flags yet, but (empty) flags keep it an exchange when covered
                         diagnostics.agree(comm, lambda: self._description, np.zeros(0, bool))
                         step.fresh[:] = True
-                for bucket, done in zip(step.buckets, step._done):
-                    positions = [self._position[k] for k in bucket.keys]
-                    self._wait_for(step, positions)
-                    self._reduce_bucket(bucket, positions, step, stats)
-                    done.set_result(bucket)
-                self._wait_for(step, list(range(len(self.gradients))))
-                self._reduce_rest(step, stats)
+                # A joined rank (see joined.py) learns each collective from its own agreement.
+                with (diagnostics.uncovered(comm) if diagnostics.peers_joined(comm)
+                      else contextlib.nullcontext()):
+                    for bucket, done in zip(step.buckets, step._done):
+                        positions = [self._position[k] for k in bucket.keys]
+                        self._wait_for(step, positions)
+                        self._reduce_bucket(bucket, positions, step, stats)
+                        done.set_result(bucket)
+                    self._wait_for(step, list(range(len(self.gradients))))
+                    self._reduce_rest(step, stats)
         except BaseException as e:
             for done in step._done:
                 if not done.done():

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import adasum, handles, sparse
+from .. import joined as core_join
 from .. import ops as core
 from ..handles import Handle
 from ..ops import Average, Sum
@@ -662,12 +663,18 @@ def allgather_object(obj: Any, name: Optional[str] = None,
 
 
 def join(device: int = -1) -> int:
-    """Not available: raises ``NotImplementedError`` (see the README's Limitations).
+    """This rank has no more data: serve the other ranks' reductions with zeros until every
+    rank has called join; return the global rank that joined last (of several joining
+    together, the highest). See :mod:`hvd_trainer.joined` for what a joined rank serves.
 
-    Horovod's ``join`` lets the other ranks go on reducing, with zeros standing in for the
-    joined rank; the core's collectives need every rank of the set in each one.
+    Meanwhile the other ranks' ``allreduce``, ``grouped_allreduce`` (their async forms and
+    Adasum included), ``barrier`` and ``DistributedOptimizer`` steps run with zeros for this
+    rank; ``Average`` divides by the full size, joined ranks included, as Horovod 0.28 does.
+    Any other collective raises ``HorovodInternalError`` on every rank that called it while
+    a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter).
+    ``device`` says where Horovod makes its zeros; tensors are CPU tensors here, so it is
+    only checked to be an int.
     """
-    raise NotImplementedError(
-        "hvd_trainer.torch.join() is not implemented: every rank must take part in each "
-        "collective; give every rank the same number of batches (e.g. drop the remainder or "
-        "use a DistributedSampler)")
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"device={device!r} must be an int (a GPU index, or -1 for the CPU)")
+    return synchronize(_start(core_join.join, finish=lambda last: last))

@@ -4,7 +4,8 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_trainer.diagnostics import StallInspector, describe_mismatch, pack_flags, unpack_flags
+from hvd_trainer.diagnostics import (StallInspector, describe_mismatch, pack_flags,
+                                     refusal_while_joined, unpack_flags)
 
 
 def test_names_first_differing_top_level_field():
@@ -90,3 +91,19 @@ def test_stall_report_says_where_other_ranks_wait():
     assert inspector.report(1.0) == (
         "stall: rank 0 has waited 1.0 s for allreduce 'x'; rank 2 has not submitted it "
         "(still computing, stuck, or exited); rank 1 waits for broadcast 'y' instead")
+
+
+def test_mismatch_skips_joined_ranks_and_keeps_rank_numbers():
+    every = [{"kind": "allreduce", "name": "w", "tensors": [{"name": "w", "shape": (4,)}]},
+             None,  # a joined rank makes no call
+             {"kind": "allreduce", "name": "w", "tensors": [{"name": "w", "shape": (5,)}]}]
+    assert describe_mismatch(every) == ("allreduce 'w': ranks disagree on shape of tensor 0 'w' "
+                                        "(rank 0: (4,), rank 2: (5,))")
+
+
+def test_joined_ranks_serve_host_reductions_only():
+    assert refusal_while_joined({"kind": "allreduce", "tensors": [{"memory": "host"}]}) is None
+    assert refusal_while_joined({"kind": "trainer step", "tensors": []}) is None
+    assert "sparse_as_dense=True" in refusal_while_joined({"kind": "allgather"})
+    assert "broadcast" in refusal_while_joined({"kind": "broadcast"})
+    assert "GPU" in refusal_while_joined({"kind": "allreduce", "tensors": [{"memory": "gpu"}]})

@@ -67,8 +67,6 @@ def test_argument_errors_name_the_argument_and_the_fix():
         hvd.reducescatter(torch.ones(3), op=hvd.Adasum)
     with pytest.raises(ValueError, match="either op= or the deprecated average="):
         hvd.allreduce(torch.ones(3), op=hvd.Sum, average=True)
-    with pytest.raises(NotImplementedError, match="same number of batches"):
-        hvd.join()
     with pytest.raises(TypeError, match="handle"):
         hvd.synchronize(3)
     assert torch.equal(hvd.allreduce(torch.ones(3)), torch.ones(3))
@@ -134,3 +132,11 @@ def test_adasum_tree_combines_pairs_level_by_level():
 def test_adasum_of_one_rank_is_the_tensor_scaled():
     x = torch.tensor([1.0, -2.0, 3.0])
     assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, postscale_factor=2.0), 2 * x)
+
+
+def test_join_alone_returns_this_rank_and_checks_device():
+    assert hvd.join() == 0 and hvd.join(device=3) == 0
+    assert hvd_trainer.join() == 0
+    with pytest.raises(TypeError, match="device"):
+        hvd.join(device="cuda")
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.ones(2))

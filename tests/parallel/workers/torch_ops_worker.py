@@ -238,11 +238,10 @@ for sparse_dims, rows_total, seed in ((1, 40, 40), (2, 6, 41), (1, 3, 42)):
             touched[tuple(i)] = True
         assert result.indices().shape[1] == touched.sum(), "one entry per touched index"
 
-# -- objects, barrier, join, process sets ------------------------------------------------------
+# -- objects, barrier, process sets ------------------------------------------------------
 assert hvd.broadcast_object({"from": RANK}, root_rank=SIZE - 1) == {"from": SIZE - 1}
 assert hvd.allgather_object(("r", RANK)) == [("r", r) for r in range(SIZE)]
 hvd.barrier()
-raises(NotImplementedError, "join", hvd.join)
 members = list(range(1, SIZE))
 ps = hvd.add_process_set(members)
 inputs = [data(50, r, (4,)) for r in range(SIZE)]

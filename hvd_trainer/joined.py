@@ -1,0 +1,91 @@
+"""A rank that ran out of data joins (join()) and serves the others' reductions with zeros.
+
+Horovod's semantics (``horovod.torch.join``): a rank that has no more batches calls
+:func:`join`, which returns once every rank of the world has called it. Meanwhile the ranks
+that have not joined go on calling collectives; each joined rank learns each call from its
+agreement (see diagnostics.py) and runs the same data phase with zeros of the described
+shapes and dtypes, so the wire pattern (fusion, pieces, ring) is the same as if it had made
+the call; on the world and on every process set it belongs to, so no collective waits for it
+in vain. It serves ``allreduce``, ``grouped_allreduce`` (Adasum included), ``barrier`` and
+the reducer's gradient steps (DistributedOptimizer, DistributedTrainer), whose collectives
+then each make their own agreement. Any other collective (allgather, broadcast, alltoall,
+reducescatter, the object collectives, process-set changes, and a step's sparse or packed
+gradients, which go by allgather) raises on every rank that called it, and the joined ranks
+wait for the next call. So does a call on GPU arrays.
+
+``Average`` divides by the size of the process set, joined ranks included, as in Horovod
+0.28 (its test expects ``tensor * (size - 1) / size`` with one rank joined): the joined
+ranks' zeros count as contributions. ``Min``, ``Max`` and ``Product`` see the zeros too.
+"""
+import contextlib
+import time
+from typing import Any, Dict
+
+import numpy as np
+
+from . import adasum, diagnostics, ops, runtime
+from .runtime import ProcessSet, global_process_set
+
+
+def _dtype(text: str) -> np.dtype:
+    # bfloat16 describes itself as '<V2' (void); ml_dtypes, imported by whoever made such an
+    # array, registers its name with NumPy.
+    return np.dtype("bfloat16") if text.lstrip("<>|=").startswith("V") else np.dtype(text)
+
+
+def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
+    """Run the data phase of the call ``description`` describes, with zeros."""
+    kind = description["kind"]
+    if kind not in ("allreduce", "grouped_allreduce", "adasum"):
+        return  # barrier, a step's agreement: nothing but the agreement itself
+    zeros = [np.zeros(t["shape"], _dtype(t["dtype"])) for t in description["tensors"]]
+    pre, post = description["prescale_factor"], description["postscale_factor"]
+    with diagnostics.covered(runtime.communicator(process_set)):  # agreed on already
+        if kind == "adasum":
+            adasum.grouped_allreduce(zeros, description["name"], pre, post, process_set,
+                                     inplace=True)
+        else:
+            ops.reduce_group(ops.HOST, zeros, ops.ReduceOp[description["op"]],
+                             description["name"], pre, post, process_set, kind, True)
+
+
+def join() -> int:
+    """Serve the other ranks' reductions with zeros until every rank has called join; return
+    the global rank that joined last (of several joining together, the highest).
+
+    A joined rank serves calls on every process set it belongs to, so a collective on a
+    process set never waits for it. A collective over the world; the next collective after
+    it works normally on every rank.
+    """
+    runtime.init()
+    world = runtime.communicator(global_process_set)
+    if world.size == 1:
+        return runtime.rank()
+    sets = sorted((ps for ps in runtime.state().process_sets.values() if ps.included()),
+                  key=lambda ps: ps.process_set_id)  # the world first
+    newly = True  # this rank joined in the world's last agreement
+    with contextlib.ExitStack() as turns:
+        for ps in sets:
+            turns.enter_context(diagnostics.turn(runtime.communicator(ps)))
+        pending = {ps.process_set_id: (ps, diagnostics.JoinedRecord(runtime.communicator(ps)))
+                   for ps in sets}
+        start = time.monotonic()
+        while pending:
+            # A set whose ranks have all joined is done: nobody can call on it any more.
+            for key, (ps, record) in list(pending.items()):
+                if not record.done():
+                    continue
+                description = record.read()
+                if description is None:
+                    del pending[key]
+                    continue
+                newly = newly and ps is not global_process_set
+                if description:
+                    _serve(description, ps)
+                pending[key] = (ps, diagnostics.JoinedRecord(record.comm))
+                start = time.monotonic()
+            diagnostics.pause(start)
+        last = diagnostics.finish_join(world, newly)
+        for ps in sets[1:]:
+            diagnostics.finish_join(runtime.communicator(ps), False)
+    return runtime.world_rank(world, last)
