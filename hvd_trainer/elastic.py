@@ -226,10 +226,14 @@ class State(abc.ABC):
 class ObjectState(State):
     """A state of picklable attributes: ``ObjectState(epoch=0, batch=0)``.
 
-    Attributes given here are saved and restored; an :class:`ElasticSampler` among them keeps
-    its object (a data loader holds it) and its record of processed samples is merged over
-    the ranks at each commit.
+    Attributes given here are saved and restored. An attribute of one of the ``kept``
+    types (here :class:`ElasticSampler`; framework states add their models and optimizers)
+    keeps its object, which the script holds elsewhere too: the commit holds its
+    ``state_dict()`` and a restore loads that back into it. A sampler's record of processed
+    samples is merged over the ranks at each commit.
     """
+
+    kept: Tuple[type, ...] = ()
 
     def __init__(self, **attributes: Any):
         super().__init__()
@@ -243,7 +247,8 @@ class ObjectState(State):
             value = getattr(self, name)
             if isinstance(value, ElasticSampler):
                 value.sync()
-                value = _SamplerSnapshot(value.state_dict())
+            if isinstance(value, (ElasticSampler, *self.kept)):
+                value = _StateDictSnapshot(value.state_dict())
             snapshot[name] = value
         return snapshot
 
@@ -251,14 +256,15 @@ class ObjectState(State):
         for name in self._names:
             value = snapshot[name]
             current = getattr(self, name)
-            if isinstance(value, _SamplerSnapshot) and isinstance(current, ElasticSampler):
+            if (isinstance(value, _StateDictSnapshot)
+                    and isinstance(current, (ElasticSampler, *self.kept))):
                 current.load_state_dict(value.state)
             else:
                 setattr(self, name, value)
 
 
-class _SamplerSnapshot:
-    """An ElasticSampler's state inside a snapshot, loaded back into the live sampler."""
+class _StateDictSnapshot:
+    """A kept object's ``state_dict()`` inside a snapshot, loaded back into the live object."""
 
     def __init__(self, state: Dict[str, Any]):
         self.state = state

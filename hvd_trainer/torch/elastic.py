@@ -1,0 +1,93 @@
+"""horovod.torch.elastic's API: ``TorchState``, a torch ``ElasticSampler``, and the
+framework-free core's ``run``, ``State``, ``ObjectState`` and errors.
+
+``hvd.elastic.TorchState(model, optimizer, epoch=0, sampler=sampler)`` keeps the model's and
+the optimizer's ``state_dict()`` (and those of any other module, optimizer or learning-rate
+scheduler passed by keyword), the sampler's record and any picklable attributes across a
+reset of the job (see :mod:`hvd_trainer.elastic`).
+"""
+from typing import Any, Iterator, List, Optional, Sequence
+
+import torch
+import torch.utils.data
+
+from .. import elastic as core
+from .. import runtime
+from ..elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run
+
+__all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
+           "State", "TorchState", "run"]
+
+
+class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
+    """This rank's sample indices of the epoch, for ``DataLoader(dataset, batch_size=B,
+    sampler=sampler)``, such that a restart on another number of ranks spreads the samples
+    not processed yet over the new ranks: none is lost or repeated within an epoch.
+
+    The epoch's order is the core sampler's (a permutation fixed by ``seed`` and the epoch,
+    or the identity without ``shuffle``); rank r of N takes every N-th sample of what is
+    left, from the r-th, so the ranks' counts differ by at most one. Unlike Horovod's sampler
+    nothing is padded with repeats: when the samples left are k·N·B + m with 0 < m < N, ranks
+    below m get one more batch (of one sample) than the others; use the core
+    ``hvd_trainer.elastic.ElasticSampler`` as ``batch_sampler=`` where that matters. Call
+    :meth:`record_batch` after each batch, :meth:`set_epoch` at the end of each epoch, and
+    keep the sampler in the :class:`TorchState`, which merges the ranks' records at a commit.
+    """
+
+    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0):
+        core.ElasticSampler.__init__(self, len(dataset), 1, shuffle, seed)
+        self.dataset = dataset
+        self.indices: Optional[List[int]] = None  # this rank's samples of the running iteration
+
+    def _mine(self) -> List[int]:
+        runtime.init()
+        return [i for batch in self.batches(runtime.rank(), runtime.size()) for i in batch]
+
+    def __iter__(self) -> Iterator[int]:  # type: ignore[override]
+        self.indices = self._mine()
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self._mine())
+
+    def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
+        """The samples of the ``batch_idx``-th batch of ``batch_size`` of the current
+        iteration on this rank (the DataLoader's ``batch_size``)."""
+        if self.indices is None:
+            raise ValueError(f"ElasticSampler.get_indices({batch_idx}, {batch_size}): no "
+                             "iteration has started; iterate the DataLoader first")
+        start = batch_idx * batch_size
+        if batch_size < 1 or not 0 <= start < len(self.indices):
+            raise ValueError(f"ElasticSampler.get_indices({batch_idx}, {batch_size}): the "
+                             f"current iteration has {len(self.indices)} samples on this rank; "
+                             "pass the position of a batch the DataLoader handed out and its "
+                             "batch_size")
+        return self.indices[start:start + batch_size]
+
+    def record_indices(self, indices: Sequence[int]) -> None:
+        """Mark this rank's ``indices`` as processed."""
+        self.record(indices)
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:  # type: ignore[override]
+        """Mark the ``batch_idx``-th batch of ``batch_size`` of the current iteration as
+        processed."""
+        self.record_indices(self.get_indices(batch_idx, batch_size))
+
+
+class TorchState(ObjectState):
+    """The state of a PyTorch training process (horovod.torch.elastic.TorchState).
+
+    ``model``, ``optimizer`` and every keyword value that is a ``torch.nn.Module``, a
+    ``torch.optim.Optimizer`` (a DistributedOptimizer too) or a learning-rate scheduler stay
+    the script's objects: a commit holds their ``state_dict()`` (weights and buffers;
+    optimizer states such as momentum, with every parameter group's options) and a restore
+    loads it back into them. An :class:`ElasticSampler` is kept likewise, its record merged
+    over the ranks at each commit. Other keyword values (``epoch``, ``batch``, ...) are
+    picklable attributes, as in :class:`ObjectState`.
+    """
+
+    kept = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+
+    def __init__(self, model: Optional[torch.nn.Module] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any):
+        super().__init__(model=model, optimizer=optimizer, **kwargs)
