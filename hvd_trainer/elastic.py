@@ -5,7 +5,8 @@ An MPI world cannot drop a dead process, so recovery restarts the processes: ``h
 ``State.commit()`` writes the state to a file on each rank's local disk (``HVD_ELASTIC_DIR``,
 set by hvdrun per job), and :func:`run` restores, on every rank, the newest commit that any rank
 still holds before it calls the training function again. Framework adapters subclass
-:class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic`).
+:class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic` and
+:mod:`hvd_trainer.torch.elastic`).
 """
 import abc
 import functools
@@ -226,9 +227,9 @@ class State(abc.ABC):
 class ObjectState(State):
     """A state of picklable attributes: ``ObjectState(epoch=0, batch=0)``.
 
-    Attributes given here are saved and restored. An attribute of one of the ``kept``
-    types (here :class:`ElasticSampler`; framework states add their models and optimizers)
-    keeps its object, which the script holds elsewhere too: the commit holds its
+    Attributes given here are saved and restored. An :class:`ElasticSampler`, or an
+    instance of a type in ``kept`` (a framework's state lists its models and optimizers
+    there), keeps its object, which the script holds elsewhere too: the commit holds its
     ``state_dict()`` and a restore loads that back into it. A sampler's record of processed
     samples is merged over the ranks at each commit.
     """

@@ -28,9 +28,11 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
     or the identity without ``shuffle``); rank r of N takes every N-th sample of what is
     left, from the r-th, so the ranks' counts differ by at most one. Unlike Horovod's sampler
     nothing is padded with repeats: when the samples left are k·N·B + m with 0 < m < N, ranks
-    below m get one more batch (of one sample) than the others; use the core
+    below m get one more batch (of one sample) than the others, and the collectives that
+    follow pair the wrong steps; use the core
     ``hvd_trainer.elastic.ElasticSampler`` as ``batch_sampler=`` where that matters. Call
-    :meth:`record_batch` after each batch, :meth:`set_epoch` at the end of each epoch, and
+    :meth:`record_batch` (Horovod's arguments: the batch's position and the DataLoader's
+    batch size) after each batch, :meth:`set_epoch` at the end of each epoch, and
     keep the sampler in the :class:`TorchState`, which merges the ranks' records at a commit.
     """
 
