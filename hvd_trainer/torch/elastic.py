@@ -6,6 +6,7 @@ the optimizer's ``state_dict()`` (and those of any other module, optimizer or le
 scheduler passed by keyword), the sampler's record and any picklable attributes across a
 reset of the job (see :mod:`hvd_trainer.elastic`).
 """
+import warnings
 from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
@@ -29,8 +30,9 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
     left, from the r-th, so the ranks' counts differ by at most one. Unlike Horovod's sampler
     nothing is padded with repeats: when the samples left are k·N·B + m with 0 < m < N, ranks
     below m get one more batch (of one sample) than the others, and the collectives that
-    follow pair the wrong steps; use the core
-    ``hvd_trainer.elastic.ElasticSampler`` as ``batch_sampler=`` where that matters. Call
+    follow pair the wrong steps. The first :meth:`record_batch` of an iteration warns (on
+    every rank) when that is so; use the core ``hvd_trainer.elastic.ElasticSampler`` as
+    ``batch_sampler=`` where it can happen. Call
     :meth:`record_batch` (Horovod's arguments: the batch's position and the DataLoader's
     batch size) after each batch, :meth:`set_epoch` at the end of each epoch, and
     keep the sampler in the :class:`TorchState`, which merges the ranks' records at a commit.
@@ -40,6 +42,8 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
         core.ElasticSampler.__init__(self, len(dataset), 1, shuffle, seed)
         self.dataset = dataset
         self.indices: Optional[List[int]] = None  # this rank's samples of the running iteration
+        self._left = self._ranks = 0  # the iteration's samples and ranks, all ranks together
+        self._checked: Optional[int] = None  # the batch size the iteration was checked for
 
     def _mine(self) -> List[int]:
         runtime.init()
@@ -47,6 +51,8 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
 
     def __iter__(self) -> Iterator[int]:  # type: ignore[override]
         self.indices = self._mine()
+        self._left = int(self.num_samples - self.processed.sum())
+        self._ranks, self._checked = runtime.size(), None
         return iter(self.indices)
 
     def __len__(self) -> int:
@@ -74,6 +80,22 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
         """Mark the ``batch_idx``-th batch of ``batch_size`` of the current iteration as
         processed."""
         self.record_indices(self.get_indices(batch_idx, batch_size))
+        if batch_size != self._checked:
+            self._checked = batch_size
+            self._warn_if_uneven(batch_size)
+
+    def _warn_if_uneven(self, batch_size: int) -> None:
+        """Warn when the iteration gives some ranks one more batch than others."""
+        extra = self._left % (self._ranks * batch_size)
+        if 0 < extra < self._ranks:
+            warnings.warn(
+                f"ElasticSampler: {self._left} samples are left in epoch {self.epoch} for "
+                f"{self._ranks} ranks with batches of {batch_size}, so ranks 0 to {extra - 1} "
+                "get one more batch, of one sample, than the others, and the collectives "
+                "that follow pair the wrong steps (unless the DataLoader drops last batches, "
+                "which skips those samples); use hvd_trainer.elastic.ElasticSampler("
+                f"len(dataset), {batch_size}) as the DataLoader's batch_sampler instead",
+                RuntimeWarning, stacklevel=3)
 
 
 class TorchState(ObjectState):

@@ -1,7 +1,8 @@
 """hvd_trainer.torch.elastic in a one-process world: the torch ElasticSampler's split over
 ranks against hand-made expectations and the DataLoader's own batches, and TorchState's
 commit and restore against a plain replay (momentum included) and across a new process."""
-import numpy as np
+import warnings
+
 import pytest
 import torch
 
@@ -52,7 +53,9 @@ def test_sampler_spreads_the_samples_left_over_the_new_ranks_by_hand(monkeypatch
     def make():
         return hvd.elastic.ElasticSampler(numbered(10), shuffle=False)
 
-    every, merged = first_batches_on_each_rank(monkeypatch, make, 3, 2, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 10 samples on 3 ranks: every rank has 2 batches
+        every, merged = first_batches_on_each_rank(monkeypatch, make, 3, 2, 1)
     # 3 ranks: rank r takes every third sample from the r-th.
     assert every == [[[0, 3], [6, 9]], [[1, 4], [7]], [[2, 5], [8]]]
     # Restarted on 2 ranks (a new process loads the committed record): 6..9 are left.
@@ -63,6 +66,7 @@ def test_sampler_spreads_the_samples_left_over_the_new_ranks_by_hand(monkeypatch
         assert list(again) == mine and len(again) == 2
 
 
+@pytest.mark.filterwarnings("ignore:ElasticSampler.*one more batch:RuntimeWarning")
 @pytest.mark.parametrize("size, batch_size, done_batches", [(3, 4, 2), (2, 3, 1), (4, 1, 5)])
 def test_shuffled_split_covers_what_is_left_once_after_a_change_of_size(
         monkeypatch, size, batch_size, done_batches):
@@ -96,6 +100,15 @@ def test_core_batch_sampler_evens_out_what_the_torch_sampler_cannot(monkeypatch)
         core_batches.append([batch.tolist() for (batch,) in loader])
     assert torch_batches == [[[0, 3], [6]], [[1, 4]], [[2, 5]]]
     assert core_batches == [[[0, 3, 6]], [[1, 4]], [[2, 5]]]
+    # Every rank's first record_batch says so, with the fix.
+    for rank in range(3):
+        as_rank(monkeypatch, rank, 3)
+        sampler = hvd.elastic.ElasticSampler(dataset, shuffle=False)
+        list(sampler)
+        with pytest.warns(RuntimeWarning, match=r"ranks 0 to 0 get one more batch.*"
+                          r"ElasticSampler\(len\(dataset\), 2\) as the DataLoader's "
+                          "batch_sampler"):
+            sampler.record_batch(0, 2)
 
 
 def test_set_epoch_clears_the_record_and_changes_the_order():
