@@ -7,7 +7,7 @@ scheduler passed by keyword), the sampler's record and any picklable attributes 
 reset of the job (see :mod:`hvd_trainer.elastic`).
 """
 import warnings
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.utils.data
@@ -15,6 +15,8 @@ import torch.utils.data
 from .. import elastic as core
 from .. import runtime
 from ..elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run
+from ..reducer import Reducer
+from .optimizer import _Distributed
 
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
            "State", "TorchState", "run"]
@@ -105,9 +107,11 @@ class TorchState(ObjectState):
     ``torch.optim.Optimizer`` (a DistributedOptimizer too) or a learning-rate scheduler stay
     the script's objects: a commit holds their ``state_dict()`` (weights and buffers;
     optimizer states such as momentum, with every parameter group's options) and a restore
-    loads it back into them. An :class:`ElasticSampler` is kept likewise, its record merged
-    over the ranks at each commit. Other keyword values (``epoch``, ``batch``, ...) are
-    picklable attributes, as in :class:`ObjectState`.
+    loads it back into them. A DistributedOptimizer with an error-feedback compressor also
+    has every rank's residuals in the commit (they restore exactly on as many ranks, and
+    start from zero, with a warning, on another number). An :class:`ElasticSampler` is kept
+    likewise, its record merged over the ranks at each commit. Other keyword values
+    (``epoch``, ``batch``, ...) are picklable attributes, as in :class:`ObjectState`.
     """
 
     kept = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
@@ -115,3 +119,26 @@ class TorchState(ObjectState):
     def __init__(self, model: Optional[torch.nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any):
         super().__init__(model=model, optimizer=optimizer, **kwargs)
+
+    def _reducers(self) -> Dict[str, Reducer]:
+        """The gradient reducers of the DistributedOptimizers among the attributes, by name
+        (none on ranks outside an optimizer's process set)."""
+        found = {}
+        for name in self._names:
+            value = getattr(self, name)
+            if isinstance(value, _Distributed) and value._reducer is not None:
+                found[name] = value._reducer
+        return found
+
+    def save(self) -> Dict[str, Any]:
+        snapshot = super().save()
+        snapshot["_residuals"] = {name: reducer.shared_state(f"elastic.residuals.{name}")
+                                  for name, reducer in self._reducers().items()}
+        return snapshot
+
+    def load(self, snapshot: Dict[str, Any]) -> None:
+        super().load(snapshot)
+        saved = snapshot["_residuals"]
+        for name, reducer in self._reducers().items():
+            if name in saved:
+                reducer.scatter_state(saved[name], f"elastic.residuals.{name}")

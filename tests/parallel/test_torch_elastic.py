@@ -73,3 +73,8 @@ def test_discovery_grows_the_torch_job_at_a_commit_mid_epoch(tmp_path):
     assert lives(proc.stdout) == [(2, 0), (3, 3)]
     assert "hosts changed to" in proc.stderr
     check_result(tmp_path / "out.json", [2] * 3 + [3] * 10)
+
+
+def test_any_rank_s_commit_restores_every_rank_s_compression_residuals(tmp_path):
+    proc = run_ranks("elastic_torch_residuals.py", 2, [str(tmp_path)])
+    assert "RESIDUALS OK" in proc.stdout
