@@ -34,10 +34,12 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
     below m get one more batch (of one sample) than the others, and the collectives that
     follow pair the wrong steps. The first :meth:`record_batch` of an iteration warns (on
     every rank) when that is so; use the core ``hvd_trainer.elastic.ElasticSampler`` as
-    ``batch_sampler=`` where it can happen. Call
-    :meth:`record_batch` (Horovod's arguments: the batch's position and the DataLoader's
-    batch size) after each batch, :meth:`set_epoch` at the end of each epoch, and
-    keep the sampler in the :class:`TorchState`, which merges the ranks' records at a commit.
+    ``batch_sampler=`` where it can happen.
+
+    Call :meth:`record_batch` (Horovod's arguments: the batch's position and the
+    DataLoader's batch size) after each batch, :meth:`set_epoch` at the end of each epoch,
+    and keep the sampler in the :class:`TorchState`, which merges the ranks' records at a
+    commit.
     """
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0):
