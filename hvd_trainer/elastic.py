@@ -5,7 +5,8 @@ An MPI world cannot drop a dead process, so recovery restarts the processes: ``h
 ``State.commit()`` writes the state to a file on each rank's local disk (``HVD_ELASTIC_DIR``,
 set by hvdrun per job), and :func:`run` restores, on every rank, the newest commit that any rank
 still holds before it calls the training function again. Framework adapters subclass
-:class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic`).
+:class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic` and
+:mod:`hvd_trainer.torch.elastic`).
 """
 import abc
 import functools
@@ -226,10 +227,14 @@ class State(abc.ABC):
 class ObjectState(State):
     """A state of picklable attributes: ``ObjectState(epoch=0, batch=0)``.
 
-    Attributes given here are saved and restored; an :class:`ElasticSampler` among them keeps
-    its object (a data loader holds it) and its record of processed samples is merged over
-    the ranks at each commit.
+    Attributes given here are saved and restored. An :class:`ElasticSampler`, or an
+    instance of a type in ``kept`` (a framework's state lists its models and optimizers
+    there), keeps its object, which the script holds elsewhere too: the commit holds its
+    ``state_dict()`` and a restore loads that back into it. A sampler's record of processed
+    samples is merged over the ranks at each commit.
     """
+
+    kept: Tuple[type, ...] = ()
 
     def __init__(self, **attributes: Any):
         super().__init__()
@@ -243,7 +248,8 @@ class ObjectState(State):
             value = getattr(self, name)
             if isinstance(value, ElasticSampler):
                 value.sync()
-                value = _SamplerSnapshot(value.state_dict())
+            if isinstance(value, (ElasticSampler, *self.kept)):
+                value = _StateDictSnapshot(value.state_dict())
             snapshot[name] = value
         return snapshot
 
@@ -251,14 +257,15 @@ class ObjectState(State):
         for name in self._names:
             value = snapshot[name]
             current = getattr(self, name)
-            if isinstance(value, _SamplerSnapshot) and isinstance(current, ElasticSampler):
+            if (isinstance(value, _StateDictSnapshot)
+                    and isinstance(current, (ElasticSampler, *self.kept))):
                 current.load_state_dict(value.state)
             else:
                 setattr(self, name, value)
 
 
-class _SamplerSnapshot:
-    """An ElasticSampler's state inside a snapshot, loaded back into the live sampler."""
+class _StateDictSnapshot:
+    """A kept object's ``state_dict()`` inside a snapshot, loaded back into the live object."""
 
     def __init__(self, state: Dict[str, Any]):
         self.state = state

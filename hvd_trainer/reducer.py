@@ -544,6 +544,14 @@ class Reducer:
                                   name, self.process_set)
         return None if every is None else dict(self._settings(), residuals=every)
 
+    def shared_state(self, name: str) -> Optional[Dict[str, Any]]:
+        """What :meth:`gather_state` returns, on every member: an elastic commit, which any
+        one rank's copy may have to restore, holds every member's residuals. A collective."""
+        if self.feedback is None:
+            return None
+        return ops.broadcast_object(self.gather_state(name), self.process_set.ranks[0], name,
+                                    self.process_set)
+
     def scatter_state(self, state: Optional[Dict[str, Any]], name: str) -> None:
         """Give each member its residuals from ``state`` (what :meth:`gather_state` returned,
         read on the set's first rank; ignored elsewhere). Residuals saved with other settings

@@ -7,7 +7,6 @@ from typing import Any, Dict, List
 
 import mxnet as mx
 
-from .. import ops
 from ..elastic import (ElasticSampler, HorovodInternalError, HostsUpdatedInterrupt, ObjectState,
                        State, run)
 from .trainer import DistributedTrainer
@@ -56,14 +55,8 @@ class GluonState(ObjectState):
         snapshot = super().save()
         snapshot["_weights"] = [p.list_data()[0].asnumpy() for p in self._params]
         snapshot["_trainer"] = trainer._updaters[0].get_states(dump_optimizer=True)
-        # Every rank's commit holds every rank's residuals: the commit that survives may be
-        # any rank's. (Gathered to the set's first rank, then sent to all.)
-        snapshot["_residuals"] = None
-        if trainer._member and trainer._reducer.feedback is not None:
-            name = f"{trainer._prefix}elastic.residuals"
-            snapshot["_residuals"] = ops.broadcast_object(
-                trainer._reducer.gather_state(name), trainer._process_set.ranks[0], name,
-                trainer._process_set)
+        snapshot["_residuals"] = (trainer._reducer.shared_state(
+            f"{trainer._prefix}elastic.residuals") if trainer._member else None)
         return snapshot
 
     def load(self, snapshot: Dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross
                        is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                        mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
                        rocm_built, shutdown, size)
+from . import elastic
 from .compression import Compression
 from .errors import HorovodInternalError
 from .ops import (Adasum, allgather, allgather_async, allgather_object, allreduce, allreduce_,

@@ -6,12 +6,11 @@ that do not fit, a rank outside the process set) as ``HorovodInternalError``, a
 :func:`synchronize` hands such an error to the caller it becomes an instance of a class
 deriving from both ``HorovodInternalError`` and the core's class, with the same message, so
 ``except HorovodInternalError`` and ``except ValueError`` both catch it.
+``HorovodInternalError`` is the elastic core's class, so ``hvd.HorovodInternalError`` and
+``hvd.elastic.HorovodInternalError`` are one class, as in Horovod.
 """
 from ..diagnostics import also_raised_as
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed: raised on every rank of its process set, as in Horovod."""
+from ..elastic import HorovodInternalError
 
 
 def as_horovod_error(error: Exception) -> Exception:

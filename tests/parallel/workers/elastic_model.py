@@ -1,5 +1,5 @@
-"""The model and data of the elastic Gluon test, shared by its worker and its reference."""
-import mxnet as mx
+"""The model and data of the elastic Gluon and torch tests, shared by their workers and
+their references (each framework is imported only by its own model)."""
 import numpy as np
 
 NUM_SAMPLES, BATCH, EPOCHS = 36, 2, 2
@@ -12,11 +12,27 @@ def data():
     return inputs, rng.randn(NUM_SAMPLES, 3).astype(np.float32)
 
 
-def make_net() -> mx.gluon.nn.Dense:
-    """A Dense(3) layer with fixed initial weights."""
+def initial_weights():
+    """The fixed initial weight (3 x 5) and bias (3)."""
+    rng = np.random.RandomState(7)
+    return [rng.randn(*shape).astype(np.float32) * 0.3 for shape in ((3, 5), (3,))]
+
+
+def make_net():
+    """A Gluon Dense(3) layer with the fixed initial weights."""
+    import mxnet as mx
     net = mx.gluon.nn.Dense(3, in_units=5)
     net.initialize(mx.init.Xavier(rnd_type="gaussian"))
-    rng = np.random.RandomState(7)
-    for param in net.collect_params().values():
-        param.set_data(mx.nd.array(rng.randn(*param.shape).astype(np.float32) * 0.3))
+    for param, values in zip(net.collect_params().values(), initial_weights()):
+        param.set_data(mx.nd.array(values))
+    return net
+
+
+def make_torch_net():
+    """A torch Linear(5, 3) layer with the fixed initial weights."""
+    import torch
+    net = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        for param, values in zip((net.weight, net.bias), initial_weights()):
+            param.copy_(torch.from_numpy(values))
     return net

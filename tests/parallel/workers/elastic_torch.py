@@ -1,0 +1,80 @@
+"""Elastic torch worker: a DistributedOptimizer with TorchState and the torch ElasticSampler
+behind a DataLoader, where the job changes size in the middle of an epoch on its first life.
+
+Usage: elastic_torch.py HOSTS_FILE RESULT_FILE (--kill | --grow). With --kill, rank 1
+rewrites the hosts file to one slot fewer and SIGKILLs itself at step KILL_AT_STEP; with
+--grow, rank 0 rewrites it to 3 slots at step GROW_AT_STEP and the ranks commit until the
+host change arrives. Rank 0 prints ``LIFE size=S step=K`` at each start and ``COMMITTED
+step=K`` after each commit; at the end it writes the final weights and the history of global
+batches (epoch, size, every rank's indices) to RESULT_FILE as JSON.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import hvd_trainer.torch as hvd
+from elastic_model import BATCH, EPOCHS, data, make_torch_net
+
+COMMIT_EVERY, KILL_AT_STEP, GROW_AT_STEP = 4, 10, 3
+hosts_file, result_file, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+X, Y = (torch.from_numpy(a) for a in data())
+
+
+def first_life() -> bool:
+    return os.environ["HVD_ELASTIC_RESTART"] == "0"
+
+
+def write_hosts(slots: int) -> None:
+    with open(hosts_file + ".tmp", "w") as f:
+        f.write(f"localhost:{slots}\n")
+    os.replace(hosts_file + ".tmp", hosts_file)
+
+
+@hvd.elastic.run
+def train(state):
+    if hvd.rank() == 0:
+        print(f"LIFE size={hvd.size()} step={state.step}", flush=True)
+    while state.epoch < EPOCHS:
+        for position, (x, y) in enumerate(loader):
+            if first_life() and mode == "--kill" and hvd.rank() == 1 and state.step == KILL_AT_STEP:
+                write_hosts(hvd.size() - 1)
+                os.kill(os.getpid(), signal.SIGKILL)
+            batch = state.sampler.get_indices(position, BATCH)
+            assert torch.equal(x, X[batch]), (position, batch)  # the DataLoader's own batch
+            optimizer.zero_grad()
+            ((state.model(x) - y) ** 2).sum().backward()
+            optimizer.step()
+            state.history.append([state.epoch, hvd.size(),
+                                  hvd.allgather_object(batch, name="batch")])
+            state.sampler.record_batch(position, BATCH)
+            state.step += 1
+            if state.step % COMMIT_EVERY == 0:
+                state.commit()
+                if hvd.rank() == 0:
+                    print(f"COMMITTED step={state.step}", flush=True)
+            if first_life() and mode == "--grow" and state.step == GROW_AT_STEP:
+                if hvd.rank() == 0:
+                    write_hosts(3)
+                for _ in range(300):  # until hvdrun's change arrives (HostsUpdatedInterrupt)
+                    time.sleep(0.1)
+                    state.commit()
+                raise RuntimeError(f"no host update reached rank {hvd.rank()} within 30 s")
+        state.epoch += 1
+        state.sampler.set_epoch(state.epoch)
+    if hvd.rank() == 0:
+        weights = [p.detach().numpy().tolist() for p in (model.weight, model.bias)]
+        with open(result_file, "w") as f:
+            json.dump({"weights": weights, "history": state.history, "steps": state.step}, f)
+
+
+model = make_torch_net()
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                     named_parameters=model.named_parameters())
+dataset = torch.utils.data.TensorDataset(X, Y)
+sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
+loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+train(hvd.elastic.TorchState(model, optimizer, epoch=0, step=0, history=[], sampler=sampler))

@@ -1,0 +1,63 @@
+"""TorchState with 2-bit compression (error feedback) on 2 ranks, in one life: rank 1's
+commit is lost, a fresh model and optimizer recover rank 0's commit, and their next step must
+equal that of a job that never left (so rank 1's residuals came back from rank 0's copy).
+
+Usage: elastic_torch_residuals.py FOLDER (each rank commits to FOLDER/rank<r>). Prints
+``RESIDUALS OK`` on rank 0.
+"""
+import glob
+import os
+import sys
+
+import torch
+
+import hvd_trainer.torch as hvd
+from hvd_trainer import elastic
+from hvd_trainer.compression import TwoBit
+
+hvd.init()
+os.environ[elastic.DIR_VARIABLE] = os.path.join(sys.argv[1], f"rank{hvd.rank()}")
+torch.manual_seed(5 + hvd.rank())  # each rank its own data
+BATCHES = [(torch.randn(6, 4), torch.randn(6, 2)) for _ in range(5)]
+
+
+def build(prefix: str):
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 2)
+    compressor = TwoBit(threshold=0.05)
+    compressor.min_size = 1
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5), compression=compressor,
+        named_parameters=[(prefix + n, p) for n, p in model.named_parameters()])
+    return model, optimizer
+
+
+def step(model, optimizer, k: int) -> None:
+    x, y = BATCHES[k]
+    optimizer.zero_grad()
+    ((model(x) - y) ** 2).sum().backward()
+    optimizer.step()
+
+
+model, optimizer = build("first.")
+state = hvd.elastic.TorchState(model, optimizer)
+state.recover()
+step(model, optimizer, 0)
+step(model, optimizer, 1)
+state.commit()
+assert optimizer._reducer.feedback.residuals, "2-bit compression kept no residuals"
+step(model, optimizer, 3)  # lost with the life
+if hvd.rank() == 1:
+    for path in glob.glob(os.path.join(os.environ[elastic.DIR_VARIABLE], "*.commit")):
+        os.remove(path)
+again, again_optimizer = build("again.")
+hvd.elastic.TorchState(again, again_optimizer).recover()
+step(again, again_optimizer, 2)
+
+whole, whole_optimizer = build("whole.")
+for k in range(3):
+    step(whole, whole_optimizer, k)
+for got, want in zip(again.parameters(), whole.parameters()):
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+if hvd.rank() == 0:
+    print("RESIDUALS OK", flush=True)
