@@ -168,8 +168,9 @@ class Reducer:
     until its reductions end, so other collectives on the set wait for it: call
     :meth:`launch` every step, from a thread that is not itself waiting for such a
     collective. ``overlap`` runs the
-    reductions on the communication thread (default: the agreed ``HVD_OVERLAP`` setting);
-    eager reducers always do.
+    reductions on the communication thread (default: the agreed ``HVD_OVERLAP`` setting).
+    Eager steps run there from their first ready gradient, unless that call makes every
+    gradient ready: then there is nothing to overlap, and :meth:`launch` runs the step.
     """
 
     def __init__(self, *, prefix: str = "", compression: AnyCompressor = Compression.none,
@@ -316,7 +317,10 @@ class Reducer:
             if self.eager:
                 if completes:
                     step.changed.notify_all()
-                if step.program is None:
+                # Reductions start here while gradients are still to come; a step whose
+                # gradients all came at once runs in launch(), on the caller's thread, which
+                # saves two thread switches where there was nothing to overlap.
+                if step.program is None and step._unmarked > 0:
                     step.overlapped = True
                     step.program = handles.communication_thread().submit(self._run, step,
                                                                          False)
@@ -339,15 +343,16 @@ class Reducer:
                 self.autotuner.launched(step.number, now)
             step.closed = True
             step.changed.notify_all()
-            if step.program is None and (self.eager or (self.overlap and self.size > 1
-                                                        and runtime.mpi_threads_supported())):
+            if step.program is None and not self.eager and self.overlap and \
+                    self.size > 1 and runtime.mpi_threads_supported():
                 step.overlapped = True
-                step.program = handles.communication_thread().submit(self._run, step,
-                                                                     not self.eager)
-        if step.program is None:  # overlap off: reduce here, now
+                step.program = handles.communication_thread().submit(self._run, step, True)
+        if step.program is None:  # reduce here, now
             step.program = Future()
             try:
-                self._run(step, True)
+                # An eager step agrees without freshness flags wherever it runs, as the
+                # other ranks' (some may have started theirs during backward) do.
+                self._run(step, not self.eager)
             except Exception as e:  # raised by finish() and the handles, as with overlap
                 step.program.set_exception(e)
             finally:

@@ -149,6 +149,8 @@ class _Distributed:
                 self._reduced[bucket.number] = torch.cuda.Event()
                 bucket.active = functools.partial(self._on_stream, bucket)
         self._backed = self._reducer.buckets
+        self._loose = [k for k in range(len(self._params)) if k not in self._views]
+        self._bucket_sizes = [len(bucket.keys) for bucket in self._backed]
         # Gradients ready here, per bucket, until the whole bucket goes to the reducer in one
         # call: one lock and one wake-up of its program per bucket instead of per gradient.
         self._in_bucket: List[List[int]] = [[] for _ in self._backed]
@@ -171,13 +173,17 @@ class _Distributed:
                 f"the gradient of {self._names[k]!r} was computed more than "
                 f"backward_passes_per_step={self._passes} times before step() or "
                 "synchronize(); raise backward_passes_per_step to accumulate more passes")
-        self._left[k] -= 1
-        if self._left[k] == 0:
+        left = self._left[k] = self._left[k] - 1
+        if left:
+            return
+        if backward_collectives.pending():
             self._held.append(k)
-        if not backward_collectives.pending():
+            return
+        if self._held:
             held, self._held = self._held, []
-            for k in held:
-                self._mark(k)
+            for h in held:
+                self._mark(h)
+        self._mark(k)
 
     def _mark(self, k: int) -> None:
         """Hand gradient ``k`` to the reducer: as (ids, rows) where agreed sparse, otherwise
@@ -186,6 +192,10 @@ class _Distributed:
         grad = p.grad
         kind = self._kinds[k]
         self._marked[k] = True
+        view = self._views.get(k)
+        if kind == _DENSE and view is not None and grad.layout == torch.strided:
+            self._into_bucket(k, p, grad, view)
+            return
         if kind == _NONE:
             is_sparse = grad.layout == torch.sparse_coo
             self._seen[k] = grad.sparse_dim() if is_sparse else _DENSE
@@ -196,22 +206,27 @@ class _Distributed:
             return
         if grad.layout != torch.strided:
             grad = p.grad = grad.to_dense()
-        view = self._views.get(k)
         if view is not None:
-            if grad.data_ptr() != view.data_ptr():
-                view.copy_(grad)
-                p.grad = view
-            if k in self._produced:  # on the stream current here, which wrote it
-                self._produced[k].record(torch.cuda.current_stream(p.device))
-            number = self._bucket_of[k]
-            ready = self._in_bucket[number]
-            ready.append(k)
-            if len(ready) == len(self._backed[number].keys):
-                self._reducer.mark_all_ready([(key, None) for key in ready])
+            self._into_bucket(k, p, grad, view)
         else:
             if not grad.is_contiguous():
                 grad = p.grad = grad.contiguous()
             self._reducer.mark_ready(k, bridge.view(grad))
+
+    def _into_bucket(self, k: int, p: torch.Tensor, grad: torch.Tensor,
+                     view: torch.Tensor) -> None:
+        """Make dense gradient ``k`` its bucket view; once the bucket's gradients are all in,
+        hand the bucket to the reducer."""
+        if grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+            p.grad = view
+        if k in self._produced:  # on the stream current here, which wrote it
+            self._produced[k].record(torch.cuda.current_stream(p.device))
+        number = self._bucket_of[k]
+        ready = self._in_bucket[number]
+        ready.append(k)
+        if len(ready) == self._bucket_sizes[number]:
+            self._reducer.mark_all_ready([(key, None) for key in ready])
 
     def _rows(self, k: int, grad: Optional[torch.Tensor]
               ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -251,11 +266,14 @@ class _Distributed:
         # What the hooks did not mark is reduced as it stands now; no gradient, zeros.
         backward_collectives.forget()
         self._held = []
-        for k, p in enumerate(self._params):
-            if not self._marked[k] and p.grad is not None:
-                self._mark(k)
+        marked = self._marked
+        every_marked = all(marked)
+        if not every_marked:
+            for k, p in enumerate(self._params):
+                if not marked[k] and p.grad is not None:
+                    self._mark(k)
         for number, ready in enumerate(self._in_bucket):
-            if ready and len(ready) < len(self._backed[number].keys):
+            if ready and len(ready) < self._bucket_sizes[number]:
                 self._reducer.mark_all_ready([(key, None) for key in ready])
         self._in_bucket = [[] for _ in self._backed]
         step = self._reducer.launch()
@@ -275,11 +293,15 @@ class _Distributed:
             self._left = [self._passes] * len(self._params)
             self._marked = [False] * len(self._params)
             self._seen = [_NONE] * len(self._params)
-        if self._reducer.buckets is not self._backed:
+        relaid = self._reducer.buckets is not self._backed
+        if relaid:
             self._back_buckets()
         for k in found:  # every rank's first gradient was sparse: sum it by rows as well
             results[k] = self._reducer.sum_rows_now(k, self._rows(k, revealing.get(k)))
-        for k, p in enumerate(self._params):
+        # A gradient the hooks marked in a bucket is already its view (see _mark).
+        keys = (self._loose if every_marked and not relaid else range(len(self._params)))
+        for k in keys:
+            p = self._params[k]
             kind = self._kinds[k]
             if kind == _NONE:
                 continue  # no rank has had a gradient: its kind, dense or sparse, is unknown
