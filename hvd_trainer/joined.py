@@ -19,12 +19,28 @@ ranks' zeros count as contributions. ``Min``, ``Max`` and ``Product`` see the ze
 """
 import contextlib
 import time
-from typing import Any, Dict
+import weakref
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
 from . import adasum, diagnostics, ops, runtime
 from .runtime import ProcessSet, global_process_set
+
+
+# Bound methods to call at the end of each join(), in registration order (see after_join).
+_after: List["weakref.WeakMethod[Callable[[], None]]"] = []
+
+
+def after_join(method: Callable[[], None]) -> None:
+    """Call the bound ``method`` at the end of every join() from now on, on every rank, in
+    the order of registration (make it the same on every rank), while its object lives.
+
+    For state that the ranks decide in their steps and that a joined rank, which served
+    those steps without taking them, has not seen: the method can agree on it there by a
+    collective (the optimizer's gradient kinds, say).
+    """
+    _after.append(weakref.WeakMethod(method))
 
 
 def _dtype(text: str) -> np.dtype:
@@ -88,4 +104,9 @@ def join() -> int:
         last = diagnostics.finish_join(world, newly)
         for ps in sets[1:]:
             diagnostics.finish_join(runtime.communicator(ps), False)
+    _after[:] = [ref for ref in _after if ref() is not None]
+    for ref in list(_after):
+        method = ref()
+        if method is not None:
+            method()
     return runtime.world_rank(world, last)

@@ -168,9 +168,9 @@ class Reducer:
     until its reductions end, so other collectives on the set wait for it: call
     :meth:`launch` every step, from a thread that is not itself waiting for such a
     collective. ``overlap`` runs the
-    reductions on the communication thread (default: the agreed ``HVD_OVERLAP`` setting).
-    Eager steps run there from their first ready gradient, unless that call makes every
-    gradient ready: then there is nothing to overlap, and :meth:`launch` runs the step.
+    reductions on the communication thread (default: the agreed ``HVD_OVERLAP`` setting);
+    eager steps always run there, from their first ready gradient (or :meth:`begin`), so a
+    step is ordered before the collectives a rank submits after backward, on every rank.
     """
 
     def __init__(self, *, prefix: str = "", compression: AnyCompressor = Compression.none,
@@ -317,13 +317,23 @@ class Reducer:
             if self.eager:
                 if completes:
                     step.changed.notify_all()
-                # Reductions start here while gradients are still to come; a step whose
-                # gradients all came at once runs in launch(), on the caller's thread, which
-                # saves two thread switches where there was nothing to overlap.
-                if step.program is None and step._unmarked > 0:
-                    step.overlapped = True
-                    step.program = handles.communication_thread().submit(self._run, step,
-                                                                         False)
+                self._start(step)
+
+    def begin(self) -> None:
+        """Start this step's reductions now, on the communication thread (``eager`` only),
+        before any gradient is marked: from here the step is queued ahead of whatever this
+        rank submits next, as on the ranks whose first mark came earlier. Idempotent."""
+        if not self.eager:
+            raise RuntimeError("Reducer.begin() is for eager reducers; the others start "
+                               "their step in launch()")
+        with self._lock:
+            self._start(self._step or self._current())
+
+    def _start(self, step: Step) -> None:
+        # Under the lock; an eager step's program, submitted once.
+        if step.program is None:
+            step.overlapped = True
+            step.program = handles.communication_thread().submit(self._run, step, False)
 
     def launch(self) -> Step:
         """Every gradient not marked ready is stale on this rank; launch what is left.
@@ -343,16 +353,16 @@ class Reducer:
                 self.autotuner.launched(step.number, now)
             step.closed = True
             step.changed.notify_all()
-            if step.program is None and not self.eager and self.overlap and \
-                    self.size > 1 and runtime.mpi_threads_supported():
+            if self.eager:
+                self._start(step)
+            elif step.program is None and self.overlap and self.size > 1 and \
+                    runtime.mpi_threads_supported():
                 step.overlapped = True
                 step.program = handles.communication_thread().submit(self._run, step, True)
-        if step.program is None:  # reduce here, now
+        if step.program is None:  # overlap off: reduce here, now
             step.program = Future()
             try:
-                # An eager step agrees without freshness flags wherever it runs, as the
-                # other ranks' (some may have started theirs during backward) do.
-                self._run(step, not self.eager)
+                self._run(step, True)
             except Exception as e:  # raised by finish() and the handles, as with overlap
                 step.program.set_exception(e)
             finally:

@@ -672,9 +672,8 @@ def join(device: int = -1) -> int:
     rank; ``Average`` divides by the full size, joined ranks included, as Horovod 0.28 does.
     Any other collective raises ``HorovodInternalError`` on every rank that called it while
     a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter).
-    ``device`` says where Horovod makes its zeros; tensors are CPU tensors here, so it is
-    only checked to be an int.
+    ``device`` says where Horovod makes its zeros; it is accepted and not used: a joined
+    rank serves host tensors only (a collective on CUDA tensors raises while a rank is
+    joined), and its zeros are host arrays.
     """
-    if isinstance(device, bool) or not isinstance(device, int):
-        raise TypeError(f"device={device!r} must be an int (a GPU index, or -1 for the CPU)")
     return synchronize(_start(core_join.join, finish=lambda last: last))

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .. import compression as core_compression
+from .. import joined
 from .. import ops as core_ops
 from .. import sparse
 from ..ops import Average, Sum
@@ -83,6 +84,7 @@ class _Distributed:
                        for k, p in enumerate(self._params)]
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._marked = [False] * len(self._params)
+        self._begun = False  # this step's reductions have started
         self._held: List[int] = []  # ready, held back while backward has collectives to make
         self._views: Dict[int, torch.Tensor] = {}
         self._flats: List[torch.Tensor] = []
@@ -112,6 +114,7 @@ class _Distributed:
                                 process_set=process_set, eager=True)
         self._reducer.set_gradients(self._gradients())
         self._back_buckets()
+        joined.after_join(self._settle_kinds)
         for k, p in enumerate(self._params):
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 functools.partial(self._on_gradient, k)))
@@ -188,6 +191,11 @@ class _Distributed:
     def _mark(self, k: int) -> None:
         """Hand gradient ``k`` to the reducer: as (ids, rows) where agreed sparse, otherwise
         dense, in its bucket view or as a NumPy view."""
+        if not self._begun:
+            # The step starts at its first ready gradient, as the reducer's per-gradient
+            # marks used to start it, even though marks now go to it a bucket at a time.
+            self._begun = True
+            self._reducer.begin()
         p = self._params[k]
         grad = p.grad
         kind = self._kinds[k]
@@ -258,6 +266,20 @@ class _Distributed:
             self._reducer.set_gradients(self._gradients())
         return found
 
+    def _settle_kinds(self) -> None:
+        """At the end of join(): take the gradient kinds that the other ranks decided while
+        this rank was joined (or keep one's own), so that every rank's next steps agree on
+        the same gradients. A collective over the process set (on its members)."""
+        if not self._process_set.included():
+            return
+        kinds = core_ops.allreduce(np.array(self._kinds, np.int8), core_ops.Max,
+                                   f"{self._reducer.prefix}settled_kinds",
+                                   process_set=self._process_set)
+        changed = [int(k) for k in kinds] != self._kinds
+        self._kinds = [int(k) for k in kinds]
+        if changed and self._reducer.set_gradients(self._gradients()):
+            self._back_buckets()
+
     def synchronize(self) -> None:
         """Finish reducing every gradient; afterwards each ``.grad`` holds the average (or
         sum) over the process set. A collective: every member calls it once per step."""
@@ -272,6 +294,9 @@ class _Distributed:
             for k, p in enumerate(self._params):
                 if not marked[k] and p.grad is not None:
                     self._mark(k)
+        for k, event in self._produced.items():
+            if not marked[k]:  # its bucket's zeros come after what the caller queued so far
+                event.record(torch.cuda.current_stream(self._params[k].device))
         for number, ready in enumerate(self._in_bucket):
             if ready and len(ready) < self._bucket_sizes[number]:
                 self._reducer.mark_all_ready([(key, None) for key in ready])
@@ -293,6 +318,7 @@ class _Distributed:
             self._left = [self._passes] * len(self._params)
             self._marked = [False] * len(self._params)
             self._seen = [_NONE] * len(self._params)
+            self._begun = False
         relaid = self._reducer.buckets is not self._backed
         if relaid:
             self._back_buckets()

@@ -32,3 +32,9 @@ def test_packed_codecs_match_a_numpy_model_of_each(np_):
     out = run_ranks("torch_compression_equivalence.py", np_, timeout=180).stdout
     for case in ("2bit", "scaled 2bit", "1bit", "topk"):
         assert out.count(f"torch codec ok: {case}") == np_, out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_async_collectives_between_backward_and_step_and_join_before_the_first_step(np_):
+    out = run_ranks("torch_step_order.py", np_, timeout=120).stdout
+    assert out.count("torch step order ok") == np_, out
