@@ -54,7 +54,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optiona
 
 import numpy as np
 
-from . import runtime
+from . import handles, runtime
 from .backends import Communicator, Request
 
 log = logging.getLogger("hvd_trainer")
@@ -377,6 +377,7 @@ class Call:
         self._book = _book(comm)
 
     def __enter__(self) -> "Call":
+        handles.flush(here=True)  # a deferred training step goes first (see handles.py)
         book = self._book
         book.turn.acquire()
         name = self._given
@@ -444,6 +445,7 @@ def covered(comm: Communicator) -> Iterator[None]:
     every rank, each collective the block runs (kind, names, shapes, dtypes, op). The block
     holds ``comm``'s turn: other threads' collectives on it wait until it ends.
     """
+    handles.flush(here=True)  # a deferred training step goes first (see handles.py)
     book = _book(comm)
     with book.turn:
         book.covered += 1

@@ -89,13 +89,13 @@ def _start(collective: Callable[..., Any], *args: Any,
     """
     ordered = None if on is None else bridge.ordered(on, gpu_core)
     if ordered is None:
-        return handle(handles.communication_thread().submit(lambda: finish(collective(*args))))
+        return handle(handles.start(lambda: finish(collective(*args))))
 
     def run() -> Any:
         with ordered():
             return finish(collective(*args))
 
-    return handle(handles.communication_thread().submit(run))
+    return handle(handles.start(run))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:

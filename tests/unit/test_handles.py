@@ -34,3 +34,72 @@ def test_wait_returns_the_result_and_raises_the_error():
     with pytest.raises(ValueError, match="root_rank=3"):
         bad.wait()
     assert bad.poll()
+
+
+def _recorder(seen):
+    def record(label):
+        def work():
+            seen.append((label, threading.current_thread().name))
+            return label
+        return work
+    return record
+
+
+def _idle():
+    handles.start(lambda: None).result(10)  # the thread has nothing left
+    while handles._busy:
+        pass
+
+
+def test_deferred_work_runs_where_it_is_needed_if_nothing_comes_first():
+    _idle()
+    seen = []
+    record = _recorder(seen)
+    future = handles.defer(record("step"))
+    assert not future.done() and seen == []  # queued, the thread not woken
+    handles.run_deferred(future)
+    assert future.result(0) == "step"
+    assert seen == [("step", threading.current_thread().name)]
+    handles.run_deferred(future)  # once only
+    assert len(seen) == 1
+
+
+def test_what_starts_after_deferred_work_goes_behind_it():
+    _idle()
+    seen = []
+    record = _recorder(seen)
+    step = handles.defer(record("step"))
+    later = handles.start(record("async collective"))
+    assert later.result(10) == "async collective" and step.result(10) == "step"
+    assert [label for label, _ in seen] == ["step", "async collective"]
+    assert {name for _, name in seen} == {"hvd_trainer-comm_0"}
+    handles.run_deferred(step)  # already ran on the thread: nothing more
+    assert len(seen) == 2
+
+    _idle()
+    seen.clear()
+    step = handles.defer(record("step"))
+    handles.flush(here=True)  # a synchronous collective on this thread: the step first, here
+    assert step.result(0) == "step"
+    assert seen == [("step", threading.current_thread().name)]
+
+
+def test_deferring_while_the_thread_has_work_hands_it_over_in_order():
+    seen = []
+    record = _recorder(seen)
+    release = threading.Event()
+    busy = handles.start(lambda: release.wait(10))
+    step = handles.defer(record("step"))
+    assert handles._deferred is None  # handed to the thread behind the busy work
+    release.set()
+    busy.result(10)
+    assert step.result(10) == "step" and seen[0][1] == "hvd_trainer-comm_0"
+
+
+def test_a_synchronous_collective_runs_a_deferred_step_first():
+    _idle()
+    x = np.arange(3.0)
+    results = []
+    step = handles.defer(lambda: results.append(hvd.allreduce(x, op=hvd.Sum)))
+    assert hvd.allreduce(x, op=hvd.Max) is not None  # runs the step first, on this thread
+    assert step.done() and np.array_equal(results[0], x)
