@@ -34,7 +34,8 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
     below m get one more batch (of one sample) than the others, and the collectives that
     follow pair the wrong steps. The first :meth:`record_batch` of an iteration warns (on
     every rank) when that is so; use the core ``hvd_trainer.elastic.ElasticSampler`` as
-    ``batch_sampler=`` where it can happen.
+    ``batch_sampler=`` where it can happen, or call ``hvd.join()`` at the end of each epoch
+    (the ranks without the extra batch then serve its step with zeros).
 
     Call :meth:`record_batch` (Horovod's arguments: the batch's position and the
     DataLoader's batch size) after each batch, :meth:`set_epoch` at the end of each epoch,
@@ -98,7 +99,8 @@ class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):
                 "get one more batch, of one sample, than the others, and the collectives "
                 "that follow pair the wrong steps (unless the DataLoader drops last batches, "
                 "which skips those samples); use hvd_trainer.elastic.ElasticSampler("
-                f"len(dataset), {batch_size}) as the DataLoader's batch_sampler instead",
+                f"len(dataset), {batch_size}) as the DataLoader's batch_sampler instead, or "
+                "call hvd.join() at the end of each epoch",
                 RuntimeWarning, stacklevel=3)
 
 
