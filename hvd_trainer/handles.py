@@ -12,15 +12,22 @@ the thread is not woken for it. Whatever this process starts next goes behind it
 runs it first on the calling thread. If nothing comes first, :func:`run_deferred` runs it
 where its result is needed. A training step whose gradients are all ready by the time it is
 launched so costs no thread switches, yet is ordered as if it had been submitted.
+
+A thread may also register a *closer* (:func:`on_own_collective`): a collective that the same
+thread starts later (submitted, or synchronous) runs it first. The torch optimizer registers one when its
+step begins, so that ``hvd.allreduce(loss)`` between backward and ``step()`` first closes
+the step (gradients not computed by then are stale), instead of waiting behind a step that
+waits for ``step()``.
 """
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _thread: Optional[ThreadPoolExecutor] = None
 _lock = threading.Lock()
 _busy = 0  # work handed to the thread and not finished
 _deferred: Optional[Tuple["Future[Any]", Callable[[], Any]]] = None
+_closers: Dict[int, List[Callable[[], bool]]] = {}  # by thread ident
 
 
 def _pool_locked() -> ThreadPoolExecutor:
@@ -58,7 +65,8 @@ def _hand(future: "Future[Any]", work: Callable[[], Any]) -> None:
 
 def start(work: Callable[[], Any]) -> "Future[Any]":
     """Run ``work()`` on the communication thread, behind what was submitted or deferred
-    before; its future holds the result."""
+    before (after this thread's closers); its future holds the result."""
+    _close()
     future: "Future[Any]" = Future()
     with _lock:
         _flush_locked()
@@ -88,11 +96,41 @@ def _flush_locked() -> None:
         _deferred = None
 
 
+def on_own_collective(closer: Callable[[], bool]) -> None:
+    """Call ``closer()`` when this thread next starts a collective (before it), until it
+    returns True once or :func:`forget_closer` removes it."""
+    with _lock:
+        _closers.setdefault(threading.get_ident(), []).append(closer)
+
+
+def forget_closer(closer: Callable[[], bool]) -> None:
+    """Remove ``closer`` (registered by this thread), if it is still there."""
+    with _lock:
+        mine = _closers.get(threading.get_ident(), [])
+        if closer in mine:
+            mine.remove(closer)
+
+
+def _close() -> None:
+    """Run this thread's closers (see :func:`on_own_collective`)."""
+    if not _closers:
+        return
+    me = threading.get_ident()
+    with _lock:  # off the list while they run: a closer's own collectives skip it
+        mine = _closers.pop(me, [])
+    keep = [closer for closer in mine if not closer()]
+    if keep:
+        with _lock:
+            _closers.setdefault(me, [])[:0] = keep
+
+
 def flush(here: bool = False) -> None:
     """Start the deferred work, if any, ahead of what the caller starts next: on the thread,
     or with ``here`` on the calling thread, before it returns (for a synchronous collective,
-    which would otherwise overtake it)."""
+    which would otherwise overtake it); with ``here``, this thread's closers run first."""
     global _deferred
+    if here:
+        _close()
     if _deferred is None:  # the common case, without the lock
         return
     with _lock:

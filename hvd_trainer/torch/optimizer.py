@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from .. import compression as core_compression
-from .. import joined
+from .. import handles, joined
 from .. import ops as core_ops
 from .. import sparse
 from ..ops import Average, Sum
@@ -85,6 +85,7 @@ class _Distributed:
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._marked = [False] * len(self._params)
         self._begun = False  # this step's reductions have started
+        self._early: Optional[Tuple[Any, bool]] = None  # the step, closed before step()
         self._held: List[int] = []  # ready, held back while backward has collectives to make
         self._views: Dict[int, torch.Tensor] = {}
         self._flats: List[torch.Tensor] = []
@@ -196,6 +197,7 @@ class _Distributed:
             # marks used to start it, even though marks now go to it a bucket at a time.
             self._begun = True
             self._reducer.begin()
+            handles.on_own_collective(self._close_early)
         p = self._params[k]
         grad = p.grad
         kind = self._kinds[k]
@@ -280,12 +282,19 @@ class _Distributed:
         if changed and self._reducer.set_gradients(self._gradients()):
             self._back_buckets()
 
-    def synchronize(self) -> None:
-        """Finish reducing every gradient; afterwards each ``.grad`` holds the average (or
-        sum) over the process set. A collective: every member calls it once per step."""
-        if self._reducer is None:
-            return
-        # What the hooks did not mark is reduced as it stands now; no gradient, zeros.
+    def _close_early(self) -> bool:
+        """This thread, which ran backward, starts a synchronous collective before step():
+        backward is over, so close the step now (see :func:`_close`); not from inside a
+        backward (a custom autograd function's collective), where gradients are still to
+        come. True once closed."""
+        if torch._C._current_graph_task_id() != -1:
+            return False
+        self._early = self._close()
+        return True
+
+    def _close(self) -> Tuple[Any, bool]:
+        """Hand the reducer what the hooks did not (no gradient: zeros) and launch the step;
+        return it and whether the hooks had marked every gradient."""
         backward_collectives.forget()
         self._held = []
         marked = self._marked
@@ -301,7 +310,19 @@ class _Distributed:
             if ready and len(ready) < self._bucket_sizes[number]:
                 self._reducer.mark_all_ready([(key, None) for key in ready])
         self._in_bucket = [[] for _ in self._backed]
-        step = self._reducer.launch()
+        return self._reducer.launch(), every_marked
+
+    def synchronize(self) -> None:
+        """Finish reducing every gradient; afterwards each ``.grad`` holds the average (or
+        sum) over the process set. A collective: every member calls it once per step."""
+        if self._reducer is None:
+            return
+        handles.forget_closer(self._close_early)
+        if self._early is not None:  # closed by a collective between backward and here
+            (step, every_marked), self._early = self._early, None
+        else:
+            self._begun = True  # launch() starts the step; no closer from here on
+            step, every_marked = self._close()
         revealing, self._revealing = self._revealing, {}
         try:
             for bucket, handle in step.launched():

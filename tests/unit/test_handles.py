@@ -103,3 +103,32 @@ def test_a_synchronous_collective_runs_a_deferred_step_first():
     step = handles.defer(lambda: results.append(hvd.allreduce(x, op=hvd.Sum)))
     assert hvd.allreduce(x, op=hvd.Max) is not None  # runs the step first, on this thread
     assert step.done() and np.array_equal(results[0], x)
+
+
+def test_a_closer_runs_before_its_own_threads_next_collective_only():
+    _idle()
+    seen = []
+    answers = [False, True]  # declines once (as inside a backward), then closes
+
+    def closer():
+        seen.append("closer")
+        return answers.pop(0)
+
+    handles.on_own_collective(closer)
+    other = threading.Thread(target=lambda: handles.start(lambda: seen.append("other")).result(10))
+    other.start()
+    other.join()
+    assert seen == ["other"]  # another thread's collective does not run it
+    handles.start(lambda: seen.append("first")).result(10)
+    handles.start(lambda: seen.append("second")).result(10)
+    handles.start(lambda: seen.append("third")).result(10)
+    assert seen == ["other", "closer", "first", "closer", "second", "third"]
+
+    def forgotten():
+        seen.append("forgotten")
+        return True
+
+    handles.on_own_collective(forgotten)
+    handles.forget_closer(forgotten)
+    handles.flush(here=True)
+    assert "forgotten" not in seen

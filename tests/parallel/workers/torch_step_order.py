@@ -6,7 +6,9 @@ so each used parameter's gradient is [0, 1, 2, 3] on each rank that uses it).
    bucket: the step must be ordered before that allreduce on every rank.
 2. The same with one bucket per parameter (num_groups=4) and ranks other than 0 using only
    parameters 0 and 2: no rank's buckets all complete during backward there.
-3. Ranks other than 0 join before their first step (they have no batch in epoch 0), then
+3. A synchronous allreduce of the loss there, with ranks other than 0 using only
+   parameters 0 and 2, in one bucket: it must close the step rather than wait behind it.
+4. Ranks other than 0 join before their first step (they have no batch in epoch 0), then
    everyone trains: the joined ranks must learn which gradients the others found dense.
 Prints "torch step order ok" at the end.
 """
@@ -21,7 +23,8 @@ RAMP = np.arange(4.0)
 STEPS = 40
 
 
-def between_backward_and_step(num_groups: int, used_here: list, used_count: list) -> None:
+def between_backward_and_step(num_groups: int, used_here: list, used_count: list,
+                              synchronous: bool = False) -> None:
     params = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
                                      for _ in range(4)])
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params.parameters(), lr=0.1),
@@ -32,9 +35,13 @@ def between_backward_and_step(num_groups: int, used_here: list, used_count: list
         optimizer.zero_grad()
         loss = sum((params[i] * torch.from_numpy(RAMP)).sum() for i in used_here)
         loss.backward()
-        handle = hvd.allreduce_async(loss.detach(), name="loss")  # metric averaging
-        optimizer.step()
-        losses.append(float(hvd.synchronize(handle)))
+        if synchronous:
+            losses.append(float(hvd.allreduce(loss.detach(), name="loss")))
+            optimizer.step()
+        else:
+            handle = hvd.allreduce_async(loss.detach(), name="loss")  # metric averaging
+            optimizer.step()
+            losses.append(float(hvd.synchronize(handle)))
     for i, p in enumerate(params):
         want = 1 - STEPS * 0.1 * used_count[i] / SIZE * RAMP
         np.testing.assert_allclose(p.detach().numpy(), want, rtol=1e-12,
@@ -68,5 +75,7 @@ between_backward_and_step(0, [0, 1, 2, 3], [SIZE] * 4)
 others = [0, 2]
 between_backward_and_step(4, [0, 1, 2, 3] if RANK == 0 else others,
                           [SIZE, 1, SIZE, 1])
+between_backward_and_step(0, [0, 1, 2, 3] if RANK == 0 else others, [SIZE, 1, SIZE, 1],
+                          synchronous=True)
 join_before_first_step()
 print("torch step order ok", flush=True)
