@@ -316,7 +316,7 @@ class Reducer:
                 if number >= 0:
                     step._unmarked_in[number] -= 1
                     completes = completes or step._unmarked_in[number] == 0
-                completes = completes or step._unmarked == 0
+            completes = completes or step._unmarked == 0
             if self.eager:
                 if completes:
                     step.changed.notify_all()

@@ -202,10 +202,6 @@ class _Distributed:
         grad = p.grad
         kind = self._kinds[k]
         self._marked[k] = True
-        view = self._views.get(k)
-        if kind == _DENSE and view is not None and grad.layout == torch.strided:
-            self._into_bucket(k, p, grad, view)
-            return
         if kind == _NONE:
             is_sparse = grad.layout == torch.sparse_coo
             self._seen[k] = grad.sparse_dim() if is_sparse else _DENSE
@@ -216,6 +212,7 @@ class _Distributed:
             return
         if grad.layout != torch.strided:
             grad = p.grad = grad.to_dense()
+        view = self._views.get(k)
         if view is not None:
             self._into_bucket(k, p, grad, view)
         else:
@@ -258,12 +255,18 @@ class _Distributed:
         undecided = [k for k, kind in enumerate(self._kinds) if kind == _NONE]
         if not undecided:
             return []
-        seen = core_ops.allreduce(np.array([self._seen[k] for k in undecided], np.int8),
-                                  core_ops.Max, f"{self._reducer.prefix}gradient_kinds",
-                                  process_set=self._process_set)
-        for k, kind in zip(undecided, seen):
+        return self._take_kinds(undecided, [self._seen[k] for k in undecided], "gradient_kinds")
+
+    def _take_kinds(self, keys: List[int], mine: List[int], name: str) -> List[int]:
+        """Adopt, for gradients ``keys``, the largest of the ranks' kinds (``mine`` here); lay
+        out the reducer's gradients again when one is sparse, and return those. A collective
+        (a small allreduce over the process set)."""
+        agreed = core_ops.allreduce(np.array(mine, np.int8), core_ops.Max,
+                                    f"{self._reducer.prefix}{name}",
+                                    process_set=self._process_set)
+        for k, kind in zip(keys, agreed):
             self._kinds[k] = int(kind)
-        found = [k for k, kind in zip(undecided, seen) if _NONE < kind < _DENSE]
+        found = [k for k, kind in zip(keys, agreed) if _NONE < kind < _DENSE]
         if found:
             self._reducer.set_gradients(self._gradients())
         return found
@@ -274,12 +277,8 @@ class _Distributed:
         the same gradients. A collective over the process set (on its members)."""
         if not self._process_set.included():
             return
-        kinds = core_ops.allreduce(np.array(self._kinds, np.int8), core_ops.Max,
-                                   f"{self._reducer.prefix}settled_kinds",
-                                   process_set=self._process_set)
-        changed = [int(k) for k in kinds] != self._kinds
-        self._kinds = [int(k) for k in kinds]
-        if changed and self._reducer.set_gradients(self._gradients()):
+        self._take_kinds(list(range(len(self._kinds))), self._kinds, "settled_kinds")
+        if self._reducer.buckets is not self._backed:
             self._back_buckets()
 
     def _close_early(self) -> bool:
