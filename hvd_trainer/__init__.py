@@ -16,6 +16,7 @@ from .runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
                      shutdown, size)
+from .scheduler import DuplicateNameError
 
 __version__ = "0.1.0"
 

@@ -13,11 +13,14 @@ collective meet in it: a disagreement never hangs and never reads past a buffer.
 in the agreement (as a description that cannot match), so every rank raises it, naming the
 rank, and every rank has made the same exchange: the next collective works.
 
-**Turns.** One thread at a time runs collectives on a communicator (the others wait for its
-turn to end), so a collective from another thread is never mixed into a covered block and
-never skips its own agreement. A covered block belongs to the thread that opened it (the
-reducer opens a step's block on the thread that runs the step's reductions).
-Without MPI_THREAD_MULTIPLE all communicators share one turn.
+**Rounds and turns.** Which call runs next, and on which thread, is the communicator's
+schedule's (scheduler.py): a call enqueues its description, one waiting thread drives a
+round of the exchange above over every call pending on the rank, and the calls the round
+decides run one after another, each on its own thread, holding the communicator's turn.
+When every rank's oldest pending call is the same, the round is the one small exchange;
+otherwise the ranks exchange their pending lists and match calls by name, as Horovod's
+coordinator does. A thread that already holds the turn (inside another call's data phase)
+agrees in step with the other ranks, without the schedule.
 
 **Joined ranks.** A rank that called :func:`hvd_trainer.joined.join` (it ran out of data)
 takes part in every agreement without a call of its own: its record carries a *joined*
@@ -42,19 +45,19 @@ job.
 Chrome trace.
 """
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
-import weakref
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
 
 import numpy as np
 
-from . import handles, runtime
+from . import handles, runtime, scheduler
 from .backends import Communicator, Request
 
 log = logging.getLogger("hvd_trainer")
@@ -73,6 +76,9 @@ _SERVED_WHILE_JOINED = ("allreduce", "grouped_allreduce", "adasum", "barrier", "
 # far (so sleeping adds at most 5% to a wait), up to 20 ms.
 _SPIN_SECONDS = 0.1
 _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
+# Ranks whose synchronous calls have matched nothing for this long, with nothing else to
+# come, raise instead of waiting forever (see scheduler.deadlock).
+_MATCH_GRACE_SECONDS = 0.5
 # Argument errors that travel to every rank keep their type; anything else is a RuntimeError.
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError}
 
@@ -103,61 +109,40 @@ def also_raised_as(error: Exception, base: type, prefix: str, module: str) -> Ex
     return translated
 
 
-# Without MPI_THREAD_MULTIPLE every communicator shares one turn.
-_shared_turn = threading.RLock()
-
-
-class _Book:
-    """Per-communicator agreement state: exchanges, names, turn, and covered blocks."""
-
-    def __init__(self, turn: Any):
-        self.exchanges = 0
-        self.covered = 0
-        self.unnamed = 0  # automatic names are counted per communicator
-        self.peers_joined = False  # the last agreement found a joined rank
-        self.turn = turn
-        # The last description object agreed on, with its flag count, digest and full text.
-        self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
-
-
-_books: "weakref.WeakKeyDictionary[Communicator, _Book]" = weakref.WeakKeyDictionary()
-_books_lock = threading.Lock()
-
-
-def _book(comm: Communicator) -> _Book:
-    book = _books.get(comm)
-    if book is None:
-        with _books_lock:
-            book = _books.get(comm)
-            if book is None:
-                multiple = comm.size == 1 or runtime.threads_multiple()
-                book = _books[comm] = _Book(threading.RLock() if multiple else _shared_turn)
-    return book
-
-
 def _digest(description: Dict[str, Any]) -> int:
     raw = hashlib.blake2b(repr(description).encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
 
 
-def _raise_error(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) -> None:
-    """Raise the first rank's argument error in ``every`` (None: a joined rank), if any."""
+def _argument_error(comm: Communicator,
+                    every: Sequence[Optional[Dict[str, Any]]]) -> Optional[Exception]:
+    """The first rank's argument error in ``every`` (None: a joined rank), if any."""
     for r, d in enumerate(every):
         if d is not None and "error" in d:  # the first rank's argument error wins everywhere
             kind, message = d["error"]
             what = f"{d.get('kind', 'collective')} {d.get('name')!r}"
-            raise _ERROR_TYPES.get(kind, RuntimeError)(
+            return _ERROR_TYPES.get(kind, RuntimeError)(
                 f"{what} on rank {runtime.world_rank(comm, r)}: {message}")
+    return None
 
 
-def _raise_disagreement(comm: Communicator, description: Optional[Dict[str, Any]]) -> None:
-    """Exchange full descriptions and raise the same error on every rank that made a call
-    (a joined rank gives None, and returns)."""
-    every = comm.allgather_object(description)
-    if description is None:
-        return
-    _raise_error(comm, every)
-    raise MismatchError(describe_mismatch(every))
+def _failure(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) -> Exception:
+    """What every rank raises for a call whose descriptions ``every`` differ."""
+    return _argument_error(comm, every) or MismatchError(describe_mismatch(every))
+
+
+def _raise_error(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) -> None:
+    """Raise the first rank's argument error in ``every``, if any."""
+    error = _argument_error(comm, every)
+    if error is not None:
+        raise error
+
+
+def _raise_disagreement(comm: Communicator, key: str, description: Dict[str, Any]) -> None:
+    """Inside a held turn, where ranks run in step: exchange full descriptions (in the form
+    of a round's lists, which a joined rank reads) and raise the same error on every rank."""
+    gathered = comm.allgather_object((False, [(key, description, True, False)], 0))
+    raise _failure(comm, [None if g is None else g[1][0][1] for g in gathered])
 
 
 def refusal_while_joined(description: Dict[str, Any]) -> Optional[str]:
@@ -205,58 +190,88 @@ def unpack_flags(words: np.ndarray, count: int) -> np.ndarray:
 
 
 def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
-          flags: Optional[np.ndarray] = None,
-          error: Optional[Exception] = None) -> Optional[np.ndarray]:
-    """Check that every rank describes the same collective, in one small exchange.
+          flags: Optional[np.ndarray] = None, error: Optional[Exception] = None,
+          key: Optional[str] = None, keep: bool = False,
+          automatic: bool = False) -> Optional[np.ndarray]:
+    """Agree with the other ranks on the collective ``describe()`` describes, and take the
+    communicator's turn for its data phase (see scheduler.py).
 
-    ``describe()`` returns a dict of plain values; its ``tensors`` entry, if any, is a list of
-    per-tensor dicts. Raise :class:`MismatchError` on all ranks if any differ. ``error`` is
-    this rank's argument error (``describe`` then gives just the kind and name): every rank
-    raises it.
+    ``describe()`` returns a dict of plain values with the call's ``kind`` and ``name``; its
+    ``tensors`` entry, if any, is a list of per-tensor dicts. ``key`` matches the call across
+    ranks (by default its name; ``automatic``: an automatic one); ``keep``: keep the turn
+    afterwards (a :class:`Call` gives it back when it ends). Raise :class:`MismatchError` on all ranks if their
+    descriptions differ. ``error`` is this rank's argument error (``describe`` then gives just
+    the kind and name): every rank raises it.
     ``flags`` (booleans) are or-ed across ranks in the same exchange and returned. Inside
     :func:`covered` an agreement without flags is skipped and ``describe`` is not called.
+    A thread that holds the turn already (a data phase, a covered block) agrees in step with
+    the other ranks, in one exchange, without the schedule.
     When ``describe`` returns the very object it returned last time on this communicator, its
     digest is reused: a caller may keep a description while nothing in it changes, but must
     not modify it.
     """
-    book = _book(comm)
-    if flags is None and book.covered and error is None:
+    sched = scheduler.of(comm)
+    holder = sched.holds()
+    if flags is None and error is None and holder and sched.covered_depth():
         return None
-    if error is not None and (book.covered or comm.size == 1):
+    if error is not None and (comm.size == 1 or (holder and sched.covered_depth())):
         raise error  # nobody else takes part in an exchange here
     if comm.size == 1:
         return None if flags is None else np.asarray(flags, bool).copy()
     given = describe()
     if error is not None:
         # The rank makes the description unlike any other rank's, so every rank takes the
-        # full exchange below and raises this error.
+        # full exchange and raises this error.
         description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
         digest = _digest(description)
     else:
         count = -1 if flags is None else len(flags)
-        if book.memo[0] is given and book.memo[1] == count:
-            digest, description = book.memo[2:]
+        if sched.memo[0] is given and sched.memo[1] == count:
+            digest, description = sched.memo[2:]
         else:
             description = given if flags is None else dict(given, flags=count)
             digest = _digest(description)
-            book.memo = (given, count, digest, description)
-    record = np.zeros(_RECORD_WORDS, np.int64)
-    record[0], record[1], record[2] = digest, ~digest, _ACTIVE
-    words = pack_flags(flags) if flags is not None else record[:0]
-    inline = min(words.size, INLINE_FLAG_WORDS)
-    record[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
-    book.exchanges += 1
+            sched.memo = (given, count, digest, description)
+    key = description.get("name") if key is None else key
+    entry = scheduler.Entry(str(key), description, flags, digest, automatic)
+    if holder:
+        return _in_step(comm, sched, entry)
     what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     with waiting(comm, what, "agreement"):
-        _poll(comm.start_allreduce(record, "bor"))
+        flags = sched.settle(entry, functools.partial(_round, comm, sched), _pace)
+    if not keep:
+        sched.give()
+    return flags
+
+
+def _pace(since: float) -> float:
+    """How long to wait before another round when rounds have matched nothing since
+    ``since``: at once at first, then a small share of the time waited (see :func:`pause`)."""
+    waited = time.monotonic() - since
+    return 0.0 if waited < _SPIN_SECONDS else min(_PAUSE_SHARE * waited, _MAX_PAUSE)
+
+
+def _record(comm: Communicator, sched: scheduler.Schedule,
+            entry: scheduler.Entry) -> Tuple[np.ndarray, np.ndarray, int]:
+    """Exchange the small record of ``entry``: (the or-ed record, the flag words, how many of
+    them travelled inline)."""
+    record = np.zeros(_RECORD_WORDS, np.int64)
+    record[0], record[1], record[2] = entry.digest, ~entry.digest, _ACTIVE
+    words = pack_flags(entry.flags) if entry.flags is not None else record[:0]
+    inline = min(words.size, INLINE_FLAG_WORDS)
+    record[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
+    sched.exchanges += 1
+    _poll(comm.start_allreduce(record, "bor"))
     discard_posts(comm)
     # A joined rank's record has no digest (zeros): the others' digests are compared alone.
-    book.peers_joined = bool(record[2] & _JOINED)
-    if record[0] != ~record[1]:
-        _raise_disagreement(comm, description)
-    if book.peers_joined:
-        _meet_joined(comm, description)
-    if flags is None:
+    sched.peers_joined = bool(record[2] & _JOINED)
+    return record, words, inline
+
+
+def _inline_flags(comm: Communicator, entry: scheduler.Entry, record: np.ndarray,
+                  words: np.ndarray, inline: int) -> Optional[np.ndarray]:
+    """The or-ed flags of an entry whose record every rank agreed on."""
+    if entry.flags is None:
         return None
     words = words.copy()
     words[:inline] = record[_FLAGS_AT:_FLAGS_AT + inline]
@@ -264,7 +279,65 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
         rest = words[inline:]
         comm.allreduce(rest, "bor")
         words[inline:] = rest
-    return unpack_flags(words, len(flags))
+    return unpack_flags(words, len(entry.flags))
+
+
+def _in_step(comm: Communicator, sched: scheduler.Schedule,
+             entry: scheduler.Entry) -> Optional[np.ndarray]:
+    """An agreement made by the turn's holder, in step with the other ranks' holders."""
+    what = f"{entry.description.get('kind') or 'collective'} {entry.description.get('name')!r}"
+    with waiting(comm, what, "agreement"):
+        record, words, inline = _record(comm, sched, entry)
+    if record[0] != ~record[1]:
+        _raise_disagreement(comm, entry.key, entry.description)
+    if sched.peers_joined:
+        _meet_joined(comm, entry.description)
+    return _inline_flags(comm, entry, record, words, inline)
+
+
+def _round(comm: Communicator, sched: scheduler.Schedule,
+           entries: List[scheduler.Entry]) -> List[scheduler.Verdict]:
+    """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
+    oldest entry is the same call, decide it; else exchange the lists and match by key."""
+    head = entries[0]
+    record, words, inline = _record(comm, sched, head)
+    joined = sched.peers_joined
+    if record[0] == ~record[1]:
+        try:
+            if joined:
+                _meet_joined(comm, head.description)
+        except Exception as error:
+            return [("raise", head.key, error)]
+        return [("run", head.key, _inline_flags(comm, head, record, words, inline))]
+    stuck = sched.stuck(entries, _MATCH_GRACE_SECONDS)
+    gathered = comm.allgather_object((stuck, [e.summary() for e in entries], sched.unnamed))
+    lists = [None if g is None else g[1] for g in gathered]
+    failure = functools.partial(_failure, comm)
+    verdicts = scheduler.match(lists, failure, single=joined)
+    if not verdicts and not joined and all(g[0] for g in gathered):
+        verdicts = scheduler.deadlock(lists, comm.rank, failure)
+        if verdicts and verdicts[0][0] == "run":
+            # Ranks whose automatic names had drifted apart run their oldest calls together;
+            # from here they count on from the same number.
+            sched.unnamed = max(g[2] for g in gathered if g is not None)
+    by_key = {e.key: e for e in entries}
+    decided: List[scheduler.Verdict] = []
+    for verdict, key, value in verdicts:
+        if verdict == "run":
+            try:
+                if joined:
+                    _meet_joined(comm, value)
+            except Exception as error:
+                decided.append(("raise", key, error))
+                continue
+            flags = by_key[key].flags
+            if flags is not None:  # every rank runs this exchange for this entry, in order
+                words = pack_flags(flags)
+                comm.allreduce(words, "bor")
+                flags = unpack_flags(words, len(flags))
+            value = flags
+        decided.append((verdict, key, value))
+    return decided
 
 
 class JoinedRecord:
@@ -278,7 +351,7 @@ class JoinedRecord:
         self.comm = comm
         self._record = np.zeros(_RECORD_WORDS, np.int64)
         self._record[2] = _JOINED
-        _book(comm).exchanges += 1
+        scheduler.of(comm).exchanges += 1
         self._request = comm.start_allreduce(self._record, "bor")
         self._done = False
 
@@ -290,14 +363,21 @@ class JoinedRecord:
     def read(self) -> Optional[Dict[str, Any]]:
         """Once :meth:`done`: the description of the call the other ranks make, if this rank
         is to serve it; ``{}`` if there is nothing to serve (the call raised on the ranks that
-        made it); None if every rank of ``comm`` has joined."""
+        made it, or their oldest calls differ and none was matched); None if every rank of
+        ``comm`` has joined."""
         comm, record = self.comm, self._record
         discard_posts(comm)
         if not record[2] & _ACTIVE:
             return None
+        words_total = -1
         if record[0] != ~record[1]:
-            _raise_disagreement(comm, None)
-            return {}
+            # The active ranks exchange their pending lists; at most the first key pending on
+            # all of them runs, and this rank serves it (see _round).
+            lists = [None if g is None else g[1] for g in comm.allgather_object(None)]
+            verdicts = scheduler.match(lists, lambda every: RuntimeError(), single=True)
+            if not verdicts or verdicts[0][0] != "run":
+                return {}
+            words_total = 0
         every = comm.allgather_object(None)  # _meet_joined on the active ranks
         description = next(d for d in every if d is not None)
         if "error" in description or refusal_while_joined(description) is not None:
@@ -305,7 +385,9 @@ class JoinedRecord:
         count = description.get("flags", -1)
         if count >= 0:
             words = pack_flags(np.zeros(count, bool))
-            if words.size > INLINE_FLAG_WORDS:  # the flags' second exchange, with none set
+            if words_total == 0:  # matched by key: the flags' own exchange, with none set
+                comm.allreduce(words, "bor")
+            elif words.size > INLINE_FLAG_WORDS:  # the flags' second exchange, with none set
                 comm.allreduce(words[INLINE_FLAG_WORDS:], "bor")
         return description
 
@@ -320,9 +402,15 @@ def pause(start: float) -> None:
         time.sleep(min(_PAUSE_SHARE * waited, _MAX_PAUSE))
 
 
-def turn(comm: Communicator) -> ContextManager[Any]:
+@contextlib.contextmanager
+def turn(comm: Communicator) -> Iterator[None]:
     """Hold ``comm``'s turn: other threads' collectives on it wait until the block ends."""
-    return _book(comm).turn
+    sched = scheduler.of(comm)
+    sched.take()
+    try:
+        yield
+    finally:
+        sched.give()
 
 
 def finish_join(comm: Communicator, newly: bool) -> int:
@@ -330,18 +418,23 @@ def finish_join(comm: Communicator, newly: bool) -> int:
     ``newly``: this rank joined in that last agreement. Returns the rank in ``comm`` that
     joined last (the highest of those that joined together). Sets the count of automatic
     names to the other ranks' (they named calls that this rank served). A collective."""
-    book = _book(comm)
-    values = np.array([book.unnamed, comm.rank if newly else -1], np.int64)
+    sched = scheduler.of(comm)
+    values = np.array([sched.unnamed, comm.rank if newly else -1], np.int64)
     comm.allreduce(values, "max")
-    book.unnamed = int(values[0])
-    book.peers_joined = False
+    sched.unnamed = int(values[0])
+    sched.peers_joined = False
     return int(values[1])
 
 
 def peers_joined(comm: Communicator) -> bool:
     """Whether the last agreement on ``comm`` found a joined rank (its collectives after it
     need their own agreements, so that the joined rank learns each one)."""
-    return _book(comm).peers_joined
+    return scheduler.of(comm).peers_joined
+
+
+def pending(comm: Communicator) -> int:
+    """How many collectives of this rank wait for their match on ``comm``."""
+    return len(scheduler.of(comm).pending)
 
 
 class _Checks:
@@ -365,33 +458,34 @@ class _Checks:
 class Call:
     """One collective on a communicator: its name, its argument checks, its agreement.
 
-    Made by :func:`collective`; as a context manager it holds the communicator's turn while
-    the call runs. Its pieces are plain classes, not generators: every collective pays for
-    them.
+    Made by :func:`collective`. As a context manager it names the call (reserving its key in
+    the communicator's schedule) and, once :meth:`agree` has matched it, holds the
+    communicator's turn until the block ends. Its pieces are plain classes, not generators:
+    every collective pays for them.
     """
 
     def __init__(self, comm: Communicator, kind: str, name: Optional[str]):
         self.comm, self.kind, self._given = comm, kind, name
-        self.name = ""
+        self.name = self.key = ""
         self.error: Optional[Exception] = None
-        self._book = _book(comm)
+        self._schedule = scheduler.of(comm)
+        self._held = False
 
     def __enter__(self) -> "Call":
         handles.flush(here=True)  # a deferred training step goes first (see handles.py)
-        book = self._book
-        book.turn.acquire()
-        name = self._given
-        if name is None:
-            name = f"{self.kind}.noname.{book.unnamed}"
-            book.unnamed += 1
-        if not isinstance(name, str):
-            self.error = TypeError(f"name={name!r} must be a string or None")
-            name = repr(name)
-        self.name = name
+        given = self._given
+        if given is not None and not isinstance(given, str):
+            self.error = TypeError(f"name={given!r} must be a string or None")
+            given = repr(given)
+        self.name, self.key = self._schedule.name(self.kind, given, self)
+        self._held = self._schedule.holds()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._book.turn.release()
+        sched = self._schedule
+        if not self._held and sched.holds():
+            sched.give()
+        sched.forget(self.key, self)
 
     def checks(self) -> ContextManager[None]:
         """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which
@@ -404,9 +498,9 @@ class Call:
         with span(self.name, "NEGOTIATE"):
             if self.error is not None:
                 agree(self.comm, lambda: {"kind": self.kind, "name": self.name}, flags,
-                      self.error)
+                      self.error, self.key, True, self._given is None)
             return agree(self.comm, lambda: {"kind": self.kind, "name": self.name, **describe()},
-                         flags)
+                         flags, key=self.key, keep=True, automatic=self._given is None)
 
     def agree_gather(self, describe: Callable[[], Dict[str, Any]],
                      extra: Callable[[], int]) -> List[int]:
@@ -442,34 +536,39 @@ def covered(comm: Communicator) -> Iterator[None]:
     """Collectives on ``comm`` in this block skip their agreement exchange.
 
     Only for a caller whose last :func:`agree` on ``comm`` already fixed, identically on
-    every rank, each collective the block runs (kind, names, shapes, dtypes, op). The block
-    holds ``comm``'s turn: other threads' collectives on it wait until it ends.
+    every rank, each collective the block runs (kind, names, shapes, dtypes, op), or whose
+    block begins with an agreement that has flags (a training step: the ranks' holders make
+    it in step). The block holds ``comm``'s turn: other threads' collectives on it wait until
+    it ends.
     """
     handles.flush(here=True)  # a deferred training step goes first (see handles.py)
-    book = _book(comm)
-    with book.turn:
-        book.covered += 1
-        try:
-            yield
-        finally:
-            book.covered -= 1
+    sched = scheduler.of(comm)
+    sched.take()
+    depth = sched.covered_depth()
+    sched.set_covered(depth + 1)
+    try:
+        yield
+    finally:
+        sched.set_covered(depth)
+        sched.give()
 
 
 @contextlib.contextmanager
 def uncovered(comm: Communicator) -> Iterator[None]:
     """Inside a :func:`covered` block, collectives make their own agreements again (a step
     whose agreement found a joined rank: that rank learns each collective from its own)."""
-    book = _book(comm)
-    outer, book.covered = book.covered, 0
+    sched = scheduler.of(comm)
+    outer = sched.covered_depth()
+    sched.set_covered(0)
     try:
         yield
     finally:
-        book.covered = outer
+        sched.set_covered(outer)
 
 
 def agreements(comm: Communicator) -> int:
     """How many agreement exchanges this rank has made on ``comm`` (tests count them)."""
-    return _book(comm).exchanges
+    return scheduler.of(comm).exchanges
 
 
 # -- waiting, and the stall inspector -------------------------------------------------------
@@ -532,7 +631,7 @@ def waiting(comm: Communicator, what: str, phase: str) -> ContextManager[Any]:
     """
     if comm.size == 1:
         return _OFF
-    return _Wait(comm, what, phase, _book(comm).exchanges)
+    return _Wait(comm, what, phase, scheduler.of(comm).exchanges)
 
 
 class Watchdog(threading.Thread):

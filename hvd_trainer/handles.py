@@ -1,10 +1,15 @@
-"""Asynchronous collectives: run on the process's one communication thread, waited on later.
+"""Asynchronous collectives: run on a communication thread, waited on later.
 
-A collective started with :func:`submit` runs on a single background thread, in the order
-of submission, so ranks that submit in the same order run the same sequence of collectives
-(each with its own agreement) while the caller computes. The returned :class:`Handle` is
-polled or waited on; waiting raises what the collective raised, on this rank as on the
-others. Horovod's ``*_async`` functions, ``poll`` and ``synchronize`` are built on this.
+A collective started with :func:`submit` runs on a background thread, in the order of
+submission, so ranks that submit in the same order run the same sequence of collectives
+(each with its own agreement) while the caller computes. Its name, or its automatic name, is
+taken at submission, in the caller's order, so a name still pending raises there. When a
+collective waits for a match that has not come (other ranks submitted theirs in another
+order, see scheduler.py), its thread *parks*: the next submitted work starts on another
+thread, so calls submitted in different orders on different ranks still meet. The returned
+:class:`Handle` is polled or waited on; waiting raises what the collective raised, on this
+rank as on the others. Horovod's ``*_async`` functions, ``poll`` and ``synchronize`` are
+built on this.
 
 Work can also be *deferred* (:func:`defer`): it takes its place in that order at once, but
 the thread is not woken for it. Whatever this process starts next goes behind it: the next
@@ -20,22 +25,86 @@ the step (gradients not computed by then are stale), instead of waiting behind a
 waits for ``step()``.
 """
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-_thread: Optional[ThreadPoolExecutor] = None
+from . import runtime, scheduler
+
+_Work = Tuple["Future[Any]", Callable[[], Any], Optional[scheduler.Job]]
+
 _lock = threading.Lock()
+_queue: Deque[_Work] = deque()  # handed to the thread, not started
 _busy = 0  # work handed to the thread and not finished
-_deferred: Optional[Tuple["Future[Any]", Callable[[], Any]]] = None
+_slot = False  # a thread runs the queue's work in order (none is parked)
+_idle: List["_Worker"] = []
+_deferred: Optional[_Work] = None
 _closers: Dict[int, List[Callable[[], bool]]] = {}  # by thread ident
+_IDLE_SECONDS = 30.0  # an idle worker thread ends after this long without work
 
 
-def _pool_locked() -> ThreadPoolExecutor:
-    """The process's one communication thread, started on first use (under ``_lock``)."""
-    global _thread
-    if _thread is None:
-        _thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd_trainer-comm")
-    return _thread
+class _Worker:
+    """A thread that runs handed work in order while it holds the slot (see park())."""
+
+    def __init__(self, work: _Work):
+        self.work: Optional[_Work] = work
+        self.parked = False
+        self.wake = threading.Condition(_lock)
+        threading.Thread(target=self._loop, name="hvd_trainer-comm", daemon=True).start()
+
+    def _park(self) -> None:
+        """This work waits for a match: let the next work start on another thread."""
+        global _slot
+        with _lock:
+            if not self.parked:
+                self.parked = True
+                _slot = False
+                _dispatch_locked()
+
+    def _loop(self) -> None:
+        global _busy, _slot
+        while True:
+            future, work, job = self.work
+            scheduler.set_job(job, self._park)
+            try:
+                _complete(future, work)
+            finally:
+                scheduler.set_job(None, None)
+                if job is not None:
+                    job.release()
+            with _lock:
+                _busy -= 1
+                self.work = None
+                if self.parked:  # the slot went on without it
+                    self.parked = False
+                elif _queue:
+                    self.work = _queue.popleft()
+                    continue
+                else:
+                    _slot = False
+                if _queue and not _slot:
+                    _slot = True
+                    self.work = _queue.popleft()
+                    continue
+                _idle.append(self)
+                if not self.wake.wait_for(lambda: self.work is not None, _IDLE_SECONDS):
+                    _idle.remove(self)
+                    return
+
+
+def _dispatch_locked() -> None:
+    """Start the queue's next work if no thread runs the queue (the caller holds ``_lock``)."""
+    global _slot
+    if _slot or not _queue:
+        return
+    _slot = True
+    work = _queue.popleft()
+    if _idle:
+        worker = _idle.pop()
+        worker.work = work
+        worker.wake.notify()
+    else:
+        _Worker(work)
 
 
 def _complete(future: "Future[Any]", work: Callable[[], Any]) -> None:
@@ -47,30 +116,38 @@ def _complete(future: "Future[Any]", work: Callable[[], Any]) -> None:
         future.set_result(result)
 
 
-def _hand(future: "Future[Any]", work: Callable[[], Any]) -> None:
-    """Give ``work`` to the thread (the caller holds ``_lock``)."""
+def _hand(item: _Work) -> None:
+    """Give ``item`` to the thread (the caller holds ``_lock``)."""
     global _busy
-
-    def run() -> None:
-        global _busy
-        try:
-            _complete(future, work)
-        finally:
-            with _lock:
-                _busy -= 1
-
     _busy += 1
-    _pool_locked().submit(run)
+    _queue.append(item)
+    _dispatch_locked()
 
 
-def start(work: Callable[[], Any]) -> "Future[Any]":
+def _job(name: Optional[str], process_set: Any) -> Optional[scheduler.Job]:
+    """The key reservation of a collective submitted now (see scheduler.Job)."""
+    if process_set is None:
+        return None
+    job = scheduler.Job()
+    scheduler.of(runtime.communicator(process_set)).reserve_for(job, name)
+    return job
+
+
+def start(work: Callable[[], Any], name: Optional[str] = None,
+          process_set: Any = None) -> "Future[Any]":
     """Run ``work()`` on the communication thread, behind what was submitted or deferred
-    before (after this thread's closers); its future holds the result."""
+    before (after this thread's closers); its future holds the result.
+
+    With ``process_set``, ``work`` is a collective named ``name`` on it: its name (or its
+    automatic one) is taken now, in this thread's program order, and a name still pending
+    raises :class:`~hvd_trainer.scheduler.DuplicateNameError` here.
+    """
     _close()
+    job = _job(name, process_set)
     future: "Future[Any]" = Future()
     with _lock:
         _flush_locked()
-        _hand(future, work)
+        _hand((future, work, job))
     return future
 
 
@@ -83,16 +160,16 @@ def defer(work: Callable[[], Any]) -> "Future[Any]":
     with _lock:
         if _busy or _deferred is not None:
             _flush_locked()
-            _hand(future, work)
+            _hand((future, work, None))
         else:
-            _deferred = (future, work)
+            _deferred = (future, work, None)
     return future
 
 
 def _flush_locked() -> None:
     global _deferred
     if _deferred is not None:
-        _hand(*_deferred)
+        _hand(_deferred)
         _deferred = None
 
 
@@ -139,7 +216,7 @@ def flush(here: bool = False) -> None:
             return
         item, _deferred = _deferred, None
     if item is not None:
-        _complete(*item)
+        _complete(*item[:2])
 
 
 def run_deferred(future: "Future[Any]") -> None:
@@ -150,7 +227,7 @@ def run_deferred(future: "Future[Any]") -> None:
         if _deferred is None or _deferred[0] is not future:
             return
         item, _deferred = _deferred, None
-    _complete(*item)
+    _complete(*item[:2])
 
 
 class Handle:
@@ -169,5 +246,9 @@ class Handle:
 
 
 def submit(collective: Callable[..., Any], *args: Any, **kwargs: Any) -> Handle:
-    """Start ``collective(*args, **kwargs)`` on the communication thread; return its handle."""
-    return Handle(start(lambda: collective(*args, **kwargs)))
+    """Start ``collective(*args, **kwargs)`` on the communication thread; return its handle.
+    Its ``name`` and ``process_set`` keywords, if given, are taken now (see :func:`start`)."""
+    process_set = kwargs.get("process_set")
+    if process_set is None:
+        process_set = runtime.global_process_set
+    return Handle(start(lambda: collective(*args, **kwargs), kwargs.get("name"), process_set))

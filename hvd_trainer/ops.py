@@ -530,5 +530,5 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     an exchange even inside ``diagnostics.covered``.
     """
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "barrier", "barrier") as call:
+    with diagnostics.collective(comm, "barrier", None) as call:
         call.agree(dict, flags=np.zeros(0, bool))

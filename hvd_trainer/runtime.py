@@ -610,7 +610,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     from . import diagnostics
     st = state()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    with diagnostics.collective(st.world, "add_process_set", "add_process_set") as call:
+    with diagnostics.collective(st.world, "add_process_set", None) as call:
         with call.checks():
             if ps.ranks is None or not ps.ranks:
                 raise ValueError("add_process_set: the process set needs a non-empty list of "
@@ -641,7 +641,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     st = state()
     known = (process_set is not global_process_set
              and process_set.process_set_id in st.process_sets)
-    with diagnostics.collective(st.world, "remove_process_set", "remove_process_set") as call:
+    with diagnostics.collective(st.world, "remove_process_set", None) as call:
         call.agree(lambda: {"process_set_id": process_set.process_set_id if known else None})
     if not known:
         return False

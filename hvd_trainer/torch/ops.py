@@ -80,8 +80,12 @@ class _CallableHandle(Handle):
 
 def _start(collective: Callable[..., Any], *args: Any,
            finish: Callable[[Any], Any] = bridge.adopt, handle: type = Handle,
-           on: Optional[torch.Tensor] = None, gpu_core: bool = True) -> Handle:
+           on: Optional[torch.Tensor] = None, gpu_core: bool = True,
+           name: Optional[str] = None, process_set: Optional[ProcessSet] = None) -> Handle:
     """Run ``finish(collective(*args))`` on the communication thread; return its handle.
+
+    ``name`` and ``process_set`` are the collective's: its name (or automatic name) is taken
+    now, in the caller's order, and one that is still pending raises ``ValueError`` here.
 
     When ``on`` is a CUDA tensor, the work runs in order with PyTorch's current stream on its
     device, taken now (``bridge.ordered``; ``gpu_core=False`` for work that never reaches
@@ -89,13 +93,13 @@ def _start(collective: Callable[..., Any], *args: Any,
     """
     ordered = None if on is None else bridge.ordered(on, gpu_core)
     if ordered is None:
-        return handle(handles.start(lambda: finish(collective(*args))))
+        return handle(handles.start(lambda: finish(collective(*args)), name, process_set))
 
     def run() -> Any:
         with ordered():
             return finish(collective(*args))
 
-    return handle(handles.start(run))
+    return handle(handles.start(run, name, process_set))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
@@ -107,7 +111,8 @@ def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Call
     try:
         return check()
     except (TypeError, ValueError) as error:
-        synchronize(_start(core.refuse, error, kind, name, process_set))
+        synchronize(_start(core.refuse, error, kind, name, process_set, name=name,
+                           process_set=process_set))
         raise AssertionError("unreachable: ops.refuse raises") from error
 
 
@@ -165,10 +170,12 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
         return _start(adasum.grouped_allreduce, [staged], name, prescale_factor,
                       postscale_factor, process_set, inplace,
                       finish=(lambda _: bridge.write_back(staged, tensor)) if inplace
-                      else lambda out: bridge.on_device(out[0], tensor), on=tensor)
+                      else lambda out: bridge.on_device(out[0], tensor), on=tensor,
+                      name=name, process_set=process_set)
     collective = core.allreduce_ if inplace else core.allreduce
     return _start(collective, bridge.view(tensor), op, name, prescale_factor, postscale_factor,
-                  process_set, finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor)
+                  process_set, finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor,
+                  name=name, process_set=process_set)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -252,11 +259,12 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                       finish=(lambda _: [bridge.write_back(a, t)
                                          for a, t in zip(staged, tensors)]) if inplace
                       else lambda out: [bridge.on_device(a, t) for a, t in zip(out, tensors)],
-                      on=first)
+                      on=first, name=name, process_set=process_set)
     finish = (lambda _: list(tensors)) if inplace else (lambda out: [bridge.adopt(a) for a in out])
     collective = core.grouped_allreduce_ if inplace else core.grouped_allreduce
     return _start(collective, [bridge.view(t) for t in tensors], op, name, prescale_factor,
-                  postscale_factor, process_set, finish=finish, on=first)
+                  postscale_factor, process_set, finish=finish, on=first, name=name,
+                  process_set=process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -348,7 +356,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
     op, coalesced = checked("allgather", f"{name or _SPARSE}.ids", process_set, check)
     return _start(_sparse_allreduce, coalesced, name, op, process_set,
                   finish=lambda result: result.to(tensor.device), handle=_CallableHandle,
-                  on=tensor, gpu_core=False)
+                  on=tensor, gpu_core=False, name=name, process_set=process_set)
 
 
 def _sparse_allreduce(tensor: torch.Tensor, name: Optional[str], op: Any,
@@ -370,7 +378,8 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     """Start concatenating every rank's ``tensor`` along dim 0 (which may differ per rank)."""
     tensor = checked("allgather", name, process_set,
                       lambda: bridge.check_tensor(tensor, "tensor"))
-    return _start(core.allgather, bridge.view(tensor), name, process_set, on=tensor)
+    return _start(core.allgather, bridge.view(tensor), name, process_set, on=tensor, name=name,
+                  process_set=process_set)
 
 
 def _rows_before(rows: int, process_set: ProcessSet) -> int:
@@ -408,7 +417,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     tensors = checked("grouped_allgather", name, process_set, lambda: _tensors(tensors))
     return _start(core.grouped_allgather, [bridge.view(t) for t in tensors], name, process_set,
                   finish=lambda out: [bridge.adopt(a) for a in out],
-                  on=tensors[0] if tensors else None)
+                  on=tensors[0] if tensors else None, name=name, process_set=process_set)
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -444,7 +453,8 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str],
                       lambda: bridge.check_tensor(tensor, "tensor", inplace))
     collective = core.broadcast_ if inplace else core.broadcast
     return _start(collective, bridge.view(tensor), root_rank, name, process_set,
-                  finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor)
+                  finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor,
+                  name=name, process_set=process_set)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -517,7 +527,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torc
         return bridge.on_device(output, tensor), torch.from_numpy(received.astype(np.int32))
 
     return _start(core.alltoall, bridge.host_view(tensor), split_rows, name, process_set,
-                  finish=finish, on=tensor)
+                  finish=finish, on=tensor, name=name, process_set=process_set)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -556,7 +566,7 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[
     op, tensor = checked("reducescatter", name, process_set, lambda: (
         _no_adasum(_reduce_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
     return _start(core.reducescatter, bridge.view(tensor), op, name, process_set,
-                  prescale_factor, postscale_factor, on=tensor)
+                  prescale_factor, postscale_factor, on=tensor, name=name, process_set=process_set)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Average,
@@ -570,7 +580,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
     return _start(core.grouped_reducescatter, [bridge.view(t) for t in tensors], op, name,
                   process_set, prescale_factor, postscale_factor,
                   finish=lambda out: [bridge.adopt(a) for a in out],
-                  on=tensors[0] if tensors else None)
+                  on=tensors[0] if tensors else None, name=name, process_set=process_set)
 
 
 def _scatter_gradient(grads: List[torch.Tensor], op: Any, scale: float,
@@ -645,21 +655,21 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], op: Any = Average,
 # -- the rest -------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set arrives."""
-    synchronize(_start(core.barrier, process_set, finish=lambda _: None))
+    synchronize(_start(core.barrier, process_set, finish=lambda _: None, process_set=process_set))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank (``root_rank`` is global)."""
     return synchronize(_start(core.broadcast_object, obj, root_rank, name, process_set,
-                              finish=lambda result: result))
+                              finish=lambda result: result, name=name, process_set=process_set))
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
     return synchronize(_start(core.allgather_object, obj, name, process_set,
-                              finish=lambda result: result))
+                              finish=lambda result: result, name=name, process_set=process_set))
 
 
 def join(device: int = -1) -> int:

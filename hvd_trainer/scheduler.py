@@ -1,0 +1,383 @@
+"""What runs next on a communicator, on which thread, and how calls are matched across ranks.
+
+Every collective on a process set's communicator is an :class:`Entry` in that
+communicator's :class:`Schedule`: its matching key (the name the user gave, or an automatic
+``noname.N``), its description and its flags. A thread that makes a collective enqueues its
+entry and waits; one waiting thread at a time *drives* a round of agreement (the exchange
+itself is the caller's function, see diagnostics.py) over the entries pending at that moment,
+and the round decides, identically on every rank, which entries run, in which order, and
+which raise. Then each decided entry's own thread takes the *turn* in that order and runs its
+data phase; the next round waits for the turn to be free.
+
+Invariants (unit tests drive them without MPI):
+
+- **One user of the communicator at a time.** Either one thread drives a round, or one
+  thread holds the turn (a data phase, a covered block, a joined rank's service); never both,
+  never two. The turn is re-entrant for its holder.
+- **Same decisions everywhere.** A round's decisions are a pure function of what every rank
+  contributed (:func:`match`), so every rank runs the same entries in the same order.
+- **Fast path.** When every rank's oldest pending entry is the same call, one small exchange
+  decides it; otherwise the ranks exchange their pending lists and match by key (Horovod's
+  coordinator matches by name): the keys pending on every rank run in the order of the lowest
+  active rank's list; a key whose descriptions differ raises a mismatch on every rank; keys
+  not yet pending everywhere wait for a later round.
+- **Keys are unique while pending.** A second call with a key that is still pending raises
+  :class:`DuplicateNameError` on the rank that made it, at the call, and changes nothing else.
+- **Automatic names never mismatch by themselves.** They are taken in program order on the
+  thread that makes (or submits) the call; an asynchronous job takes its key at submission
+  (:class:`Job`), and the further unnamed calls of the same job derive theirs from it. Calls
+  that fail locally before they reach the schedule take no key.
+"""
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import weakref
+
+import numpy as np
+
+from . import runtime
+from .backends import Communicator
+
+
+class DuplicateNameError(ValueError):
+    """A collective was started with a name that a pending collective of this rank still has."""
+
+
+class Entry:
+    """One collective waiting for its round: ``key`` matches it across ranks, ``description``
+    (a dict of plain values with its kind and name) is compared, ``flags`` (booleans or None)
+    are or-ed across the ranks that run it."""
+
+    __slots__ = ("key", "description", "flags", "digest", "state", "failure", "flags_out",
+                 "synchronous", "automatic")
+
+    def __init__(self, key: str, description: Dict[str, Any], flags: Optional[np.ndarray],
+                 digest: int, automatic: bool = False):
+        self.key, self.description, self.flags, self.digest = key, description, flags, digest
+        self.automatic = automatic  # its key is an automatic name
+        self.state = "pending"  # then "run" or "raise"
+        self.failure: Optional[BaseException] = None
+        self.flags_out: Optional[np.ndarray] = None
+        # Made by a thread that waits for it (not an asynchronous job's): while it waits, that
+        # thread cannot start the call another rank waits for.
+        self.synchronous = running_job() is None
+
+    def summary(self) -> "Summary":
+        """What the other ranks see of this entry when heads differ."""
+        return self.key, self.description, self.synchronous, self.automatic
+
+
+class Job:
+    """The keys an asynchronous job reserved when it was submitted, one per schedule, for its
+    first collective there; the job's later unnamed calls derive their keys from it."""
+
+    def __init__(self) -> None:
+        self.claims: Dict["Schedule", List[Any]] = {}  # schedule -> [key, automatic, claimed]
+        self.derived = 0
+
+    def release(self) -> None:
+        """Give back the reservations the job never used (it ended without that call)."""
+        for schedule, (key, _, claimed) in list(self.claims.items()):
+            if not claimed:
+                schedule.forget(key, self)
+        self.claims.clear()
+
+
+_context = threading.local()  # .job: the Job this thread runs; .park: see Schedule.settle
+
+
+def running_job() -> Optional[Job]:
+    """The asynchronous job the calling thread runs, if any."""
+    return getattr(_context, "job", None)
+
+
+def set_job(job: Optional[Job], park: Optional[Callable[[], None]]) -> None:
+    """Mark the calling thread as running ``job``; ``park()`` lets the next job start while
+    this one waits for a match (handles.py's runner)."""
+    _context.job, _context.park = job, park
+
+
+class _Use:
+    """Who uses a communicator now (shared by every communicator where MPI serialises calls)."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition(threading.Lock())
+        self.holder: Optional[int] = None
+        self.depth = 0
+        self.driving = False
+
+    def free(self) -> bool:
+        return self.holder is None and not self.driving
+
+
+# Verdicts of a round: ("run", entry_key, description) or ("raise", key, exception).
+Verdict = Tuple[str, str, Any]
+Round = Callable[[List[Entry]], List[Verdict]]
+
+
+Summary = Tuple[str, Dict[str, Any], bool, bool]  # key, description, synchronous, automatic
+
+
+def match(lists: Sequence[Optional[Sequence[Summary]]],
+          failure: Callable[[List[Optional[Dict[str, Any]]]], BaseException],
+          single: bool = False) -> List[Verdict]:
+    """Decide a round from every rank's pending list (None: a joined rank).
+
+    The keys pending on every active rank, in the lowest active rank's order; each runs when
+    all its descriptions are equal and free of argument errors, else raises
+    ``failure(descriptions by rank)``. ``single``: decide at most the first such key.
+    """
+    active = [lst for lst in lists if lst is not None]
+    if not active:
+        return []
+    by_rank = [{key: d for key, d, _, _ in lst} for lst in lists if lst is not None]
+    verdicts: List[Verdict] = []
+    for key, _, _, _ in active[0]:
+        if not all(key in d for d in by_rank[1:]):
+            continue
+        every = [None if lst is None else {k: d for k, d, _, _ in lst}[key] for lst in lists]
+        described = [d for d in every if d is not None]
+        if any("error" in d for d in described) or any(d != described[0] for d in described):
+            verdicts.append(("raise", key, failure(every)))
+        else:
+            verdicts.append(("run", key, described[0]))
+        if single:
+            break
+    return verdicts
+
+
+def _unnamed(description: Any) -> Any:
+    """``description`` without names, which hold the automatic counters."""
+    if isinstance(description, dict):
+        return {k: _unnamed(v) for k, v in description.items() if k != "name"}
+    if isinstance(description, list):
+        return [_unnamed(v) for v in description]
+    return description
+
+
+def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
+             failure: Callable[[List[Optional[Dict[str, Any]]]], BaseException]
+             ) -> List[Verdict]:
+    """When no key matched and every active rank is stuck (see :meth:`Schedule.stuck`), each
+    rank's oldest synchronous call decides: if all are automatically named and alike but for
+    their names, they run together (the ranks' counts of automatic names had drifted apart,
+    say after a call that failed on one rank before it reached the others; no automatic name
+    causes a mismatch by itself); otherwise each raises ``failure`` of those calls'
+    descriptions (the ranks wait for calls that differ, and none can start another)."""
+    oldest = [None if lst is None else next((s for s in lst if s[2]), None) for lst in lists]
+    mine = oldest[me]
+    if mine is None:
+        return []
+    described = [s[1] for s in oldest if s is not None]
+    if all(s is None or s[3] for s in oldest) and \
+            all(_unnamed(d) == _unnamed(described[0]) for d in described):
+        return [("run", mine[0], mine[1])]
+    return [("raise", mine[0], failure([None if s is None else s[1] for s in oldest]))]
+
+
+class Schedule:
+    """The entries and the turn of one communicator (see the module docstring)."""
+
+    def __init__(self, use: _Use):
+        self.use = use
+        self.pending: List[Entry] = []
+        self.ready: Deque[Entry] = deque()
+        self.keys: Dict[str, Any] = {}  # pending or reserved keys -> their owner
+        self.unnamed = 0  # automatic names are counted per communicator
+        self.exchanges = 0
+        self.peers_joined = False
+        self.local = threading.local()  # .covered: this thread's covered-block depth
+        self.undecided_since: Optional[float] = None  # rounds have decided nothing since
+        self.next_round: Optional[float] = None  # then: no round before this time
+        self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
+
+    # -- names ------------------------------------------------------------------------------
+    def name(self, kind: str, given: Optional[str], owner: Any) -> Tuple[str, str]:
+        """(name, key) for a call of ``kind`` named ``given`` (None: automatic), reserved for
+        ``owner`` until :meth:`forget`; raises :class:`DuplicateNameError` if the key is
+        still pending here. A call made while its thread holds the turn runs in step inside
+        another call and reserves nothing."""
+        job = running_job()
+        with self.use.cv:
+            if self.use.holder == threading.get_ident():
+                if given is not None:
+                    return given, given
+                key = f"noname.{self.unnamed}"
+                self.unnamed += 1
+                return f"{kind}.{key}", key
+            claim = job.claims.get(self) if job is not None else None
+            if claim is not None and not claim[2] and (given is None) == claim[1] and \
+                    (given is None or given == claim[0]):
+                claim[2] = True
+                key = claim[0]
+                self.keys[key] = owner
+            else:
+                if given is not None:
+                    key = given
+                elif claim is not None:  # a later unnamed call of the same job
+                    key = f"{claim[0]}.{job.derived}"
+                    job.derived += 1
+                else:
+                    key = f"noname.{self.unnamed}"
+                    self.unnamed += 1
+                self._reserve(key, owner)
+        return (f"{kind}.{key}" if given is None else key), key
+
+    def reserve_for(self, job: Job, given: Optional[str]) -> None:
+        """Reserve, at submission, the key of ``job``'s first call here (see :class:`Job`)."""
+        with self.use.cv:
+            if given is None:
+                key = f"noname.{self.unnamed}"
+                self.unnamed += 1
+            else:
+                key = given
+                self._reserve(key, job)
+            self.keys[key] = job
+            job.claims[self] = [key, given is None, False]
+
+    def _reserve(self, key: str, owner: Any) -> None:
+        if key in self.keys:
+            raise DuplicateNameError(
+                f"a collective named {key!r} is still pending on this rank; wait for it "
+                "(synchronize its handle) before starting another with that name, or give "
+                "this one another name")
+        self.keys[key] = owner
+
+    def forget(self, key: str, owner: Any) -> None:
+        """Release ``key`` if ``owner`` still holds it."""
+        with self.use.cv:
+            if self.keys.get(key) is owner:
+                del self.keys[key]
+
+    # -- the turn ---------------------------------------------------------------------------
+    def holds(self) -> bool:
+        """Whether the calling thread holds the turn."""
+        return self.use.holder == threading.get_ident()
+
+    def take(self) -> None:
+        """Hold the turn (wait until the communicator is free and nothing decided waits)."""
+        use, me = self.use, threading.get_ident()
+        with use.cv:
+            if use.holder == me:
+                use.depth += 1
+                return
+            while not (use.free() and not self.ready):
+                use.cv.wait()
+            use.holder, use.depth = me, 1
+
+    def give(self) -> None:
+        """End one :meth:`take` (or one turn taken by :meth:`settle`)."""
+        use = self.use
+        with use.cv:
+            use.depth -= 1
+            if use.depth == 0:
+                use.holder = None
+                use.cv.notify_all()
+
+    # -- rounds -----------------------------------------------------------------------------
+    def settle(self, entry: Entry, run_round: Round,
+               pace: Callable[[float], float]) -> Optional[np.ndarray]:
+        """Enqueue ``entry``, take part in rounds until it is decided, then return its or-ed
+        flags holding the turn (end it with :meth:`give`), or raise its failure.
+
+        ``run_round(entries)`` makes one round's exchange and returns its verdicts (the same
+        on every rank); ``pace(since)`` is how long to wait before another round after rounds
+        that decided nothing since ``since``.
+        """
+        use, me = self.use, threading.get_ident()
+        with use.cv:
+            self.pending.append(entry)
+            self.undecided_since = self.next_round = None  # something new: a round at once
+            use.cv.notify_all()
+            while True:
+                if entry.state == "raise":
+                    raise entry.failure
+                if entry.state == "run":
+                    if self.ready and self.ready[0] is entry and use.free():
+                        self.ready.popleft()
+                        use.holder, use.depth = me, 1
+                        return entry.flags_out
+                elif use.free() and not self.ready:
+                    wait = 0.0 if self.next_round is None else self.next_round - time.monotonic()
+                    if wait <= 0:
+                        self._drive(run_round, entry, pace)
+                        continue
+                    use.cv.wait(wait)
+                    continue
+                use.cv.wait()
+
+    def _drive(self, run_round: Round, mine: Entry, pace: Callable[[float], float]) -> None:
+        """One round, with ``use.cv`` held on entry and exit (released while exchanging)."""
+        use = self.use
+        use.driving = True
+        entries = list(self.pending)
+        use.cv.release()
+        try:
+            verdicts = run_round(entries)
+        except BaseException as error:  # the exchange itself failed: so do its entries
+            verdicts = [("raise", e.key, error) for e in entries]
+        finally:
+            use.cv.acquire()
+            use.driving = False
+        by_key = {e.key: e for e in entries}
+        for verdict, key, value in verdicts:
+            entry = by_key[key]
+            self.pending.remove(entry)
+            if verdict == "run":
+                entry.state, entry.flags_out = "run", value
+                self.ready.append(entry)
+            else:
+                entry.state, entry.failure = "raise", value
+        if verdicts:
+            self.undecided_since = self.next_round = None
+        else:
+            if self.undecided_since is None:
+                self.undecided_since = time.monotonic()
+            self.next_round = time.monotonic() + pace(self.undecided_since)
+        use.cv.notify_all()
+        if mine.state == "pending":
+            park = getattr(_context, "park", None)
+            if park is not None:  # let the next asynchronous job start while this one waits
+                use.cv.release()
+                try:
+                    park()
+                finally:
+                    use.cv.acquire()
+
+    def stuck(self, entries: Sequence[Entry], grace: float) -> bool:
+        """Whether this rank can add nothing that could match: a thread waits in a
+        synchronous call among ``entries``, no submitted job is still to reach the schedule,
+        and rounds have matched nothing for ``grace`` seconds."""
+        since = self.undecided_since
+        return (since is not None and time.monotonic() - since >= grace
+                and any(e.synchronous for e in entries)
+                and not any(isinstance(owner, Job) and not owner.claims[self][2]
+                            for owner in list(self.keys.values())))
+
+    # -- covered blocks ---------------------------------------------------------------------
+    def covered_depth(self) -> int:
+        """How deep the calling thread is in covered blocks here."""
+        return getattr(self.local, "covered", 0)
+
+    def set_covered(self, depth: int) -> None:
+        self.local.covered = depth
+
+
+# Without MPI_THREAD_MULTIPLE every communicator shares one user at a time.
+_shared_use = _Use()
+_schedules: "weakref.WeakKeyDictionary[Communicator, Schedule]" = weakref.WeakKeyDictionary()
+_schedules_lock = threading.Lock()
+
+
+def of(comm: Communicator) -> Schedule:
+    """``comm``'s schedule, made on first use."""
+    found = _schedules.get(comm)
+    if found is None:
+        with _schedules_lock:
+            found = _schedules.get(comm)
+            if found is None:
+                multiple = comm.size == 1 or runtime.threads_multiple()
+                found = _schedules[comm] = Schedule(_Use() if multiple else _shared_use)
+    return found
