@@ -5,7 +5,8 @@ does not import MXNet. ``DistributedTrainer`` and ``broadcast_parameters`` resol
 the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists in both adapters,
 so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name.
 """
-from .diagnostics import MismatchError, start_timeline, stop_timeline
+from .agreement import MismatchError
+from .timeline import start_timeline, stop_timeline
 from .joined import join
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
                   allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,

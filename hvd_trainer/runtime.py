@@ -309,11 +309,11 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
                 _install_abort_hook(world)
                 atexit.register(_empty_mailboxes)
                 _start_watchdog(_state)
-            timeline = env("TIMELINE")
-            if timeline:
-                from . import diagnostics
-                diagnostics.start_timeline(timeline)
-                atexit.register(diagnostics.stop_timeline)
+            trace = env("TIMELINE")
+            if trace:
+                from . import timeline
+                timeline.start_timeline(trace)
+                atexit.register(timeline.stop_timeline)
     for ps in process_sets or ():
         add_process_set(ps)
 
@@ -323,9 +323,8 @@ def _start_watchdog(st: _State) -> None:
     is 60 s unless set to 0)."""
     if st.stall_check <= 0 and st.stall_shutdown <= 0:
         return
-    from . import diagnostics
-    st.watchdog = diagnostics.Watchdog(st.stall_check, st.stall_shutdown,
-                                       post=st.threads_multiple)
+    from . import stall
+    st.watchdog = stall.Watchdog(st.stall_check, st.stall_shutdown, post=st.threads_multiple)
     st.watchdog.start()
 
 
@@ -357,13 +356,13 @@ def _install_abort_hook(world: Communicator) -> None:
 def _empty_mailboxes() -> None:
     """At exit, stop the stall watchdog and drop stall posts nobody read (before mpi4py's
     MPI_Finalize)."""
-    from . import diagnostics
+    from . import stall
     if _state is not None and _state.watchdog is not None:
         _state.watchdog.stop()
     if _state is not None:
         for ps in _state.process_sets.values():
             if ps.comm is not None:
-                diagnostics.discard_posts(ps.comm)
+                stall.discard_posts(ps.comm)
 
 
 def abort_job(message: str, code: int = 1) -> None:
@@ -373,8 +372,8 @@ def abort_job(message: str, code: int = 1) -> None:
     others): the launcher then ends the job, and output that MPI_Abort's kill could overtake
     still arrives. Under any other launcher it calls MPI_Abort.
     """
-    from . import diagnostics
-    diagnostics.stop_timeline()
+    from . import timeline
+    timeline.stop_timeline()
     sys.stderr.write(f"hvd_trainer: {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
@@ -607,10 +606,10 @@ def world_rank(comm: Communicator, rank_in_comm: int) -> int:
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
     """Register a process set; a collective call that every rank of the world must make, in
     the same order, with the same ranks (ranks that disagree all raise)."""
-    from . import diagnostics
+    from . import agreement
     st = state()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    with diagnostics.collective(st.world, "add_process_set", None) as call:
+    with agreement.collective(st.world, "add_process_set", None) as call:
         with call.checks():
             if ps.ranks is None or not ps.ranks:
                 raise ValueError("add_process_set: the process set needs a non-empty list of "
@@ -637,11 +636,11 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set on every rank (a collective call of the world); False, on
     every rank, if it was not registered."""
-    from . import diagnostics
+    from . import agreement
     st = state()
     known = (process_set is not global_process_set
              and process_set.process_set_id in st.process_sets)
-    with diagnostics.collective(st.world, "remove_process_set", None) as call:
+    with agreement.collective(st.world, "remove_process_set", None) as call:
         call.agree(lambda: {"process_set_id": process_set.process_set_id if known else None})
     if not known:
         return False

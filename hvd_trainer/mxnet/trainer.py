@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 import mxnet as mx
 import numpy as np
 
-from .. import diagnostics, ops, runtime
+from .. import ops, runtime, timeline
 from ..checkpoint import attach_residuals, detach_residuals
 from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
@@ -130,7 +130,7 @@ class DistributedTrainer(mx.gluon.Trainer):
       set; ``update``, ``save_states``, ``load_states`` and ``set_learning_rate`` are local.
     - Each step makes one agreement exchange that checks every rank has the same gradients
       (names, shapes, dtypes) and settings and carries the freshness flags; the step's
-      collectives then skip their own (see :mod:`hvd_trainer.diagnostics`).
+      collectives then skip their own (see :mod:`hvd_trainer.agreement`).
     - A ``DistributedOptimizer`` passed as ``optimizer`` is unwrapped with a warning (as in
       Horovod), keeping its per-rank ``rescale_grad``, so gradients are not reduced twice.
     - Row-sparse gradients (``sparse_grad=True``) are allgathered as ids and rows, duplicates
@@ -256,7 +256,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                     ready.append((i, None))
                 continue
             local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
-            with diagnostics.span(reducer.name(i), "WAIT_FOR_GRADIENT"):
+            with timeline.span(reducer.name(i), "WAIT_FOR_GRADIENT"):
                 given[i] = local_sum(param)
             if given[i] is not None:
                 ready.append((i, given[i]))
@@ -288,7 +288,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._finish_bucket(bucket, step)
             if update and (self._step_ignore or step.fresh.all()):
                 members = [i for i in bucket.keys if self._reducer.fresh(step, i)]
-                with diagnostics.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
+                with timeline.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
                     self._apply_updates(members, self._step_ignore)
                 self._updated.update(members)
 
@@ -385,7 +385,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                 self._publish(param, bucket.host[start:end].reshape(param.shape), in_place=True)
 
     def _update(self, ignore_stale_grad=False):
-        with diagnostics.span(f"{self._prefix}step", "UPDATE"):
+        with timeline.span(f"{self._prefix}step", "UPDATE"):
             if self._updated:  # step() updated some buckets already
                 rest = [i for i in range(len(self._params)) if i not in self._updated]
                 self._updated = set()

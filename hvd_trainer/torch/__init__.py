@@ -3,7 +3,8 @@
 Runtime functions, process sets and reduction ops come from the framework-free core; the
 collectives here take and return torch tensors. CPU tensors only.
 """
-from ..diagnostics import MismatchError, start_timeline, stop_timeline
+from ..agreement import MismatchError
+from ..timeline import start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum
 from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,
                        cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
