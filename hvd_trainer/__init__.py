@@ -12,11 +12,11 @@ from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgathe
                   allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,
                   grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter,
                   reducescatter)
-from .runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
-                     ddl_built, gloo_built, gloo_enabled, global_process_set, init, is_homogeneous,
-                     is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                     shutdown, size)
+from .process_sets import add_process_set, init, remove_process_set
+from .runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                      gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from .scheduler import DuplicateNameError
 
 __version__ = "0.1.0"

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from . import agreement, ops, runtime
+from . import agreement, memory, ops, runtime
 from .runtime import ProcessSet, global_process_set
 
 _TINY = 1e-8  # squared norms below this keep their coefficient at 1
@@ -58,7 +58,7 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "adasum", name) as call:
         with call.checks():
-            tensors = [ops._check_array(t, f"tensors[{i}]", inplace)
+            tensors = [memory.check_array(t, f"tensors[{i}]", inplace)
                        for i, t in enumerate(tensors)]
             _check(tensors, comm.size)
             ops.check_reduction(ops.Sum, prescale_factor, postscale_factor)

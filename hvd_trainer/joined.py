@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, agreement, handles, ops, runtime, stall
+from . import adasum, agreement, handles, memory, ops, runtime, stall
 from .runtime import ProcessSet, global_process_set
 
 
@@ -61,7 +61,7 @@ def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
             adasum.grouped_allreduce(zeros, description["name"], pre, post, process_set,
                                      inplace=True)
         else:
-            ops.reduce_group(ops.HOST, zeros, ops.ReduceOp[description["op"]],
+            ops.reduce_group(memory.HOST, zeros, ops.ReduceOp[description["op"]],
                              description["name"], pre, post, process_set, kind, True)
 
 

@@ -17,16 +17,15 @@ same order on every rank, or the ranks raise :class:`MismatchError`.
 Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
-import contextlib
 import enum
 import pickle
-import weakref
-from typing import Any, ContextManager, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import agreement, fusion, runtime, timeline
 from .backends import split_evenly
+from .memory import Memory, check_array, memory_of
 from .runtime import ProcessSet, global_process_set
 
 
@@ -44,27 +43,9 @@ Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN,
                                    ReduceOp.MAX, ReduceOp.PRODUCT)
 _BACKEND_OP = {ReduceOp.AVERAGE: "sum", ReduceOp.SUM: "sum", ReduceOp.MIN: "min",
                ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
-_SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
-# Host fusion buffers per communicator.
-_pools: "weakref.WeakKeyDictionary[Any, fusion.BufferPool]" = weakref.WeakKeyDictionary()
 
 
 # -- argument checks (each runs inside a Call's checks(), so a failure is collective) --------
-def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
-    if not isinstance(tensor, np.ndarray):
-        raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__} (CuPy "
-                        "arrays go to allreduce(_), grouped_allreduce(_), allgather, "
-                        "grouped_allgather, broadcast(_) and (grouped_)reducescatter)")
-    if (tensor.dtype.kind not in _SUPPORTED_KINDS or tensor.dtype.names is not None) \
-            and tensor.dtype.name != "bfloat16":
-        raise TypeError(f"{arg} has dtype {tensor.dtype}, which collectives do not support; "
-                        "use a boolean, integer, floating (bfloat16 included) or complex dtype")
-    if inplace and not (tensor.flags.c_contiguous and tensor.flags.writeable):
-        raise ValueError(f"{arg} must be C-contiguous and writeable for an in-place collective; "
-                         "pass np.ascontiguousarray(...) or use the out-of-place function")
-    return tensor
-
-
 def _check_rows(tensor: Any, arg: str, kind: str) -> None:
     if tensor.ndim == 0:
         raise ValueError(f"{arg} must have at least one dimension for {kind}; "
@@ -93,16 +74,6 @@ def _check_scale(value: Any, arg: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         raise TypeError(f"{arg}={value!r} must be a number")
     return float(value)
-
-
-def memory_of(tensor: Any) -> "Memory":
-    """HOST for NumPy arrays; the GPU's memory (``hvd_trainer.cuda``) for CuPy arrays. A list
-    goes by its first element."""
-    first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
-    if type(first).__module__.partition(".")[0] == "cupy":
-        from .cuda.ops import DEVICE
-        return DEVICE
-    return HOST
 
 
 def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
@@ -153,38 +124,6 @@ def refuse(error: Exception, kind: str, name: Optional[str],
     with agreement.collective(comm, kind, name) as call:
         call.error = error
         call.agree(dict)  # raises ``error`` here and on the other ranks
-
-
-class Memory:
-    """Where a collective's arrays live: host memory (this class) or a GPU (``hvd_trainer.cuda``
-    subclasses it). One implementation of each collective serves both through these few
-    hooks, so host and GPU ranks check and describe a call alike."""
-
-    xp: Any = np  # the array module
-    pack = staticmethod(fusion.pack)
-    unpack = staticmethod(fusion.unpack)
-
-    def check(self, tensor: Any, arg: str, inplace: bool = False) -> Any:
-        """``tensor`` if it is an array of this memory that the collective can take."""
-        return _check_array(tensor, arg, inplace)
-
-    def active(self) -> ContextManager[Any]:
-        """Where the collective's work runs (the rank's GPU, for GPU memory)."""
-        return contextlib.nullcontext()
-
-    def mover(self, process_set: ProcessSet) -> Any:
-        """The communicator that moves this memory's bytes for ``process_set``."""
-        return runtime.communicator(process_set)
-
-    def pool(self, comm: Any) -> fusion.BufferPool:
-        """Fusion buffers for ``comm``; calls on one communicator never overlap (its turn)."""
-        pool = _pools.get(comm)
-        if pool is None:
-            pool = _pools[comm] = fusion.BufferPool()
-        return pool
-
-
-HOST = Memory()
 
 
 def _check_list(tensors: Any, memory: Memory, inplace: bool = False) -> List[Any]:
@@ -364,7 +303,7 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "alltoall", name) as call:
         with call.checks():
-            _check_array(tensor, "tensor")
+            check_array(tensor, "tensor")
             _check_rows(tensor, "tensor", "alltoall")
             tensor = np.ascontiguousarray(tensor)
             send_rows = _check_splits(splits, tensor.shape[0], comm.size)

@@ -208,6 +208,11 @@ _state: Optional[_State] = None
 _lock = threading.RLock()
 
 
+def lock() -> threading.RLock:
+    """The lock under which the runtime's state changes (process sets included)."""
+    return _lock
+
+
 def _launched_by_mpi() -> bool:
     if env("BACKEND") == "mpi":
         return True
@@ -283,12 +288,10 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     return mpi.MPICommunicator(comm), "mpi"
 
 
-def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+def init(comm: Any = None) -> None:
     """Join the job. ``comm`` may be an mpi4py communicator to run on instead of COMM_WORLD.
-
-    ``process_sets`` are registered as if passed to :func:`add_process_set`. A second call
-    does nothing except register further process sets.
-    """
+    A second call does nothing. (The public ``init``, which also registers process sets, is
+    :func:`hvd_trainer.process_sets.init`.)"""
     global _state
     with _lock:
         if _state is None:
@@ -307,25 +310,25 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             if world.size > 1:
                 _install_exit_hook(world)
                 _install_abort_hook(world)
-                atexit.register(_empty_mailboxes)
-                _start_watchdog(_state)
-            trace = env("TIMELINE")
-            if trace:
-                from . import timeline
-                timeline.start_timeline(trace)
-                atexit.register(timeline.stop_timeline)
-    for ps in process_sets or ():
-        add_process_set(ps)
+            for start in _at_start:
+                start(_state)
 
 
-def _start_watchdog(st: _State) -> None:
-    """The stall inspector's thread, when a stall time is set (HVD_STALL_CHECK_TIME_SECONDS
-    is 60 s unless set to 0)."""
-    if st.stall_check <= 0 and st.stall_shutdown <= 0:
-        return
-    from . import stall
-    st.watchdog = stall.Watchdog(st.stall_check, st.stall_shutdown, post=st.threads_multiple)
-    st.watchdog.start()
+# What the modules above the runtime do when the job starts (the stall watchdog, the
+# timeline) and when a rank ends it: they register it here when they are imported, so the
+# runtime never imports them.
+_at_start: List[Callable[["_State"], None]] = []
+_at_abort: List[Callable[[], None]] = []
+
+
+def at_start(hook: Callable[["_State"], None]) -> None:
+    """Call ``hook(state)`` when :func:`init` starts the job."""
+    _at_start.append(hook)
+
+
+def at_abort(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` before a rank ends the job (:func:`abort_job`)."""
+    _at_abort.append(hook)
 
 
 def _configure_logging() -> None:
@@ -353,18 +356,6 @@ def _install_abort_hook(world: Communicator) -> None:
     sys.excepthook = hook
 
 
-def _empty_mailboxes() -> None:
-    """At exit, stop the stall watchdog and drop stall posts nobody read (before mpi4py's
-    MPI_Finalize)."""
-    from . import stall
-    if _state is not None and _state.watchdog is not None:
-        _state.watchdog.stop()
-    if _state is not None:
-        for ps in _state.process_sets.values():
-            if ps.comm is not None:
-                stall.discard_posts(ps.comm)
-
-
 def abort_job(message: str, code: int = 1) -> None:
     """Print ``message`` (prefixed 'hvd_trainer: ') and end every rank of the job with ``code``.
 
@@ -372,8 +363,8 @@ def abort_job(message: str, code: int = 1) -> None:
     others): the launcher then ends the job, and output that MPI_Abort's kill could overtake
     still arrives. Under any other launcher it calls MPI_Abort.
     """
-    from . import timeline
-    timeline.stop_timeline()
+    for hook in _at_abort:
+        hook()
     sys.stderr.write(f"hvd_trainer: {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
@@ -601,52 +592,3 @@ def world_rank(comm: Communicator, rank_in_comm: int) -> int:
         if ps.comm is comm:
             return ps.ranks[rank_in_comm]
     return rank_in_comm
-
-
-def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Register a process set; a collective call that every rank of the world must make, in
-    the same order, with the same ranks (ranks that disagree all raise)."""
-    from . import agreement
-    st = state()
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    with agreement.collective(st.world, "add_process_set", None) as call:
-        with call.checks():
-            if ps.ranks is None or not ps.ranks:
-                raise ValueError("add_process_set: the process set needs a non-empty list of "
-                                 "ranks")
-            bad = [r for r in ps.ranks if not 0 <= r < st.world.size]
-            if bad or len(set(ps.ranks)) != len(ps.ranks):
-                raise ValueError(f"add_process_set: ranks {ps.ranks} must be distinct and "
-                                 f"within 0..{st.world.size - 1}")
-            if ps.process_set_id is not None:
-                raise ValueError(f"{ps!r} is already registered")
-            for known in st.process_sets.values():
-                if known.ranks == ps.ranks:
-                    raise ValueError(f"a process set with ranks {ps.ranks} already exists "
-                                     f"(id {known.process_set_id}); reuse it")
-        call.agree(lambda: {"ranks": ps.ranks, "process_set_id": st.next_set_id})
-        with _lock, call.communicate():
-            ps.comm = st.world.split(ps.ranks)
-            ps.process_set_id = st.next_set_id
-            st.next_set_id += 1
-            st.process_sets[ps.process_set_id] = ps
-    return ps
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set on every rank (a collective call of the world); False, on
-    every rank, if it was not registered."""
-    from . import agreement
-    st = state()
-    known = (process_set is not global_process_set
-             and process_set.process_set_id in st.process_sets)
-    with agreement.collective(st.world, "remove_process_set", None) as call:
-        call.agree(lambda: {"process_set_id": process_set.process_set_id if known else None})
-    if not known:
-        return False
-    with _lock:
-        del st.process_sets[process_set.process_set_id]
-        if process_set.comm is not None:
-            process_set.comm.free()
-        process_set.comm, process_set.process_set_id = None, None
-    return True

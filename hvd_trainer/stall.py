@@ -7,6 +7,7 @@ others wait (waiting ranks tell each other through the communicators' mailboxes)
 ``HVD_STALL_SHUTDOWN_TIME_SECONDS`` it ends the job. Waits poll without sleeping at first,
 as MPI's blocking calls do, then sleep a small share of the time waited.
 """
+import atexit
 import contextlib
 import logging
 import os
@@ -202,3 +203,28 @@ def pace(since: float) -> float:
     ``since``: at once at first, then a small share of the time waited (see :func:`pause`)."""
     waited = time.monotonic() - since
     return 0.0 if waited < _SPIN_SECONDS else min(_PAUSE_SHARE * waited, _MAX_PAUSE)
+
+
+def _start(st: Any) -> None:
+    """At init: the stall inspector's thread, when a stall time is set
+    (HVD_STALL_CHECK_TIME_SECONDS is 60 s unless set to 0), and the mailboxes' last drain."""
+    if st.world.size == 1:
+        return
+    atexit.register(_empty_mailboxes, st)
+    if st.stall_check <= 0 and st.stall_shutdown <= 0:
+        return
+    st.watchdog = Watchdog(st.stall_check, st.stall_shutdown, post=st.threads_multiple)
+    st.watchdog.start()
+
+
+def _empty_mailboxes(st: Any) -> None:
+    """At exit, stop the stall watchdog and drop stall posts nobody read (before mpi4py's
+    MPI_Finalize)."""
+    if st.watchdog is not None:
+        st.watchdog.stop()
+    for ps in st.process_sets.values():
+        if ps.comm is not None:
+            discard_posts(ps.comm)
+
+
+runtime.at_start(_start)

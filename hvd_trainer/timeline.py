@@ -3,6 +3,7 @@
 ``HVD_TIMELINE=file`` or :func:`start_timeline` turns it on (rank 0 writes); off, a phase
 costs one call.
 """
+import atexit
 import contextlib
 import json
 import threading
@@ -99,3 +100,15 @@ def running() -> bool:
 def span(tensor: str, phase: str) -> ContextManager[None]:
     """Time a phase of ``tensor`` into the timeline; costs one call when the timeline is off."""
     return _span(tensor, phase) if _timeline is not None else _OFF
+
+
+def _from_environment(st: Any) -> None:
+    """At init: HVD_TIMELINE=file starts the timeline, closed at exit."""
+    trace = runtime.env("TIMELINE")
+    if trace:
+        start_timeline(trace)
+        atexit.register(stop_timeline)
+
+
+runtime.at_start(_from_environment)
+runtime.at_abort(stop_timeline)
