@@ -56,8 +56,8 @@ class ArrayReducer:
                                process_set=process_set)
 
     def reduce(self, values: Sequence[Value], postscale: float = 1.0) -> List[Value]:
-        """Sum each gradient across the process set, times ``postscale`` (the reducer has
-        already divided by ``gradient_predivide_factor``); return per gradient its agreed
+        """Sum each gradient across the process set, times ``postscale`` (on more than one
+        rank the reducer has already divided by ``gradient_predivide_factor``); return per gradient its agreed
         kind's form (an array, or unique sorted ``(ids, rows)``), or None where no rank has
         had one. A collective: every member calls it once per step, with the same gradients.
         """
