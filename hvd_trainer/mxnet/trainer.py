@@ -83,6 +83,13 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
     return compression_from_params(compression_params)
 
 
+def _is_compression(value: Any) -> bool:
+    """Whether ``value`` is a compression (``Compression.none``/``fp16``, a Compressor class
+    of one's own, or a ``GatherCompressor``) rather than a kvstore."""
+    return isinstance(value, GatherCompressor) or (isinstance(value, type)
+                                                  and issubclass(value, Compressor))
+
+
 _CHECKPOINT_FORMAT = "hvd_trainer checkpoint 1"
 
 class DistributedTrainer(mx.gluon.Trainer):
@@ -101,6 +108,12 @@ class DistributedTrainer(mx.gluon.Trainer):
     - Updates always happen locally (``update_on_kvstore=True`` is refused). ``kvstore`` is
       ignored with one warning; ``compression_params={'type': 'fp16'}`` means
       ``compression=Compression.fp16``.
+    - Both positional orders work. The 4th argument is gluon.Trainer's ``kvstore`` when it
+      is a str, a KVStore or None, and horovod.mxnet's ``compression`` when it is a
+      compression (``Compression.none``, ``Compression.fp16``, a Compressor subclass or a
+      ``GatherCompressor``); anything else is a TypeError. After a compression, a number as
+      5th argument is Horovod's ``gradient_predivide_factor`` and a str as 6th its
+      ``prefix``; ``num_groups`` and ``process_set`` are keywords here.
     - ``compression_params`` of type 2bit, 1bit, topk or scaled_2bit (or a
       ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
       ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
@@ -155,6 +168,26 @@ class DistributedTrainer(mx.gluon.Trainer):
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
+        if _is_compression(kvstore):  # horovod.mxnet's positional order
+            if compression is not Compression.none:
+                raise TypeError("DistributedTrainer got compression twice: as its 4th argument "
+                                "(horovod.mxnet's order) and as compression=")
+            compression, kvstore = kvstore, "device"
+            if isinstance(compression_params, (int, float)) and not isinstance(compression_params,
+                                                                               bool):
+                if gradient_predivide_factor != 1.0:
+                    raise TypeError("DistributedTrainer got gradient_predivide_factor twice: as "
+                                    "its 5th argument (horovod.mxnet's order) and as a keyword")
+                gradient_predivide_factor, compression_params = float(compression_params), None
+            if isinstance(update_on_kvstore, str):
+                if prefix is not None:
+                    raise TypeError("DistributedTrainer got prefix twice: as its 6th argument "
+                                    "(horovod.mxnet's order) and as prefix=")
+                prefix, update_on_kvstore = update_on_kvstore, None
+        elif not (kvstore is None or isinstance(kvstore, (str, mx.kvstore.KVStoreBase))):
+            raise TypeError(f"DistributedTrainer's 4th argument is {kvstore!r}: give gluon."
+                            "Trainer's kvstore (a str or KVStore) or horovod.mxnet's compression "
+                            "(Compression.none, Compression.fp16 or a GatherCompressor)")
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
                              "allreduces gradients and updates on every rank; pass "
