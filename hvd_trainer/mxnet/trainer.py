@@ -155,7 +155,9 @@ class DistributedTrainer(mx.gluon.Trainer):
       grad_stype='row_sparse')``): every rank holds the whole weight, serves
       ``row_sparse_data`` and ``list_row_sparse_data`` from it, and applies the optimizer to
       it once per step with the gathered gradient rows, so lazy updates touch only rows some
-      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`).
+      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`). One with a dense gradient
+      (``grad_stype='default'``) is held and served the same way; its gradient is allreduced
+      like any dense one and the whole weight updated with it, as a KVStore would.
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
       docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 16 MiB; ``HVD_OVERLAP=1``
@@ -283,7 +285,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i in indices:
             param = self._params[i]
             if i in in_bucket:  # its gradient is waited for later, bucket by bucket
-                fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+                fresh = [k for k, d in enumerate(sparse_weights.weight_arrays(param))
+                         if d._fresh_grad]
                 self._fresh_contexts[i] = fresh
                 if fresh:
                     ready.append((i, None))
@@ -381,9 +384,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 grad.copyto(view)
                 param._grad[0] = view
                 # Marking resets the freshness flags that backward set; keep them.
-                fresh = [d._fresh_grad for d in param.list_data()]
-                mx.autograd.mark_variables(param.list_data(), param._grad, param.grad_req)
-                for d, flag in zip(param.list_data(), fresh):
+                weights = sparse_weights.weight_arrays(param)  # a row_sparse one's too
+                fresh = [d._fresh_grad for d in weights]
+                mx.autograd.mark_variables(weights, param._grad, param.grad_req)
+                for d, flag in zip(weights, fresh):
                     d._fresh_grad = flag
                 self._views[i] = view
             bucket.open = functools.partial(self._open_bucket, bucket, flat)
@@ -463,7 +467,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _local_sum(self, param: mx.gluon.Parameter) -> Optional[np.ndarray]:
         """Sum this process's fresh gradients into the first context's buffer: the gradient
         itself on the host, a host copy for a GPU gradient. None when no context is fresh."""
-        fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+        fresh = [k for k, d in enumerate(sparse_weights.weight_arrays(param)) if d._fresh_grad]
         if not fresh:
             return None
         grad = param.list_grad()[0]
@@ -478,7 +482,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         for k, g in enumerate(param.list_grad()):
             if k > 0 or not in_place or not bridge.is_host(g):
                 bridge.assign(g, buf)
-        for d in param.list_data():
+        for d in sparse_weights.weight_arrays(param):
             d._fresh_grad = True
 
     def save_states(self, fname: str) -> None:

@@ -36,11 +36,11 @@ def test_update_on_kvstore_true_is_refused():
         DistributedTrainer(dense().collect_params(), "sgd", update_on_kvstore=True)
 
 
-def test_row_sparse_weight_with_a_dense_gradient_is_refused_with_its_name_and_the_fix():
-    weight = gluon.Parameter("table_weight", shape=(5, 2), stype="row_sparse")
+def test_row_sparse_weight_with_a_csr_gradient_is_refused_with_its_name_and_the_fix():
+    weight = gluon.Parameter("table_weight", shape=(5, 2), stype="row_sparse", grad_stype="csr")
     weight.initialize()
-    with pytest.raises(ValueError, match=r"'table_weight'.*'default' gradient.*"
-                                         r"grad_stype='row_sparse'"):
+    with pytest.raises(ValueError, match=r"'table_weight'.*'csr' gradient.*"
+                                         r"grad_stype='row_sparse'.*or 'default'"):
         DistributedTrainer({"table": weight}, "sgd")
 
 
