@@ -52,8 +52,8 @@ def _write_signed(folder: str, label: str, payload: bytes, secret: bytes) -> Non
         out.write(_signature(secret, label, payload) + payload)
 
 
-def _read_signed(folder: str, label: str, secret: bytes) -> Any:
-    """Unpickle ``folder/label`` once its owner, mode and signature check out; ValueError
+def _read_signed(folder: str, label: str, secret: bytes) -> bytes:
+    """The pickle in ``folder/label`` once its owner, mode and signature check out; ValueError
     names what did not."""
     path = os.path.join(folder, label)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -68,7 +68,7 @@ def _read_signed(folder: str, label: str, secret: bytes) -> Any:
                                                      _signature(secret, label, payload)):
         raise ValueError(f"{path} fails its signature check: it was not written whole by this "
                          "hvd_trainer.run call; refusing to unpickle it")
-    return pickle.loads(payload)
+    return payload
 
 
 def _hvdrun_flags(num_proc: int, given: Dict[str, Any]) -> List[str]:
@@ -118,7 +118,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     """
     given = dict(locals())
     for name, why in _REFUSED.items():
-        if given[name]:
+        if given[name] is not None and given[name] is not False:
             raise ValueError(f"hvd_trainer.run: {name}={given[name]!r} is not supported: {why}")
     for old, new in (("np", "num_proc"), ("network_interface", "network_interfaces")):
         if given[old] is not None:
@@ -164,7 +164,12 @@ def _collect(folder: str, secret: bytes, ranks: int, code: int, name: str) -> Li
         if not os.path.exists(os.path.join(folder, _result_name(rank))):
             missing.append(rank)
             continue
-        kind, *value = _read_signed(folder, _result_name(rank), secret)
+        payload = _read_signed(folder, _result_name(rank), secret)
+        try:
+            kind, *value = pickle.loads(payload)
+        except Exception as error:  # e.g. a class this process cannot import
+            raise RuntimeError(f"hvd_trainer.run: the result of {name} on rank {rank} cannot "
+                               f"be unpickled here: {error}") from error
         (results if kind == "ok" else raised).append((rank, *value))
     if raised:
         first, error, text = raised[0]
@@ -186,7 +191,7 @@ def _main(folder: str) -> None:
     secret = bytes.fromhex(os.environ.pop(SECRET_VARIABLE))  # not for func's own children
     rank = int(os.environ["HOROVOD_RANK"])
     try:
-        func, args, kwargs = _read_signed(folder, _FUNCTION, secret)
+        func, args, kwargs = pickle.loads(_read_signed(folder, _FUNCTION, secret))
     except FileNotFoundError:
         sys.exit(f"hvd_trainer.run: rank {rank} finds no {os.path.join(folder, _FUNCTION)}: "
                  "every host must see the folder the function travels through; set TMPDIR "
@@ -198,7 +203,8 @@ def _main(folder: str) -> None:
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         try:
             payload = cloudpickle.dumps(("error", error, text))
-        except Exception:  # an exception that cannot be pickled travels as its text
+            pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+        except Exception:  # then it travels as its text alone
             payload = cloudpickle.dumps(("error", None, text))
         _write_signed(folder, _result_name(rank), payload, secret)
         raise

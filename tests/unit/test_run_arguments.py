@@ -46,7 +46,7 @@ def test_accepted_arguments_become_hvdrun_flags():
 def test_a_signed_file_is_owner_only_and_round_trips(tmp_path):
     runner._write_signed(str(tmp_path), "result.0", pickle.dumps({"x": 1}), SECRET)
     assert stat.S_IMODE(os.stat(tmp_path / "result.0").st_mode) == 0o600
-    assert runner._read_signed(str(tmp_path), "result.0", SECRET) == {"x": 1}
+    assert pickle.loads(runner._read_signed(str(tmp_path), "result.0", SECRET)) == {"x": 1}
 
 
 def test_a_signed_file_never_replaces_a_file_or_follows_a_link(tmp_path):
@@ -73,21 +73,53 @@ class Trap:
         return record, ("unpickled",)
 
 
-def test_nothing_is_unpickled_unless_its_signature_checks_out(tmp_path):
+def test_signatures_are_checked_per_file_and_key(tmp_path):
     folder = str(tmp_path)
-    runner._write_signed(folder, "result.0", pickle.dumps(Trap()), SECRET)
+    runner._write_signed(folder, "result.0", b"payload", SECRET)
     data = (tmp_path / "result.0").read_bytes()
     (tmp_path / "result.1").write_bytes(data)  # another rank's label
-    os.chmod(tmp_path / "result.1", 0o600)
     (tmp_path / "tampered").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    os.chmod(tmp_path / "tampered", 0o600)
+    for label in ("result.1", "tampered"):
+        os.chmod(tmp_path / label, 0o600)
     for label, secret in (("result.0", b"t" * 32), ("result.1", SECRET), ("tampered", SECRET)):
         with pytest.raises(ValueError, match="fails its signature check"):
             runner._read_signed(folder, label, secret)
     os.chmod(tmp_path / "result.0", 0o644)
     with pytest.raises(ValueError, match="not an owner-only file"):
         runner._read_signed(folder, "result.0", SECRET)
+
+
+def tamper(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+
+
+def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
+    folder = str(tmp_path)
+    runner._write_signed(folder, "function", pickle.dumps((Trap(), (), {})), SECRET)
+    tamper(tmp_path / "function")
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    monkeypatch.setenv(runner.SECRET_VARIABLE, SECRET.hex())
+    with pytest.raises(ValueError, match="fails its signature check"):
+        runner._main(folder)
+    assert LOADED == [] and not (tmp_path / "result.0").exists()
+    (tmp_path / "function").unlink()
+    runner._write_signed(folder, "function", pickle.dumps((divmod, (7, 2), {})), SECRET)
+    monkeypatch.setenv(runner.SECRET_VARIABLE, SECRET.hex())
+    runner._main(folder)
+    assert runner.SECRET_VARIABLE not in os.environ  # the function's children do not get it
+    assert runner._collect(folder, SECRET, 1, 0, "divmod") == [(3, 1)]
+
+
+def test_the_caller_unpickles_only_verified_results(tmp_path):
+    folder = str(tmp_path)
+    runner._write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
+    tamper(tmp_path / "result.0")
+    with pytest.raises(ValueError, match="fails its signature check"):
+        runner._collect(folder, SECRET, 1, 0, "f")
     assert LOADED == []
-    os.chmod(tmp_path / "result.0", 0o600)
-    runner._read_signed(folder, "result.0", SECRET)
+    (tmp_path / "result.0").unlink()
+    runner._write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
+    assert runner._collect(folder, SECRET, 1, 0, "f") == [None]
     assert LOADED == ["unpickled"]  # the trap works: the refusals above are real
+    LOADED.clear()
