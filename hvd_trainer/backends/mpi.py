@@ -48,6 +48,12 @@ _POST_TAG = 7331
 _INT_LIMIT = 2**31 - 1
 
 
+def nan_or_negative_zero(buf: np.ndarray) -> bool:
+    """Whether the float array ``buf`` holds a NaN or a -0 (two passes: max, then the bits)."""
+    sign_bit = np.array(1 << (8 * buf.itemsize - 1)).astype(f"u{buf.itemsize}")
+    return bool(np.isnan(buf.max()) or (buf.view(sign_bit.dtype) == sign_bit).any())
+
+
 def _bytes(buf: np.ndarray) -> list:
     return [buf.view(np.uint8), MPI.BYTE]
 
@@ -141,9 +147,7 @@ class MPICommunicator:
         MIN/MAX would make depend on the order of operands (agreed in one small allreduce)."""
         if buf.dtype.kind != "f" or op not in ("min", "max"):
             return False
-        sign_bit = np.array(1 << (8 * buf.itemsize - 1)).astype(f"u{buf.itemsize}")
-        flag = np.array([np.isnan(buf.max()) or (buf.view(sign_bit.dtype) == sign_bit).any()],
-                        np.uint8)
+        flag = np.array([nan_or_negative_zero(buf)], np.uint8)
         self.comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)
         return bool(flag[0])
 
