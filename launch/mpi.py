@@ -4,6 +4,7 @@ MPICH and Intel MPI ship the Hydra process manager; Open MPI ships its own mpiru
 how the environment reaches the ranks, how hosts are written and whether a node may run more
 ranks than it has cores, so the command line is built per flavour.
 """
+import functools
 import ipaddress
 import os
 import re
@@ -173,20 +174,25 @@ def _host(host: str, slots: str, entry: str) -> Tuple[str, int]:
     return host, int(slots)
 
 
-def _this_machine(name: str) -> bool:
-    """Whether ``name`` names the machine hvdrun runs on: localhost, a loopback address, its
-    host name, or an address that its host name resolves to."""
-    try:
-        if ipaddress.ip_address(name).is_loopback:
-            return True
-    except ValueError:  # a name, not an address
-        pass
+@functools.lru_cache(maxsize=None)
+def _local_names() -> frozenset:
+    """localhost, this machine's host names, and the addresses its host name resolves to."""
     names = {"localhost", socket.gethostname(), socket.getfqdn()}
     try:
         names.update(socket.gethostbyname_ex(socket.gethostname())[2])
     except OSError:
         pass
-    return name in names
+    return frozenset(names)
+
+
+def _this_machine(name: str) -> bool:
+    """Whether ``name`` names the machine hvdrun runs on (a loopback address or a local name)."""
+    try:
+        if ipaddress.ip_address(name).is_loopback:
+            return True
+    except ValueError:  # a name, not an address
+        pass
+    return name in _local_names()
 
 
 def placement(flavour: str, hosts: Sequence[Tuple[str, int]], np: int) -> List[Tuple[str, int]]:
