@@ -315,6 +315,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             np = min(np, cap) if cap is not None else np
             layout = allocate(hosts, np)
             env = hvdrun.rank_environment(args, launcher.flavour)
+            env.update(hvdrun.hosts_variable(launcher.flavour, layout, np))
             env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
                         NOTIFY_VARIABLE: generation.address(layout),
                         GENERATION_VARIABLE: str(generation.number)})

@@ -8,6 +8,7 @@ It takes horovodrun's flags; launch/flags.py says what each one does, or why it 
 With --min-np, --max-np or --host-discovery-script it runs elastically (launch/elastic.py).
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -19,7 +20,7 @@ import time
 from typing import BinaryIO, Dict, List, Optional, Set, Tuple
 
 from hvd_trainer_launch import config_file, flags, mpi
-from hvd_trainer_launch.worker import EXIT_MARKER, START_MARKER
+from hvd_trainer_launch.worker import EXIT_MARKER, HOSTS_VARIABLE, START_MARKER
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
@@ -89,6 +90,12 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
     env.setdefault("OMPI_MCA_async_mpi_finalize", "1")
     env.update(flags.rank_variables(args, flavour))
     return env
+
+
+def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[str, str]:
+    """The variable from which each rank's wrapper sets Horovod's per-rank variables: the nodes
+    the launcher makes of ``hosts`` with their ranks (ValueError when ``np`` exceeds the slots)."""
+    return {HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
 
 
 class Failure:
@@ -282,6 +289,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
         if elastic.requested(args):
             elastic.check(args)
+        else:  # without hosts every rank runs here, as horovodrun's default localhost:np
+            placed = hosts_variable(launcher.flavour, hosts or [("localhost", args.np)], args.np)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
@@ -289,7 +298,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
-    env = rank_environment(args, launcher.flavour)
+    env = dict(rank_environment(args, launcher.flavour), **placed)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:

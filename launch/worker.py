@@ -4,7 +4,9 @@ The wrapper runs the user's command as a child that inherits the environment and
 descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
 exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
 first rank that failed. A start marker on stderr tells hvdrun that the rank has started (for
-``--start-timeout``).
+``--start-timeout``). From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
+per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
+_HOSTNAME) for the child.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
@@ -12,13 +14,14 @@ wrapper at once: a relay inside the wrapper would lose the traceback that explai
 while a relay that the launcher does not know about can still copy it out.
 """
 import ctypes
+import json
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 EXIT_MARKER = "#hvdrun-exit"
 START_MARKER = "#hvdrun-start"
@@ -28,6 +31,14 @@ TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
 # non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills the relay mid-traceback.
 WORKER_VARIABLE = "HVDRUN_WORKER"
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# Set by hvdrun: the nodes in rank order with the number of ranks on each, as JSON
+# [[host, ranks], ...], from which each rank's Horovod variables follow.
+HOSTS_VARIABLE = "HVDRUN_HOSTS"
+# What the launchers tell a rank of its place on its node, and the Horovod variable each must
+# equal. (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK does not follow the rank order, MPI's does.)
+_LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
+                   ("MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"),
+                   ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"))
 _PR_SET_PDEATHSIG = 1
 # Once the child has exited (or the wrapper has died), how long the relay may keep copying output
 # from processes the child left behind before it gives up.
@@ -43,6 +54,52 @@ def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
         if value.isdigit():
             return int(value)
     return None
+
+
+def horovod_variables(nodes: Sequence[Tuple[str, int]], rank: int) -> Dict[str, str]:
+    """Horovod's per-rank variables of ``rank`` when the ranks fill ``nodes`` (host, ranks) in
+    order: the cross rank counts the nodes before this one that have a rank with this local
+    rank, as MPI's split of the world by local rank does."""
+    start = 0
+    for index, (host, count) in enumerate(nodes):
+        if rank < start + count:
+            break
+        start += count
+    else:
+        raise ValueError(f"rank {rank} is beyond the {start} ranks of {HOSTS_VARIABLE}")
+    local_rank = rank - start
+    peers = [i for i, (_, count) in enumerate(nodes) if count > local_rank]
+    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(sum(count for _, count in nodes)),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(count),
+            "HOROVOD_CROSS_RANK": str(peers.index(index)), "HOROVOD_CROSS_SIZE": str(len(peers)),
+            "HOROVOD_HOSTNAME": host}
+
+
+def _placed_otherwise(variables: Mapping[str, str], environ: Mapping[str, str]) -> Optional[str]:
+    """How the launcher's own view of this rank's place differs from ``variables``, or None."""
+    for launcher_name, name in _LAUNCHER_PLACE:
+        if environ.get(launcher_name, variables[name]) != variables[name]:
+            return (f"{launcher_name}={environ[launcher_name]}, hvdrun's hosts give "
+                    f"{name}={variables[name]}")
+    return None
+
+
+def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
+    """Put Horovod's per-rank variables into ``env`` from hvdrun's hosts; return a warning
+    line for stderr when the launcher placed the rank otherwise (then only HOROVOD_RANK and
+    HOROVOD_SIZE are set: the others would be wrong)."""
+    variables = horovod_variables(json.loads(env[HOSTS_VARIABLE]), rank)
+    for name in variables:  # an enclosing job's values must not leak through
+        env.pop(name, None)
+    otherwise = _placed_otherwise(variables, env)
+    if otherwise is None:
+        env.update(variables)
+        return b""
+    env.update(HOROVOD_RANK=variables["HOROVOD_RANK"], HOROVOD_SIZE=variables["HOROVOD_SIZE"])
+    return (f"[{rank}]<stderr>:hvdrun: warning: mpiexec placed rank {rank} otherwise than the "
+            f"hosts given ({otherwise}), e.g. through --mpi-args; HOROVOD_LOCAL_*, "
+            "HOROVOD_CROSS_* and HOROVOD_HOSTNAME are not set (hvd_trainer.local_rank() and "
+            "the others ask MPI)\n").encode()
 
 
 def exit_marker(rank: int, code: int) -> bytes:
@@ -163,6 +220,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
     env[WORKER_VARIABLE] = "1"
+    if HOSTS_VARIABLE in env:
+        _write_all(2, _with_horovod_variables(env, rank))
     sys.stdout.flush()
     try:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -83,6 +83,13 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
     return compression_from_params(compression_params)
 
 
+def _is_compression(value: Any) -> bool:
+    """Whether ``value`` is a compression (``Compression.none``/``fp16``, a Compressor class
+    of one's own, or a ``GatherCompressor``) rather than a kvstore."""
+    return isinstance(value, GatherCompressor) or (isinstance(value, type)
+                                                  and issubclass(value, Compressor))
+
+
 _CHECKPOINT_FORMAT = "hvd_trainer checkpoint 1"
 
 class DistributedTrainer(mx.gluon.Trainer):
@@ -101,6 +108,12 @@ class DistributedTrainer(mx.gluon.Trainer):
     - Updates always happen locally (``update_on_kvstore=True`` is refused). ``kvstore`` is
       ignored with one warning; ``compression_params={'type': 'fp16'}`` means
       ``compression=Compression.fp16``.
+    - Both positional orders work. The 4th argument is gluon.Trainer's ``kvstore`` when it
+      is a str, a KVStore or None, and horovod.mxnet's ``compression`` when it is a
+      compression (``Compression.none``, ``Compression.fp16``, a Compressor subclass or a
+      ``GatherCompressor``); anything else is a TypeError. After a compression, a number as
+      5th argument is Horovod's ``gradient_predivide_factor`` and a str as 6th its
+      ``prefix``; ``num_groups`` and ``process_set`` are keywords here.
     - ``compression_params`` of type 2bit, 1bit, topk or scaled_2bit (or a
       ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
       ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
@@ -142,7 +155,9 @@ class DistributedTrainer(mx.gluon.Trainer):
       grad_stype='row_sparse')``): every rank holds the whole weight, serves
       ``row_sparse_data`` and ``list_row_sparse_data`` from it, and applies the optimizer to
       it once per step with the gathered gradient rows, so lazy updates touch only rows some
-      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`).
+      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`). One with a dense gradient
+      (``grad_stype='default'``) is held and served the same way; its gradient is allreduced
+      like any dense one and the whole weight updated with it, as a KVStore would.
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
       docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 16 MiB; ``HVD_OVERLAP=1``
@@ -155,6 +170,26 @@ class DistributedTrainer(mx.gluon.Trainer):
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
+        if _is_compression(kvstore):  # horovod.mxnet's positional order
+            if compression is not Compression.none:
+                raise TypeError("DistributedTrainer got compression twice: as its 4th argument "
+                                "(horovod.mxnet's order) and as compression=")
+            compression, kvstore = kvstore, "device"
+            if isinstance(compression_params, (int, float)) and not isinstance(compression_params,
+                                                                               bool):
+                if gradient_predivide_factor != 1.0:
+                    raise TypeError("DistributedTrainer got gradient_predivide_factor twice: as "
+                                    "its 5th argument (horovod.mxnet's order) and as a keyword")
+                gradient_predivide_factor, compression_params = float(compression_params), None
+            if isinstance(update_on_kvstore, str):
+                if prefix is not None:
+                    raise TypeError("DistributedTrainer got prefix twice: as its 6th argument "
+                                    "(horovod.mxnet's order) and as prefix=")
+                prefix, update_on_kvstore = update_on_kvstore, None
+        elif not (kvstore is None or isinstance(kvstore, (str, mx.kvstore.KVStoreBase))):
+            raise TypeError(f"DistributedTrainer's 4th argument is {kvstore!r}: give gluon."
+                            "Trainer's kvstore (a str or KVStore) or horovod.mxnet's compression "
+                            "(Compression.none, Compression.fp16 or a GatherCompressor)")
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
                              "allreduces gradients and updates on every rank; pass "
@@ -250,7 +285,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i in indices:
             param = self._params[i]
             if i in in_bucket:  # its gradient is waited for later, bucket by bucket
-                fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+                fresh = [k for k, d in enumerate(sparse_weights.weight_arrays(param))
+                         if d._fresh_grad]
                 self._fresh_contexts[i] = fresh
                 if fresh:
                     ready.append((i, None))
@@ -348,9 +384,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 grad.copyto(view)
                 param._grad[0] = view
                 # Marking resets the freshness flags that backward set; keep them.
-                fresh = [d._fresh_grad for d in param.list_data()]
-                mx.autograd.mark_variables(param.list_data(), param._grad, param.grad_req)
-                for d, flag in zip(param.list_data(), fresh):
+                weights = sparse_weights.weight_arrays(param)  # a row_sparse one's too
+                fresh = [d._fresh_grad for d in weights]
+                mx.autograd.mark_variables(weights, param._grad, param.grad_req)
+                for d, flag in zip(weights, fresh):
                     d._fresh_grad = flag
                 self._views[i] = view
             bucket.open = functools.partial(self._open_bucket, bucket, flat)
@@ -430,7 +467,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _local_sum(self, param: mx.gluon.Parameter) -> Optional[np.ndarray]:
         """Sum this process's fresh gradients into the first context's buffer: the gradient
         itself on the host, a host copy for a GPU gradient. None when no context is fresh."""
-        fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+        fresh = [k for k, d in enumerate(sparse_weights.weight_arrays(param)) if d._fresh_grad]
         if not fresh:
             return None
         grad = param.list_grad()[0]
@@ -445,7 +482,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         for k, g in enumerate(param.list_grad()):
             if k > 0 or not in_place or not bridge.is_host(g):
                 bridge.assign(g, buf)
-        for d in param.list_data():
+        for d in sparse_weights.weight_arrays(param):
             d._fresh_grad = True
 
     def save_states(self, fname: str) -> None:
