@@ -1,4 +1,5 @@
-"""Safe files and the per-job secret: the one place where the package and hvdrun write files.
+"""Safe files and the per-job secret: the one place where the package and hvdrun write files,
+sign what they read back, and authenticate the elastic notice port.
 
 A planted symlink or a file that another user prepared must never be written through, read
 as ours, or unpickled. So whole files are written to a new temporary file in the target's
@@ -7,7 +8,8 @@ outputs written as they go (logs, traces, copies of a rank's output) are opened 
 or appended to only when the file is our own regular file; folders that hold the job's state
 are 0700 and refused when another user owns them or may write into them. Bytes that the job
 reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun
-generates and hands to the ranks in ``HVD_JOB_SECRET``, and verified before they are unpickled.
+generates and hands to the ranks in ``HVD_JOB_SECRET``, and verified before they are unpickled;
+both ends of hvdrun's notice port prove that they hold it (:func:`answer_notice`).
 
 Standard library only: hvdrun imports it without the rest of the package's dependencies.
 """
@@ -15,6 +17,7 @@ import hashlib
 import hmac
 import logging
 import os
+import socket
 import stat
 import tempfile
 from typing import BinaryIO, Callable, Optional, Union
@@ -24,6 +27,7 @@ log = logging.getLogger("hvd_trainer")
 SECRET_VARIABLE = "HVD_JOB_SECRET"
 _SIGNED = b"hvd_trainer signed 1\n"
 _MAC_BYTES = hashlib.sha256().digest_size
+_NONCE_BYTES = 16
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -102,6 +106,44 @@ def verify(secret: bytes, signed: bytes, what: str) -> bytes:
         raise ValueError(f"{what} does not match its signature (truncated, altered, or "
                          "signed by another job)")
     return signed[start:]
+
+
+def _receive(conn: socket.socket, count: int) -> bytes:
+    """Exactly ``count`` bytes from ``conn``; ConnectionError if it closes before."""
+    data = b""
+    while len(data) < count:
+        chunk = conn.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError(f"the peer closed the connection after {len(data)} of "
+                                  f"{count} bytes")
+        data += chunk
+    return data
+
+
+def answer_notice(conn: socket.socket, secret: bytes, number: int) -> bool:
+    """hvdrun's side of the notice exchange: send a fresh challenge, and tell ``number`` (the
+    hosts' generation) only to a peer whose answer proves it holds ``secret``; the reply is
+    bound to both challenges, so it cannot be replayed or forged. Returns whether it told."""
+    mine = os.urandom(_NONCE_BYTES)
+    conn.sendall(mine)
+    theirs = _receive(conn, _NONCE_BYTES)
+    if not hmac.compare_digest(_receive(conn, _MAC_BYTES), mac(secret, b"ask", mine, theirs)):
+        return False
+    told = number.to_bytes(8, "big")
+    conn.sendall(told + mac(secret, b"tell", mine, theirs, told))
+    return True
+
+
+def ask_notice(conn: socket.socket, secret: bytes) -> int:
+    """A rank's side of :func:`answer_notice`: the number hvdrun told; ValueError when the
+    reply does not prove that it comes from the holder of ``secret``."""
+    theirs = _receive(conn, _NONCE_BYTES)
+    mine = os.urandom(_NONCE_BYTES)
+    conn.sendall(mine + mac(secret, b"ask", theirs, mine))
+    told = _receive(conn, 8)
+    if not hmac.compare_digest(_receive(conn, _MAC_BYTES), mac(secret, b"tell", theirs, mine, told)):
+        raise ValueError("the reply is not signed with this job's secret")
+    return int.from_bytes(told, "big")
 
 
 class Output:
