@@ -131,15 +131,19 @@ class OutputRelay:
     def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
         """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""
         for line in iter(pipe.readline, b""):
-            marker = _MARKER.match(line)
-            if marker:
-                self.record(int(marker[1]), int(marker[2]), "exited with code")
-                continue
-            started = _START.match(line)
-            if started:
-                self.started.add(int(started[1]))
-                continue
             prefixed = _PREFIXED.match(line)
+            # A marker may follow what mpiexec printed without a newline (Open MPI ends its
+            # MPI_Abort notice with a NUL), so it is searched for, but only in unprefixed lines.
+            marker = None if prefixed else _MARKER.search(line) or _START.search(line)
+            if marker:
+                if marker.re is _MARKER:
+                    self.record(int(marker[1]), int(marker[2]), "exited with code")
+                else:
+                    self.started.add(int(marker[1]))
+                line = line[:marker.start()].strip(b"\0")
+                if not line:
+                    continue
+                line += b"\n"
             text = line[prefixed.end():] if prefixed else line
             if prefixed:
                 target = self._files.get((int(prefixed[1]), prefixed[2]))
