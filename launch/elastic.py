@@ -277,8 +277,9 @@ class HostWatcher(threading.Thread):
 class ElasticRelay(hvdrun.OutputRelay):
     """hvdrun's output relay, whose first failure ends a life of the job, not the job: its
     message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure. It
-    keeps every rank that failed before hvdrun began to end the life (``failed``: rank ->
-    exit code); exits after that are its consequences."""
+    keeps every rank that failed on its own before hvdrun began to end the life (``failed``:
+    rank -> exit code); exits after that, or after mpiexec signalled the rank (Open MPI ends
+    the others itself), are consequences."""
 
     def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str]):
         super().__init__(np, no_prefix, output_dir)
@@ -288,7 +289,7 @@ class ElasticRelay(hvdrun.OutputRelay):
         with self._lock:
             if self.interrupted or self.ending:
                 return
-            if code != RESET_EXIT_CODE:
+            if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
                 self.failed.setdefault(rank, code)
             if self.failure is not None:
                 return

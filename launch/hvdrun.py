@@ -28,7 +28,9 @@ FAILURE_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 5.0
 
 _PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
-_MARKER = re.compile(re.escape(EXIT_MARKER).encode() + rb" rank=(\d+) code=(\d+)")
+_MARKER = re.compile(re.escape(EXIT_MARKER).encode() + rb" rank=(\d+) code=(\d+)( ended)?")
+# How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
+ENDED = "was ended by the launcher, with code"
 _START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)")
 
 
@@ -137,7 +139,8 @@ class OutputRelay:
             marker = None if prefixed else _MARKER.search(line) or _START.search(line)
             if marker:
                 if marker.re is _MARKER:
-                    self.record(int(marker[1]), int(marker[2]), "exited with code")
+                    self.record(int(marker[1]), int(marker[2]),
+                                ENDED if marker[3] else "exited with code")
                 else:
                     self.started.add(int(marker[1]))
                 line = line[:marker.start()].strip(b"\0")

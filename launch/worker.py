@@ -55,9 +55,10 @@ def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-def exit_marker(rank: int, code: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code``."""
-    return f"{EXIT_MARKER} rank={rank} code={code}\n".encode()
+def exit_marker(rank: int, code: int, ended: bool = False) -> bytes:
+    """The marker line telling hvdrun that ``rank`` exited with ``code``; ``ended``: after
+    the launcher signalled it (it was ended, not failed on its own)."""
+    return f"{EXIT_MARKER} rank={rank} code={code}{' ended' if ended else ''}\n".encode()
 
 
 def start_marker(rank: int) -> bytes:
@@ -244,15 +245,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
         _write_all(2, message.encode() + exit_marker(rank, code))
         return code
+    signalled = []  # the launcher's signals, passed on to the child
+
+    def forward(received: int, _frame) -> None:
+        signalled.append(received)
+        child.send_signal(received)
+
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda received, _frame: child.send_signal(received))
+        signal.signal(signum, forward)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     if not relay_ended:
         _wait_relay(relay)
     code = returncode if returncode >= 0 else 128 - returncode
     if code:
-        _write_all(2, exit_marker(rank, code))
+        _write_all(2, exit_marker(rank, code, ended=bool(signalled)))
     return code
 
 

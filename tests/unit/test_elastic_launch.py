@@ -146,6 +146,7 @@ def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
     relay.record(2, 1, "exited with code")
     relay.record(0, 3, "exited with code")
     relay.record(1, elastic.RESET_EXIT_CODE, "exited with code")  # left for new hosts
+    relay.record(3, 143, hvdrun.ENDED)  # mpiexec ended it (Open MPI does, after a failure)
     relay.ending = True  # what run_job sets when it ends the life
     relay.record(3, 143, "exited with code")  # a consequence of the ending
     assert relay.failed == {2: 1, 0: 3}
