@@ -227,6 +227,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("usage: python -m hvd_trainer_launch.worker -- command [args ...]", file=sys.stderr)
         return 2
     parent = _signal_when_parent_goes()
+    # Until the child runs, the signal only wakes the wrapper (its default would kill it);
+    # _wait_child then checks the parent. A handler, unlike SIG_IGN, is not inherited by exec.
+    signal.signal(_PARENT_GONE, lambda _signum, _frame: None)
     rank = launcher_rank(os.environ)
     if rank is None:
         print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
