@@ -11,7 +11,12 @@ _HOSTNAME) for the child.
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
 wrapper at once: a relay inside the wrapper would lose the traceback that explains the abort,
-while a relay that the launcher does not know about can still copy it out.
+while a relay that the launcher does not know about can still copy it out. A relay that dies
+before the child ends the rank with a message, rather than losing its output silently.
+
+No rank outlives hvdrun: hvdrun's mpiexec dies with it (hvdrun.run_job), and the wrapper ends
+its child (SIGTERM, then SIGKILL) once the launcher process that started it is gone, which
+the kernel signals (PR_SET_PDEATHSIG) and the wrapper also checks while it waits.
 """
 import ctypes
 import json
@@ -21,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 EXIT_MARKER = "#hvdrun-exit"
 START_MARKER = "#hvdrun-start"
@@ -40,6 +45,11 @@ _LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
                    ("MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"),
                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"))
 _PR_SET_PDEATHSIG = 1
+# What the kernel sends the wrapper when its parent goes: a signal of its own, since the end of
+# the parent's thread that started it sends it too, and then the parent is still there.
+_PARENT_GONE = signal.SIGRTMIN
+_CHECK_SECONDS = 0.25  # how often the wrapper checks its parent and the relay while it waits
+_KILL_GRACE_SECONDS = 2.0  # after SIGTERM, how long the child has before SIGKILL
 # Once the child has exited (or the wrapper has died), how long the relay may keep copying output
 # from processes the child left behind before it gives up.
 _DRAIN_SECONDS = 2.0
@@ -102,9 +112,10 @@ def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
             "the others ask MPI)\n").encode()
 
 
-def exit_marker(rank: int, code: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code``."""
-    return f"{EXIT_MARKER} rank={rank} code={code}\n".encode()
+def exit_marker(rank: int, code: int, ended: bool = False) -> bytes:
+    """The marker line telling hvdrun that ``rank`` exited with ``code``; ``ended``: after
+    the launcher signalled it (it was ended, not failed on its own)."""
+    return f"{EXIT_MARKER} rank={rank} code={code}{' ended' if ended else ''}\n".encode()
 
 
 def start_marker(rank: int) -> bytes:
@@ -118,20 +129,27 @@ def _timestamp() -> bytes:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} ".encode()
 
 
-def _die_with_parent():
-    """Return a preexec_fn that makes the kernel SIGKILL the child when this wrapper dies.
-
-    Without it a rank could outlive a wrapper that mpiexec killed. No-op where prctl is missing.
-    """
+def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None]:
+    """Return a preexec_fn that makes the kernel send ``signum`` to the child when this
+    process dies (hvdrun's mpiexec, the wrapper's child): no process outlives its starter.
+    No-op where prctl is missing."""
     prctl = getattr(ctypes.CDLL(None), "prctl", None)
     parent = os.getpid()
 
     def preexec():
         if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the wrapper died before prctl took effect
+            prctl(_PR_SET_PDEATHSIG, signum)
+            if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(1)
     return preexec
+
+
+def _signal_when_parent_goes() -> int:
+    """Ask the kernel for _PARENT_GONE when the wrapper's parent goes; return the parent."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, _PARENT_GONE)
+    return os.getppid()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -180,16 +198,70 @@ def _start_relay(child: subprocess.Popen, rank: int, stamp: bool) -> int:
     wrapper = os.getpid()
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
             os.setsid()  # out of the wrapper's process group, so a kill aimed at the rank spares it
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, _PARENT_GONE):
                 signal.signal(signum, signal.SIG_DFL)
             _relay({child.stdout.fileno(): 1, child.stderr.fileno(): 2}, rank, wrapper, stamp)
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     child.stdout.close()
     child.stderr.close()
     return pid
+
+
+def _relay_failure(status: int) -> Optional[str]:
+    """How a relay that ended with wait ``status`` before the child failed, or None when it
+    just finished (the child closed its output)."""
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    code = os.WEXITSTATUS(status)
+    return f"failed (exit code {code})" if code else None
+
+
+def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> Tuple[int, bool]:
+    """The child's wait status, and whether the relay ended (and was reaped) before it.
+
+    The child is ended (SIGTERM, SIGKILL after _KILL_GRACE_SECONDS) when the wrapper's parent
+    is gone (the launcher died: hvdrun is gone) or when the relay failed (the rank's output
+    would be lost); the relay's failure is reported on stderr, and the child's status is then 1.
+    """
+    ending_since: Optional[float] = None
+    relay_ended, relay_failed = False, False
+
+    def end() -> None:
+        nonlocal ending_since
+        if ending_since is None:
+            ending_since = time.monotonic()
+            child.terminate()
+
+    def parent_gone(_signum, _frame) -> None:
+        if os.getppid() != parent:
+            end()
+
+    signal.signal(_PARENT_GONE, parent_gone)
+    while True:
+        try:
+            status = child.wait(timeout=_CHECK_SECONDS)
+            return (1 if relay_failed else status), relay_ended
+        except subprocess.TimeoutExpired:
+            pass
+        if not relay_ended:
+            pid, wait_status = os.waitpid(relay, os.WNOHANG)
+            relay_ended = pid != 0
+            how = _relay_failure(wait_status) if relay_ended else None
+            if how:
+                relay_failed = True
+                _write_all(2, f"[{rank}]<stderr>:hvdrun: the output relay of rank {rank} (pid "
+                              f"{relay}) {how}; ending the rank, whose output would be lost\n"
+                           .encode())
+                end()
+        if os.getppid() != parent:
+            end()
+        if ending_since is not None and time.monotonic() > ending_since + _KILL_GRACE_SECONDS:
+            child.kill()
 
 
 def _wait_relay(pid: int) -> None:
@@ -211,6 +283,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not command:
         print("usage: python -m hvd_trainer_launch.worker -- command [args ...]", file=sys.stderr)
         return 2
+    parent = _signal_when_parent_goes()
+    # Until the child runs, the signal only wakes the wrapper (its default would kill it);
+    # _wait_child then checks the parent. A handler, unlike SIG_IGN, is not inherited by exec.
+    signal.signal(_PARENT_GONE, lambda _signum, _frame: None)
     rank = launcher_rank(os.environ)
     if rank is None:
         print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
@@ -225,20 +301,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     sys.stdout.flush()
     try:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 close_fds=False, preexec_fn=_die_with_parent())
+                                 close_fds=False, preexec_fn=die_with_parent())
     except OSError as error:
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
         _write_all(2, message.encode() + exit_marker(rank, code))
         return code
+    signalled = []  # the launcher's signals, passed on to the child
+
+    def forward(received: int, _frame) -> None:
+        signalled.append(received)
+        child.send_signal(received)
+
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda received, _frame: child.send_signal(received))
+        signal.signal(signum, forward)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
-    returncode = child.wait()
-    _wait_relay(relay)
+    returncode, relay_ended = _wait_child(child, relay, parent, rank)
+    if not relay_ended:
+        _wait_relay(relay)
     code = returncode if returncode >= 0 else 128 - returncode
     if code:
-        _write_all(2, exit_marker(rank, code))
+        _write_all(2, exit_marker(rank, code, ended=bool(signalled)))
     return code
 
 
