@@ -1,6 +1,6 @@
-"""Scaled sums round once, as Horovod's CPU path does: float16 sums are scaled in float32,
-float32 ones in float64 (Horovod's test_mxnet1.py and test_torch.py compare with zero
-tolerance on up to 3 ranks). One job per rank count; each case its own result."""
+"""Scaled sums round as Horovod's CPU path does: float16 sums are summed and scaled in float32
+and rounded once, float32 ones scaled by the factor rounded to float32 (Horovod's
+test_mxnet1.py and test_torch.py compare with zero tolerance on up to 3 ranks). One job per rank count; each case its own result."""
 import functools
 
 import pytest

@@ -1,8 +1,9 @@
 """Scaled sums round once, as Horovod's CPU path does (checked against NumPy on every rank).
 
-On 3 ranks a half-precision sum of three equal tensors is not exact in half precision, and
-Average's 1/3 is not exact in float32: a float16 sum scaled after rounding to float16, or a
-float32 sum scaled by a float32 1/3, is one unit off in the last place.
+On 3 ranks a half-precision sum of three equal tensors is not exact in half precision: a
+float16 sum scaled after rounding to float16 is one unit off in the last place. float32 sums
+are scaled in float32 by the factor rounded to float32, as Horovod multiplies (its own
+postscale tests expect those bits).
 """
 import sys
 
@@ -14,19 +15,19 @@ R, N = hvd.rank(), hvd.size()
 rng = np.random.default_rng(1234)  # the same tensors on every rank
 failures = []
 for dtype in (np.float16, np.float32):
-    x = rng.integers(-100, 100, 289).astype(dtype)
+    x = rng.uniform(-100, 100, 289).astype(dtype)  # a sum of three needs more bits than x
     factor = 0.1915194503788923
-    wide = np.float32 if dtype == np.float16 else np.float64
+    wide = np.float32
     shares = [17 // N + (r < 17 % N) for r in range(N)]  # rows per rank, the first ranks more
     mine = slice(sum(shares[:R]), sum(shares[:R + 1]))
     cases = {
         "postscale": (lambda: hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor),
                       (x.astype(wide) * N * wide(factor)).astype(dtype)),
         "average": (lambda: hvd.allreduce(x, op=hvd.Average),
-                    (x.astype(wide) * N / N).astype(dtype)),
+                    (x.astype(wide) * N * wide(1 / N)).astype(dtype)),
         "reducescatter average": (
             lambda: hvd.reducescatter(x.reshape(17, 17), op=hvd.Average),
-            (x.reshape(17, 17).astype(wide) * N / N).astype(dtype)[mine]),
+            (x.reshape(17, 17).astype(wide) * N * wide(1 / N)).astype(dtype)[mine]),
     }
     for label, (call, want) in cases.items():
         got = call()
