@@ -19,6 +19,7 @@ zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
 import enum
 import pickle
+import warnings
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -95,6 +96,19 @@ def scales(op: ReduceOp, comm, prescale: float, postscale: float) -> Tuple[float
         # float() first: NumPy 2 would divide an np.float32 factor in float32.
         postscale = float(postscale) / comm.size
     return float(prescale), float(postscale)
+
+
+def requested_op(op: Any, average: Optional[bool], stacklevel: int = 4) -> Any:
+    """Horovod's rule for the adapters' ``op=``/``average=``: ``op`` wins, ``average`` is its
+    deprecated spelling (warned about at the caller ``stacklevel`` frames up), Average by
+    default."""
+    if op is not None and average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if average is not None:
+        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=stacklevel)
+        return Average if average else Sum
+    return Average if op is None else op
 
 
 def half_in_float32(tensor: Any, op: ReduceOp, pre: float, post: float) -> bool:

@@ -12,7 +12,6 @@ call of the same collective. While a graph is being built, a bad argument raises
 is the same on every rank, which builds the same graph). Errors are TensorFlow's
 (errors.py).
 """
-import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -67,18 +66,11 @@ def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Call
 
 
 def _reduce_op(op: Any, average: Optional[bool]) -> Any:
-    """Horovod's rule: ``op`` wins, ``average`` is its deprecated spelling, Average by default.
-    Adasum is refused."""
-    if op is not None and average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if average is not None:
-        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=4)
-        return Average if average else Sum
+    """The core's reading of ``op``/``average`` (Horovod's rule); Adasum is refused."""
     if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
         raise ValueError("op=Adasum is not supported by hvd_trainer.tensorflow; use "
                          "op=hvd.Average or op=hvd.Sum")
-    return Average if op is None else op
+    return core.requested_op(op, average, stacklevel=5)
 
 
 def _differentiable(kind: str, op: Any) -> None:

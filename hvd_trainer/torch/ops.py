@@ -22,7 +22,6 @@ the caller through :func:`synchronize` are ``HorovodInternalError`` (see errors.
 The out-of-place functions are autograd functions with Horovod's backward rules, documented
 on each.
 """
-import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -130,17 +129,6 @@ def _tensors(tensors: Sequence[torch.Tensor], inplace: bool = False) -> List[tor
     return checked_tensors
 
 
-def _reduce_op(op: Any, average: Optional[bool]) -> Any:
-    """Horovod's rule: ``op`` wins, ``average`` is its deprecated spelling, Average by default."""
-    if op is not None and average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if average is not None:
-        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=4)
-        return Average if average else Sum
-    return Average if op is None else op
-
-
 def _is_adasum(op: Any) -> bool:
     return isinstance(op, int) and not isinstance(op, bool) and op == Adasum
 
@@ -164,7 +152,7 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
                      name: Optional[str], op: Any, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> Handle:
     op, tensor = checked("allreduce", name, process_set, lambda: (
-        _reduce_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
+        core.requested_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
     if _is_adasum(op):
         staged = bridge.host_view(tensor)
         return _start(adasum.grouped_allreduce, [staged], name, prescale_factor,
@@ -216,7 +204,7 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = checked("allreduce", name, process_set, lambda: _reduce_op(op, average))
+        ctx.op = checked("allreduce", name, process_set, lambda: core.requested_op(op, average))
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
@@ -250,7 +238,7 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                              prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet) -> Handle:
     op, tensors = checked("grouped_allreduce", name, process_set, lambda: (
-        _reduce_op(op, average), _tensors(tensors, inplace)))
+        core.requested_op(op, average), _tensors(tensors, inplace)))
     first = tensors[0] if tensors else None
     if _is_adasum(op):
         staged = [bridge.host_view(t) for t in tensors]
@@ -302,7 +290,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
                 *tensors):
         ctx.op = checked("grouped_allreduce", name, process_set,
-                          lambda: _reduce_op(op, average))
+                          lambda: core.requested_op(op, average))
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(
@@ -347,7 +335,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
         if tensor.device.type not in ("cpu", "cuda"):
             raise TypeError(f"tensor is on {tensor.device}; hvd_trainer.torch takes CPU and "
                             "CUDA tensors (pass tensor.cpu())")
-        reduce_op = _no_adasum(_reduce_op(op, None), "sparse_allreduce_async")
+        reduce_op = _no_adasum(core.requested_op(op, None), "sparse_allreduce_async")
         if reduce_op not in (Average, Sum):
             raise ValueError(f"op={reduce_op!r}: sparse_allreduce_async takes Average or Sum")
         return reduce_op, tensor.detach().coalesce().cpu()
@@ -571,7 +559,7 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[
     """Start reducing ``tensor`` across the set; :func:`synchronize` returns this rank's rows
     of the result (dim 0 split as evenly as possible, lower ranks taking one more)."""
     op, tensor = checked("reducescatter", name, process_set, lambda: (
-        _no_adasum(_reduce_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
+        _no_adasum(core.requested_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
     return _start(core.reducescatter, bridge.view(tensor), op, name, process_set,
                   prescale_factor, postscale_factor, on=tensor, name=name, process_set=process_set)
 
@@ -583,7 +571,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
                                 postscale_factor: float = 1.0) -> Handle:
     """:func:`reducescatter_async` of each tensor of a list, agreed on in one exchange."""
     op, tensors = checked("grouped_reducescatter", name, process_set, lambda: (
-        _no_adasum(_reduce_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
+        _no_adasum(core.requested_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
     return _start(core.grouped_reducescatter, [bridge.view(t) for t in tensors], op, name,
                   process_set, prescale_factor, postscale_factor,
                   finish=lambda out: [bridge.adopt(a) for a in out],
@@ -610,7 +598,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = checked("reducescatter", name, process_set, lambda: _reduce_op(op, None))
+        ctx.op = checked("reducescatter", name, process_set, lambda: core.requested_op(op, None))
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
         return synchronize(reducescatter_async(tensor, ctx.op, name, process_set,
@@ -639,7 +627,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.op = checked("grouped_reducescatter", name, process_set,
-                          lambda: _reduce_op(op, None))
+                          lambda: core.requested_op(op, None))
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
         return tuple(synchronize(grouped_reducescatter_async(
