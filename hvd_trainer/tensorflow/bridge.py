@@ -53,8 +53,9 @@ def eager() -> bool:
 
 
 def to_numpy(value: Any) -> np.ndarray:
-    """An eager tensor's value as a NumPy array (a NumPy array passes through)."""
-    return value if isinstance(value, np.ndarray) else value.numpy()
+    """An eager tensor's value as a NumPy array (a NumPy array passes through); a 0-d
+    tensor's as a 0-d array, where ``numpy()`` gives a NumPy scalar the core refuses."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
 
 
 def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
@@ -68,7 +69,9 @@ def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tens
         return [tf.convert_to_tensor(np.asarray(r), dtype=d) for r, d in zip(results, dtypes)]
     @plain_python
     def on_arrays(*arrays: np.ndarray) -> List[np.ndarray]:
-        return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(function(*arrays), dtypes)]
+        # A 0-d input arrives as a NumPy scalar: made an array, as to_numpy does.
+        results = function(*[np.asarray(a) for a in arrays])
+        return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(results, dtypes)]
 
     outputs = tf.numpy_function(on_arrays, list(inputs), list(dtypes), stateful=True,
                                 name=_op_name(name))

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "hvd_trainer")
-ADAPTERS = ("hvd_trainer.mxnet", "hvd_trainer.torch", "hvd_trainer.tensorflow")
+ADAPTERS = ("hvd_trainer.mxnet", "hvd_trainer.torch", "hvd_trainer.tensorflow", "hvd_trainer.keras")
 FRAMEWORKS = ("mxnet", "torch", "tensorflow", "keras")
 
 

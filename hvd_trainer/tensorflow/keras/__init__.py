@@ -12,12 +12,15 @@ from typing import Any, Dict, Optional, Sequence
 
 import keras
 
-from ...runtime import ProcessSet, global_process_set
-from .. import (Average, Compression, Sum, allgather, allgather_object, allreduce, alltoall,
-                broadcast, broadcast_object, broadcast_variables, grouped_allreduce, init,
-                is_initialized, local_rank, local_size, rank, reducescatter, shutdown, size)
+from ...ops import Average, Sum
+from ...process_sets import init
+from ...runtime import (ProcessSet, global_process_set, is_initialized, local_rank, local_size,
+                        rank, shutdown, size)
 from ..bridge import plain_python
+from ..compression import Compression
 from ..gradients import Reduction
+from ..ops import (allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_object,
+                   broadcast_variables, grouped_allreduce, reducescatter)
 from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,
                         LearningRateWarmupCallback, MetricAverageCallback)
 

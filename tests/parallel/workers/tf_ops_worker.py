@@ -225,6 +225,25 @@ def errors_on_every_rank():
           "the next collective works")
 
 
+def scalars():
+    """0-d tensors (TensorFlow hands their values over as NumPy scalars, not arrays), among
+    them a Keras optimizer's step counter in broadcast_variables."""
+    import keras
+    for function in both(lambda t: hvd.allreduce(t, op=hvd.Sum)):
+        close(function(tf.constant(float(R + 1))), float(N * (N + 1) // 2), "scalar allreduce")
+    for function in both(lambda t: hvd.broadcast(t, N - 1)):
+        got = function(tf.constant(R, tf.int64))
+        assert got.shape == () and int(got) == N - 1, got
+    close(hvd.allgather(tf.constant([float(R)])), np.arange(N), "one-row allgather")
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    variables = [keras.Variable(data(R, (2,)))]
+    optimizer.build(variables)
+    optimizer.iterations.assign(R + 5)
+    hvd.broadcast_variables(variables + optimizer.variables, root_rank=N - 1)
+    assert int(optimizer.iterations.numpy()) == N + 4, optimizer.iterations
+    close(variables[0], data(N - 1, (2,)), "broadcast model variable")
+
+
 def runtime_ops():
     assert int(hvd.rank_op()) == R and int(hvd.size_op()) == N
     assert int(hvd.local_rank_op()) == hvd.local_rank()
@@ -233,7 +252,7 @@ def runtime_ops():
 
 CASES = [allreduce_ops_dtypes, variables_names_process_sets, grouped_allreduce_with_slices,
          allgather_variable_rows, broadcasts, alltoall_splits, reducescatters, gradients,
-         compression, errors_on_every_rank, runtime_ops]
+         compression, errors_on_every_rank, scalars, runtime_ops]
 
 for case in CASES:
     try:
