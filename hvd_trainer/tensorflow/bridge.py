@@ -84,6 +84,16 @@ def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tens
     return outputs
 
 
+def graph_name(kind: str, name: Optional[str]) -> Optional[str]:
+    """``name``; for an unnamed collective in a graph being built, a name made from the
+    graph's unique op names, the same on every rank (which builds the same graph). A TF1
+    session runs independent ops in any order, on several threads; the core matches named
+    calls by name, so such ops meet whatever order each rank runs them in."""
+    if name is not None or eager():
+        return name
+    return f"{kind}.graph.{tf.compat.v1.get_default_graph().unique_name(kind)}"
+
+
 def _op_name(name: Optional[str]) -> Optional[str]:
     """A graph op name from a collective's name (TensorFlow allows fewer characters)."""
     if name is None:

@@ -20,11 +20,12 @@ from runner import run_ranks  # noqa: E402
 
 OPS = ["allreduce_ops_dtypes", "variables_names_process_sets", "grouped_allreduce_with_slices",
        "allgather_variable_rows", "broadcasts", "alltoall_splits", "reducescatters",
-       "gradients", "compression", "errors_on_every_rank", "scalars", "runtime_ops"]
+       "gradients", "compression", "errors_on_every_rank", "scalars",
+       "slices_without_dense_shape_and_their_ops", "tf1_graph_sessions", "runtime_ops"]
 TRAINING = ["tape_sgd_momentum_eager", "tape_adam_in_tf_function",
             "tape_indexed_slices_stay_sparse", "tape_sparse_as_dense_sum_predivide",
             "tape_fp16_compression", "tape_gradient_missing_on_some_ranks",
-            "fit_sgd_momentum_and_adam", "fit_callbacks"]
+            "fit_sgd_momentum_and_adam", "fit_callbacks", "partial_optimizer_and_local_variables"]
 
 
 @pytest.fixture(scope="module", params=[2, 3])
