@@ -29,7 +29,8 @@ setup(
               "hvd_trainer_launch"],
     package_dir={"hvd_trainer_launch": "launch"},
     package_data={"hvd_trainer.cuda": ["*.cu"]},
-    install_requires=["numpy"],
+    # cloudpickle: hvd_trainer.run sends functions of __main__, lambdas and closures, as Horovod.
+    install_requires=["numpy", "cloudpickle"],
     extras_require={
         "mxnet": MXNET,
         "torch": TORCH,

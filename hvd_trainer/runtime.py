@@ -7,6 +7,7 @@ collective calls ``init()`` lazily, and calling it again is harmless.
 import atexit
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -52,17 +53,6 @@ def env_int(name: str, default: int) -> int:
         return int(float(raw))
     except ValueError:
         raise ValueError(f"HVD_{name}={raw!r} is not a number; set it to an integer") from None
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A duration in seconds from the environment; a malformed value is an error naming it."""
-    raw = env(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"HVD_{name}={raw!r} is not a number of seconds") from None
 
 
 class ProcessSet:
@@ -116,11 +106,23 @@ def _gpu_communicator(raw: str) -> str:
 
 def _whole(raw: str, fix: str = "0 or more") -> int:
     try:
-        value = int(float(raw))
+        number = float(raw)
     except ValueError:
         raise ValueError("is not a number; set it to an integer") from None
-    if value < 0:
+    if not math.isfinite(number):
+        raise ValueError(f"is not a finite number; set it to {fix}")
+    if number < 0:
         raise ValueError(f"is negative; set it to {fix}")
+    return int(number)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("is not a number of seconds >= 0; set it to 0 (never) or more")
     return value
 
 
@@ -144,12 +146,20 @@ AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
     "AUTOTUNE_WARMUP_SAMPLES": (3, _whole),
     "AUTOTUNE_STEPS_PER_SAMPLE": (10, _whole),
 }
+# Settings that each rank keeps its own value of, read in the same exchange so that a
+# malformed one raises on every rank alike.
+OWN_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
+    # A rank waiting this long for the others logs who is missing (0: never); after the
+    # shutdown time it ends the job (0: never).
+    "STALL_CHECK_TIME_SECONDS": (DEFAULT_STALL_CHECK_SECONDS, _seconds),
+    "STALL_SHUTDOWN_TIME_SECONDS": (0.0, _seconds),
+}
 
 
 def _read_settings() -> Dict[str, Tuple[Optional[str], Any, Optional[str]]]:
     """This rank's view of each agreed setting: (raw text, value, error or None)."""
     mine = {}
-    for name, (default, parse) in AGREED_SETTINGS.items():
+    for name, (default, parse) in {**AGREED_SETTINGS, **OWN_SETTINGS}.items():
         raw = env(name)
         try:
             mine[name] = (raw, default if raw is None else parse(raw), None)
@@ -160,7 +170,8 @@ def _read_settings() -> Dict[str, Tuple[Optional[str], Any, Optional[str]]]:
 
 def _agree_settings(every: Sequence[Dict[str, Tuple[Optional[str], Any, Optional[str]]]],
                     rank: int) -> Dict[str, Any]:
-    """Rank 0's settings, after every rank's parse errors are raised on every rank alike.
+    """Rank 0's settings (this rank's own for OWN_SETTINGS), after every rank's parse errors
+    are raised on every rank alike.
 
     A rank whose own environment says otherwise logs which value it uses instead.
     """
@@ -170,7 +181,9 @@ def _agree_settings(every: Sequence[Dict[str, Tuple[Optional[str], Any, Optional
                 raise ValueError(f"rank {r}: {error}; every rank reads its settings at init")
     chosen = {name: value for name, (raw, value, error) in every[0].items()}
     for name, (raw, value, error) in every[rank].items():
-        if value != chosen[name]:
+        if name in OWN_SETTINGS:
+            chosen[name] = value
+        elif value != chosen[name]:
             log.warning("HVD_%s is %r on rank %d but %r on rank 0; every rank uses rank 0's "
                         "value so that all ranks move the same bytes", name, raw, rank,
                         every[0][name][0])
@@ -191,10 +204,8 @@ class _State:
         self.fusion_threshold = self.settings["FUSION_THRESHOLD"]
         self.process_sets: Dict[int, ProcessSet] = {}
         self.next_set_id = 1
-        # A rank waiting this long for the others logs who is missing (0: never); after the
-        # shutdown time it ends the job (0: never).
-        self.stall_check = env_seconds("STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_CHECK_SECONDS)
-        self.stall_shutdown = env_seconds("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.stall_check = self.settings["STALL_CHECK_TIME_SECONDS"]
+        self.stall_shutdown = self.settings["STALL_SHUTDOWN_TIME_SECONDS"]
         self.threads_multiple = backend != "mpi" or _mpi_threads_multiple()
         self.watchdog: Optional[Any] = None
 
@@ -211,6 +222,15 @@ _lock = threading.RLock()
 def lock() -> threading.RLock:
     """The lock under which the runtime's state changes (process sets included)."""
     return _lock
+
+
+def _check_backend() -> None:
+    """HVD_BACKEND is unset, mpi or local; anything else is refused before MPI starts."""
+    raw = env("BACKEND")
+    if raw not in (None, "mpi", "local"):
+        raise ValueError(f"HVD_BACKEND={raw!r} is not a backend; use mpi or local, or leave it "
+                         "unset (the launcher decides); HVD_GPU_COMMUNICATOR (nccl, mpi or "
+                         "auto) chooses how GPU buffers travel")
 
 
 def _launched_by_mpi() -> bool:
@@ -296,6 +316,7 @@ def init(comm: Any = None) -> None:
     with _lock:
         if _state is None:
             _configure_logging()
+            _check_backend()
             world, backend = _make_world(comm)
             if comm is None:
                 _check_launcher(world, backend)
