@@ -85,13 +85,17 @@ def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tens
 
 
 def graph_name(kind: str, name: Optional[str]) -> Optional[str]:
-    """``name``; for an unnamed collective in a graph being built, a name made from the
+    """``name``; for an unnamed collective in a TF1 graph being built, a name made from the
     graph's unique op names, the same on every rank (which builds the same graph). A TF1
     session runs independent ops in any order, on several threads; the core matches named
-    calls by name, so such ops meet whatever order each rank runs them in."""
-    if name is not None or eager():
+    calls by name, so such ops meet whatever order each rank runs them in. A ``tf.function``
+    runs them in program order: there they keep automatic names, which pair the ranks'
+    calls in order, so ranks whose functions differ get a mismatch error (names that never
+    meet would wait)."""
+    graph = tf.compat.v1.get_default_graph()
+    if name is not None or eager() or graph.building_function:
         return name
-    return f"{kind}.graph.{tf.compat.v1.get_default_graph().unique_name(kind)}"
+    return f"{kind}.graph.{graph.unique_name(kind)}"
 
 
 def _op_name(name: Optional[str]) -> Optional[str]:

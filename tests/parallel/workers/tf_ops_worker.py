@@ -221,6 +221,16 @@ def errors_on_every_rank():
         raise AssertionError("a mismatch in a tf.function did not raise")
     except tf.errors.OpError as e:
         assert "disagree" in str(e), str(e)
+
+    @tf.function
+    def different_kinds():  # ranks whose functions differ: an error, not a wait
+        return hvd.allreduce(tf.ones([2])) if R == 0 else hvd.allgather(tf.ones([2]))
+
+    try:
+        different_kinds()
+        raise AssertionError("different collectives in a tf.function did not raise")
+    except tf.errors.OpError as e:
+        assert "disagree" in str(e), str(e)
     close(hvd.allreduce(tf.ones([3]), op=hvd.Sum), np.full(3, float(N)),
           "the next collective works")
 
