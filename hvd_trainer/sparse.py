@@ -14,7 +14,7 @@ every rank how many rows each rank sends. The rows then travel one of two ways:
 :func:`use_dense` picks the cheaper: dense exactly when the ranks together send more rows than
 the tensor has. Every rank decides from the same gathered counts, so all ranks agree.
 """
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -75,20 +75,25 @@ def use_dense(gathered_rows: int, num_rows: int) -> bool:
     return gathered_rows > num_rows
 
 
-def allreduce_rows(ids: np.ndarray, rows: np.ndarray, num_rows: int, name: str,
+def allreduce_rows(ids: np.ndarray, rows: np.ndarray, num_rows: Optional[int], name: str,
                    prescale_factor: float = 1.0, force_dense: bool = False,
                    process_set: ProcessSet = global_process_set
                    ) -> Tuple[np.ndarray, np.ndarray, Exchange]:
     """Sum a row-sparse tensor ``(ids, rows)`` of ``num_rows`` rows across the process set.
 
     ``ids`` must be unique on each rank (sum locally first with :func:`merge_rows`); ranks may
-    send different numbers of rows, none included. Rows are multiplied by ``prescale_factor``.
-    ``force_dense`` takes the dense path whatever the counts (``sparse_as_dense``). Returns
-    the sorted ids touched on any rank, their summed rows, and how they travelled.
+    send different numbers of rows, none included. ``num_rows`` None: the tensor's rows are
+    not known (a TensorFlow IndexedSlices without dense_shape); the dense path then takes
+    the highest id gathered plus one, the same on every rank. Rows are multiplied by
+    ``prescale_factor``. ``force_dense`` takes the dense path whatever the counts
+    (``sparse_as_dense``). Returns the sorted ids touched on any rank, their summed rows, and
+    how they travelled.
     """
     ids = np.ascontiguousarray(ids, ID_DTYPE).reshape(-1)
     all_ids = ops.allgather(ids, f"{name}.ids", process_set)
     gathered = all_ids.size
+    if num_rows is None:
+        num_rows = int(all_ids.max()) + 1 if gathered else 0
     row_bytes = int(np.prod(rows.shape[1:], dtype=np.int64)) * rows.dtype.itemsize
     if force_dense or use_dense(gathered, num_rows):
         table = np.zeros((num_rows,) + rows.shape[1:], rows.dtype)

@@ -19,11 +19,13 @@ from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built
                        is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                        mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from ..timeline import start_timeline, stop_timeline
+from . import elastic
 from .compression import Compression
 from .gradients import DistributedGradientTape, PartialDistributedGradientTape
 from .ops import (Adasum, allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_,
-                  broadcast_object, broadcast_object_fn, broadcast_variables, grouped_allgather,
-                  grouped_allreduce, grouped_reducescatter, join, reducescatter)
+                  broadcast_global_variables, broadcast_object, broadcast_object_fn,
+                  broadcast_variables, grouped_allgather, grouped_allreduce,
+                  grouped_reducescatter, join, reducescatter)
 
 
 def size_op(process_set_id: int = 0, name: str = None) -> tf.Tensor:

@@ -53,8 +53,9 @@ def eager() -> bool:
 
 
 def to_numpy(value: Any) -> np.ndarray:
-    """An eager tensor's value as a NumPy array (a NumPy array passes through)."""
-    return value if isinstance(value, np.ndarray) else value.numpy()
+    """An eager tensor's value as a NumPy array (a NumPy array passes through); a 0-d
+    tensor's as a 0-d array, where ``numpy()`` gives a NumPy scalar the core refuses."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
 
 
 def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
@@ -68,7 +69,9 @@ def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tens
         return [tf.convert_to_tensor(np.asarray(r), dtype=d) for r, d in zip(results, dtypes)]
     @plain_python
     def on_arrays(*arrays: np.ndarray) -> List[np.ndarray]:
-        return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(function(*arrays), dtypes)]
+        # A 0-d input arrives as a NumPy scalar: made an array, as to_numpy does.
+        results = function(*[np.asarray(a) for a in arrays])
+        return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(results, dtypes)]
 
     outputs = tf.numpy_function(on_arrays, list(inputs), list(dtypes), stateful=True,
                                 name=_op_name(name))
@@ -79,6 +82,20 @@ def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tens
         if shape is not None:
             output.set_shape(shape)
     return outputs
+
+
+def graph_name(kind: str, name: Optional[str]) -> Optional[str]:
+    """``name``; for an unnamed collective in a TF1 graph being built, a name made from the
+    graph's unique op names, the same on every rank (which builds the same graph). A TF1
+    session runs independent ops in any order, on several threads; the core matches named
+    calls by name, so such ops meet whatever order each rank runs them in. A ``tf.function``
+    runs them in program order: there they keep automatic names, which pair the ranks'
+    calls in order, so ranks whose functions differ get a mismatch error (names that never
+    meet would wait)."""
+    graph = tf.compat.v1.get_default_graph()
+    if name is not None or eager() or graph.building_function:
+        return name
+    return f"{kind}.graph.{graph.unique_name(kind)}"
 
 
 def _op_name(name: Optional[str]) -> Optional[str]:

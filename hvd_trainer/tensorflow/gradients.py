@@ -117,6 +117,25 @@ class Reduction:
             return [_eager_result(r, g, shape) for r, g, shape in zip(results, grads, shapes)]
         return self._in_graph(work, inputs, static, grads, shapes)
 
+    def reduce_shared(self, grads: Sequence[Any], variables: Sequence[Any], local: set,
+                      scale_local: bool) -> List[Any]:
+        """:meth:`reduce`, except for the gradients of the variables whose ids are in
+        ``local``: those stay this rank's, divided by the set's size when ``scale_local``
+        (Horovod's ``scale_local_gradients``)."""
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+        result = list(grads)
+        reduced = self.reduce([grads[i] for i in shared], [variables[i] for i in shared])
+        for i, g in zip(shared, reduced):
+            result[i] = g
+        size = self.process_set.size()
+        if scale_local and local and size > 1:
+            for i, v in enumerate(variables):
+                g = result[i]
+                if id(v) in local and g is not None:
+                    result[i] = (tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+                                 if isinstance(g, tf.IndexedSlices) else g / size)
+        return result
+
     def _in_graph(self, work: Any, inputs: List[tf.Tensor], static: List[Any],
                   grads: Sequence[Any],
                   shapes: Sequence[Tuple[int, ...]]) -> List[Any]:
@@ -198,21 +217,8 @@ class _DistributedTape:
         ``scale_local_gradients``). A collective: every rank of the set calls it, with the
         same sources."""
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
-        flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads)
-        shared = [i for i, s in enumerate(flat_sources) if id(s) not in self._local_sources]
-        reduced = self._reduction.reduce([flat_grads[i] for i in shared],
-                                         [flat_sources[i] for i in shared])
-        result = list(flat_grads)
-        for i, g in zip(shared, reduced):
-            result[i] = g
-        size = self._reduction.process_set.size()
-        if self._scale_local_gradients and self._local_sources and size > 1:
-            for i, s in enumerate(flat_sources):
-                g = result[i]
-                if id(s) in self._local_sources and g is not None:
-                    result[i] = (tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
-                                 if isinstance(g, tf.IndexedSlices) else g / size)
+        result = self._reduction.reduce_shared(tf.nest.flatten(grads), tf.nest.flatten(sources),
+                                               self._local_sources, self._scale_local_gradients)
         return tf.nest.pack_sequence_as(sources, result)
 
     def register_local_source(self, source: Any) -> None:
@@ -281,13 +287,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    scale_local_gradients: bool = True) -> tf.GradientTape:
     """A :func:`DistributedGradientTape` whose gradients of ``local_layers``' trainable
     weights (a Keras layer or a list of them) stay local."""
-    import keras
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("local_layers must be Keras layers (keras.layers.Layer)")
+    local_layers = local_layers_of(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)
@@ -295,3 +295,16 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         for weight in layer.trainable_weights:
             tape.register_local_source(weight)
     return tape
+
+
+def local_layers_of(local_layers: Any) -> List[Any]:
+    """``local_layers`` (None, a Keras layer or a list of them) as a list of layers."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers (keras.layers.Layer)")
+    return local_layers

@@ -34,11 +34,14 @@ T = TypeVar("T")
 
 
 # -- running a collective -------------------------------------------------------------------
-def run(work: Callable[[], T]) -> T:
+def run(work: Callable[[], T], name: Optional[str] = None,
+        process_set: Optional[ProcessSet] = None) -> T:
     """Run ``work`` on the communication thread, in order with every other collective of
-    this process, and return its result; its error is raised as TensorFlow's (errors.py)."""
+    this process, and return its result; its error is raised as TensorFlow's (errors.py).
+    With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
+    handles.start)."""
     try:
-        return handles.start(work).result()
+        return handles.start(work, name, process_set).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:
@@ -47,11 +50,13 @@ def run(work: Callable[[], T]) -> T:
 
 
 def _collective(work: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
-                dtypes: Sequence[tf.DType], shapes: Sequence[Any],
-                name: Optional[str]) -> List[tf.Tensor]:
-    """``work(*arrays)`` on the inputs' values, on the communication thread, now or when the
-    graph runs (bridge.call); its arrays as tensors."""
-    return bridge.call(lambda *arrays: run(lambda: work(*arrays)), inputs, dtypes, shapes, name)
+                dtypes: Sequence[tf.DType], shapes: Sequence[Any], name: Optional[str],
+                process_set: ProcessSet) -> List[tf.Tensor]:
+    """``work(*arrays)``, the collective ``name`` on ``process_set``, on the inputs' values,
+    on the communication thread, now or when the graph runs (bridge.call); its arrays as
+    tensors."""
+    return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set), inputs,
+                       dtypes, shapes, name)
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
@@ -117,6 +122,8 @@ def _allreduce_dense(tensors: List[tf.Tensor], op: Any, prescale: float, postsca
                      name: Optional[str], process_set: ProcessSet, kind: str) -> List[tf.Tensor]:
     """Reduce dense tensors (one call of ``kind``), differentiable for Average and Sum:
     Horovod's rule, the incoming gradients are reduced with the same op and scale factors."""
+    name = bridge.graph_name(kind, name)
+
     def forward(inputs: List[tf.Tensor]) -> List[tf.Tensor]:
         if kind == "allreduce":
             work = lambda a: [core.allreduce(a, op, name, prescale, postscale, process_set)]
@@ -124,7 +131,7 @@ def _allreduce_dense(tensors: List[tf.Tensor], op: Any, prescale: float, postsca
             work = lambda *arrays: core.grouped_allreduce(list(arrays), op, name, prescale,
                                                           postscale, process_set)
         return _collective(work, inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
-                           name)
+                           name, process_set)
 
     def backward(inputs, outputs, upstream):
         _differentiable(kind, op)
@@ -133,41 +140,42 @@ def _allreduce_dense(tensors: List[tf.Tensor], op: Any, prescale: float, postsca
     return _with_gradient(forward, backward, tensors)
 
 
+def _slices_op(op: Any) -> None:
+    """Horovod's rule for IndexedSlices: any op but Sum and Average (Adasum too) raises
+    NotImplementedError (the same on every rank, which passes the same op)."""
+    if op is not None and (op not in (Average, Sum) or isinstance(op, bool)):
+        raise NotImplementedError("Only Sum and Average ops are supported with "
+                                  "tf.IndexedSlices")
+
+
 def _allreduce_slices(slices: tf.IndexedSlices, op: Any, prescale: float, postscale: float,
                       name: Optional[str], process_set: ProcessSet) -> tf.IndexedSlices:
     """Reduce an IndexedSlices by the core's row allgather (rows with the same index summed;
     a dense allreduce where that moves fewer bytes)."""
-    if op not in (Average, Sum):
-        raise NotImplementedError("Only Sum and Average ops are supported with "
-                                  "tf.IndexedSlices")
+    _slices_op(op)
     if prescale != 1.0 or postscale != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with "
                                   "tf.IndexedSlices")
+    name = bridge.graph_name("allreduce", name)
     values = tf.convert_to_tensor(slices.values)
-    dense_shape = (tf.shape(slices, out_type=tf.int64) if slices.dense_shape is None
-                   else tf.cast(slices.dense_shape, tf.int64))
+    # Without a dense_shape the table's rows are not known: the core counts them from the ids.
+    rows_known = slices.dense_shape is not None
+    shape = tf.cast(slices.dense_shape if rows_known else [-1], tf.int64)
 
     def work(rows: np.ndarray, ids: np.ndarray, shape: np.ndarray) -> List[np.ndarray]:
         mine_ids, mine_rows = sparse.merge_rows(ids, rows)
-        union, summed, _ = sparse.allreduce_rows(mine_ids, mine_rows, int(shape[0]),
+        union, summed, _ = sparse.allreduce_rows(mine_ids, mine_rows,
+                                                 int(shape[0]) if rows_known else None,
                                                  name or _SPARSE, process_set=process_set)
-        if op == Average:
-            summed = _divide(summed, process_set.size())
         return [summed, union]
 
-    out_values, out_ids = _collective(work, [values, slices.indices, dense_shape],
+    out_values, out_ids = _collective(work, [values, slices.indices, shape],
                                       [values.dtype, tf.int64],
                                       [tf.TensorShape([None]).concatenate(values.shape[1:]),
-                                       tf.TensorShape([None])], name)
+                                       tf.TensorShape([None])], name, process_set)
+    if op == Average:  # TensorFlow's division, as Horovod's: integers become floats
+        out_values = out_values / tf.cast(process_set.size(), out_values.dtype)
     return tf.IndexedSlices(out_values, out_ids, dense_shape=slices.dense_shape)
-
-
-def _divide(array: np.ndarray, size: int) -> np.ndarray:
-    """``array / size`` in its own dtype (integers truncate toward zero, as the core's
-    Average does)."""
-    if array.dtype.kind in "iu":
-        return (np.sign(array) * (np.abs(array) // size)).astype(array.dtype)
-    return (array / np.asarray(size, array.dtype)).astype(array.dtype)
 
 
 @plain_python
@@ -181,10 +189,13 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     prescale_factor``, times ``postscale_factor``; a new tensor.
 
     An IndexedSlices is reduced by the core's row allgather (Sum or Average, no scale
-    factors), and the result holds each index once. ``compression`` changes what travels.
+    factors), and the result holds each index once; its Average divides as TensorFlow's
+    ``/`` does (integer values become floats), as in Horovod. ``compression`` changes what travels.
     ``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for Horovod's
     sake and have no effect. Gradients flow through it (Average and Sum).
     """
+    if isinstance(tensor, tf.IndexedSlices):
+        _slices_op(op)
     op = checked("allreduce", name, process_set, lambda: (_same_set(process_set),
                                                           _reduce_op(op, average))[1])
     if isinstance(tensor, tf.IndexedSlices):
@@ -209,6 +220,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     IndexedSlices each by the row allgather); new tensors in order."""
     if not tensors:
         return list(tensors)
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        _slices_op(op)
     op = checked("grouped_allreduce", name, process_set,
                  lambda: (_same_set(process_set), _reduce_op(op, average))[1])
     results: List[Any] = list(tensors)
@@ -256,11 +269,13 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
     tensor = checked("allgather", name, process_set, lambda: (
         _same_set(process_set), bridge.check_tensor(tensor, "tensor"))[1])
 
+    name = bridge.graph_name("allgather", name)
+
     def forward(inputs):
         x = inputs[0]
         return _collective(lambda a: [core.allgather(a, name, process_set)], [x], [x.dtype],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])
-                            if x.shape.rank else None], name)
+                            if x.shape.rank else None], name, process_set)
 
     return _with_gradient(forward, lambda inputs, outputs, upstream:
                           _gather_gradient(upstream, inputs, process_set), [tensor])[0]
@@ -275,13 +290,14 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
         _same_set(process_set), _tensors(tensors))[1])
     if not tensors:
         return []
+    name = bridge.graph_name("grouped_allgather", name)
 
     def forward(inputs):
         return _collective(lambda *arrays: core.grouped_allgather(list(arrays), name,
                                                                   process_set),
                            inputs, [x.dtype for x in inputs],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])
-                            if x.shape.rank else None for x in inputs], name)
+                            if x.shape.rank else None for x in inputs], name, process_set)
 
     return _with_gradient(forward, lambda inputs, outputs, upstream:
                           _gather_gradient(upstream, inputs, process_set), tensors)
@@ -298,14 +314,21 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
     tensor = checked("broadcast", name, process_set, lambda: (
         _same_set(process_set), bridge.check_tensor(tensor, "tensor"))[1])
 
+    name = bridge.graph_name("broadcast", name)
+
     def forward(inputs):
         x = inputs[0]
         return _collective(lambda a: [core.broadcast(a, root_rank, name, process_set)], [x],
-                           [x.dtype], [x.shape], name)
+                           [x.dtype], [x.shape], name, process_set)
 
     def backward(inputs, outputs, upstream):
         grad = allreduce(upstream[0], op=Average, process_set=process_set)
-        return [grad if rank() == root_rank else tf.zeros_like(grad)]
+        if rank() == root_rank:
+            return [grad]
+        # Zeros that depend on the allreduce: in a TF1 graph an op nothing depends on does
+        # not run, and the root would wait for this rank's part forever.
+        with tf.control_dependencies([grad]):
+            return [tf.identity(tf.zeros_like(grad))]
 
     return _with_gradient(forward, backward, [tensor])[0]
 
@@ -313,12 +336,14 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
 def _broadcast_group(values: List[tf.Tensor], root_rank: int, name: Optional[str],
                      process_set: ProcessSet) -> List[tf.Tensor]:
     """The root's values of ``values``, broadcast one after the other in one op."""
+    name = bridge.graph_name("broadcast_variables", name)
+
     def work(*arrays):
         names = core.tensor_names(name or "broadcast_variables", len(arrays))
         return [core.broadcast(a, root_rank, n, process_set) for a, n in zip(arrays, names)]
 
     return _collective(work, values, [v.dtype for v in values], [v.shape for v in values],
-                       name)
+                       name, process_set)
 
 
 @plain_python
@@ -349,6 +374,17 @@ def _variable(value: Any, arg: str) -> Any:
     return value
 
 
+def broadcast_global_variables(root_rank: int) -> tf.Operation:
+    """TF1: an op that overwrites every global variable of the graph with ``root_rank``'s
+    value. TensorFlow 2 has no global variables: eagerly this raises RuntimeError, as
+    Horovod's does."""
+    if bridge.eager():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution "
+                           "(TensorFlow 2 has no global variables); call "
+                           "hvd.broadcast_variables(model.variables, root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
 @plain_python
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
                         process_set: ProcessSet = global_process_set,
@@ -374,6 +410,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
     tensor = checked("alltoall", name, process_set, lambda: (
         _same_set(process_set), bridge.check_tensor(tensor, "tensor"))[1])
     given = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
+    name = bridge.graph_name("alltoall", name)
 
     def forward(inputs):
         x = inputs[0]
@@ -389,7 +426,8 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 
         return _collective(work, [x, given], [x.dtype, tf.int32],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])
-                            if x.shape.rank else None, tf.TensorShape([None])], name)
+                            if x.shape.rank else None, tf.TensorShape([None])], name,
+                           process_set)
 
     def backward(inputs, outputs, upstream):
         grad, _ = alltoall(upstream[0], splits=outputs[1], process_set=process_set)
@@ -404,6 +442,8 @@ def _scatter_reduce(tensors: List[tf.Tensor], op: Any, prescale: float, postscal
                     name: Optional[str], process_set: ProcessSet, kind: str) -> List[tf.Tensor]:
     """Reducescatter (one call of ``kind``), differentiable: Horovod's rule, the incoming
     gradients times the scale factors (and the set's size for Sum), gathered."""
+    name = bridge.graph_name(kind, name)
+
     def forward(inputs):
         def work(*arrays):
             if kind == "reducescatter":
@@ -414,7 +454,7 @@ def _scatter_reduce(tensors: List[tf.Tensor], op: Any, prescale: float, postscal
 
         return _collective(work, inputs, [x.dtype for x in inputs],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])
-                            if x.shape.rank else None for x in inputs], name)
+                            if x.shape.rank else None for x in inputs], name, process_set)
 
     def backward(inputs, outputs, upstream):
         _differentiable(kind, op)

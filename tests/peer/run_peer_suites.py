@@ -2,14 +2,18 @@
 
 The suites are read at run time from a local Horovod git mirror (nothing of Horovod's lives in
 this repository) and exported with the helper modules they import into a temporary folder,
-next to a generated ``horovod`` shim package whose modules re-export ``hvd_trainer.torch`` and
-``hvd_trainer.mxnet``. Each suite runs as one job for the whole file, as Horovod's CI runs it:
-``hvdrun -np N python -m pytest -v <suite>.py``. A small pytest plugin, also generated, writes
+next to a generated ``horovod`` shim package whose modules re-export ``hvd_trainer.torch``,
+``hvd_trainer.mxnet``, ``hvd_trainer.tensorflow`` and its Keras modules. Each suite runs as
+one job for the whole file, as Horovod's CI runs it: ``hvdrun -np N python -m pytest -v
+<suite>.py``. A small pytest plugin, also generated, writes
 every rank's results to its own file as they happen, so a job that hangs or dies still says
 which tests passed, failed, or were running at the end.
 
     python tests/peer/run_peer_suites.py --horovod /work/.mirror/horovod+horovod/repo \
         --suite test_torch.py --np 2 [--only SUBSTRING] [--alone] [--mpi openmpi]
+
+TensorFlow's suites (TF_SUITES) run in the TensorFlow environment: ``--venv .venv-tf
+--suite test_tensorflow.py --suite test_tensorflow2_keras.py``.
 """
 import argparse
 import json
@@ -25,6 +29,16 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_SUITES = ("test_torch.py", "test_mxnet1.py", "test_adasum_pytorch.py")
+# TensorFlow needs NumPy 2, MXNet NumPy 1: these run in the [test-tensorflow] environment.
+TF_SUITES = ("test_tensorflow.py", "test_tensorflow2_keras.py")
+# What the suites' own imports need beyond pytest, by suite (the default: test/utils/common.py's).
+SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",)}
+# Environment by suite. test_tensorflow.py runs each test in a TF1 graph too, where one
+# session.run starts up to 21 independent collectives; hvd_trainer's block a session thread
+# each while they wait for the other ranks, so the session needs that many threads (the
+# README's TensorFlow limitations), more than this machine's cores give by default.
+SUITE_ENV = {"test_tensorflow.py": {"TF_NUM_INTEROP_THREADS": "32"}}
+HELPER_MODULES = ("cloudpickle", "mock", "packaging")
 # Folders of Horovod's tree whose modules the suites import by bare name (sys.path additions).
 HELPER_FOLDERS = ("test/parallel", "test/utils")
 
@@ -41,6 +55,25 @@ SHIM_MODULES = {
     # horovod.torch.mpi_ops holds the collectives that horovod.torch re-exports.
     "horovod/torch/mpi_ops.py": SHIM_REEXPORT.format(target="hvd_trainer.torch"),
     "horovod/mxnet/__init__.py": SHIM_REEXPORT.format(target="hvd_trainer.mxnet"),
+    # The TensorFlow suites also call Horovod's private helper _executing_eagerly, from
+    # horovod.tensorflow and horovod.tensorflow.util: the adapter's bridge.eager.
+    "horovod/tensorflow/__init__.py": SHIM_REEXPORT.format(target="hvd_trainer.tensorflow")
+    + "from horovod.tensorflow.util import _executing_eagerly  # noqa: E402\n",
+    "horovod/tensorflow/util.py": '"""Generated shim: Horovod\'s private eager test."""\n'
+    "from hvd_trainer.tensorflow.bridge import eager as _executing_eagerly  # noqa: F401\n",
+    "horovod/tensorflow/keras/__init__.py":
+        SHIM_REEXPORT.format(target="hvd_trainer.tensorflow.keras"),
+    "horovod/keras/__init__.py": SHIM_REEXPORT.format(target="hvd_trainer.keras"),
+    "horovod/common/__init__.py": "",
+    # test_tensorflow2_keras.py compares TensorFlow versions with this helper.
+    "horovod/common/util.py": '''"""Generated shim: the version helper the TensorFlow suites import."""
+from packaging import version
+
+
+def is_version_greater_equal_than(ver, target):
+    """Whether version string ``ver`` is ``target`` or later."""
+    return version.parse(ver) >= version.parse(target)
+''',
     "horovod/runner/__init__.py": "",
     "horovod/runner/util/__init__.py": "",
     # test/utils/common.py imports in_thread at module level (for its delay() helper).
@@ -80,10 +113,13 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_runtest_logreport(report):
+    # A subtest's report (TensorFlow's suites run each test in graph and in eager mode as
+    # subtests) carries its context: "sub" names it.
+    context = getattr(report, "context", None)
     _write(event="report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
            text=report.longreprtext[-4000:] if report.outcome == "failed" else
            (str(report.longrepr[2]) if report.skipped and isinstance(report.longrepr, tuple)
-            else ""))
+            else ""), sub=None if context is None else str(context.msg or context.kwargs))
 '''
 
 _IMPORT = re.compile(r"^\s*(?:from\s+([A-Za-z_]\w*)\s+import|import\s+([A-Za-z_]\w*))", re.M)
@@ -174,7 +210,8 @@ def run_job(venv: str, np: int, workdir: str, shim: str, targets: Sequence[str],
            *pytest_args, *targets]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [shim] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
-        PEER_REPORT_DIR=reports, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        PEER_REPORT_DIR=reports, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+        **SUITE_ENV.get(targets[0].split("::")[0], {}))
     start = time.monotonic()
     with open(log, "wb") as out:
         out.write((" ".join(cmd) + "\n").encode())
@@ -193,7 +230,8 @@ def run_job(venv: str, np: int, workdir: str, shim: str, targets: Sequence[str],
 def read_reports(reports: str, np: int) -> Dict[int, Dict[str, Tuple[str, str]]]:
     """Per rank, each test's result: passed, failed, error (setup or teardown failed),
     skipped, unfinished (started, no result before the job ended) or not run (collected,
-    never started); with its text."""
+    never started); with its text. A test with subtests has a result per subtest instead,
+    as ``nodeid [subtest]`` (and its own only when it failed outside them)."""
     ranks = {}
     for rank in range(np):
         results: Dict[str, Tuple[str, str]] = {}
@@ -202,8 +240,12 @@ def read_reports(reports: str, np: int) -> Dict[int, Dict[str, Tuple[str, str]]]
         if os.path.exists(path):
             with open(path) as f:
                 events = [json.loads(line) for line in f if line.endswith("\n")]
+        with_subtests = set()
         for event in events:
             nodeid = event.get("nodeid")
+            if event.get("sub") is not None:
+                with_subtests.add(nodeid)
+                nodeid = f"{nodeid} [{event['sub']}]"
             if event["event"] == "collected":
                 results.update((n, ("not run", "")) for n in event["nodeids"])
             elif event["event"] == "start":
@@ -217,6 +259,9 @@ def read_reports(reports: str, np: int) -> Dict[int, Dict[str, Tuple[str, str]]]
                     results[nodeid] = ("skipped", event["text"])
                 elif event["outcome"] == "passed" and event["when"] == "call":
                     results[nodeid] = ("passed", "")
+        for nodeid in with_subtests:
+            if results.get(nodeid, ("passed", ""))[0] == "passed":
+                results.pop(nodeid, None)
         ranks[rank] = results
     return ranks
 
@@ -224,6 +269,11 @@ def read_reports(reports: str, np: int) -> Dict[int, Dict[str, Tuple[str, str]]]
 def short(nodeid: str) -> str:
     """A test's name without its file and class."""
     return nodeid.rsplit("::", 1)[-1]
+
+
+def parent(nodeid: str) -> str:
+    """The pytest node id of a result (a subtest's test)."""
+    return nodeid.split(" [", 1)[0]
 
 
 def summarize(ranks: Dict[int, Dict[str, Tuple[str, str]]]) -> dict:
@@ -249,9 +299,9 @@ def first_error_line(text: str) -> str:
 
 def run_alone(venv: str, np: int, work: str, shim: str, nodeid: str, timeout: float) -> dict:
     """Run one test as a job of its own; its result on every rank and its first error."""
-    log = os.path.join(work, f"alone.{short(nodeid)}.np{np}.log")
+    log = os.path.join(work, f"alone.{short(parent(nodeid))}.np{np}.log")
     ended, seconds, reports = run_job(venv, np, os.path.join(work, "test", "parallel"), shim,
-                                      [nodeid], [], timeout, log)
+                                      [parent(nodeid)], [], timeout, log)
     ranks = read_reports(reports, np)
     outcome = {r: res.get(nodeid, ("not run", ""))[0] for r, res in ranks.items()}
     text = next((first_error_line(t) for r in ranks.values()
@@ -293,7 +343,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--horovod", required=True, help="a local Horovod git mirror")
     parser.add_argument("--tag", default="v0.28.1", help="the Horovod tag to read (v0.28.1)")
     parser.add_argument("--suite", action="append", help="a file of test/parallel, repeatable "
-                        f"(default: {', '.join(DEFAULT_SUITES)})")
+                        f"(default: {', '.join(DEFAULT_SUITES)}; with --venv .venv-tf: "
+                        f"{', '.join(TF_SUITES)})")
     parser.add_argument("--np", type=int, action="append", help="ranks, repeatable (default 2)")
     parser.add_argument("--mpi", choices=("mpich", "openmpi"), default="mpich",
                         help="which venv's hvdrun: mpich the running interpreter's, openmpi "
@@ -310,15 +361,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="keep the temporary folder (exported suites, shim, logs)")
     args = parser.parse_args(argv)
 
-    venv = args.venv or (os.path.join(REPO, ".venv-openmpi") if args.mpi == "openmpi"
-                         else sys.prefix)
+    venv = os.path.abspath(args.venv) if args.venv else (
+        os.path.join(REPO, ".venv-openmpi") if args.mpi == "openmpi" else sys.prefix)
     if not os.path.exists(os.path.join(venv, "bin", "hvdrun")):
         raise SystemExit(f"{venv} has no bin/hvdrun: install hvd_trainer there or pass --venv")
+    suites = args.suite or list(DEFAULT_SUITES)
+    needed = sorted(set(HELPER_MODULES).union(*(SUITE_MODULES.get(s, ()) for s in suites)))
     check = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
-                            "import cloudpickle, mock, packaging, pytest"], capture_output=True)
+                            f"import {', '.join(needed)}, pytest"], capture_output=True)
     if check.returncode != 0:
-        raise SystemExit("Horovod's test helpers import cloudpickle, mock and packaging: "
-                         f"{venv}/bin/pip install cloudpickle mock packaging pytest")
+        raise SystemExit(f"Horovod's suites and test helpers import {', '.join(needed)}: "
+                         f"{venv}/bin/pip install {' '.join(needed)} pytest")
 
     work = tempfile.mkdtemp(prefix="hvd_peer_suites.")
     try:
@@ -326,7 +379,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise SystemExit(f"the temporary folder {work} is inside the repository; set TMPDIR")
         shim = os.path.join(work, "shim")
         write_shim(shim)
-        suites = args.suite or list(DEFAULT_SUITES)
         exported = export_suites(args.horovod, args.tag, suites, work)
         print(f"exported from {args.tag}: {', '.join(exported)}; work folder {work}", flush=True)
         results = [run_suite(args, venv, work, shim, suite, np)

@@ -55,6 +55,23 @@ def test_reports_classify_every_collected_test(tmp_path):
     assert summary["failing"] == {bad: [0], setup: [0], hung: [0], ok: [1]}
 
 
+def test_subtests_count_one_by_one_in_place_of_their_test(tmp_path):
+    ids = ["t.py::T::modes", "t.py::T::broken"]
+    modes, broken = ids
+    sub = lambda nodeid, name, outcome, text="": dict(  # noqa: E731
+        _report(nodeid, "call", outcome, text), sub=name)
+    _events(tmp_path, 0, dict(event="collected", nodeids=ids),
+            dict(event="start", nodeid=modes), sub(modes, "graph_mode", "skipped", "TF1"),
+            sub(modes, "eager_mode", "failed", "E   ValueError: eager\n"),
+            _report(modes, "call", "passed"),  # pytest passes the test whose subtests failed
+            dict(event="start", nodeid=broken), sub(broken, "eager_mode", "passed"),
+            _report(broken, "call", "failed", "E   after the subtests\n"))
+    results = {n: r for n, (r, _) in harness.read_reports(str(tmp_path), 1)[0].items()}
+    assert results == {f"{modes} [graph_mode]": "skipped", f"{modes} [eager_mode]": "failed",
+                       f"{broken} [eager_mode]": "passed", broken: "failed"}
+    assert harness.parent(f"{modes} [eager_mode]") == modes
+
+
 def _git(cwd, *args):
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
                    check=True, capture_output=True)
@@ -83,6 +100,12 @@ def test_export_takes_the_suite_and_the_helpers_it_imports_by_bare_name(tmp_path
         harness.export_suites(str(mirror), "v1", ["test_missing.py"], str(out))
 
 
+def _have(*modules):
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+@pytest.mark.skipif(not _have("torch", "mxnet"), reason="torch and mxnet are not installed "
+                    "here; this test runs in the [test] environment (.venv), see the README")
 def test_shim_modules_are_the_adapters_names(tmp_path):
     pytest.importorskip("torch", reason="the shim re-exports hvd_trainer.torch: needs torch "
                         "(the [test] environment)")
@@ -104,4 +127,29 @@ print("shim ok")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
                           timeout=120)
+    assert proc.stdout.strip() == "shim ok", proc.stderr
+
+
+@pytest.mark.skipif(not _have("tensorflow"), reason="tensorflow is not installed here; this "
+                    "test runs in the [test-tensorflow] environment (.venv-tf), see the README")
+def test_tensorflow_shim_modules_are_the_adapter_s_names(tmp_path):
+    harness.write_shim(str(tmp_path))
+    check = """
+import horovod.tensorflow as hvd, hvd_trainer.tensorflow as ours
+import horovod.tensorflow.keras as hvd_keras, hvd_trainer.tensorflow.keras as keras_ours
+import horovod.keras as plain_keras
+from horovod.tensorflow.util import _executing_eagerly
+from horovod.common.util import is_version_greater_equal_than as at_least
+import tensorflow as tf
+assert hvd.allreduce is ours.allreduce and hvd.DistributedGradientTape is ours.DistributedGradientTape
+assert hvd_keras.DistributedOptimizer is keras_ours.DistributedOptimizer
+assert plain_keras.callbacks.MetricAverageCallback is keras_ours.MetricAverageCallback
+assert hvd._executing_eagerly() and _executing_eagerly()
+assert not tf.function(lambda: tf.constant(_executing_eagerly()))()
+assert at_least("2.21.0", "2.6.0") and not at_least("2.5.3", "2.6.0")
+print("shim ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.stdout.strip() == "shim ok", proc.stderr

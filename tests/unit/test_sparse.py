@@ -64,3 +64,16 @@ def test_one_rank_reduction_sums_scales_and_counts_bytes(force_dense):
     row_bytes = 4 * 4
     want_bytes = 3 * 8 + (10 * row_bytes if force_dense else 3 * row_bytes)
     assert exchange == sparse.Exchange(force_dense, 3, want_bytes)
+
+
+def test_rows_unknown_the_dense_path_takes_the_highest_id_gathered_plus_one():
+    # A TensorFlow IndexedSlices without dense_shape: the table is as long as the ids need.
+    rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ids, summed, exchange = sparse.allreduce_rows(np.array([4, 1]), rows, num_rows=None,
+                                                  name="unit.sparse.unknown", force_dense=True)
+    np.testing.assert_array_equal(ids, [1, 4])
+    np.testing.assert_array_equal(summed, rows[[1, 0]])
+    assert exchange == sparse.Exchange(True, 2, 2 * 8 + 5 * 3 * 4)
+    ids, summed, _ = sparse.allreduce_rows(np.array([], np.int64), np.zeros((0, 3), np.float32),
+                                           num_rows=None, name="unit.sparse.none")
+    assert ids.size == 0 and summed.shape == (0, 3)

@@ -13,35 +13,48 @@ from typing import Any, Dict, Optional, Sequence
 import keras
 
 from ...ops import Average, Sum
-from ...process_sets import init
-from ...runtime import (ProcessSet, global_process_set, is_initialized, local_rank, local_size,
-                        rank, shutdown, size)
+from ...process_sets import add_process_set, init, remove_process_set
+from ...runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                        gloo_built, gloo_enabled, global_process_set, is_initialized,
+                        local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+                        nccl_built, rank, rocm_built, shutdown, size)
+from ...timeline import start_timeline, stop_timeline
 from ..bridge import plain_python
 from ..compression import Compression
-from ..gradients import Reduction
+from ..gradients import Reduction, local_layers_of
 from ..ops import (allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_object,
                    broadcast_variables, grouped_allreduce, reducescatter)
+from . import elastic
 from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,
                         LearningRateWarmupCallback, MetricAverageCallback)
 
 
 class _Distributed:
     """What DistributedOptimizer adds to the wrapped optimizer's class; the reduction's
-    settings are the class's (``_hvd_settings``), so ``from_config`` rebuilds it too."""
+    settings are the class's (``_hvd_settings``), so ``from_config`` rebuilds it too. The
+    variables registered as local and ``scale_local_gradients`` are the instance's."""
 
     _hvd_settings: Dict[str, Any] = {}
 
     @plain_python
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None
               ) -> Any:
-        """Reduce ``grads`` across the process set, then the wrapped optimizer's ``apply``.
-        A collective: every rank of the set calls it, with the same variables."""
+        """Reduce ``grads`` across the process set (except those of local variables, see
+        :meth:`register_local_var`), then the wrapped optimizer's ``apply``. A collective:
+        every rank of the set calls it, with the same variables."""
         grads = list(grads)
         variables = (self._trainable_variables if trainable_variables is None
                      else list(trainable_variables))
         if grads and len(grads) == len(variables):
-            grads = self._hvd_reduction().reduce(grads, variables)
+            grads = self._hvd_reduction().reduce_shared(
+                grads, variables, self.__dict__.get("_hvd_local", set()),
+                self.__dict__.get("_hvd_scale_local", True))
         return super().apply(grads, trainable_variables)
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient local: it is not reduced, only divided by the set's size
+        when the optimizer was made with ``scale_local_gradients=True`` (the default)."""
+        self.__dict__.setdefault("_hvd_local", set()).add(id(var))
 
     def _hvd_reduction(self) -> Reduction:
         reduction = self.__dict__.get("_hvd_reduction_made")
@@ -78,12 +91,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     gradients averaged (``op=Average``) or summed (``op=Sum``) over ``process_set``.
 
     ``compression``, ``sparse_as_dense``, ``gradient_predivide_factor`` and ``num_groups``
-    (``groups`` as an integer) are those of ``DistributedGradientTape``.
+    (``groups`` as an integer) are those of ``DistributedGradientTape``, and
+    ``scale_local_gradients`` that of the variables given to ``register_local_var``.
     ``backward_passes_per_step`` must be 1: Keras 3's own ``gradient_accumulation_steps``
     accumulates the reduced gradients instead. ``name``, ``device_dense``,
-    ``device_sparse``, ``average_aggregated_gradients`` and ``scale_local_gradients`` are
-    accepted and have no effect. Build it before the optimizer has taken a step: the new
-    optimizer starts without state.
+    ``device_sparse`` and ``average_aggregated_gradients`` are accepted and have no effect.
+    Build it before the optimizer has taken a step: the new optimizer starts without state.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer must be a Keras 3 optimizer (keras.optimizers.Optimizer), "
@@ -104,7 +117,30 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                     num_groups=int(num_groups), process_set=process_set)
     Reduction("DistributedOptimizer.", **settings)  # refuses bad settings here
     cls = _distributed_class(type(optimizer), settings)
-    return cls.from_config(optimizer.get_config())
+    distributed = cls.from_config(optimizer.get_config())
+    distributed.__dict__["_hvd_scale_local"] = bool(scale_local_gradients)
+    return distributed
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer,
+                                name: Optional[str] = None, device_dense: str = "",
+                                device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: Any = Average,
+                                groups: Any = None, process_set: ProcessSet = global_process_set,
+                                local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """A :func:`DistributedOptimizer` whose gradients of ``local_layers``' trainable weights
+    (a Keras layer or a list of them) stay local (horovod.keras's)."""
+    layers = local_layers_of(local_layers)
+    distributed = DistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, groups=groups, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            distributed.register_local_var(weight)
+    return distributed
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
@@ -124,9 +160,13 @@ def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None
     return keras.models.load_model(filepath, custom_objects=objects, **kwargs)
 
 
-__all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression",
-           "DistributedOptimizer", "LearningRateScheduleCallback",
-           "LearningRateWarmupCallback", "MetricAverageCallback", "Sum", "allgather",
+__all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression", "DistributedOptimizer",
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "MetricAverageCallback",
+           "PartialDistributedOptimizer", "ProcessSet", "Sum", "add_process_set", "allgather",
            "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_object",
-           "broadcast_variables", "grouped_allreduce", "init", "is_initialized", "load_model",
-           "local_rank", "local_size", "rank", "reducescatter", "shutdown", "size"]
+           "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
+           "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
+           "grouped_allreduce", "init", "is_initialized", "load_model", "local_rank", "local_size",
+           "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+           "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
+           "start_timeline", "stop_timeline"]

@@ -26,13 +26,18 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, overwrite every rank's model weights and optimizer
     variables with ``root_rank``'s (a global rank). Horovod broadcasts after the first batch;
     Keras 3 builds the model and optimizer before training, so here no rank takes a step from
-    its own weights. ``device`` is accepted and has no effect."""
+    its own weights. ``local_variables`` (a variable or a list of them) and those given to
+    :meth:`register_local_var` keep each rank's value. ``device`` has no effect."""
 
-    def __init__(self, root_rank: int = 0, device: str = ""):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None):
         super().__init__()
         self.root_rank = root_rank
         self._local = set()
         self.broadcast_done = False
+        if local_variables is not None:
+            single = hasattr(local_variables, "assign")
+            for var in [local_variables] if single else local_variables:
+                self.register_local_var(var)
 
     def register_local_var(self, var: Any) -> None:
         """Leave ``var`` out of the broadcast (a worker-local variable)."""

@@ -221,8 +221,105 @@ def errors_on_every_rank():
         raise AssertionError("a mismatch in a tf.function did not raise")
     except tf.errors.OpError as e:
         assert "disagree" in str(e), str(e)
+
+    @tf.function
+    def different_kinds():  # ranks whose functions differ: an error, not a wait
+        return hvd.allreduce(tf.ones([2])) if R == 0 else hvd.allgather(tf.ones([2]))
+
+    try:
+        different_kinds()
+        raise AssertionError("different collectives in a tf.function did not raise")
+    except tf.errors.OpError as e:
+        assert "disagree" in str(e), str(e)
     close(hvd.allreduce(tf.ones([3]), op=hvd.Sum), np.full(3, float(N)),
           "the next collective works")
+
+
+def scalars():
+    """0-d tensors (TensorFlow hands their values over as NumPy scalars, not arrays), among
+    them a Keras optimizer's step counter in broadcast_variables."""
+    import keras
+    for function in both(lambda t: hvd.allreduce(t, op=hvd.Sum)):
+        close(function(tf.constant(float(R + 1))), float(N * (N + 1) // 2), "scalar allreduce")
+    for function in both(lambda t: hvd.broadcast(t, N - 1)):
+        got = function(tf.constant(R, tf.int64))
+        assert got.shape == () and int(got) == N - 1, got
+    close(hvd.allgather(tf.constant([float(R)])), np.arange(N), "one-row allgather")
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    variables = [keras.Variable(data(R, (2,)))]
+    optimizer.build(variables)
+    optimizer.iterations.assign(R + 5)
+    hvd.broadcast_variables(variables + optimizer.variables, root_rank=N - 1)
+    assert int(optimizer.iterations.numpy()) == N + 4, optimizer.iterations
+    close(variables[0], data(N - 1, (2,)), "broadcast model variable")
+
+
+def slices_without_dense_shape_and_their_ops():
+    """An IndexedSlices without dense_shape (Horovod's suites make them) is reduced like
+    one with it; its Average divides as TensorFlow does (integers become floats); ops other
+    than Sum and Average on IndexedSlices, Adasum among them, raise NotImplementedError, as
+    in Horovod."""
+    def run(values):
+        return hvd.allreduce(tf.IndexedSlices(values, tf.constant([R, R + 1])), op=hvd.Sum)
+
+    for function in both(run):
+        got = function(tf.constant(data(R, (2, 3), seed=2)))
+        want = np.zeros((N + 1, 3))
+        for r in range(N):
+            want[[r, r + 1]] += data(r, (2, 3), seed=2)
+        assert sorted(got.indices.numpy().tolist()) == list(range(N + 1)), got.indices
+        close(tf.math.unsorted_segment_sum(got.values, got.indices, N + 1), want,
+              "IndexedSlices without dense_shape")
+    # Average divides as TensorFlow's / does: int32 values come back as float64.
+    values = (np.arange(6).reshape(2, 3) + 10 * R).astype(np.int32)
+    got = hvd.allreduce(tf.IndexedSlices(tf.constant(values), tf.constant([0, 1])))
+    assert got.values.dtype == tf.float64, got.values.dtype
+    close(got.values, sum(np.arange(6).reshape(2, 3) + 10 * r for r in range(N)) / N,
+          "integer IndexedSlices averaged")
+    slices = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([R]))
+    for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
+        for call in (lambda: hvd.allreduce(slices, op=op),
+                     lambda: hvd.grouped_allreduce([slices, tf.ones([2])], op=op)):
+            try:
+                call()
+                raise AssertionError(f"op {op} on IndexedSlices did not raise")
+            except NotImplementedError:
+                pass
+    close(hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, float(N)),
+          "the next collective works")
+
+
+def tf1_graph_sessions():
+    """In a TF1 graph: broadcast_global_variables gives every global variable the root's
+    value (eagerly it raises RuntimeError, as Horovod's does); one session.run of independent
+    unnamed collectives, which TensorFlow runs in any order on several threads, here delayed
+    so that rank 0 runs them in one order and the others in the other, gets NumPy's results;
+    a broadcast's gradient is Horovod's (only ops something depends on run in a graph)."""
+    import time
+    try:
+        hvd.broadcast_global_variables(0)
+        raise AssertionError("broadcast_global_variables did not raise eagerly")
+    except RuntimeError as e:
+        assert "broadcast_variables" in str(e), str(e)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        v = tf.compat.v1.Variable(data(R, (3,)))
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(hvd.broadcast_global_variables(N - 1))
+        close(session.run(v), data(N - 1, (3,)), "broadcast_global_variables")
+
+        def delayed(t, seconds):
+            return tf.numpy_function(lambda a: (time.sleep(seconds), a)[1], [t], t.dtype)
+
+        first = hvd.allreduce(delayed(tf.constant(data(R, (2,))), 0.0 if R == 0 else 1.0),
+                              op=hvd.Sum)
+        second = hvd.allgather(delayed(tf.constant(data(R, (1, 4))), 1.0 if R == 0 else 0.0))
+        got_first, got_second = session.run([first, second])
+        x = tf.ones([3]) * float(R)  # a broadcast's gradient: the allreduce runs on every rank
+        gradient = session.run(tf.gradients(hvd.broadcast(x, N - 1), x, tf.ones([3]))[0])
+    close(gradient, np.full(3, 1.0 if R == N - 1 else 0.0), "broadcast gradient in a graph")
+    close(got_first, sum(data(r, (2,)) for r in range(N)), "first, in any order")
+    close(got_second, np.concatenate([data(r, (1, 4)) for r in range(N)]),
+          "second, in any order")
 
 
 def runtime_ops():
@@ -233,7 +330,8 @@ def runtime_ops():
 
 CASES = [allreduce_ops_dtypes, variables_names_process_sets, grouped_allreduce_with_slices,
          allgather_variable_rows, broadcasts, alltoall_splits, reducescatters, gradients,
-         compression, errors_on_every_rank, runtime_ops]
+         compression, errors_on_every_rank, scalars, slices_without_dense_shape_and_their_ops,
+         tf1_graph_sessions, runtime_ops]
 
 for case in CASES:
     try:

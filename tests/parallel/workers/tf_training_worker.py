@@ -179,7 +179,8 @@ def fit_callbacks():
     warmup = hvd_keras.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2)
     history = model.fit([X[rows], IDS[rows]], Y[rows], batch_size=B, epochs=2, shuffle=False,
                         verbose=0, callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0),
-                                              hvd_keras.MetricAverageCallback(), warmup])
+                                              hvd_keras.callbacks.MetricAverageCallback(),
+                                              warmup])  # horovod.keras has both spellings
     every_weights = hvd.allgather_object([w.tolist() for w in model.get_weights()])
     assert all(w == every_weights[0] for w in every_weights), "weights differ across ranks"
     # Horovod's warmup at the last batch of epoch 1: epoch 1 + (STEPS - 1) / STEPS + 1 / STEPS
@@ -197,9 +198,56 @@ def fit_callbacks():
     close_models(loaded, model, "loaded")
 
 
+def partial_optimizer_and_local_variables():
+    """horovod.keras's PartialDistributedOptimizer: the local layer's gradient stays this
+    rank's, divided by N (scale_local_gradients), the other layer's is averaged, against each
+    rank's gradient computed here in one process. BroadcastGlobalVariablesCallback with
+    local_variables leaves those at each rank's value and gives the rest the root's."""
+    def make(rank):
+        keras.utils.set_random_seed(5)  # the shared layer starts alike on every rank
+        inputs = keras.Input((6,))
+        local = keras.layers.Dense(3, kernel_initializer=keras.initializers.Constant(
+            0.1 * (rank + 1)))
+        model = keras.Model(inputs, keras.layers.Dense(1)(local(inputs)))
+        return model, local
+
+    def gradients_of(rank):
+        model, _ = make(rank)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(X[mine_of(rank)]) - Y[mine_of(rank)]))
+        return model, [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+    def mine_of(rank):
+        return slice(rank * B, (rank + 1) * B)
+
+    model, local = make(R)
+    optimizer = hvd_keras.PartialDistributedOptimizer(keras.optimizers.SGD(1.0),
+                                                      local_layers=local)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(X[mine_of(R)]) - Y[mine_of(R)]))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    start, own = gradients_of(R)
+    every = [gradients_of(r)[1] for r in range(N)]
+    for i, (got, before) in enumerate(zip(model.get_weights(), start.get_weights())):
+        want = own[i] / N if i < 2 else sum(g[i] for g in every) / N  # [local, shared] weights
+        assert np.allclose(before - got, want, atol=1e-6), (i, before - got, want)
+
+    model, local = make(R)
+    model.layers[-1].set_weights([w + R for w in model.layers[-1].get_weights()])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(
+        root_rank=N - 1, local_variables=local.variables)
+    model.fit(X[:B], Y[:B], batch_size=B, verbose=0, callbacks=[callback])
+    fresh, _ = make(N - 1)
+    assert np.allclose(local.get_weights()[0], 0.1 * (R + 1)), "a local variable was broadcast"
+    for got, root in zip(model.layers[-1].get_weights(), fresh.layers[-1].get_weights()):
+        assert np.allclose(got, root + N - 1), "the root's value did not arrive"
+
+
 CASES = [tape_sgd_momentum_eager, tape_adam_in_tf_function, tape_indexed_slices_stay_sparse,
          tape_sparse_as_dense_sum_predivide, tape_fp16_compression,
-         tape_gradient_missing_on_some_ranks, fit_sgd_momentum_and_adam, fit_callbacks]
+         tape_gradient_missing_on_some_ranks, fit_sgd_momentum_and_adam, fit_callbacks,
+         partial_optimizer_and_local_variables]
 
 for case in CASES:
     try:
