@@ -176,13 +176,19 @@ def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],
                   environ: Mapping[str, str]) -> List[str]:
     """The launcher command line that runs ``program`` on ``np`` ranks with all of ``environ``.
 
-    Hydra forwards the whole environment with -genvall and oversubscribes by default; Open MPI
-    needs ``-x NAME`` per variable, --oversubscribe, and --allow-run-as-root under root.
+    Hydra forwards the whole environment with -genvall, fills each host's slots in turn and
+    oversubscribes by default; Open MPI needs ``-x NAME`` per variable, a by-slot mapping that
+    may oversubscribe (unless ``mpi_args`` map the ranks themselves), and --allow-run-as-root
+    under root.
     """
     command = [launcher.path, "-n", str(np)]
     host_list = ",".join(f"{host}:{slots}" for host, slots in hosts)
     if launcher.flavour == OPENMPI:
-        command.append("--oversubscribe")
+        # --oversubscribe alone maps by core and so put every rank on the first host,
+        # whatever the slots said.
+        if not any(arg.lstrip("-") == "map-by" or arg.startswith(("--map-by=", "-map-by="))
+                   for arg in mpi_args):
+            command += ["--map-by", "slot:OVERSUBSCRIBE"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.append("--allow-run-as-root")
         if hosts:

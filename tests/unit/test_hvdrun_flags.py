@@ -205,9 +205,7 @@ EFFECTS = {
     "--mpi-threads-disable": ([], {"MPI4PY_RC_THREAD_LEVEL": "single"}, [], []),
     "--mpi-args": (["-l --foo 'a b'"], {}, ["-l", "--foo", "a b"], ["-l", "--foo", "a b"]),
     "--tcp": ([], {"NCCL_IB_DISABLE": "1", "UCX_TLS": "tcp,self,sm", "FI_PROVIDER": "tcp"}, [], []),
-    "--binding-args": (["-bind-to core -map-by socket"], {},
-                       ["-bind-to", "core", "-map-by", "socket"],
-                       ["-bind-to", "core", "-map-by", "socket"]),
+    "--binding-args": (["-bind-to core"], {}, ["-bind-to", "core"], ["-bind-to", "core"]),
     "--log-level": (["WARNING"], {"HVD_LOG_LEVEL": "warning"}, [], []),
     "-prefix-timestamp": ([], {"HVDRUN_TIMESTAMP": "1"}, [], []),
     "--prefix-output-with-timestamp": ([], {"HVDRUN_TIMESTAMP": "1"}, [], []),
@@ -293,6 +291,20 @@ def test_repeated_network_interface_collects_every_nic(monkeypatch):
                             "--network-interface", "eth1,eth0")
     assert env["NCCL_SOCKET_IFNAME"] == "eth0,eth1"
     assert "eth0,eth1" in command
+
+
+@pytest.mark.parametrize("given", [["--mpi-args", "--map-by node"],
+                                   ["--binding-args", "-bind-to core -map-by socket"],
+                                   ["--mpi-args=--map-by=ppr:1:node"]])
+def test_open_mpi_maps_by_slot_unless_the_arguments_map(monkeypatch, given):
+    # By slot, Open MPI fills each host's slots in turn, as Hydra does; its --oversubscribe
+    # alone mapped by core and put every rank on the first host. A mapping of the user's
+    # replaces hvdrun's (Open MPI refuses two).
+    command, _, _ = build(monkeypatch, mpi.OPENMPI, "-H", "a:2,b:2")
+    assert command[3:5] == ["--map-by", "slot:OVERSUBSCRIBE"] and "--oversubscribe" not in command
+    command, _, _ = build(monkeypatch, mpi.OPENMPI, *given)
+    assert "slot:OVERSUBSCRIBE" not in command
+    assert sum(arg.lstrip("-").startswith("map-by") for arg in command) == 1
 
 
 def test_open_mpi_forwards_the_new_variables(monkeypatch):
