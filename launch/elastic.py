@@ -228,14 +228,10 @@ class ElasticRelay(hvdrun.OutputRelay):
     """hvdrun's output relay, whose first failure ends a life of the job, not the job: its
     message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure."""
 
-    def record(self, rank: int, code: int, how: str) -> None:
-        with self._lock:
-            if self.failure is not None or self.interrupted:
-                return
-            self.failure = hvdrun.Failure(rank, code, how)
-        if code != RESET_EXIT_CODE:
-            _say(f"rank {rank} {how} {code}; ending this life of the job to restart it from "
-                 "the last commit")
+    def announce(self, failure: hvdrun.Failure) -> None:
+        if failure.code != RESET_EXIT_CODE:
+            _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code}; "
+                 "ending this life of the job to restart it from the last commit")
 
 
 def _say(message: str) -> None:
@@ -325,7 +321,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 _say(f"running: {shlex.join(mpiexec_command)}")
             output = (os.path.join(args.output_filename, f"restart.{restarts}")
                       if args.output_filename else None)
-            relay = ElasticRelay(np, args.no_prefix, output)
+            relay = ElasticRelay(np, args.no_prefix, output, layout)
             watcher = HostWatcher(discovery, blacklist, hosts, generation)
             watcher.start()
             code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,

@@ -16,10 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Dict, List, Optional, Set, Tuple
+from typing import BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch import config_file, flags, mpi
-from hvd_trainer_launch.worker import EXIT_MARKER, START_MARKER
+from hvd_trainer_launch.worker import EXIT_MARKER, START_MARKER, die_with_parent
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
@@ -28,8 +28,9 @@ FAILURE_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 5.0
 
 _PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
-_MARKER = re.compile(re.escape(EXIT_MARKER).encode() + rb" rank=(\d+) code=(\d+)")
-_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)")
+_MARKER = re.compile(re.escape(EXIT_MARKER).encode()
+                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( told)?\n?")
+_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?\n?")
 # MPICH prints "... application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1" and then kills
 # every wrapper at once, so this line may be the only news of the rank. (Open MPI lets the
 # aborting rank exit, so its wrapper reports it.)
@@ -92,21 +93,33 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
 
 
 class Failure:
-    """The first rank that failed: its number, exit code and how it failed."""
+    """A rank's failure: its number, exit code, how it failed, when (by its host's clock, or by
+    ours when it reported no time) and whether the launcher had told it to end."""
 
-    def __init__(self, rank: int, code: int, how: str):
-        self.rank, self.code, self.how = rank, code, how
+    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None,
+                 told: bool = False):
+        self.rank, self.code, self.how, self.told = rank, code, how, told
+        self.at = time.time() if at is None else at
         self.seen_at = time.monotonic()
 
 
 class OutputRelay:
     """Copies mpiexec's output to ours, strips or keeps rank prefixes, tees into per-rank files,
-    hides the workers' exit markers and records the first failure they (or an MPI_Abort) report."""
+    hides the workers' markers and finds the first failure they (or an MPI_Abort) report.
 
-    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str]):
+    ``hosts`` is the job's (host, slots) list: with more than one host, messages name the
+    host of each rank (where it reported starting, else where its slot is).
+    """
+
+    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
+                 hosts: Sequence[Tuple[str, int]] = ()):
         self.no_prefix = no_prefix
-        self.failure: Optional[Failure] = None
+        self.failure: Optional[Failure] = None  # the first failure, once settle() has chosen it
+        self.reported: List[Failure] = []
         self.started: Set[int] = set()  # ranks whose wrapper has reported its start
+        self.hosts: Dict[int, str] = {}  # the host each started rank reported
+        self._slots = [host for host, slots in hosts for _ in range(slots)]
+        self._name_hosts = len({host for host, _ in hosts}) > 1
         self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
         self._lock = threading.Lock()
         self._files: Dict[Tuple[int, bytes], BinaryIO] = {}
@@ -120,14 +133,22 @@ class OutputRelay:
     def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
         """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""
         for line in iter(pipe.readline, b""):
-            marker = _MARKER.match(line)
+            marker = _MARKER.search(line)
             if marker:
-                self.record(int(marker[1]), int(marker[2]), "exited with code")
-                continue
-            started = _START.match(line)
+                self.record(int(marker[1]), int(marker[2]), "exited with code",
+                            float(marker[3]) if marker[3] else None, bool(marker[4]))
+            started = _START.search(line)
             if started:
                 self.started.add(int(started[1]))
-                continue
+                if started[2]:
+                    self.hosts[int(started[1])] = started[2].decode(errors="replace")
+            found = marker or started
+            if found:
+                # Open MPI's abort text may leave NULs, or a line without its end, before a marker.
+                line = (line[:found.start()] + line[found.end():]).strip(b"\0")
+                if not line.strip():
+                    continue
+                line = line if line.endswith(b"\n") else line + b"\n"
             prefixed = _PREFIXED.match(line)
             text = line[prefixed.end():] if prefixed else line
             self._check_abort(text)
@@ -149,22 +170,63 @@ class OutputRelay:
         if abort:
             self.record(int(abort[2]), int(abort[1]), "called MPI_Abort with code")
 
-    def record(self, rank: int, code: int, how: str) -> None:
-        """Remember the first failure and announce it; later ones are consequences."""
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
+               told: bool = False) -> None:
+        """Note a rank's failure (exit time ``at``, ``told`` to end by the launcher) until
+        settle() chooses the first; none after that."""
         with self._lock:
             if self.failure is not None or self.interrupted:
                 return
-            self.failure = Failure(rank, code, how)
-        _say(f"rank {rank} {how} {code} (first failure); ending the job")
+            self.reported.append(Failure(rank, code, how, at, told))
+
+    def first_report(self) -> Optional[float]:
+        """When (time.monotonic()) the first failure was reported; None before any."""
+        with self._lock:
+            return self.reported[0].seen_at if self.reported else None
+
+    def settle(self) -> Optional[Failure]:
+        """Choose, once, the failure that came first among those reported, announce it and
+        return it (None without any).
+
+        Not the first to arrive: a remote rank's report travels further, and a rank that the
+        launcher told to end (after another rank's failure) is a consequence. So the earliest
+        exit of a rank not told to end wins, by the clocks of the ranks' hosts.
+        """
+        with self._lock:
+            if self.failure is not None or not self.reported:
+                return self.failure
+            self.failure = min(self.reported, key=lambda failure: (failure.told, failure.at))
+        self.announce(self.failure)
+        return self.failure
+
+    def announce(self, failure: Failure) -> None:
+        """Say which rank failed first."""
+        _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code} "
+             "(first failure); ending the job")
+
+    def where(self, ranks: Sequence[int]) -> str:
+        """' on HOST[, HOST...]' for ``ranks`` of a job on several hosts; '' otherwise."""
+        hosts: List[str] = []
+        for rank in ranks:
+            host = self.hosts.get(rank) or (self._slots[rank] if rank < len(self._slots) else None)
+            if host and host not in hosts:
+                hosts.append(host)
+        return f" on {', '.join(hosts)}" if hosts and self._name_hosts else ""
+
+    def ranks(self, ranks: Sequence[int]) -> str:
+        """'rank 3 on h2' or 'ranks 0, 1 on h1, h2'."""
+        return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                + self.where(ranks))
 
     def not_started(self, missing: List[int], seconds: float) -> None:
         """Record that the ``missing`` ranks did not start within ``seconds``: a failure with code 1."""
         with self._lock:
-            if self.failure is not None or self.interrupted:
+            if self.failure is not None or self.reported or self.interrupted:
                 return
             self.failure = Failure(missing[0], 1, "did not start")
-        ranks = f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-        _say(f"{ranks} did not start within --start-timeout {seconds:g} s; ending the job")
+            self.reported.append(self.failure)
+        _say(f"{self.ranks(missing)} did not start within --start-timeout {seconds:g} s; "
+             "ending the job")
 
     def close(self) -> None:
         """Close the per-rank files."""
@@ -178,18 +240,51 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
+def _launched(leader: int) -> Dict[int, bytes]:
+    """What mpiexec (``leader``) started on this host that may outlive it, with each process's
+    start time: its session, and its children in sessions of their own (Hydra's ssh). Open
+    MPI's ssh leaves mpiexec's process group but not its session. Empty where /proc is not."""
+    found: Dict[int, bytes] = {}
+    try:
+        entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return found
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            if leader in (int(fields[1]), int(fields[3])):  # its parent, its session
+                found[pid] = fields[19]
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            pass
+    return found
+
+
+def _kill(processes: Dict[int, bytes]) -> None:
+    """SIGKILL each of ``processes`` still running since its recorded start time. A stray ssh
+    would hold the job's output open and keep its remote host busy."""
+    for pid, start in processes.items():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                if stat.read().rpartition(b")")[2].split()[19] == start:
+                    os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):  # gone meanwhile
+            pass
+
+
 def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             np: int = 0, start_timeout: Optional[float] = None,
             failure_grace: float = FAILURE_GRACE_SECONDS) -> int:
     """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
 
     mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
-    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. With
-    ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
-    ``failure_grace`` is how long the other ranks get to report after the first failure.
+    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. It gets
+    SIGTERM if hvdrun dies, so that no rank outlives hvdrun. With ``start_timeout``, a job whose
+    ``np`` ranks have not all started by then is ended with code 1. ``failure_grace`` is how
+    long the other ranks get to report after the first failure.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
     readers = [threading.Thread(target=relay.relay, args=(process.stdout, sys.stdout.buffer), daemon=True),
                threading.Thread(target=relay.relay, args=(process.stderr, sys.stderr.buffer), daemon=True)]
     for reader in readers:
@@ -201,6 +296,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     ending = False
     kill_at = None
+    left: Dict[int, bytes] = {}  # what mpiexec had started when it was told to end
     start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
     while process.poll() is None:
         now = time.monotonic()
@@ -214,30 +310,42 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             if handled == 1:
                 relay.interrupted = True
                 _say(f"received {signal.Signals(received[0]).name}; ending the job")
+                left.update(_launched(process.pid))  # mpiexec may orphan them as it ends
                 process.send_signal(received[0])
                 ending, kill_at = True, now + KILL_GRACE_SECONDS
             else:
                 kill_at = now
-        failure = relay.failure
-        if failure is not None and not ending and now >= failure.seen_at + failure_grace:
+        first = relay.first_report()
+        if first is not None and not ending and now >= first + failure_grace:
+            relay.settle()
+            left.update(_launched(process.pid))
             process.terminate()
             ending, kill_at = True, now + KILL_GRACE_SECONDS
         if kill_at is not None and now >= kill_at:
-            os.killpg(process.pid, signal.SIGKILL)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            _kill({**left, **_launched(process.pid)})
             kill_at = None
         time.sleep(0.05)
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+    _kill({**left, **_launched(process.pid)})
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
     if not any(reader.is_alive() for reader in readers):
         relay.close()
     if received:
         return 128 + received[0]
-    if relay.failure is not None:
+    if relay.settle() is not None:
         return relay.failure.code or 1
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
-    if code:
+    missing = sorted(set(range(np)) - relay.started)
+    if code and missing:
+        _say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
+             "its messages above say why (e.g. ssh could not reach a host)")
+    elif code:
         _say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
              "calls MPI_Abort is killed before it can)")
     return code
@@ -294,7 +402,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
         _say(f"running: {shlex.join(mpiexec_command)}")
-    relay = OutputRelay(args.np, args.no_prefix, args.output_filename)
+    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, hosts)
     return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
 
 

@@ -3,8 +3,9 @@
 The wrapper runs the user's command as a child that inherits the environment and every file
 descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
 exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
-first rank that failed. A start marker on stderr tells hvdrun that the rank has started (for
-``--start-timeout``).
+first rank that failed: it carries the time of the exit, and whether the launcher had told the
+rank to end (a consequence of another rank's failure, not a cause). A start marker on stderr
+tells hvdrun that the rank has started (for ``--start-timeout``) and on which host.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
@@ -15,6 +16,7 @@ import ctypes
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,14 +47,16 @@ def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-def exit_marker(rank: int, code: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code``."""
-    return f"{EXIT_MARKER} rank={rank} code={code}\n".encode()
+def exit_marker(rank: int, code: int, told: bool = False) -> bytes:
+    """The marker line telling hvdrun that ``rank`` exited with ``code`` now (this host's
+    clock), ``told`` when the launcher had signalled it to end."""
+    told_text = " told" if told else ""
+    return f"{EXIT_MARKER} rank={rank} code={code} at={time.time():.6f}{told_text}\n".encode()
 
 
 def start_marker(rank: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` has started."""
-    return f"{START_MARKER} rank={rank}\n".encode()
+    """The marker line telling hvdrun that ``rank`` has started, and on which host."""
+    return f"{START_MARKER} rank={rank} host={socket.gethostname()}\n".encode()
 
 
 def _timestamp() -> bytes:
@@ -61,18 +65,20 @@ def _timestamp() -> bytes:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} ".encode()
 
 
-def _die_with_parent():
-    """Return a preexec_fn that makes the kernel SIGKILL the child when this wrapper dies.
+def die_with_parent(signum: int = signal.SIGKILL):
+    """Return a preexec_fn that makes the kernel send ``signum`` to the child when its parent
+    (this process) dies.
 
-    Without it a rank could outlive a wrapper that mpiexec killed. No-op where prctl is missing.
+    Without it a rank could outlive a wrapper that mpiexec killed, and a job could outlive an
+    hvdrun killed with SIGKILL. No-op where prctl is missing.
     """
     prctl = getattr(ctypes.CDLL(None), "prctl", None)
     parent = os.getpid()
 
     def preexec():
         if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the wrapper died before prctl took effect
+            prctl(_PR_SET_PDEATHSIG, signum)
+            if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(1)
     return preexec
 
@@ -166,20 +172,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     sys.stdout.flush()
     try:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 close_fds=False, preexec_fn=_die_with_parent())
+                                 close_fds=False, preexec_fn=die_with_parent())
     except OSError as error:
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
         _write_all(2, message.encode() + exit_marker(rank, code))
         return code
+    told: List[int] = []
+
+    def forward(received: int, _frame) -> None:
+        told.append(received)
+        child.send_signal(received)
+
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda received, _frame: child.send_signal(received))
+        signal.signal(signum, forward)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode = child.wait()
-    _wait_relay(relay)
     code = returncode if returncode >= 0 else 128 - returncode
+    marker = exit_marker(rank, code, bool(told))  # stamped with the exit's time, not the drain's
+    _wait_relay(relay)
     if code:
-        _write_all(2, exit_marker(rank, code))
+        _write_all(2, marker)
     return code
 
 

@@ -82,7 +82,7 @@ def _start_time(pid: int) -> Optional[str]:
         return None
 
 
-def _only_child(pid: int, seconds: float = _READY_SECONDS) -> int:
+def child_of(pid: int, seconds: float = _READY_SECONDS) -> int:
     """The child that process ``pid`` forks (unshare and nsenter fork the process that
     enters the new PID namespace)."""
     deadline = time.monotonic() + seconds
@@ -164,7 +164,7 @@ class TestBed:
                 nsenter = self.popen(host, [SSHD, "-D", "-e", "-f", self._sshd_config(host, port)],
                                      cwd="/", stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                      start_new_session=True, preexec_fn=self._tie())
-            pid = _only_child(nsenter.pid)
+            pid = child_of(nsenter.pid)
             record.setdefault("sshd", {})[str(port)] = {"pid": pid, "start": _start_time(pid),
                                                         "nsenter": nsenter.pid}
             self._save()
@@ -176,6 +176,12 @@ class TestBed:
             _kill(entry["pid"], entry["start"])
             _reap(entry["nsenter"])
         self._save()
+
+    def signal_sshd(self, host: str, signum: int) -> None:
+        """Send ``signum`` to ``host``'s sshd listeners (SIGSTOP: a hung host, SIGCONT: back)."""
+        for entry in self._host(host).get("sshd", {}).values():
+            if _start_time(entry["pid"]) == entry["start"]:
+                os.kill(entry["pid"], signum)
 
     def sshd_log(self, host: str, port: int = PORT) -> str:
         """What ``host``'s sshd on ``port`` has logged."""
@@ -373,7 +379,7 @@ def _build(bed: TestBed) -> None:
              "--mount-proc", "--kill-child", "--", "sh", "-c", setup],
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=bed._tie())
         record["unshare"], record["unshare_start"] = unshare.pid, _start_time(unshare.pid)
-        init = _only_child(unshare.pid)
+        init = child_of(unshare.pid)
         record["init"], record["init_start"] = init, _start_time(init)
         bed._save()
         deadline = time.monotonic() + _READY_SECONDS
