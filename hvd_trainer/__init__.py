@@ -3,19 +3,21 @@
 This package is framework-free: the collectives below work on NumPy arrays and importing it
 does not import MXNet. ``DistributedTrainer`` and ``broadcast_parameters`` resolve lazily to
 the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists in both adapters,
-so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name.
+so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name. ``run`` is
+horovod.run (:mod:`hvd_trainer.runner`).
 """
-from .diagnostics import MismatchError, start_timeline, stop_timeline
+from .agreement import MismatchError
+from .timeline import start_timeline, stop_timeline
 from .joined import join
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
                   allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,
                   grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter,
                   reducescatter)
-from .runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
-                     ddl_built, gloo_built, gloo_enabled, global_process_set, init, is_homogeneous,
-                     is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                     shutdown, size)
+from .process_sets import add_process_set, init, remove_process_set
+from .runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                      gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from .scheduler import DuplicateNameError
 
 __version__ = "0.1.0"
@@ -24,6 +26,9 @@ _MXNET_NAMES = ("DistributedTrainer", "broadcast_parameters")
 
 
 def __getattr__(name: str):
+    if name == "run":  # imported on use, so that ``python -m hvd_trainer.runner`` runs it afresh
+        from .runner import run
+        return run
     if name in _MXNET_NAMES:
         from . import mxnet as adapter
         return getattr(adapter, name)

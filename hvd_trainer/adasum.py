@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from . import diagnostics, ops, runtime
+from . import agreement, memory, ops, runtime
 from .runtime import ProcessSet, global_process_set
 
 _TINY = 1e-8  # squared norms below this keep their coefficient at 1
@@ -56,15 +56,15 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], name: Optional[str] = None,
     (``prescale_factor`` before combining, ``postscale_factor`` after); in place (into
     C-contiguous, writeable arrays) or into new arrays."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "adasum", name) as call:
+    with agreement.collective(comm, "adasum", name) as call:
         with call.checks():
-            tensors = [ops._check_array(t, f"tensors[{i}]", inplace)
+            tensors = [memory.check_array(t, f"tensors[{i}]", inplace)
                        for i, t in enumerate(tensors)]
             _check(tensors, comm.size)
             ops.check_reduction(ops.Sum, prescale_factor, postscale_factor)
         call.agree(lambda: ops.describe_reduction(call.name, tensors, ops.Sum, prescale_factor,
                                                   postscale_factor))
-        with diagnostics.covered(comm):  # each allgather below is fixed by that agreement
+        with agreement.covered(comm):  # each allgather below is fixed by that agreement
             gathered = ops.grouped_allgather([t.reshape(1, -1) for t in tensors], call.name,
                                              process_set)
         outputs = []

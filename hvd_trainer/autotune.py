@@ -8,11 +8,15 @@ each with overlap off and on). The schedule depends only on the step number, so 
 switches at the same step. The sample's time is the mean interval between the launches of its
 consecutive steps, so forward and backward count; rank 0's measurements decide, and the
 reducer sends rank 0's choice to every rank. This module holds no communication: it is the
-arithmetic, so it can be tested with made-up times.
+arithmetic, so it can be tested with made-up times. Its CSV log is opened when the autotuner
+is made, so a log that cannot be written says so at the start; it warns once and stops, and
+training goes on (files.Output).
 """
 import csv
-import os
+import io
 from typing import List, NamedTuple, Optional, Sequence
+
+from . import files
 
 # The bucket thresholds tried: a fixed grid (no Bayesian optimisation).
 THRESHOLDS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -51,8 +55,11 @@ class Autotuner:
         self.warmup_samples = int(warmup_samples)
         self.steps_per_sample = int(steps_per_sample)
         self.samples = [self.start] * self.warmup_samples + [Setting(*s) for s in tried]
-        self.log_path = log_path
         self.name = name
+        self._log = (files.Output(log_path, append=True, what="autotune log")
+                     if log_path else None)
+        if self._log is not None and self._log.was_empty:
+            self._write_row(LOG_COLUMNS)
         self.means: List[float] = []        # seconds per step of each finished sample
         self.chosen: Optional[Setting] = None
         self._first_launch: Optional[float] = None
@@ -91,6 +98,8 @@ class Autotuner:
         """Use ``chosen`` (rank 0's :meth:`best`) from the step after :attr:`last_step`."""
         self.chosen = Setting(int(chosen[0]), bool(chosen[1]))
         self._log_row(len(self.samples), "chosen", self.chosen, "", "")
+        if self._log is not None:
+            self._log.close()
         return self.chosen
 
     # -- the CSV log (rank 0 only: the reducer passes a log path there alone) ---------------
@@ -100,12 +109,14 @@ class Autotuner:
                       f"{self.means[number]:.6g}")
 
     def _log_row(self, number: int, kind: str, setting: Setting, steps, mean) -> None:
-        if not self.log_path:
+        self._write_row((self.name, number, kind, setting.bucket_threshold,
+                         int(setting.overlap), steps, mean))
+
+    def _write_row(self, row: Sequence) -> None:
+        """One CSV row, flushed at once (other reducers may append to the same log)."""
+        if self._log is None:
             return
-        new = not os.path.exists(self.log_path) or os.path.getsize(self.log_path) == 0
-        with open(self.log_path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new:
-                writer.writerow(LOG_COLUMNS)
-            writer.writerow((self.name, number, kind, setting.bucket_threshold,
-                             int(setting.overlap), steps, mean))
+        text = io.StringIO()
+        csv.writer(text).writerow(row)
+        self._log.write(text.getvalue())
+        self._log.flush()

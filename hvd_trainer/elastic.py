@@ -3,8 +3,9 @@
 An MPI world cannot drop a dead process, so recovery restarts the processes: ``hvdrun
 --min-np/--max-np`` ends every rank when one fails or the hosts change and starts them again.
 ``State.commit()`` writes the state to a file on each rank's local disk (``HVD_ELASTIC_DIR``,
-set by hvdrun per job), and :func:`run` restores, on every rank, the newest commit that any rank
-still holds before it calls the training function again. Framework adapters subclass
+set by hvdrun per job), signed with the job's secret, and :func:`run` restores, on every rank,
+the newest intact commit that any rank still holds before it calls the training function
+again. Framework adapters subclass
 :class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic` and
 :mod:`hvd_trainer.torch.elastic`).
 """
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from . import ops, runtime
+from . import files, ops, runtime
 
 log = logging.getLogger("hvd_trainer")
 
@@ -48,13 +49,16 @@ class HostsUpdatedInterrupt(RuntimeError):
 class _HostNotices:
     """Asks hvdrun (on rank 0) whether the hosts changed since this life started.
 
-    hvdrun answers a TCP connection with its current generation number; a number above the
-    one this life started with means other hosts. No shared file system is needed, only a
-    route from rank 0's host to the host that runs hvdrun.
+    hvdrun answers a TCP connection with its current generation number, once the rank has
+    proved that it holds the job's secret, and signs the answer with it
+    (:func:`hvd_trainer.files.ask_notice`); a number above the one this life started with means
+    other hosts. No shared file system is needed, only a route from rank 0's host to the host
+    that runs hvdrun.
     """
 
     def __init__(self, address: Optional[str], generation: int):
         self.address, self.generation = address, generation
+        self.secret = files.job_secret()
         self.warned = False
 
     def changed(self) -> bool:
@@ -62,14 +66,10 @@ class _HostNotices:
             return False
         host, _, port = self.address.rpartition(":")
         try:
+            if self.secret is None:
+                raise ValueError(f"{files.SECRET_VARIABLE} is not set")
             with socket.create_connection((host, int(port)), timeout=10) as conn:
-                answer = b""
-                while True:
-                    chunk = conn.recv(64)
-                    if not chunk:
-                        break
-                    answer += chunk
-            return int(answer) > self.generation
+                return files.ask_notice(conn, self.secret) > self.generation
         except (OSError, ValueError) as error:
             if not self.warned:
                 log.warning("cannot ask hvdrun at %s whether the hosts changed (%s); this "
@@ -79,37 +79,57 @@ class _HostNotices:
 
 
 class _CommitStore:
-    """This rank's commits in the job's folder on the local disk: one file per rank, named
-    by the commit number, replaced atomically (temporary file, fsync, rename)."""
+    """This rank's commits in the job's folder on the local disk (0700, refused when another
+    user owns it or may write into it): one file per commit, named by rank and commit number,
+    signed with the job's secret and written whole (temporary file, fsync, rename). A rank
+    keeps its last two commits, so that a damaged newest one falls back to the one before."""
 
     def __init__(self, folder: Optional[str]):
         self.folder = folder
+        self.secret = files.job_secret()
+        if folder and self.secret is None:
+            raise ValueError(f"{DIR_VARIABLE} is set but {files.SECRET_VARIABLE} is not: "
+                             "commits on disk are signed with the job's secret, which hvdrun "
+                             "sets; start the job with hvdrun")
+        self._checked = False
 
-    def newest(self) -> Tuple[int, Optional[str]]:
-        """The highest commit number held on this host (by any rank) and its file; (0, None)
-        when there is none."""
-        best: Tuple[int, Optional[str]] = (0, None)
-        if self.folder:
-            for path in glob.glob(os.path.join(self.folder, f"rank*.*{_SUFFIX}")):
-                number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
-                if number.isdigit() and int(number) > best[0]:
-                    best = (int(number), path)
-        return best
+    def _folder(self) -> str:
+        if not self._checked:
+            files.private_folder(self.folder)
+            self._checked = True
+        return self.folder
+
+    def newest(self) -> Tuple[int, Optional[bytes]]:
+        """The highest intact commit held on this host (by any rank): its number and data;
+        (0, None) when there is none. A commit that fails its signature is skipped with a
+        warning naming the file."""
+        if not self.folder:
+            return 0, None
+        found = []
+        for path in glob.glob(os.path.join(self._folder(), f"rank*.*{_SUFFIX}")):
+            number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
+            if number.isdigit():
+                found.append((int(number), path))
+        for number, path in sorted(found, reverse=True):
+            try:
+                with open(path, "rb") as f:
+                    return number, files.verify(self.secret, f.read(), f"commit file {path!r}")
+            except (OSError, ValueError) as error:
+                log.warning("rank %d: %s; falling back to the commit before it", runtime.rank(),
+                            error)
+        return 0, None
 
     def write(self, rank: int, number: int, data: bytes) -> None:
-        """Write commit ``number`` as this rank's file, then remove this rank's older ones."""
+        """Write commit ``number`` as this rank's file, then remove this rank's commits older
+        than the one before it."""
         if not self.folder:
             return
-        os.makedirs(self.folder, exist_ok=True)
-        path = os.path.join(self.folder, f"rank{rank}.{number:012d}{_SUFFIX}")
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        for old in glob.glob(os.path.join(self.folder, f"rank{rank}.*{_SUFFIX}")):
-            if old != path:
+        folder = self._folder()
+        files.write_atomically(os.path.join(folder, f"rank{rank}.{number:012d}{_SUFFIX}"),
+                               files.sign(self.secret, data))
+        for old in glob.glob(os.path.join(folder, f"rank{rank}.*{_SUFFIX}")):
+            kept = os.path.basename(old)[:-len(_SUFFIX)].rpartition(".")[2]
+            if kept.isdigit() and int(kept) < number - 1:
                 os.remove(old)
 
 
@@ -189,25 +209,25 @@ class State(abc.ABC):
         """Load the newest commit that any rank holds, from the rank that holds it, on every
         rank; without one, :meth:`sync`. A collective that :func:`run` calls first."""
         runtime.init()
-        number, path = self._store.newest()
-        holders = ([number] if runtime.size() == 1 else
-                   ops.allgather_object(number, name="elastic.commits"))
+        try:
+            number, data = self._store.newest()
+            error = None
+        except OSError as e:  # the folder is not the job's own: every rank raises it
+            number, data, error = 0, None, f"rank {runtime.rank()}: {e}"
+        every = ([(number, error)] if runtime.size() == 1 else
+                 ops.allgather_object((number, error), name="elastic.commits"))
+        error = next((e for _, e in every if e), None)
+        if error:
+            raise OSError(error)
+        holders = [n for n, _ in every]
         newest = max(holders)
         if newest == 0:
             self.sync()
         else:
             root = holders.index(newest)
-            data, error = None, None
-            if runtime.rank() == root:
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                except OSError as e:
-                    error = f"rank {root} could not read commit {newest} from {path!r}: {e}"
             if runtime.size() > 1:
-                data, error = ops.broadcast_object((data, error), root, name="elastic.restore")
-            if error:
-                raise OSError(error)
+                data = ops.broadcast_object(data if runtime.rank() == root else None, root,
+                                            name="elastic.restore")
             self._committed = data
             self._commit_number = newest
             self.load(pickle.loads(data))

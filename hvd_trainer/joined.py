@@ -3,7 +3,7 @@
 Horovod's semantics (``horovod.torch.join``): a rank that has no more batches calls
 :func:`join`, which returns once every rank of the world has called it. Meanwhile the ranks
 that have not joined go on calling collectives; each joined rank learns each call from its
-agreement (see diagnostics.py) and runs the same data phase with zeros of the described
+agreement (see agreement.py) and runs the same data phase with zeros of the described
 shapes and dtypes, so the wire pattern (fusion, pieces, ring) is the same as if it had made
 the call; on the world and on every process set it belongs to, so no collective waits for it
 in vain. It serves ``allreduce``, ``grouped_allreduce`` (Adasum included), ``barrier`` and
@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, diagnostics, handles, ops, runtime
+from . import adasum, agreement, handles, memory, ops, runtime, stall
 from .runtime import ProcessSet, global_process_set
 
 
@@ -56,12 +56,12 @@ def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
         return  # barrier, a step's agreement: nothing but the agreement itself
     zeros = [np.zeros(t["shape"], _dtype(t["dtype"])) for t in description["tensors"]]
     pre, post = description["prescale_factor"], description["postscale_factor"]
-    with diagnostics.covered(runtime.communicator(process_set)):  # agreed on already
+    with agreement.covered(runtime.communicator(process_set)):  # agreed on already
         if kind == "adasum":
             adasum.grouped_allreduce(zeros, description["name"], pre, post, process_set,
                                      inplace=True)
         else:
-            ops.reduce_group(ops.HOST, zeros, ops.ReduceOp[description["op"]],
+            ops.reduce_group(memory.HOST, zeros, ops.ReduceOp[description["op"]],
                              description["name"], pre, post, process_set, kind, True)
 
 
@@ -83,8 +83,8 @@ def join() -> int:
     newly = True  # this rank joined in the world's last agreement
     with contextlib.ExitStack() as turns:
         for ps in sets:
-            turns.enter_context(diagnostics.turn(runtime.communicator(ps)))
-        pending = {ps.process_set_id: (ps, diagnostics.JoinedRecord(runtime.communicator(ps)))
+            turns.enter_context(agreement.turn(runtime.communicator(ps)))
+        pending = {ps.process_set_id: (ps, agreement.JoinedRecord(runtime.communicator(ps)))
                    for ps in sets}
         start = time.monotonic()
         while pending:
@@ -99,12 +99,12 @@ def join() -> int:
                 newly = newly and ps is not global_process_set
                 if description:
                     _serve(description, ps)
-                pending[key] = (ps, diagnostics.JoinedRecord(record.comm))
+                pending[key] = (ps, agreement.JoinedRecord(record.comm))
                 start = time.monotonic()
-            diagnostics.pause(start)
-        last = diagnostics.finish_join(world, newly)
+            stall.pause(start)
+        last = agreement.finish_join(world, newly)
         for ps in sets[1:]:
-            diagnostics.finish_join(runtime.communicator(ps), False)
+            agreement.finish_join(runtime.communicator(ps), False)
     _after[:] = [ref for ref in _after if ref() is not None]
     for ref in list(_after):
         method = ref()

@@ -3,30 +3,29 @@
 Out-of-place functions return new arrays; the ``*_`` variants write into their argument,
 which must then be C-contiguous and writeable. Out-of-place functions accept any strided
 array (it is copied once into the result). Every call first checks that all ranks agree on
-what they are doing (see diagnostics.py), so a disagreement raises on every rank; a caller
-that has agreed on a whole series of calls runs them inside ``diagnostics.covered``.
+what they are doing (see agreement.py), so a disagreement raises on every rank; a caller
+that has agreed on a whole series of calls runs them inside ``agreement.covered``.
 
 Argument errors are collective: a check that fails on one rank raises the same ``ValueError``
 or ``TypeError`` on every rank of the process set, naming the rank, and the next collective
 works. ``root_rank`` is a global rank, as in Horovod, also on a process set.
 
 Any thread may call a collective; calls on one process set run one at a time (see
-diagnostics.py), so threads that call collectives on the same process set must do so in the
+agreement.py), so threads that call collectives on the same process set must do so in the
 same order on every rank, or the ranks raise :class:`MismatchError`.
 
 Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
-import contextlib
 import enum
 import pickle
-import weakref
-from typing import Any, ContextManager, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import diagnostics, fusion, runtime
+from . import agreement, fusion, runtime, timeline
 from .backends import split_evenly
+from .memory import Memory, check_array, memory_of
 from .runtime import ProcessSet, global_process_set
 
 
@@ -44,27 +43,9 @@ Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN,
                                    ReduceOp.MAX, ReduceOp.PRODUCT)
 _BACKEND_OP = {ReduceOp.AVERAGE: "sum", ReduceOp.SUM: "sum", ReduceOp.MIN: "min",
                ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
-_SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
-# Host fusion buffers per communicator.
-_pools: "weakref.WeakKeyDictionary[Any, fusion.BufferPool]" = weakref.WeakKeyDictionary()
 
 
 # -- argument checks (each runs inside a Call's checks(), so a failure is collective) --------
-def _check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
-    if not isinstance(tensor, np.ndarray):
-        raise TypeError(f"{arg} must be a numpy.ndarray, got {type(tensor).__name__} (CuPy "
-                        "arrays go to allreduce(_), grouped_allreduce(_), allgather, "
-                        "grouped_allgather, broadcast(_) and (grouped_)reducescatter)")
-    if (tensor.dtype.kind not in _SUPPORTED_KINDS or tensor.dtype.names is not None) \
-            and tensor.dtype.name != "bfloat16":
-        raise TypeError(f"{arg} has dtype {tensor.dtype}, which collectives do not support; "
-                        "use a boolean, integer, floating (bfloat16 included) or complex dtype")
-    if inplace and not (tensor.flags.c_contiguous and tensor.flags.writeable):
-        raise ValueError(f"{arg} must be C-contiguous and writeable for an in-place collective; "
-                         "pass np.ascontiguousarray(...) or use the out-of-place function")
-    return tensor
-
-
 def _check_rows(tensor: Any, arg: str, kind: str) -> None:
     if tensor.ndim == 0:
         raise ValueError(f"{arg} must have at least one dimension for {kind}; "
@@ -93,16 +74,6 @@ def _check_scale(value: Any, arg: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         raise TypeError(f"{arg}={value!r} must be a number")
     return float(value)
-
-
-def memory_of(tensor: Any) -> "Memory":
-    """HOST for NumPy arrays; the GPU's memory (``hvd_trainer.cuda``) for CuPy arrays. A list
-    goes by its first element."""
-    first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
-    if type(first).__module__.partition(".")[0] == "cupy":
-        from .cuda.ops import DEVICE
-        return DEVICE
-    return HOST
 
 
 def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
@@ -150,41 +121,9 @@ def refuse(error: Exception, kind: str, name: Optional[str],
     its agreement and raise the same error, so an adapter's checks are collective too.
     """
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, kind, name) as call:
+    with agreement.collective(comm, kind, name) as call:
         call.error = error
         call.agree(dict)  # raises ``error`` here and on the other ranks
-
-
-class Memory:
-    """Where a collective's arrays live: host memory (this class) or a GPU (``hvd_trainer.cuda``
-    subclasses it). One implementation of each collective serves both through these few
-    hooks, so host and GPU ranks check and describe a call alike."""
-
-    xp: Any = np  # the array module
-    pack = staticmethod(fusion.pack)
-    unpack = staticmethod(fusion.unpack)
-
-    def check(self, tensor: Any, arg: str, inplace: bool = False) -> Any:
-        """``tensor`` if it is an array of this memory that the collective can take."""
-        return _check_array(tensor, arg, inplace)
-
-    def active(self) -> ContextManager[Any]:
-        """Where the collective's work runs (the rank's GPU, for GPU memory)."""
-        return contextlib.nullcontext()
-
-    def mover(self, process_set: ProcessSet) -> Any:
-        """The communicator that moves this memory's bytes for ``process_set``."""
-        return runtime.communicator(process_set)
-
-    def pool(self, comm: Any) -> fusion.BufferPool:
-        """Fusion buffers for ``comm``; calls on one communicator never overlap (its turn)."""
-        pool = _pools.get(comm)
-        if pool is None:
-            pool = _pools[comm] = fusion.BufferPool()
-        return pool
-
-
-HOST = Memory()
 
 
 def _check_list(tensors: Any, memory: Memory, inplace: bool = False) -> List[Any]:
@@ -199,7 +138,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
                  kind: str, inplace: bool) -> List[Any]:
     """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
     comm = runtime.communicator(process_set)
-    with memory.active(), diagnostics.collective(comm, kind, name) as call:
+    with memory.active(), agreement.collective(comm, kind, name) as call:
         with call.checks():
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
@@ -221,7 +160,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
             with call.communicate():
                 data.allreduce(flat, backend_op, out)
 
-        with diagnostics.span(call.name, "FUSE"):
+        with timeline.span(call.name, "FUSE"):
             fusion.fused(tensors, outputs, memory.pool(data), runtime.fusion_threshold(),
                          communicate, pre, post, memory.pack, memory.unpack)
         return list(outputs)
@@ -263,7 +202,7 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
 def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: ProcessSet) -> Any:
     """Allgather: every rank's ``tensor`` concatenated along dimension 0."""
     comm = runtime.communicator(process_set)
-    with memory.active(), diagnostics.collective(comm, "allgather", name) as call:
+    with memory.active(), agreement.collective(comm, "allgather", name) as call:
         with call.checks():
             memory.check(tensor, "tensor")
             _check_rows(tensor, "tensor", "allgather")
@@ -288,7 +227,7 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allgather each tensor of a list; return the gathered arrays in order."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "grouped_allgather", name) as call:
+    with agreement.collective(comm, "grouped_allgather", name) as call:
         with call.checks():
             tensors = _check_list(tensors, memory_of(tensors))
             for i, t in enumerate(tensors):
@@ -296,7 +235,7 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
         names = [f"{call.name}.{i}" for i in range(len(tensors))]
         call.agree(lambda: {"tensors": [describe_tensor(t, n, dim0=False)
                                         for t, n in zip(tensors, names)]})
-        with diagnostics.covered(comm):  # agreed on above, tensor by tensor
+        with agreement.covered(comm):  # agreed on above, tensor by tensor
             return [allgather(t, n, process_set) for t, n in zip(tensors, names)]
 
 
@@ -305,7 +244,7 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
                  process_set: ProcessSet, inplace: bool) -> Any:
     """Broadcast from the global rank ``root_rank``, into ``tensor`` or a new array."""
     comm = runtime.communicator(process_set)
-    with memory.active(), diagnostics.collective(comm, "broadcast", name) as call:
+    with memory.active(), agreement.collective(comm, "broadcast", name) as call:
         with call.checks():
             memory.check(tensor, "tensor", inplace)
             root = _check_root(root_rank, process_set)
@@ -362,9 +301,9 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
     returned too (``(output, received_splits)``) only when ``splits`` is given.
     """
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "alltoall", name) as call:
+    with agreement.collective(comm, "alltoall", name) as call:
         with call.checks():
-            _check_array(tensor, "tensor")
+            check_array(tensor, "tensor")
             _check_rows(tensor, "tensor", "alltoall")
             tensor = np.ascontiguousarray(tensor)
             send_rows = _check_splits(splits, tensor.shape[0], comm.size)
@@ -409,7 +348,7 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
                    kind: str) -> List[Any]:
     """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor."""
     comm = runtime.communicator(process_set)
-    with memory.active(), diagnostics.collective(comm, kind, name) as call:
+    with memory.active(), agreement.collective(comm, kind, name) as call:
         with call.checks():
             if kind == "reducescatter":
                 tensors, arg = [memory.check(tensors[0], "tensor")], "tensor"
@@ -451,7 +390,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return the root rank's picklable ``obj`` on every rank (``root_rank`` is global)."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "broadcast_object", name) as call:
+    with agreement.collective(comm, "broadcast_object", name) as call:
         with call.checks():
             root = _check_root(root_rank, process_set)
             # Pickled before the agreement, so that an object the root cannot pickle raises
@@ -467,7 +406,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return the list of every rank's picklable ``obj``, in rank order."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "allgather_object", name) as call:
+    with agreement.collective(comm, "allgather_object", name) as call:
         with call.checks():
             payload = _pickled(obj)  # before the agreement, as in broadcast_object
         call.agree(dict)
@@ -493,7 +432,7 @@ def gather_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     """Every rank's picklable ``obj`` in rank order on the root rank (a global rank), None on
     the others: unlike :func:`allgather_object`, no rank but the root receives the others'."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "gather_object", name) as call:
+    with agreement.collective(comm, "gather_object", name) as call:
         with call.checks():
             root = _check_root(root_rank, process_set)
         call.agree(lambda: {"root_rank": int(root_rank)})
@@ -508,7 +447,7 @@ def scatter_object(objs: Optional[Sequence[Any]], root_rank: int = 0, name: Opti
     """Give rank r of the process set ``objs[r]`` from the root rank (a global rank; ``objs``
     is read there only and must hold one picklable object per rank)."""
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "scatter_object", name) as call:
+    with agreement.collective(comm, "scatter_object", name) as call:
         with call.checks():
             root = _check_root(root_rank, process_set)
             if comm.rank == root and (objs is None or len(objs) != comm.size):
@@ -527,8 +466,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set arrives.
 
     It is an agreement exchange, so the stall inspector watches it; the (empty) flags keep it
-    an exchange even inside ``diagnostics.covered``.
+    an exchange even inside ``agreement.covered``.
     """
     comm = runtime.communicator(process_set)
-    with diagnostics.collective(comm, "barrier", None) as call:
+    with agreement.collective(comm, "barrier", None) as call:
         call.agree(dict, flags=np.zeros(0, bool))

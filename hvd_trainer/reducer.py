@@ -23,13 +23,13 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   (:mod:`hvd_trainer.handles`), or on the calling thread when overlap is off. Each launched
   bucket has a :class:`~hvd_trainer.handles.Handle`; the adapter waits for it and then uses
   the bucket (an optimizer update while the next bucket is on the wire).
-- **Agreement.** Each step makes one exchange (:func:`diagnostics.agree`) that checks every
+- **Agreement.** Each step makes one exchange (:func:`agreement.agree`) that checks every
   rank has the same gradients (names, shapes, dtypes, storage, memory) and settings. With
   step-time readiness it carries the freshness flags: a gradient fresh on some rank is
   reduced everywhere, stale ranks contributing zeros; one fresh nowhere is left untouched.
   With hook readiness the step starts before freshness is known, so every gradient is
   reduced and a rank that never marked one ready contributes zeros. The step's collectives
-  then run inside :func:`diagnostics.covered` and skip their own exchanges, except while a
+  then run inside :func:`agreement.covered` and skip their own exchanges, except while a
   rank is joined (:mod:`hvd_trainer.joined`): then each makes its own agreement, from which
   the joined rank learns what to serve with zeros.
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
@@ -58,7 +58,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optiona
 
 import numpy as np
 
-from . import autotune, diagnostics, fusion, handles, ops, runtime, sparse
+from . import agreement, autotune, fusion, handles, ops, runtime, sparse, timeline
 from .compression import Compression, Compressor, GatherCompressor
 from .feedback import ErrorFeedbackSum
 from .runtime import ProcessSet, global_process_set
@@ -165,7 +165,7 @@ class Reducer:
     ``eager=True`` launches buckets as
     their gradients become ready (hooks during backward); otherwise nothing moves before
     :meth:`launch`, which then knows every gradient's freshness. An eager step holds the
-    process set's turn (see :mod:`hvd_trainer.diagnostics`) from its first ready gradient
+    process set's turn (see :mod:`hvd_trainer.scheduler`) from its first ready gradient
     until its reductions end, so other collectives on the set wait for it: call
     :meth:`launch` every step, from a thread that is not itself waiting for such a
     collective. ``overlap`` runs the
@@ -422,16 +422,16 @@ class Reducer:
         comm = runtime.communicator(self.process_set)
         stats = self.stats = CommStats()
         try:
-            with diagnostics.covered(comm):
-                with diagnostics.span(f"{self.prefix}step", "NEGOTIATE"):
+            with agreement.covered(comm):
+                with timeline.span(f"{self.prefix}step", "NEGOTIATE"):
                     if flags:
-                        step.fresh[:] = diagnostics.agree(comm, lambda: self._description,
+                        step.fresh[:] = agreement.agree(comm, lambda: self._description,
                                                           step.ready)
                     else:  # no flags yet, but (empty) flags keep it an exchange when covered
-                        diagnostics.agree(comm, lambda: self._description, np.zeros(0, bool))
+                        agreement.agree(comm, lambda: self._description, np.zeros(0, bool))
                         step.fresh[:] = True
                 # A joined rank (see joined.py) learns each collective from its own agreement.
-                with (diagnostics.uncovered(comm) if diagnostics.peers_joined(comm)
+                with (agreement.uncovered(comm) if agreement.peers_joined(comm)
                       else contextlib.nullcontext()):
                     for bucket, done in zip(step.buckets, step._done):
                         positions = [self._position[k] for k in bucket.keys]
@@ -458,7 +458,7 @@ class Reducer:
     def _reduce_open_bucket(self, bucket: Bucket, positions: List[int], step: Step,
                             stats: CommStats) -> None:
         name = f"{self.prefix}bucket.{bucket.number}"
-        with diagnostics.span(name, "WAIT_FOR_GRADIENT"):
+        with timeline.span(name, "WAIT_FOR_GRADIENT"):
             host = bucket.host = bucket.open()
         whole = step.whole[bucket.number] = bool(step.ready[positions].all())
         runs: List[List[int]] = [[0, host.size]] if whole else []
@@ -532,7 +532,7 @@ class Reducer:
             if not plain:
                 continue
             tic = time.perf_counter()
-            with diagnostics.span(name, "COMPRESS"):
+            with timeline.span(name, "COMPRESS"):
                 payloads, ctxs = zip(*(compressor.compress(t) for t in plain))
             stats.encode_seconds += time.perf_counter() - tic
             ops.grouped_allreduce_(list(payloads), ops.Sum, name,
@@ -541,7 +541,7 @@ class Reducer:
             stats.add_allreduce(sum(p.nbytes for p in payloads),
                                 sum(t.nbytes for t in plain), self.size)
             tic = time.perf_counter()
-            with diagnostics.span(name, "DECODE"):
+            with timeline.span(name, "DECODE"):
                 for t, payload, ctx in zip(plain, payloads, ctxs):
                     if payload is not t:
                         t[...] = compressor.decompress(payload, ctx)

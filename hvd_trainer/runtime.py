@@ -7,6 +7,7 @@ collective calls ``init()`` lazily, and calling it again is harmless.
 import atexit
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -52,17 +53,6 @@ def env_int(name: str, default: int) -> int:
         return int(float(raw))
     except ValueError:
         raise ValueError(f"HVD_{name}={raw!r} is not a number; set it to an integer") from None
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A duration in seconds from the environment; a malformed value is an error naming it."""
-    raw = env(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"HVD_{name}={raw!r} is not a number of seconds") from None
 
 
 class ProcessSet:
@@ -116,11 +106,23 @@ def _gpu_communicator(raw: str) -> str:
 
 def _whole(raw: str, fix: str = "0 or more") -> int:
     try:
-        value = int(float(raw))
+        number = float(raw)
     except ValueError:
         raise ValueError("is not a number; set it to an integer") from None
-    if value < 0:
+    if not math.isfinite(number):
+        raise ValueError(f"is not a finite number; set it to {fix}")
+    if number < 0:
         raise ValueError(f"is negative; set it to {fix}")
+    return int(number)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("is not a number of seconds >= 0; set it to 0 (never) or more")
     return value
 
 
@@ -144,12 +146,20 @@ AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
     "AUTOTUNE_WARMUP_SAMPLES": (3, _whole),
     "AUTOTUNE_STEPS_PER_SAMPLE": (10, _whole),
 }
+# Settings that each rank keeps its own value of, read in the same exchange so that a
+# malformed one raises on every rank alike.
+OWN_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
+    # A rank waiting this long for the others logs who is missing (0: never); after the
+    # shutdown time it ends the job (0: never).
+    "STALL_CHECK_TIME_SECONDS": (DEFAULT_STALL_CHECK_SECONDS, _seconds),
+    "STALL_SHUTDOWN_TIME_SECONDS": (0.0, _seconds),
+}
 
 
 def _read_settings() -> Dict[str, Tuple[Optional[str], Any, Optional[str]]]:
     """This rank's view of each agreed setting: (raw text, value, error or None)."""
     mine = {}
-    for name, (default, parse) in AGREED_SETTINGS.items():
+    for name, (default, parse) in {**AGREED_SETTINGS, **OWN_SETTINGS}.items():
         raw = env(name)
         try:
             mine[name] = (raw, default if raw is None else parse(raw), None)
@@ -160,7 +170,8 @@ def _read_settings() -> Dict[str, Tuple[Optional[str], Any, Optional[str]]]:
 
 def _agree_settings(every: Sequence[Dict[str, Tuple[Optional[str], Any, Optional[str]]]],
                     rank: int) -> Dict[str, Any]:
-    """Rank 0's settings, after every rank's parse errors are raised on every rank alike.
+    """Rank 0's settings (this rank's own for OWN_SETTINGS), after every rank's parse errors
+    are raised on every rank alike.
 
     A rank whose own environment says otherwise logs which value it uses instead.
     """
@@ -170,7 +181,9 @@ def _agree_settings(every: Sequence[Dict[str, Tuple[Optional[str], Any, Optional
                 raise ValueError(f"rank {r}: {error}; every rank reads its settings at init")
     chosen = {name: value for name, (raw, value, error) in every[0].items()}
     for name, (raw, value, error) in every[rank].items():
-        if value != chosen[name]:
+        if name in OWN_SETTINGS:
+            chosen[name] = value
+        elif value != chosen[name]:
             log.warning("HVD_%s is %r on rank %d but %r on rank 0; every rank uses rank 0's "
                         "value so that all ranks move the same bytes", name, raw, rank,
                         every[0][name][0])
@@ -191,10 +204,8 @@ class _State:
         self.fusion_threshold = self.settings["FUSION_THRESHOLD"]
         self.process_sets: Dict[int, ProcessSet] = {}
         self.next_set_id = 1
-        # A rank waiting this long for the others logs who is missing (0: never); after the
-        # shutdown time it ends the job (0: never).
-        self.stall_check = env_seconds("STALL_CHECK_TIME_SECONDS", DEFAULT_STALL_CHECK_SECONDS)
-        self.stall_shutdown = env_seconds("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.stall_check = self.settings["STALL_CHECK_TIME_SECONDS"]
+        self.stall_shutdown = self.settings["STALL_SHUTDOWN_TIME_SECONDS"]
         self.threads_multiple = backend != "mpi" or _mpi_threads_multiple()
         self.watchdog: Optional[Any] = None
 
@@ -206,6 +217,20 @@ def _mpi_threads_multiple() -> bool:
 
 _state: Optional[_State] = None
 _lock = threading.RLock()
+
+
+def lock() -> threading.RLock:
+    """The lock under which the runtime's state changes (process sets included)."""
+    return _lock
+
+
+def _check_backend() -> None:
+    """HVD_BACKEND is unset, mpi or local; anything else is refused before MPI starts."""
+    raw = env("BACKEND")
+    if raw not in (None, "mpi", "local"):
+        raise ValueError(f"HVD_BACKEND={raw!r} is not a backend; use mpi or local, or leave it "
+                         "unset (the launcher decides); HVD_GPU_COMMUNICATOR (nccl, mpi or "
+                         "auto) chooses how GPU buffers travel")
 
 
 def _launched_by_mpi() -> bool:
@@ -283,16 +308,15 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     return mpi.MPICommunicator(comm), "mpi"
 
 
-def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+def init(comm: Any = None) -> None:
     """Join the job. ``comm`` may be an mpi4py communicator to run on instead of COMM_WORLD.
-
-    ``process_sets`` are registered as if passed to :func:`add_process_set`. A second call
-    does nothing except register further process sets.
-    """
+    A second call does nothing. (The public ``init``, which also registers process sets, is
+    :func:`hvd_trainer.process_sets.init`.)"""
     global _state
     with _lock:
         if _state is None:
             _configure_logging()
+            _check_backend()
             world, backend = _make_world(comm)
             if comm is None:
                 _check_launcher(world, backend)
@@ -307,26 +331,25 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
             if world.size > 1:
                 _install_exit_hook(world)
                 _install_abort_hook(world)
-                atexit.register(_empty_mailboxes)
-                _start_watchdog(_state)
-            timeline = env("TIMELINE")
-            if timeline:
-                from . import diagnostics
-                diagnostics.start_timeline(timeline)
-                atexit.register(diagnostics.stop_timeline)
-    for ps in process_sets or ():
-        add_process_set(ps)
+            for start in _at_start:
+                start(_state)
 
 
-def _start_watchdog(st: _State) -> None:
-    """The stall inspector's thread, when a stall time is set (HVD_STALL_CHECK_TIME_SECONDS
-    is 60 s unless set to 0)."""
-    if st.stall_check <= 0 and st.stall_shutdown <= 0:
-        return
-    from . import diagnostics
-    st.watchdog = diagnostics.Watchdog(st.stall_check, st.stall_shutdown,
-                                       post=st.threads_multiple)
-    st.watchdog.start()
+# What the modules above the runtime do when the job starts (the stall watchdog, the
+# timeline) and when a rank ends it: they register it here when they are imported, so the
+# runtime never imports them.
+_at_start: List[Callable[["_State"], None]] = []
+_at_abort: List[Callable[[], None]] = []
+
+
+def at_start(hook: Callable[["_State"], None]) -> None:
+    """Call ``hook(state)`` when :func:`init` starts the job."""
+    _at_start.append(hook)
+
+
+def at_abort(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` before a rank ends the job (:func:`abort_job`)."""
+    _at_abort.append(hook)
 
 
 def _configure_logging() -> None:
@@ -354,18 +377,6 @@ def _install_abort_hook(world: Communicator) -> None:
     sys.excepthook = hook
 
 
-def _empty_mailboxes() -> None:
-    """At exit, stop the stall watchdog and drop stall posts nobody read (before mpi4py's
-    MPI_Finalize)."""
-    from . import diagnostics
-    if _state is not None and _state.watchdog is not None:
-        _state.watchdog.stop()
-    if _state is not None:
-        for ps in _state.process_sets.values():
-            if ps.comm is not None:
-                diagnostics.discard_posts(ps.comm)
-
-
 def abort_job(message: str, code: int = 1) -> None:
     """Print ``message`` (prefixed 'hvd_trainer: ') and end every rank of the job with ``code``.
 
@@ -373,8 +384,8 @@ def abort_job(message: str, code: int = 1) -> None:
     others): the launcher then ends the job, and output that MPI_Abort's kill could overtake
     still arrives. Under any other launcher it calls MPI_Abort.
     """
-    from . import diagnostics
-    diagnostics.stop_timeline()
+    for hook in _at_abort:
+        hook()
     sys.stderr.write(f"hvd_trainer: {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
@@ -602,52 +613,3 @@ def world_rank(comm: Communicator, rank_in_comm: int) -> int:
         if ps.comm is comm:
             return ps.ranks[rank_in_comm]
     return rank_in_comm
-
-
-def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Register a process set; a collective call that every rank of the world must make, in
-    the same order, with the same ranks (ranks that disagree all raise)."""
-    from . import diagnostics
-    st = state()
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    with diagnostics.collective(st.world, "add_process_set", None) as call:
-        with call.checks():
-            if ps.ranks is None or not ps.ranks:
-                raise ValueError("add_process_set: the process set needs a non-empty list of "
-                                 "ranks")
-            bad = [r for r in ps.ranks if not 0 <= r < st.world.size]
-            if bad or len(set(ps.ranks)) != len(ps.ranks):
-                raise ValueError(f"add_process_set: ranks {ps.ranks} must be distinct and "
-                                 f"within 0..{st.world.size - 1}")
-            if ps.process_set_id is not None:
-                raise ValueError(f"{ps!r} is already registered")
-            for known in st.process_sets.values():
-                if known.ranks == ps.ranks:
-                    raise ValueError(f"a process set with ranks {ps.ranks} already exists "
-                                     f"(id {known.process_set_id}); reuse it")
-        call.agree(lambda: {"ranks": ps.ranks, "process_set_id": st.next_set_id})
-        with _lock, call.communicate():
-            ps.comm = st.world.split(ps.ranks)
-            ps.process_set_id = st.next_set_id
-            st.next_set_id += 1
-            st.process_sets[ps.process_set_id] = ps
-    return ps
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set on every rank (a collective call of the world); False, on
-    every rank, if it was not registered."""
-    from . import diagnostics
-    st = state()
-    known = (process_set is not global_process_set
-             and process_set.process_set_id in st.process_sets)
-    with diagnostics.collective(st.world, "remove_process_set", None) as call:
-        call.agree(lambda: {"process_set_id": process_set.process_set_id if known else None})
-    if not known:
-        return False
-    with _lock:
-        del st.process_sets[process_set.process_set_id]
-        if process_set.comm is not None:
-            process_set.comm.free()
-        process_set.comm, process_set.process_set_id = None, None
-    return True

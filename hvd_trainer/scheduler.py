@@ -4,7 +4,7 @@ Every collective on a process set's communicator is an :class:`Entry` in that
 communicator's :class:`Schedule`: its matching key (the name the user gave, or an automatic
 ``noname.N``), its description and its flags. A thread that makes a collective enqueues its
 entry and waits; one waiting thread at a time *drives* a round of agreement (the exchange
-itself is the caller's function, see diagnostics.py) over the entries pending at that moment,
+itself is the caller's function, see agreement.py) over the entries pending at that moment,
 and the round decides, identically on every rank, which entries run, in which order, and
 which raise. Then each decided entry's own thread takes the *turn* in that order and runs its
 data phase; the next round waits for the turn to be free.

@@ -3,14 +3,17 @@
 An MPI job cannot lose a rank and go on, so each change starts a new *life* of the job: when a
 rank fails, or discovery reports other hosts and the ranks have left at their next commit,
 hvdrun ends the job's processes, discovers the hosts again and starts every rank anew on the
-usable slots (at most ``--max-np``). The ranks restore their newest commit from their local
-disks (hvd_trainer.elastic). Hosts whose ranks failed in two lives in a row stay out for the
-blacklist cooldown; ``--reset-limit`` bounds the restarts; fewer than ``--min-np`` usable slots
-for ``--elastic-timeout`` seconds ends the job.
+usable slots (at most ``--max-np``; the first life waits for ``-np`` of them, as Horovod). The
+ranks restore their newest commit from their local disks (hvd_trainer.elastic), signed with the
+job's secret. Hosts whose ranks failed in two lives in a row stay out for the blacklist
+cooldown; ``--reset-limit`` bounds the restarts; fewer than ``--min-np`` usable slots for
+``--elastic-timeout`` seconds ends the job, and so does, at once, a life in which every rank
+failed or a blacklist that holds every discovered host.
 """
 import argparse
 import os
 import random
+import secrets
 import shlex
 import shutil
 import signal
@@ -138,6 +141,12 @@ class Blacklist:
         now = self.clock()
         return [(host, slots) for host, slots in hosts if self.until.get(host, 0.0) <= now]
 
+    def why_out(self, host: str) -> str:
+        """Why ``host`` is out now, and for how long."""
+        left = self.until[host] - self.clock()
+        return (f"{host} (its ranks failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; out "
+                + ("for the rest of the job)" if left == float("inf") else f"for {left:.0f} s more)"))
+
 
 def allocate(hosts: Hosts, np: int) -> Hosts:
     """``np`` ranks on ``hosts`` in order, filling each host's slots: the (host, ranks) used."""
@@ -159,35 +168,76 @@ def host_of(layout: Hosts, rank: int) -> Optional[str]:
     return None
 
 
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name``; ValueError when it has none."""
+    import fcntl
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            answer = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                 struct.pack("256s", name.encode()[:15]))
+        except OSError as error:
+            raise ValueError(f"--network-interface {name}: no IPv4 address ({error.strerror})") from None
+    return socket.inet_ntoa(answer[20:24])
+
+
+_LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
 class Generation:
-    """A TCP server that answers each connection with the hosts' generation number, which
-    goes up when discovery reports a change; rank 0 asks at each commit."""
+    """A TCP server that tells the hosts' generation number, which goes up when discovery
+    reports a change; rank 0 asks at each commit. It listens on the loopback while every
+    rank runs here, else on the first --network-interface (on every interface without one),
+    and tells only a peer that proves it holds the job's secret (files.answer_notice)."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes, nics: Sequence[str] = ()):
+        self.secret, self.nics = secret, list(nics)
         self.number = 0
-        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.server.bind(("", 0))
-        self.server.listen(16)
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.server: Optional[socket.socket] = None
+        self.bound: Optional[str] = None
+        self._listen("127.0.0.1")
 
-    def _serve(self) -> None:
+    @property
+    def port(self) -> int:
+        return self.server.getsockname()[1]
+
+    def _listen(self, address: str) -> None:
+        """Serve on ``address`` (a new port) from now on; the old server closes."""
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((address, 0))
+        server.listen(16)
+        if self.server is not None:
+            self.server.close()
+        self.server, self.bound = server, address
+        threading.Thread(target=self._serve, args=(server,), daemon=True).start()
+
+    def _serve(self, server: socket.socket) -> None:
+        from hvd_trainer import files  # the launcher imports the core only where it needs it
         while True:
             try:
-                conn, _ = self.server.accept()
+                conn, _ = server.accept()
             except OSError:  # closed
                 return
             with conn:
+                conn.settimeout(5.0)  # a silent peer must not hold up the ranks' questions
                 try:
-                    conn.sendall(str(self.number).encode())
+                    files.answer_notice(conn, self.secret, self.number)
                 except OSError:
                     pass
 
     def address(self, layout: Hosts) -> str:
-        """host:port for the ranks of ``layout``: the loopback when they all run here."""
-        local = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
-        host = "127.0.0.1" if all(h in local for h, _ in layout) else socket.getfqdn()
+        """host:port for the ranks of ``layout``, listening where they can reach it and no
+        wider: the loopback when they all run here."""
+        local = set(_LOCAL_NAMES) | {socket.gethostname(), socket.getfqdn()}
+        if all(host in local for host, _ in layout):
+            bind = host = "127.0.0.1"
+        elif self.nics:
+            bind = host = interface_address(self.nics[0])
+        else:
+            bind, host = "", socket.getfqdn()
+        if bind != self.bound:
+            self._listen(bind)
         return f"{host}:{self.port}"
 
     def close(self) -> None:
@@ -226,7 +276,23 @@ class HostWatcher(threading.Thread):
 
 class ElasticRelay(hvdrun.OutputRelay):
     """hvdrun's output relay, whose first failure ends a life of the job, not the job: its
-    message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure."""
+    message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure. It
+    keeps every rank that failed on its own before hvdrun began to end the life (``failed``:
+    rank -> exit code); exits after that, or after mpiexec signalled the rank (Open MPI ends
+    the others itself), are consequences."""
+
+    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
+                 hosts: Hosts = ()):
+        super().__init__(np, no_prefix, output_dir, hosts)
+        self.failed: Dict[int, int] = {}
+
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None) -> None:
+        with self._lock:
+            if self.interrupted or self.ending:
+                return
+            if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
+                self.failed.setdefault(rank, code)
+        super().record(rank, code, how, at)
 
     def announce(self, failure: hvdrun.Failure) -> None:
         if failure.code != RESET_EXIT_CODE:
@@ -243,6 +309,10 @@ def _text(hosts: Hosts) -> str:
     return ",".join(f"{host}:{slots}" for host, slots in hosts)
 
 
+def _codes(failed: Dict[int, int]) -> str:
+    return ", ".join(f"rank {rank}: code {code}" for rank, code in sorted(failed.items()))
+
+
 class _Stopped(Exception):
     """hvdrun received a signal between two lives of the job."""
 
@@ -255,26 +325,42 @@ def _stop(signum: int, _frame) -> None:
     raise _Stopped(signum)
 
 
-def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, min_np: int,
-                    timeout: float) -> Tuple[Optional[Hosts], Hosts]:
-    """The usable hosts once they have at least ``min_np`` slots, or (None, last seen) after
-    ``timeout`` seconds, or at once when no more can come (fixed hosts, none to come back
-    from the blacklist)."""
+class _CannotGoOn(Exception):
+    """The job cannot go on; the message says why."""
+
+
+def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, wanted: int, flag: str,
+                    timeout: float) -> Hosts:
+    """The usable hosts once they have at least ``wanted`` slots (``flag`` names the setting
+    that asks for them). _CannotGoOn after ``timeout`` seconds, or at once when no more can
+    come: fixed hosts with too few slots, or every discovered host left out (as Horovod ends
+    a job whose hosts are all blacklisted)."""
     deadline = time.monotonic() + timeout
     hosts: Hosts = []
     said = False
     while True:
         try:
-            hosts = blacklist.usable(discovery.hosts())
+            discovered = discovery.hosts()
+            hosts = blacklist.usable(discovered)
         except ValueError as error:
             _say(f"warning: {error}")
-        if sum(slots for _, slots in hosts) >= min_np:
-            return hosts, hosts
-        if time.monotonic() >= deadline or not (discovery.script or blacklist.will_return()):
-            return None, hosts
+        else:
+            if discovered and not hosts:
+                raise _CannotGoOn("every discovered host is left out: " + ", ".join(
+                    blacklist.why_out(host) for host in dict.fromkeys(h for h, _ in discovered))
+                    + "; ending the job")
+        count = sum(slots for _, slots in hosts)
+        if count >= wanted:
+            return hosts
+        timed_out = time.monotonic() >= deadline
+        if timed_out or not (discovery.script or blacklist.will_return()):
+            why = (f"for --elastic-timeout {timeout:g} s" if timed_out else
+                   "and no more can come (fixed hosts, none to return from the blacklist)")
+            raise _CannotGoOn(f"only {count} usable slots ({_text(hosts) or 'no hosts'}) {why}, "
+                              f"fewer than {flag} {wanted}; ending the job")
         if not said:
-            _say(f"{sum(slots for _, slots in hosts)} usable slots ({_text(hosts) or 'no hosts'}), "
-                 f"--min-np is {min_np}; waiting up to {timeout:g} s for more")
+            _say(f"{count} usable slots ({_text(hosts) or 'no hosts'}), {flag} is {wanted}; "
+                 f"waiting up to {timeout:g} s for more")
             said = True
         time.sleep(min(DISCOVERY_INTERVAL, max(0.0, deadline - time.monotonic())))
 
@@ -283,13 +369,15 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
         command: List[str], fixed_hosts: Hosts) -> int:
     """Run ``command`` elastically until it ends with 0, is interrupted, or a limit ends it;
     return hvdrun's exit code."""
+    from hvd_trainer import files  # the launcher imports the core only where it needs it
     min_np = args.min_np if args.min_np is not None else 1
     timeout = args.elastic_timeout if args.elastic_timeout is not None else DEFAULT_ELASTIC_TIMEOUT
     discovery = Discovery(args.host_discovery_script,
                           fixed_hosts or [("localhost", args.max_np or args.np or min_np)],
                           args.slots_per_host)
     blacklist = Blacklist(args.blacklist_cooldown_range)
-    generation = Generation()
+    secret = secrets.token_hex(32)  # signs the commits and the notices; only the ranks get it
+    generation = Generation(secret.encode(), args.nics or ())
     job_dir = tempfile.mkdtemp(prefix="hvd_elastic.")
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
@@ -297,21 +385,18 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         while True:
-            waited = time.monotonic()
-            hosts, seen = _wait_for_slots(discovery, blacklist, min_np, timeout)
-            if hosts is None:
-                why = ("and no more can come (fixed hosts, none to return from the blacklist)"
-                       if time.monotonic() - waited < timeout
-                       else f"for --elastic-timeout {timeout:g} s")
-                _say(f"only {sum(s for _, s in seen)} usable slots ({_text(seen) or 'no hosts'}) "
-                     f"{why}, fewer than --min-np {min_np}; ending the job")
-                return 1
-            cap = args.np if restarts == 0 and args.np is not None else args.max_np
+            # As Horovod: the first life waits for -np slots, every life uses all usable
+            # slots up to --max-np.
+            first = restarts == 0 and args.np is not None
+            hosts = _wait_for_slots(discovery, blacklist, args.np if first else min_np,
+                                    "-np" if first else "--min-np", timeout)
             np = sum(slots for _, slots in hosts)
-            np = min(np, cap) if cap is not None else np
+            np = min(np, args.max_np) if args.max_np is not None else np
             layout = allocate(hosts, np)
             env = hvdrun.rank_environment(args, launcher.flavour)
+            env.update(hvdrun.hosts_variable(launcher.flavour, layout, np))
             env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
+                        files.SECRET_VARIABLE: secret,
                         NOTIFY_VARIABLE: generation.address(layout),
                         GENERATION_VARIABLE: str(generation.number)})
             mpiexec_command = mpi.build_command(launcher, np, layout, mpi_args, program, env)
@@ -330,18 +415,23 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             if relay.interrupted or (code == 0 and relay.failure is None):
                 return code
             failure = relay.failure
-            failed = set()
-            if failure is not None and failure.code != RESET_EXIT_CODE:
-                failed.add(host_of(layout, failure.rank))
+            code = failure.code if failure is not None and failure.code != RESET_EXIT_CODE else 1
+            if len(relay.failed) == np:  # as Horovod: nothing suggests another life fares better
+                _say(f"every rank failed in this life ({_codes(relay.failed)}); ending the job")
+                return code
+            failed = {host_of(layout, rank) for rank in relay.failed}
             restarts += 1
             if args.reset_limit is not None and restarts > args.reset_limit:
                 _say(f"the job needs restart {restarts}, over --reset-limit {args.reset_limit}; "
                      "ending the job")
-                return (failure.code if failure is not None else code) or 1
+                return code
             for host in blacklist.life_ended([host for host, _ in layout], failed):
                 _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; "
                      "leaving it out" + (" for the cooldown" if args.blacklist_cooldown_range
                                          else " for the rest of the job"))
+    except _CannotGoOn as reason:
+        _say(str(reason))
+        return 1
     except _Stopped as stopped:
         _say(f"received {signal.Signals(stopped.signum).name} between two lives; ending the job")
         return 128 + stopped.signum

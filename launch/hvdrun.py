@@ -8,6 +8,7 @@ It takes horovodrun's flags; launch/flags.py says what each one does, or why it 
 With --min-np, --max-np or --host-discovery-script it runs elastically (launch/elastic.py).
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -16,10 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch import config_file, flags, mpi
-from hvd_trainer_launch.worker import EXIT_MARKER, START_MARKER, die_with_parent
+from hvd_trainer_launch.worker import EXIT_MARKER, HOSTS_VARIABLE, START_MARKER, die_with_parent
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
@@ -29,12 +30,10 @@ KILL_GRACE_SECONDS = 5.0
 
 _PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
 _MARKER = re.compile(re.escape(EXIT_MARKER).encode()
-                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( told)?\n?")
-_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?\n?")
-# MPICH prints "... application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1" and then kills
-# every wrapper at once, so this line may be the only news of the rank. (Open MPI lets the
-# aborting rank exit, so its wrapper reports it.)
-_MPICH_ABORT = re.compile(rb"application called MPI_Abort\(.*, (-?\d+)\) - process (\d+)")
+                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( ended)?")
+# How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
+ENDED = "was ended by the launcher, with code"
+_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,66 +91,83 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
     return env
 
 
-class Failure:
-    """A rank's failure: its number, exit code, how it failed, when (by its host's clock, or by
-    ours when it reported no time) and whether the launcher had told it to end."""
+def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[str, str]:
+    """The variable from which each rank's wrapper sets Horovod's per-rank variables: the nodes
+    the launcher makes of ``hosts`` with their ranks (ValueError when ``np`` exceeds the slots)."""
+    return {HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
 
-    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None,
-                 told: bool = False):
-        self.rank, self.code, self.how, self.told = rank, code, how, told
+
+class Failure:
+    """A rank's failure: its number, exit code, how it failed (ENDED: after the launcher
+    signalled it) and when (by its host's clock, or by ours when it reported no time)."""
+
+    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None):
+        self.rank, self.code, self.how = rank, code, how
         self.at = time.time() if at is None else at
         self.seen_at = time.monotonic()
 
 
 class OutputRelay:
     """Copies mpiexec's output to ours, strips or keeps rank prefixes, tees into per-rank files,
-    hides the workers' markers and finds the first failure they (or an MPI_Abort) report.
+    hides the workers' exit markers and records the first failure they report.
 
-    ``hosts`` is the job's (host, slots) list: with more than one host, messages name the
-    host of each rank (where it reported starting, else where its slot is).
+    Only unprefixed lines (the wrappers' own and mpiexec's) are read for markers: what a rank
+    prints always arrives prefixed, so no output of a rank can end or fail the job. (A rank
+    that calls MPI_Abort is named by nobody: mpiexec's exit code tells it.) A per-rank file
+    that cannot be written warns once and stops; the relay goes on. ``hosts`` is the job's
+    (host, slots) list: with more than one host, messages name each rank's host (the one it
+    reported starting on, else its slot's).
     """
 
     def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
                  hosts: Sequence[Tuple[str, int]] = ()):
         self.no_prefix = no_prefix
-        self.failure: Optional[Failure] = None  # the first failure, once settle() has chosen it
+        self.failure: Optional[Failure] = None  # the first failure, once settle() chose it
         self.reported: List[Failure] = []
         self.started: Set[int] = set()  # ranks whose wrapper has reported its start
         self.hosts: Dict[int, str] = {}  # the host each started rank reported
         self._slots = [host for host, slots in hosts for _ in range(slots)]
         self._name_hosts = len({host for host, _ in hosts}) > 1
         self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
+        self.ending = False  # set when hvdrun ends the job after a failure: later exits follow it
         self._lock = threading.Lock()
-        self._files: Dict[Tuple[int, bytes], BinaryIO] = {}
+        self._files: Dict[Tuple[int, bytes], Any] = {}
         if output_dir:
+            from hvd_trainer import files  # the launcher imports the core only where it needs it
             for rank in range(np):
                 folder = os.path.join(output_dir, f"rank.{rank}")
-                os.makedirs(folder, exist_ok=True)
+                try:
+                    os.makedirs(folder, mode=0o700, exist_ok=True)
+                except OSError as error:
+                    _say(f"warning: cannot create {folder!r} ({error}); rank {rank}'s output "
+                         "is not written to files")
+                    continue
                 for stream in (b"stdout", b"stderr"):
-                    self._files[rank, stream] = open(os.path.join(folder, stream.decode()), "wb")
+                    self._files[rank, stream] = files.Output(
+                        os.path.join(folder, stream.decode()), what=f"rank {rank}'s {stream.decode()} copy",
+                        warn=lambda message: _say(f"warning: {message}"))
 
     def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
         """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""
         for line in iter(pipe.readline, b""):
-            marker = _MARKER.search(line)
-            if marker:
-                self.record(int(marker[1]), int(marker[2]), "exited with code",
-                            float(marker[3]) if marker[3] else None, bool(marker[4]))
-            started = _START.search(line)
-            if started:
-                self.started.add(int(started[1]))
-                if started[2]:
-                    self.hosts[int(started[1])] = started[2].decode(errors="replace")
-            found = marker or started
-            if found:
-                # Open MPI's abort text may leave NULs, or a line without its end, before a marker.
-                line = (line[:found.start()] + line[found.end():]).strip(b"\0")
-                if not line.strip():
-                    continue
-                line = line if line.endswith(b"\n") else line + b"\n"
             prefixed = _PREFIXED.match(line)
+            # A marker may follow what mpiexec printed without a newline (Open MPI ends its
+            # MPI_Abort notice with a NUL), so it is searched for, but only in unprefixed lines.
+            marker = None if prefixed else _MARKER.search(line) or _START.search(line)
+            if marker:
+                if marker.re is _MARKER:
+                    self.record(int(marker[1]), int(marker[2]),
+                                ENDED if marker[4] else "exited with code",
+                                float(marker[3]) if marker[3] else None)
+                else:
+                    self.started.add(int(marker[1]))
+                    if marker[2]:
+                        self.hosts[int(marker[1])] = marker[2].decode(errors="replace")
+                line = line[:marker.start()].strip(b"\0")
+                if not line:
+                    continue
+                line += b"\n"
             text = line[prefixed.end():] if prefixed else line
-            self._check_abort(text)
             if prefixed:
                 target = self._files.get((int(prefixed[1]), prefixed[2]))
                 if target is not None:
@@ -164,20 +180,13 @@ class OutputRelay:
                 except BrokenPipeError:  # our reader went away: keep draining so mpiexec never blocks
                     out = None
 
-    def _check_abort(self, text: bytes) -> None:
-        """Record an MPI_Abort that MPICH reports, since Hydra kills the worker before it can."""
-        abort = _MPICH_ABORT.search(text)
-        if abort:
-            self.record(int(abort[2]), int(abort[1]), "called MPI_Abort with code")
-
-    def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
-               told: bool = False) -> None:
-        """Note a rank's failure (exit time ``at``, ``told`` to end by the launcher) until
-        settle() chooses the first; none after that."""
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None) -> None:
+        """Note a rank's failure (it exited at ``at``) until settle() chooses the first; none
+        after that."""
         with self._lock:
             if self.failure is not None or self.interrupted:
                 return
-            self.reported.append(Failure(rank, code, how, at, told))
+            self.reported.append(Failure(rank, code, how, at))
 
     def first_report(self) -> Optional[float]:
         """When (time.monotonic()) the first failure was reported; None before any."""
@@ -188,14 +197,15 @@ class OutputRelay:
         """Choose, once, the failure that came first among those reported, announce it and
         return it (None without any).
 
-        Not the first to arrive: a remote rank's report travels further, and a rank that the
-        launcher told to end (after another rank's failure) is a consequence. So the earliest
-        exit of a rank not told to end wins, by the clocks of the ranks' hosts.
+        Not the first report to arrive: one from another host travels further, and a rank
+        that the launcher ended (after another rank's failure) is a consequence. So the
+        earliest exit of a rank not ended by the launcher wins, by the clocks of their hosts.
         """
         with self._lock:
             if self.failure is not None or not self.reported:
                 return self.failure
-            self.failure = min(self.reported, key=lambda failure: (failure.told, failure.at))
+            self.failure = min(self.reported, key=lambda failure: (failure.how == ENDED,
+                                                                   failure.at))
         self.announce(self.failure)
         return self.failure
 
@@ -278,13 +288,14 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
 
     mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
-    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. It gets
-    SIGTERM if hvdrun dies, so that no rank outlives hvdrun. With ``start_timeout``, a job whose
-    ``np`` ranks have not all started by then is ended with code 1. ``failure_grace`` is how
-    long the other ranks get to report after the first failure.
+    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. mpiexec is
+    SIGKILLed by the kernel when hvdrun dies (even by SIGKILL), and the ranks' wrappers end
+    their ranks when mpiexec goes. With
+    ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
+    ``failure_grace`` is how long the other ranks get to report after the first failure.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
+                               start_new_session=True, preexec_fn=die_with_parent())
     readers = [threading.Thread(target=relay.relay, args=(process.stdout, sys.stdout.buffer), daemon=True),
                threading.Thread(target=relay.relay, args=(process.stderr, sys.stderr.buffer), daemon=True)]
     for reader in readers:
@@ -318,6 +329,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
         first = relay.first_report()
         if first is not None and not ending and now >= first + failure_grace:
             relay.settle()
+            relay.ending = True
             left.update(_launched(process.pid))
             process.terminate()
             ending, kill_at = True, now + KILL_GRACE_SECONDS
@@ -390,6 +402,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
         if elastic.requested(args):
             elastic.check(args)
+        else:  # without hosts every rank runs here, as horovodrun's default localhost:np
+            placed = hosts_variable(launcher.flavour, hosts or [("localhost", args.np)], args.np)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
@@ -397,7 +411,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
-    env = rank_environment(args, launcher.flavour)
+    env = dict(rank_environment(args, launcher.flavour), **placed)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:

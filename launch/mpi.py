@@ -4,9 +4,12 @@ MPICH and Intel MPI ship the Hydra process manager; Open MPI ships its own mpiru
 how the environment reaches the ranks, how hosts are written and whether a node may run more
 ranks than it has cores, so the command line is built per flavour.
 """
+import functools
+import ipaddress
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from typing import List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -169,6 +172,59 @@ def _host(host: str, slots: str, entry: str) -> Tuple[str, int]:
     if not host or not slots.isdigit() or int(slots) < 1:
         raise ValueError(f"bad host entry {entry!r}: expected host:slots or 'host slots=N' with N >= 1")
     return host, int(slots)
+
+
+@functools.lru_cache(maxsize=None)
+def _local_names() -> frozenset:
+    """localhost, this machine's host names, and the addresses its host name resolves to."""
+    names = {"localhost", socket.gethostname(), socket.getfqdn()}
+    try:
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return frozenset(names)
+
+
+def _this_machine(name: str) -> bool:
+    """Whether ``name`` names the machine hvdrun runs on (a loopback address or a local name)."""
+    try:
+        if ipaddress.ip_address(name).is_loopback:
+            return True
+    except ValueError:  # a name, not an address
+        pass
+    return name in _local_names()
+
+
+def placement(flavour: str, hosts: Sequence[Tuple[str, int]], np: int) -> List[Tuple[str, int]]:
+    """The nodes the launcher makes of ``hosts`` (host, slots), in order, each with the number
+    of ranks it gets when ``np`` ranks fill their slots in order (both launchers map by slot).
+
+    Hydra makes each entry a node of its own, even two that name one machine (``localhost``
+    and ``127.0.0.1``); Open MPI makes one node of the entries that name one machine (the
+    same name, or this machine under any of its names), with their slots summed, in the place
+    of the first. ValueError when ``np`` exceeds the slots, as in horovodrun.
+    """
+    nodes: List[List] = []
+    for host, slots in hosts:
+        same = None
+        if flavour == OPENMPI:
+            same = next((node for node in nodes if node[0] == host
+                         or (_this_machine(node[0]) and _this_machine(host))), None)
+        if same is None:
+            nodes.append([host, slots])
+        else:
+            same[1] += slots
+    total = sum(slots for _, slots in nodes)
+    if np > total:
+        raise ValueError(f"-np {np} is more than the {total} slots of the hosts given "
+                         f"({','.join(f'{h}:{s}' for h, s in hosts)}); give more slots "
+                         "(host:N) or a smaller -np")
+    layout = []
+    for host, slots in nodes:
+        if np > 0:
+            layout.append((host, min(slots, np)))
+            np -= min(slots, np)
+    return layout
 
 
 def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],

@@ -3,16 +3,24 @@
 The wrapper runs the user's command as a child that inherits the environment and every file
 descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
 exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
-first rank that failed: it carries the time of the exit, and whether the launcher had told the
-rank to end (a consequence of another rank's failure, not a cause). A start marker on stderr
-tells hvdrun that the rank has started (for ``--start-timeout``) and on which host.
+first rank that failed: it carries the time of the exit, since reports from other hosts arrive
+late. A start marker on stderr tells hvdrun that the rank has started (for
+``--start-timeout``), and on which host. From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
+per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
+_HOSTNAME) for the child.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
 wrapper at once: a relay inside the wrapper would lose the traceback that explains the abort,
-while a relay that the launcher does not know about can still copy it out.
+while a relay that the launcher does not know about can still copy it out. A relay that dies
+before the child ends the rank with a message, rather than losing its output silently.
+
+No rank outlives hvdrun: hvdrun's mpiexec dies with it (hvdrun.run_job), and the wrapper ends
+its child (SIGTERM, then SIGKILL) once the launcher process that started it is gone, which
+the kernel signals (PR_SET_PDEATHSIG) and the wrapper also checks while it waits.
 """
 import ctypes
+import json
 import os
 import selectors
 import signal
@@ -20,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 EXIT_MARKER = "#hvdrun-exit"
 START_MARKER = "#hvdrun-start"
@@ -30,7 +38,20 @@ TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
 # non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills the relay mid-traceback.
 WORKER_VARIABLE = "HVDRUN_WORKER"
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# Set by hvdrun: the nodes in rank order with the number of ranks on each, as JSON
+# [[host, ranks], ...], from which each rank's Horovod variables follow.
+HOSTS_VARIABLE = "HVDRUN_HOSTS"
+# What the launchers tell a rank of its place on its node, and the Horovod variable each must
+# equal. (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK does not follow the rank order, MPI's does.)
+_LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
+                   ("MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"),
+                   ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"))
 _PR_SET_PDEATHSIG = 1
+# What the kernel sends the wrapper when its parent goes: a signal of its own, since the end of
+# the parent's thread that started it sends it too, and then the parent is still there.
+_PARENT_GONE = signal.SIGRTMIN
+_CHECK_SECONDS = 0.25  # how often the wrapper checks its parent and the relay while it waits
+_KILL_GRACE_SECONDS = 2.0  # after SIGTERM, how long the child has before SIGKILL
 # Once the child has exited (or the wrapper has died), how long the relay may keep copying output
 # from processes the child left behind before it gives up.
 _DRAIN_SECONDS = 2.0
@@ -47,11 +68,57 @@ def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-def exit_marker(rank: int, code: int, told: bool = False) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code`` now (this host's
-    clock), ``told`` when the launcher had signalled it to end."""
-    told_text = " told" if told else ""
-    return f"{EXIT_MARKER} rank={rank} code={code} at={time.time():.6f}{told_text}\n".encode()
+def horovod_variables(nodes: Sequence[Tuple[str, int]], rank: int) -> Dict[str, str]:
+    """Horovod's per-rank variables of ``rank`` when the ranks fill ``nodes`` (host, ranks) in
+    order: the cross rank counts the nodes before this one that have a rank with this local
+    rank, as MPI's split of the world by local rank does."""
+    start = 0
+    for index, (host, count) in enumerate(nodes):
+        if rank < start + count:
+            break
+        start += count
+    else:
+        raise ValueError(f"rank {rank} is beyond the {start} ranks of {HOSTS_VARIABLE}")
+    local_rank = rank - start
+    peers = [i for i, (_, count) in enumerate(nodes) if count > local_rank]
+    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(sum(count for _, count in nodes)),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(count),
+            "HOROVOD_CROSS_RANK": str(peers.index(index)), "HOROVOD_CROSS_SIZE": str(len(peers)),
+            "HOROVOD_HOSTNAME": host}
+
+
+def _placed_otherwise(variables: Mapping[str, str], environ: Mapping[str, str]) -> Optional[str]:
+    """How the launcher's own view of this rank's place differs from ``variables``, or None."""
+    for launcher_name, name in _LAUNCHER_PLACE:
+        if environ.get(launcher_name, variables[name]) != variables[name]:
+            return (f"{launcher_name}={environ[launcher_name]}, hvdrun's hosts give "
+                    f"{name}={variables[name]}")
+    return None
+
+
+def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
+    """Put Horovod's per-rank variables into ``env`` from hvdrun's hosts; return a warning
+    line for stderr when the launcher placed the rank otherwise (then only HOROVOD_RANK and
+    HOROVOD_SIZE are set: the others would be wrong)."""
+    variables = horovod_variables(json.loads(env[HOSTS_VARIABLE]), rank)
+    for name in variables:  # an enclosing job's values must not leak through
+        env.pop(name, None)
+    otherwise = _placed_otherwise(variables, env)
+    if otherwise is None:
+        env.update(variables)
+        return b""
+    env.update(HOROVOD_RANK=variables["HOROVOD_RANK"], HOROVOD_SIZE=variables["HOROVOD_SIZE"])
+    return (f"[{rank}]<stderr>:hvdrun: warning: mpiexec placed rank {rank} otherwise than the "
+            f"hosts given ({otherwise}), e.g. through --mpi-args; HOROVOD_LOCAL_*, "
+            "HOROVOD_CROSS_* and HOROVOD_HOSTNAME are not set (hvd_trainer.local_rank() and "
+            "the others ask MPI)\n").encode()
+
+
+def exit_marker(rank: int, code: int, ended: bool = False) -> bytes:
+    """The marker line telling hvdrun that ``rank`` exited with ``code`` now (by this host's
+    clock); ``ended``: after the launcher signalled it (it was ended, not failed on its own)."""
+    return (f"{EXIT_MARKER} rank={rank} code={code} at={time.time():.6f}"
+            f"{' ended' if ended else ''}\n").encode()
 
 
 def start_marker(rank: int) -> bytes:
@@ -65,13 +132,10 @@ def _timestamp() -> bytes:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} ".encode()
 
 
-def die_with_parent(signum: int = signal.SIGKILL):
-    """Return a preexec_fn that makes the kernel send ``signum`` to the child when its parent
-    (this process) dies.
-
-    Without it a rank could outlive a wrapper that mpiexec killed, and a job could outlive an
-    hvdrun killed with SIGKILL. No-op where prctl is missing.
-    """
+def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None]:
+    """Return a preexec_fn that makes the kernel send ``signum`` to the child when this
+    process dies (hvdrun's mpiexec, the wrapper's child): no process outlives its starter.
+    No-op where prctl is missing."""
     prctl = getattr(ctypes.CDLL(None), "prctl", None)
     parent = os.getpid()
 
@@ -81,6 +145,14 @@ def die_with_parent(signum: int = signal.SIGKILL):
             if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(1)
     return preexec
+
+
+def _signal_when_parent_goes() -> int:
+    """Ask the kernel for _PARENT_GONE when the wrapper's parent goes; return the parent."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, _PARENT_GONE)
+    return os.getppid()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -129,16 +201,70 @@ def _start_relay(child: subprocess.Popen, rank: int, stamp: bool) -> int:
     wrapper = os.getpid()
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
             os.setsid()  # out of the wrapper's process group, so a kill aimed at the rank spares it
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, _PARENT_GONE):
                 signal.signal(signum, signal.SIG_DFL)
             _relay({child.stdout.fileno(): 1, child.stderr.fileno(): 2}, rank, wrapper, stamp)
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     child.stdout.close()
     child.stderr.close()
     return pid
+
+
+def _relay_failure(status: int) -> Optional[str]:
+    """How a relay that ended with wait ``status`` before the child failed, or None when it
+    just finished (the child closed its output)."""
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    code = os.WEXITSTATUS(status)
+    return f"failed (exit code {code})" if code else None
+
+
+def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> Tuple[int, bool]:
+    """The child's wait status, and whether the relay ended (and was reaped) before it.
+
+    The child is ended (SIGTERM, SIGKILL after _KILL_GRACE_SECONDS) when the wrapper's parent
+    is gone (the launcher died: hvdrun is gone) or when the relay failed (the rank's output
+    would be lost); the relay's failure is reported on stderr, and the child's status is then 1.
+    """
+    ending_since: Optional[float] = None
+    relay_ended, relay_failed = False, False
+
+    def end() -> None:
+        nonlocal ending_since
+        if ending_since is None:
+            ending_since = time.monotonic()
+            child.terminate()
+
+    def parent_gone(_signum, _frame) -> None:
+        if os.getppid() != parent:
+            end()
+
+    signal.signal(_PARENT_GONE, parent_gone)
+    while True:
+        try:
+            status = child.wait(timeout=_CHECK_SECONDS)
+            return (1 if relay_failed else status), relay_ended
+        except subprocess.TimeoutExpired:
+            pass
+        if not relay_ended:
+            pid, wait_status = os.waitpid(relay, os.WNOHANG)
+            relay_ended = pid != 0
+            how = _relay_failure(wait_status) if relay_ended else None
+            if how:
+                relay_failed = True
+                _write_all(2, f"[{rank}]<stderr>:hvdrun: the output relay of rank {rank} (pid "
+                              f"{relay}) {how}; ending the rank, whose output would be lost\n"
+                           .encode())
+                end()
+        if os.getppid() != parent:
+            end()
+        if ending_since is not None and time.monotonic() > ending_since + _KILL_GRACE_SECONDS:
+            child.kill()
 
 
 def _wait_relay(pid: int) -> None:
@@ -160,6 +286,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not command:
         print("usage: python -m hvd_trainer_launch.worker -- command [args ...]", file=sys.stderr)
         return 2
+    parent = _signal_when_parent_goes()
+    # Until the child runs, the signal only wakes the wrapper (its default would kill it);
+    # _wait_child then checks the parent. A handler, unlike SIG_IGN, is not inherited by exec.
+    signal.signal(_PARENT_GONE, lambda _signum, _frame: None)
     rank = launcher_rank(os.environ)
     if rank is None:
         print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
@@ -169,6 +299,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
     env[WORKER_VARIABLE] = "1"
+    if HOSTS_VARIABLE in env:
+        _write_all(2, _with_horovod_variables(env, rank))
     sys.stdout.flush()
     try:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -178,19 +310,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
         _write_all(2, message.encode() + exit_marker(rank, code))
         return code
-    told: List[int] = []
+    signalled = []  # the launcher's signals, passed on to the child
 
     def forward(received: int, _frame) -> None:
-        told.append(received)
+        signalled.append(received)
         child.send_signal(received)
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
-    returncode = child.wait()
+    returncode, relay_ended = _wait_child(child, relay, parent, rank)
     code = returncode if returncode >= 0 else 128 - returncode
-    marker = exit_marker(rank, code, bool(told))  # stamped with the exit's time, not the drain's
-    _wait_relay(relay)
+    marker = exit_marker(rank, code, ended=bool(signalled))  # the exit's time, not the drain's
+    if not relay_ended:
+        _wait_relay(relay)
     if code:
         _write_all(2, marker)
     return code

@@ -9,6 +9,13 @@ Two allreduce algorithms:
   sum: each hop adds in float32 and rounds once to the 16-bit type.
 * ``native``: the MPI library's ``MPI_Allreduce``, for dtypes and ops MPI defines.
 
+Float Min and Max: MPI's MIN and MAX keep whichever operand a comparison favours, and the
+ranks combine operands in different orders, so a NaN on one rank, or -0 on one and +0 on
+another, left ranks with different results. The ring (NumPy's ufuncs, each chunk reduced once)
+propagates NaN as np.minimum/np.maximum do and gives every rank the same bits; a native
+reduction first checks each rank's input for NaN and -0 (one pass) and agrees on it in a
+one-byte allreduce, then leaves such buffers to the ring (benchmarks/min_max.py).
+
 ``auto`` uses native below ``ring_threshold`` bytes and the ring at or above it; the default
 threshold comes from ``benchmarks/allreduce.py`` (see benchmarks/README.md). Buffers travel as
 raw bytes except in native reductions, so MPI never needs to know a dtype it lacks.
@@ -39,6 +46,12 @@ _POST_TAG = 7331
 
 # Largest count or displacement an MPI call takes without MPI-4 large counts.
 _INT_LIMIT = 2**31 - 1
+
+
+def nan_or_negative_zero(buf: np.ndarray) -> bool:
+    """Whether the float array ``buf`` holds a NaN or a -0 (two passes: max, then the bits)."""
+    sign_bit = np.array(1 << (8 * buf.itemsize - 1)).astype(f"u{buf.itemsize}")
+    return bool(np.isnan(buf.max()) or (buf.view(sign_bit.dtype) == sign_bit).any())
 
 
 def _bytes(buf: np.ndarray) -> list:
@@ -109,7 +122,7 @@ class MPICommunicator:
             if out is not buf:
                 out[...] = buf
             return
-        if self._use_native(buf, op):
+        if self._use_native(buf, op) and not self._order_matters(buf, op):
             for a, b in _pieces(buf.size, self.count_limit or buf.size):
                 send = MPI.IN_PLACE if out is buf else buf[a:b]
                 self.comm.Allreduce(send, out[a:b], _MPI_OPS[op])
@@ -128,6 +141,15 @@ class MPICommunicator:
         if self.algorithm == "auto":
             return buf.nbytes < self.ring_threshold
         return self.algorithm == "native"
+
+    def _order_matters(self, buf: np.ndarray, op: str) -> bool:
+        """Whether some rank's float Min/Max input holds a NaN or a -0, whose result MPI's
+        MIN/MAX would make depend on the order of operands (agreed in one small allreduce)."""
+        if buf.dtype.kind != "f" or op not in ("min", "max"):
+            return False
+        flag = np.array([nan_or_negative_zero(buf)], np.uint8)
+        self.comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)
+        return bool(flag[0])
 
     def ring_allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
         """Reduce-scatter then allgather around the ring; ``buf`` is flat and contiguous.

@@ -19,7 +19,7 @@ from ..backends import nccl
 from ..backends.companions import Companions
 from ..backends.host_staged import HostStagedCommunicator
 from ..fusion import BufferPool
-from ..ops import Memory
+from ..memory import Memory, register
 from ..runtime import ProcessSet, global_process_set
 from . import fusion
 
@@ -99,5 +99,6 @@ class DeviceMemory(Memory):
 
 
 DEVICE = DeviceMemory()
+register("cupy", DEVICE)
 # Device fusion buffers per GPU communicator.
 _pools: "weakref.WeakKeyDictionary[Any, BufferPool]" = weakref.WeakKeyDictionary()

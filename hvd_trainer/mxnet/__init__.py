@@ -4,13 +4,14 @@ Runtime functions, process sets, reduction ops and compressors come from the fra
 core; the collectives here take and return NDArrays.
 """
 from ..compression import Compression
-from ..diagnostics import MismatchError, start_timeline, stop_timeline
+from ..agreement import MismatchError
+from ..timeline import start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum
-from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
-                       ddl_built, gloo_built, gloo_enabled, global_process_set, init, is_homogeneous,
+from ..process_sets import add_process_set, init, remove_process_set
+from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                       gloo_built, gloo_enabled, global_process_set, is_homogeneous,
                        is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                       mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                       shutdown, size)
+                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from .ops import (allgather, allgather_object, allreduce, allreduce_, alltoall, broadcast,
                   broadcast_, broadcast_object, grouped_allgather, grouped_allreduce,
                   grouped_allreduce_, grouped_reducescatter, reducescatter)

@@ -10,6 +10,13 @@ through MXNet's own updater, after the trainer has summed the gradient rows acro
 (:mod:`hvd_trainer.sparse`). Lazy updates (``lazy_update=True``, SGD's and Adam's default)
 thus touch only rows some rank touched, and every rank's copy equals a gluon.Trainer's on the
 global batch.
+
+A row_sparse weight may also have a dense gradient (``grad_stype='default'``). gluon.Trainer
+means to push it to the KVStore, which updates its whole copy of the weight with it (every
+row, as a dense weight would be updated); MXNet 1.9.1's gluon.Trainer fails before that
+(``step`` asks the weight for ``list_data()``, which row_sparse weights refuse). Here the
+trainer allreduces such a gradient like any dense one, and :meth:`SparseWeights.update`
+applies it to the whole weight, which is what that KVStore update does.
 """
 from typing import Any, Callable, Dict, List, Sequence, Union
 
@@ -30,11 +37,11 @@ def check(param: mx.gluon.Parameter) -> None:
     if param._stype != "row_sparse":
         raise ValueError(f"Parameter {param.name!r} has stype={param._stype!r}; "
                          "DistributedTrainer takes dense (the default) and 'row_sparse' weights")
-    if param._grad_stype != "row_sparse":
+    if param._grad_stype not in ("row_sparse", "default"):
         raise ValueError(f"Parameter {param.name!r} has stype='row_sparse' and a "
-                         f"{param._grad_stype!r} gradient, which gluon.Trainer cannot update "
-                         "either; create it with grad_stype='row_sparse' (as "
-                         "contrib.nn.SparseEmbedding does)")
+                         f"{param._grad_stype!r} gradient; DistributedTrainer takes "
+                         "grad_stype='row_sparse' (as contrib.nn.SparseEmbedding has) or "
+                         "'default'")
     if param._data is None and param._deferred_init:
         raise ValueError(f"Parameter {param.name!r} is a row_sparse weight whose shape is not "
                          "known yet; give it its full shape and initialize it before creating "

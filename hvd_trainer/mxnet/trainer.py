@@ -30,16 +30,15 @@ Compressed gradients, row-sparse gradients and gradients on a GPU take the reduc
 per-tensor path: summed into the first context's buffer, reduced, copied back.
 """
 import functools
-import os
 import pickle
-import socket
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import mxnet as mx
 import numpy as np
 
-from .. import diagnostics, ops, runtime
+from .. import checkpoint as checkpoint_format
+from .. import files, ops, runtime, timeline
 from ..checkpoint import attach_residuals, detach_residuals
 from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
@@ -83,7 +82,14 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
     return compression_from_params(compression_params)
 
 
-_CHECKPOINT_FORMAT = "hvd_trainer checkpoint 1"
+def _is_compression(value: Any) -> bool:
+    """Whether ``value`` is a compression (``Compression.none``/``fp16``, a Compressor class
+    of one's own, or a ``GatherCompressor``) rather than a kvstore."""
+    return isinstance(value, GatherCompressor) or (isinstance(value, type)
+                                                  and issubclass(value, Compressor))
+
+
+_CHECKPOINT_FORMAT = "hvd_trainer checkpoint 1"  # the payload's own mark, inside the file format
 
 class DistributedTrainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` for data-parallel training: gradients are summed across ranks.
@@ -101,6 +107,12 @@ class DistributedTrainer(mx.gluon.Trainer):
     - Updates always happen locally (``update_on_kvstore=True`` is refused). ``kvstore`` is
       ignored with one warning; ``compression_params={'type': 'fp16'}`` means
       ``compression=Compression.fp16``.
+    - Both positional orders work. The 4th argument is gluon.Trainer's ``kvstore`` when it
+      is a str, a KVStore or None, and horovod.mxnet's ``compression`` when it is a
+      compression (``Compression.none``, ``Compression.fp16``, a Compressor subclass or a
+      ``GatherCompressor``); anything else is a TypeError. After a compression, a number as
+      5th argument is Horovod's ``gradient_predivide_factor`` and a str as 6th its
+      ``prefix``; ``num_groups`` and ``process_set`` are keywords here.
     - ``compression_params`` of type 2bit, 1bit, topk or scaled_2bit (or a
       ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
       ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
@@ -130,7 +142,7 @@ class DistributedTrainer(mx.gluon.Trainer):
       set; ``update``, ``save_states``, ``load_states`` and ``set_learning_rate`` are local.
     - Each step makes one agreement exchange that checks every rank has the same gradients
       (names, shapes, dtypes) and settings and carries the freshness flags; the step's
-      collectives then skip their own (see :mod:`hvd_trainer.diagnostics`).
+      collectives then skip their own (see :mod:`hvd_trainer.agreement`).
     - A ``DistributedOptimizer`` passed as ``optimizer`` is unwrapped with a warning (as in
       Horovod), keeping its per-rank ``rescale_grad``, so gradients are not reduced twice.
     - Row-sparse gradients (``sparse_grad=True``) are allgathered as ids and rows, duplicates
@@ -142,7 +154,9 @@ class DistributedTrainer(mx.gluon.Trainer):
       grad_stype='row_sparse')``): every rank holds the whole weight, serves
       ``row_sparse_data`` and ``list_row_sparse_data`` from it, and applies the optimizer to
       it once per step with the gathered gradient rows, so lazy updates touch only rows some
-      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`).
+      rank touched (see :mod:`hvd_trainer.mxnet.sparse_weights`). One with a dense gradient
+      (``grad_stype='default'``) is held and served the same way; its gradient is allreduced
+      like any dense one and the whole weight updated with it, as a KVStore would.
     - Uncompressed dense host gradients live in flat buckets and are reduced there, with the
       optimizer update of each bucket queued while the next is reduced (see the module
       docstring; ``HVD_BUCKET_THRESHOLD`` bytes per bucket, default 16 MiB; ``HVD_OVERLAP=1``
@@ -155,6 +169,26 @@ class DistributedTrainer(mx.gluon.Trainer):
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
+        if _is_compression(kvstore):  # horovod.mxnet's positional order
+            if compression is not Compression.none:
+                raise TypeError("DistributedTrainer got compression twice: as its 4th argument "
+                                "(horovod.mxnet's order) and as compression=")
+            compression, kvstore = kvstore, "device"
+            if isinstance(compression_params, (int, float)) and not isinstance(compression_params,
+                                                                               bool):
+                if gradient_predivide_factor != 1.0:
+                    raise TypeError("DistributedTrainer got gradient_predivide_factor twice: as "
+                                    "its 5th argument (horovod.mxnet's order) and as a keyword")
+                gradient_predivide_factor, compression_params = float(compression_params), None
+            if isinstance(update_on_kvstore, str):
+                if prefix is not None:
+                    raise TypeError("DistributedTrainer got prefix twice: as its 6th argument "
+                                    "(horovod.mxnet's order) and as prefix=")
+                prefix, update_on_kvstore = update_on_kvstore, None
+        elif not (kvstore is None or isinstance(kvstore, (str, mx.kvstore.KVStoreBase))):
+            raise TypeError(f"DistributedTrainer's 4th argument is {kvstore!r}: give gluon."
+                            "Trainer's kvstore (a str or KVStore) or horovod.mxnet's compression "
+                            "(Compression.none, Compression.fp16 or a GatherCompressor)")
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
                              "allreduces gradients and updates on every rank; pass "
@@ -250,13 +284,14 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i in indices:
             param = self._params[i]
             if i in in_bucket:  # its gradient is waited for later, bucket by bucket
-                fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+                fresh = [k for k, d in enumerate(sparse_weights.weight_arrays(param))
+                         if d._fresh_grad]
                 self._fresh_contexts[i] = fresh
                 if fresh:
                     ready.append((i, None))
                 continue
             local_sum = sparse_nd.local_rows if i in self._sparse_grads else self._local_sum
-            with diagnostics.span(reducer.name(i), "WAIT_FOR_GRADIENT"):
+            with timeline.span(reducer.name(i), "WAIT_FOR_GRADIENT"):
                 given[i] = local_sum(param)
             if given[i] is not None:
                 ready.append((i, given[i]))
@@ -288,7 +323,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._finish_bucket(bucket, step)
             if update and (self._step_ignore or step.fresh.all()):
                 members = [i for i in bucket.keys if self._reducer.fresh(step, i)]
-                with diagnostics.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
+                with timeline.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
                     self._apply_updates(members, self._step_ignore)
                 self._updated.update(members)
 
@@ -348,9 +383,10 @@ class DistributedTrainer(mx.gluon.Trainer):
                 grad.copyto(view)
                 param._grad[0] = view
                 # Marking resets the freshness flags that backward set; keep them.
-                fresh = [d._fresh_grad for d in param.list_data()]
-                mx.autograd.mark_variables(param.list_data(), param._grad, param.grad_req)
-                for d, flag in zip(param.list_data(), fresh):
+                weights = sparse_weights.weight_arrays(param)  # a row_sparse one's too
+                fresh = [d._fresh_grad for d in weights]
+                mx.autograd.mark_variables(weights, param._grad, param.grad_req)
+                for d, flag in zip(weights, fresh):
                     d._fresh_grad = flag
                 self._views[i] = view
             bucket.open = functools.partial(self._open_bucket, bucket, flat)
@@ -385,7 +421,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                 self._publish(param, bucket.host[start:end].reshape(param.shape), in_place=True)
 
     def _update(self, ignore_stale_grad=False):
-        with diagnostics.span(f"{self._prefix}step", "UPDATE"):
+        with timeline.span(f"{self._prefix}step", "UPDATE"):
             if self._updated:  # step() updated some buckets already
                 rest = [i for i in range(len(self._params)) if i not in self._updated]
                 self._updated = set()
@@ -430,7 +466,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _local_sum(self, param: mx.gluon.Parameter) -> Optional[np.ndarray]:
         """Sum this process's fresh gradients into the first context's buffer: the gradient
         itself on the host, a host copy for a GPU gradient. None when no context is fresh."""
-        fresh = [k for k, d in enumerate(param.list_data()) if d._fresh_grad]
+        fresh = [k for k, d in enumerate(sparse_weights.weight_arrays(param)) if d._fresh_grad]
         if not fresh:
             return None
         grad = param.list_grad()[0]
@@ -445,7 +481,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         for k, g in enumerate(param.list_grad()):
             if k > 0 or not in_place or not bridge.is_host(g):
                 bridge.assign(g, buf)
-        for d in param.list_data():
+        for d in sparse_weights.weight_arrays(param):
             d._fresh_grad = True
 
     def save_states(self, fname: str) -> None:
@@ -457,15 +493,55 @@ class DistributedTrainer(mx.gluon.Trainer):
         plain ``gluon.Trainer`` can read it. It holds no compression residuals; for an exact
         resume across ranks use the collective :meth:`save_checkpoint`.
         """
-        _replace_atomically(fname, super().save_states)
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if self._params_to_init:
+            self._init_params()
+        files.write_atomically(fname, self._updaters[0].get_states(dump_optimizer=True))
 
     def load_states(self, fname: str) -> None:
         """Read optimizer states from ``fname`` into this process's trainer, as Gluon does.
 
         Not a collective: each caller reads its own path. Every rank loading the same states
         keeps the ranks' updates identical; compression residuals are left as they are.
+        A states file is a pickle, as Gluon's own: load only files from a trusted source. A
+        checkpoint (:meth:`save_checkpoint`), or states of another model or optimizer, are
+        refused with a ValueError naming what differs, and nothing is loaded.
         """
-        super().load_states(fname)
+        with open(fname, "rb") as f:
+            data = f.read()
+        if checkpoint_format.is_checkpoint(data):
+            raise ValueError(f"{fname!r} is a checkpoint written by save_checkpoint(), not "
+                             "optimizer states; load it with trainer.load_checkpoint()")
+        self._check_states(pickle.loads(data), fname)
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if self._params_to_init:
+            self._init_params()
+        self._set_states(data)
+
+    def _check_states(self, loaded: Any, fname: str) -> None:
+        """Refuse Gluon states (``(states, optimizer)`` or ``states``) that another model or
+        optimizer wrote, naming what differs: indices past this trainer's parameters, a
+        state whose shape is not its parameter's, another optimizer class."""
+        states, optimizer = loaded if isinstance(loaded, tuple) and len(loaded) == 2 else (loaded, None)
+        fix = "load states that this model and optimizer saved"
+        if not isinstance(states, dict) or not all(isinstance(i, int) for i in states):
+            raise ValueError(f"{fname!r} does not hold Gluon optimizer states (a dict by "
+                             f"parameter index); {fix}")
+        outside = sorted(i for i in states if not 0 <= i < len(self._params))
+        if outside:
+            raise ValueError(f"{fname!r} holds states of {len(states)} parameters, up to index "
+                             f"{max(states)}; this trainer has {len(self._params)} parameters; {fix}")
+        if optimizer is not None and type(optimizer) is not type(self._optimizer):
+            raise ValueError(f"{fname!r} holds states of optimizer {type(optimizer).__name__}, "
+                             f"this trainer's is {type(self._optimizer).__name__}; {fix}")
+        for i, state in sorted(states.items()):
+            param = self._params[i]
+            for shape in _state_shapes(state):
+                if tuple(shape) != tuple(param.shape):
+                    raise ValueError(f"{fname!r}: the state of parameter {i} ({param.name!r}) "
+                                     f"has shape {tuple(shape)}, the parameter {tuple(param.shape)}; {fix}")
 
     def save_checkpoint(self, fname: str, extra: Any = None) -> None:
         """Save everything a resumed run needs, in one file. A collective: every rank of the
@@ -489,8 +565,8 @@ class DistributedTrainer(mx.gluon.Trainer):
                        for i, p in enumerate(self._params)]
             states = attach_residuals(self._updaters[0].get_states(dump_optimizer=True),
                                       reducer_state)
-            return pickle.dumps({"format": _CHECKPOINT_FORMAT, "weights": weights,
-                                 "states": states, "extra": extra}, pickle.HIGHEST_PROTOCOL)
+            return checkpoint_format.pack({"format": _CHECKPOINT_FORMAT, "weights": weights,
+                                           "states": states, "extra": extra})
 
         self._write_on_root(fname, build, "save_checkpoint")
 
@@ -505,11 +581,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         local: that rank reads its own file.
         """
         self._check_initialized("load_checkpoint")
-        data, reducer_state = self._read_on_root(fname, "load_checkpoint")
-        checkpoint = pickle.loads(data)
-        if not isinstance(checkpoint, dict) or checkpoint.get("format") != _CHECKPOINT_FORMAT:
-            raise ValueError(f"{fname!r} is not a DistributedTrainer checkpoint; write one "
-                             "with trainer.save_checkpoint()")
+        checkpoint, reducer_state = self._read_on_root(fname, "load_checkpoint")
         weights = checkpoint["weights"]
         if len(weights) != len(self._params):
             raise ValueError(f"{fname!r} holds {len(weights)} parameters, this trainer has "
@@ -558,7 +630,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         error = None
         if self._writes():
             try:
-                _replace_atomically(fname, lambda tmp: _write_bytes(tmp, build()))
+                files.write_atomically(fname, build())
             except OSError as e:
                 error = f"rank {runtime.rank()} could not write {fname!r}: {e}"
         if self._member:
@@ -568,54 +640,43 @@ class DistributedTrainer(mx.gluon.Trainer):
         if error:
             raise OSError(error)
 
-    def _read_on_root(self, fname: str, what: str) -> Tuple[bytes, Any]:
-        """The set's first rank reads ``fname`` and every member gets its bytes, less the
-        residuals, which stay on the reading rank (returned there, None elsewhere); OSError
-        on all members if it failed."""
-        data, error, reducer_state = None, None, None
+    def _read_on_root(self, fname: str, what: str) -> Tuple[Dict[str, Any], Any]:
+        """The set's first rank reads ``fname``, checks it (digest before unpickling) and every
+        member gets the checkpoint less the residuals, which stay on the reading rank (returned
+        there, None elsewhere). A file that cannot be read raises OSError on all members, one
+        that is no intact checkpoint ValueError."""
+        checkpoint, error, reducer_state = None, None, None
         if self._writes():
             try:
                 with open(fname, "rb") as f:
-                    data, reducer_state = _without_residuals(f.read())
+                    checkpoint, reducer_state = _without_residuals(f.read(), fname)
             except OSError as e:
-                error = f"rank {runtime.rank()} could not read {fname!r}: {e}"
+                error = ("OSError", f"rank {runtime.rank()} could not read {fname!r}: {e}")
+            except ValueError as e:
+                error = ("ValueError", str(e))
         if self._member:
-            data, error = raises_mxnet_errors(ops.allgather_object)(
-                (data, error) if self._writes() else None, f"{self._prefix}{what}",
+            checkpoint, error = raises_mxnet_errors(ops.allgather_object)(
+                (checkpoint, error) if self._writes() else None, f"{self._prefix}{what}",
                 self._process_set)[0]
         if error:
-            raise OSError(error)
-        return data, reducer_state
+            raise (OSError if error[0] == "OSError" else ValueError)(error[1])
+        return checkpoint, reducer_state
 
 
-def _without_residuals(data: bytes) -> Tuple[bytes, Any]:
-    """A checkpoint's bytes with the residuals taken out of its states, and the residuals;
-    anything that is not a checkpoint unchanged (every rank then refuses it alike)."""
-    try:
-        checkpoint = pickle.loads(data)
-    except Exception:
-        return data, None
+def _without_residuals(data: bytes, fname: str) -> Tuple[Dict[str, Any], Any]:
+    """The checkpoint in a file's bytes, verified, with the residuals taken out of its states,
+    and the residuals; ValueError when it is no intact checkpoint."""
+    checkpoint = checkpoint_format.unpack(data, fname)
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != _CHECKPOINT_FORMAT:
-        return data, None
+        raise ValueError(f"{fname!r} is not a DistributedTrainer checkpoint; write one with "
+                         "trainer.save_checkpoint()")
     checkpoint["states"], reducer_state = detach_residuals(checkpoint["states"])
-    return pickle.dumps(checkpoint, pickle.HIGHEST_PROTOCOL), reducer_state
+    return checkpoint, reducer_state
 
 
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _replace_atomically(fname: str, write: Callable[[str], None]) -> None:
-    """Let ``write`` fill a temporary file next to ``fname``, sync it and rename it to ``fname``,
-    so that ``fname`` is always a whole file, the old one or the new one. Concurrent writers
-    (ranks saving to one shared path) each use their own temporary file."""
-    tmp = f"{fname}.tmp.{socket.gethostname()}.{os.getpid()}"
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, fname)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def _state_shapes(state: Any) -> List[Tuple[int, ...]]:
+    """The shapes of the arrays in one parameter's optimizer state (None, an array, or
+    nested tuples and lists of them)."""
+    if isinstance(state, (tuple, list)):
+        return [shape for part in state for shape in _state_shapes(part)]
+    return [tuple(state.shape)] if hasattr(state, "shape") else []

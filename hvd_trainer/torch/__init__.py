@@ -3,13 +3,14 @@
 Runtime functions, process sets and reduction ops come from the framework-free core; the
 collectives here take and return torch tensors. CPU tensors only.
 """
-from ..diagnostics import MismatchError, start_timeline, stop_timeline
+from ..agreement import MismatchError
+from ..timeline import start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum
-from ..runtime import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,
-                       cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set, init,
-                       is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
-                       mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
-                       rocm_built, shutdown, size)
+from ..process_sets import add_process_set, init, remove_process_set
+from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                       gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from . import elastic
 from .compression import Compression
 from .errors import HorovodInternalError

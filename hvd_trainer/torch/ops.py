@@ -512,12 +512,19 @@ def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torc
     """
     def check() -> Tuple[torch.Tensor, Any]:
         t = bridge.check_tensor(tensor, "tensor")
-        if isinstance(splits, torch.Tensor):
-            return t, splits.detach().cpu().numpy()
-        if splits is None and t.dim() and t.shape[0] % process_set.size() == 0:
-            # Explicit equal splits, so the core also reports the rows received.
-            return t, [t.shape[0] // process_set.size()] * process_set.size()
-        return t, splits
+        if splits is None:
+            if t.dim() and t.shape[0] % process_set.size() == 0:
+                # Explicit equal splits, so the core also reports the rows received.
+                return t, [t.shape[0] // process_set.size()] * process_set.size()
+            return t, None
+        given = (splits.detach().cpu().numpy() if isinstance(splits, torch.Tensor)
+                 else np.asarray(splits))
+        if given.size and given.dtype.kind not in "iu":
+            # Horovod raises ValueError here (its splits are an int32 tensor).
+            raise ValueError(f"splits must hold integers, got dtype {given.dtype} "
+                             f"({given.reshape(-1).tolist()}); pass "
+                             "torch.tensor(splits, dtype=torch.int32)")
+        return t, given.astype(np.int64)
 
     tensor, split_rows = checked("alltoall", name, process_set, check)
 
@@ -585,11 +592,16 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
 
 def _scatter_gradient(grads: List[torch.Tensor], op: Any, scale: float,
                       process_set: ProcessSet) -> List[torch.Tensor]:
-    """The gradient of a reducescatter: every rank's share of the incoming gradient, gathered,
-    times the scale factors and 1/size for Average."""
+    """The gradient of a reducescatter, Horovod's rule: every rank's incoming gradient,
+    gathered in rank order, times the scale factors and, for Sum, the set's size.
+
+    That is the gradient of the sum of every rank's loss with respect to an input that
+    every rank holds alike: Sum makes each rank's share size times that input's rows,
+    Average makes it those rows.
+    """
     _not_differentiable("reducescatter", op)
     gathered = grouped_allgather(grads, process_set=process_set)
-    factor = scale / (process_set.size() if op == Average else 1)
+    factor = scale * (process_set.size() if op == Sum else 1)
     return [g * factor if factor != 1.0 else g for g in gathered]
 
 

@@ -51,6 +51,7 @@ from ..reducer import Bucket, Gradient, Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
 from . import backward_collectives, bridge
 from . import sparse as torch_sparse
+from .adasum_optimizer import AdasumDistributed, check_adasum
 from .compression import Compression, FP16Compressor
 from .ops import Adasum
 
@@ -78,10 +79,10 @@ class _Distributed:
         self._synchronized = False
         self._should_synchronize = True
         self._hooks: List[Any] = []
+        self._parameter_names = _parameter_names(self, names)
         self._params: List[torch.nn.Parameter] = [
             p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        self._names = [names.get(id(p), f"allreduce.noname.{k}")
-                       for k, p in enumerate(self._params)]
+        self._names = [self._parameter_names[p] for p in self._params]
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._marked = [False] * len(self._params)
         self._begun = False  # this step's reductions have started
@@ -93,6 +94,9 @@ class _Distributed:
         self._kinds = [_DENSE if sparse_as_dense else _NONE] * len(self._params)
         self._seen = [_NONE] * len(self._params)  # this step's kinds, of the undecided ones
         self._revealing: Dict[int, torch.Tensor] = {}  # first sparse gradients, by key
+        # Gradients that backward made sparse on this rank and that are reduced densely, with
+        # their sparse dimensions (see synchronize)
+        self._densified: Dict[int, int] = {}
         self._reducer: Optional[Reducer] = None
         if not process_set.included():
             return  # a plain local optimizer, as in Horovod
@@ -211,6 +215,8 @@ class _Distributed:
             self._reducer.mark_ready(k, self._rows(k, grad))
             return
         if grad.layout != torch.strided:
+            if kind == _DENSE:  # sparse_as_dense, or a CUDA parameter: it goes back sparse
+                self._densified[k] = grad.sparse_dim()
             grad = p.grad = grad.to_dense()
         view = self._views.get(k)
         if view is not None:
@@ -368,6 +374,12 @@ class _Distributed:
                 p.grad = bridge.adopt(result)
             if self._postscale != 1.0:
                 p.grad.mul_(self._postscale)
+        for k, sparse_dim in self._densified.items():
+            # Horovod's sparse_as_dense hands the reduced gradient back sparse, so optimizers
+            # that take only sparse gradients (SparseAdam) still step; rows that sum to zero
+            # are left out, as its to_sparse() leaves them.
+            p = self._params[k]
+            p.grad = p.grad.to_sparse(sparse_dim)
         self._synchronized = True
 
     @property
@@ -398,8 +410,9 @@ class _Distributed:
         """Synchronize (unless inside ``skip_synchronize()``), then the wrapped step."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() was called after optimizer.synchronize() "
-                              "outside optimizer.skip_synchronize(): the gradients are "
+                # The warning's first words are Horovod's, which scripts and tests match.
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): the gradients are "
                               "reduced again. Call step() inside "
                               "`with optimizer.skip_synchronize():` after synchronize()")
             self.synchronize()
@@ -439,9 +452,18 @@ def _check_gpu_parameter(p: torch.Tensor, name: str, compression: Any) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _distributed_class(base: type) -> type:
-    """The wrapped optimizer's class with :class:`_Distributed`'s methods in front."""
-    return type(base.__name__, (_Distributed, base), {"__doc__": base.__doc__})
+def _distributed_class(base: type, mixin: type) -> type:
+    """The wrapped optimizer's class with ``mixin``'s methods in front."""
+    return type(base.__name__, (mixin, base), {"__doc__": base.__doc__})
+
+
+def _parameter_names(optimizer: torch.optim.Optimizer,
+                     names: Dict[int, str]) -> Dict[torch.Tensor, str]:
+    """Every parameter of the optimizer's groups with its name (Horovod's attribute
+    ``_parameter_names``): the given one, else Horovod's ``allreduce.noname.<group>.<index>``."""
+    return {p: names.get(id(p), f"allreduce.noname.{i}.{j}")
+            for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -452,7 +474,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups: Optional[Any] = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op=Average``) or
-    summed (``op=Sum``) over ``process_set``, as horovod.torch's DistributedOptimizer.
+    summed (``op=Sum``) over ``process_set``, or the ranks' updates combined by Adasum
+    (``op=Adasum``, see :mod:`.adasum_optimizer`), as horovod.torch's DistributedOptimizer.
 
     Returns an instance of a subclass of the optimizer's class sharing its parameter groups,
     options and state (use it in place of ``optimizer``, also for LR schedulers). Gradients
@@ -468,20 +491,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     docstring). Sparse COO gradients
     (``nn.Embedding(sparse=True)``) stay sparse: the result holds the rows touched on any
     rank, summed by the core's row allgather, or by a dense allreduce where that moves fewer
-    bytes; ``sparse_as_dense=True`` makes them dense before the reduction instead.
-    ``groups`` and ``op=Adasum`` are refused (see the README's PyTorch section).
+    bytes; ``sparse_as_dense=True`` makes them dense before the reduction, and sparse again
+    after it, as in Horovod. ``groups`` is refused (see the README's PyTorch section).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, _Distributed):
+    if isinstance(optimizer, (_Distributed, AdasumDistributed)):
         raise ValueError("optimizer is already a DistributedOptimizer; wrap it only once")
-    if op == Adasum:
-        raise ValueError("DistributedOptimizer does not take op=Adasum in hvd_trainer.torch; "
-                         "use op=hvd.Average or op=hvd.Sum (hvd.allreduce(op=hvd.Adasum) "
-                         "remains available)")
-    if op not in (Average, Sum):
-        raise ValueError(f"op={op!r}: DistributedOptimizer takes op=hvd.Average or op=hvd.Sum")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"op={op!r}: DistributedOptimizer takes op=hvd.Average, op=hvd.Sum "
+                         "or op=hvd.Adasum")
     if op != Average and gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average; pass "
                          "gradient_predivide_factor=1.0 with op=hvd.Sum")
@@ -491,12 +511,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     _check_passes(backward_passes_per_step)
     check_settings(gradient_predivide_factor, num_groups)
     names = _check_names(optimizer, named_parameters)
-    wrapped = _distributed_class(type(optimizer)).__new__(_distributed_class(type(optimizer)))
+    adasum = op == Adasum
+    if adasum:
+        check_adasum(compression, process_set)
+    cls = _distributed_class(type(optimizer), AdasumDistributed if adasum else _Distributed)
+    wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._patch_step_function()  # step hooks and profiling, as Optimizer.__init__ does
-    wrapped._set_up(names, compression, int(backward_passes_per_step), op,
-                    float(gradient_predivide_factor), int(num_groups), bool(sparse_as_dense),
-                    process_set)
+    if adasum:  # sparse_as_dense and num_groups have nothing to act on (see the README)
+        wrapped._set_up(_parameter_names(optimizer, names), compression,
+                        int(backward_passes_per_step), process_set)
+    else:
+        wrapped._set_up(names, compression, int(backward_passes_per_step), op,
+                        float(gradient_predivide_factor), int(num_groups),
+                        bool(sparse_as_dense), process_set)
     return wrapped
 
 

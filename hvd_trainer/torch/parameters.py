@@ -50,7 +50,28 @@ def _replace(value: Any, kind: type, make: Callable[[Any], Any]) -> Any:
     return value
 
 
+def _zero_gradients(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module]) -> None:
+    """Give each parameter of ``optimizer`` that requires a gradient a zero one, as Horovod
+    leaves them: sparse (row-sparse) for SparseAdam, and for SGD on the sparse embeddings of
+    ``model``; dense otherwise."""
+    sparse = set()
+    if model is not None:
+        sparse = {id(p) for m in model.modules()
+                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+                  for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if isinstance(optimizer, torch.optim.SparseAdam) or (
+                    isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                zeros = zeros.to_sparse(1)
+            p.grad = zeros
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Optional[torch.nn.Module] = None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Give every rank ``root_rank``'s optimizer state: per-parameter state (momentum
     buffers, Adam's moments and step) and every option of every parameter group (``lr``,
@@ -58,12 +79,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
     Ranks whose optimizer has not created its state yet (no step taken) receive the root's,
     and if the root has none, the others' is cleared. No step is taken to create state, so
-    the weights are left alone. The ranks' optimizers must have the same parameter groups,
+    the weights are left alone; but a rank whose optimizer had no state leaves each of its
+    parameters that requires a gradient with a zero ``.grad``, where Horovod's state-making
+    step leaves one (sparse for SparseAdam, and for SGD on ``model``'s sparse embeddings;
+    ``model`` serves only that). The ranks' optimizers must have the same parameter groups,
     with the same number of parameters each, or every rank raises ``ValueError``.
     """
     if not process_set.included():
         return
     state = optimizer.state_dict()
+    if not state["state"]:
+        _zero_gradients(optimizer, model)
     tensors: List[torch.Tensor] = []
 
     def hollow(tensor: torch.Tensor) -> _Slot:

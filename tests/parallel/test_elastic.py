@@ -119,17 +119,18 @@ def test_fewer_slots_than_min_np_for_the_elastic_timeout_ends_the_job(tmp_path):
                      hvdrun_args=["--min-np", "2", "--host-discovery-script", script,
                                   "--elastic-timeout", "1"])
     assert proc.returncode == 1
-    assert ("only 1 usable slots (localhost:1) for --elastic-timeout 1 s, fewer than --min-np 2; "
+    # run_ranks passes -np 2: the first life waits for that many slots.
+    assert ("only 1 usable slots (localhost:1) for --elastic-timeout 1 s, fewer than -np 2; "
             "ending the job") in proc.stderr
     assert "LIFE" not in proc.stdout
 
 
 @pytest.mark.parametrize("flags, ending", [
     (["--reset-limit", "1"], ["the job needs restart 2, over --reset-limit 1; ending the job"]),
-    (["--elastic-timeout", "600"],  # fixed hosts all blacklisted: no point in waiting
+    (["--elastic-timeout", "600"],  # every host left out: no point in waiting
      ["host localhost failed in 2 lives in a row; leaving it out",
-      "only 0 usable slots (no hosts) and no more can come (fixed hosts, none to return from "
-      "the blacklist), fewer than --min-np 2; ending the job"]),
+      "every discovered host is left out: localhost (its ranks failed in 2 lives in a row; "
+      "out for the rest of the job); ending the job"]),
 ])
 def test_a_rank_that_keeps_failing_ends_the_job_after_two_lives(flags, ending):
     proc = run_ranks("elastic_failing.py", 2, check=False, timeout=60,
@@ -153,3 +154,50 @@ def test_sigterm_while_waiting_for_slots_ends_hvdrun_with_128_plus_15(tmp_path):
     assert hvdrun.returncode == 128 + signal.SIGTERM, err
     assert "waiting up to 600 s for more" in err
     assert "received SIGTERM between two lives; ending the job" in err
+
+
+def exiting(tmp_path, codes: str) -> str:
+    """A rank that exits at once with ``codes[rank]`` (a Python expression over ``rank``)."""
+    path = tmp_path / "exiting.py"
+    path.write_text("import os, sys\n"
+                    "rank = int(os.environ.get('PMI_RANK') or os.environ['OMPI_COMM_WORLD_RANK'])\n"
+                    f"sys.exit({codes})\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("np_", [2])
+def test_a_life_in_which_every_rank_fails_ends_the_job_at_once(tmp_path, np_):
+    script = discovery(tmp_path, "localhost:1\n127.0.0.1:1")
+    proc = run_ranks(exiting(tmp_path, "3"), np_, check=False, timeout=60,
+                     hvdrun_args=["--min-np", "2", "--host-discovery-script", script,
+                                  "--elastic-timeout", "20"])
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.count("starting 2 ranks") == 1
+    assert ("every rank failed in this life (rank 0: code 3, rank 1: code 3); ending the job"
+            in proc.stderr)
+
+
+@pytest.mark.parametrize("np_", [4])
+def test_the_job_starts_on_every_slot_up_to_max_np_and_ends_when_every_host_is_out(tmp_path,
+                                                                                    np_):
+    """-np 2 --max-np 4 with 4 slots: all 4 are used (Horovod's meaning). One rank of each
+    host fails in every life, so both hosts count a failure in each, and after two lives
+    both are out: the job ends at once, naming them, instead of waiting for other hosts."""
+    script = discovery(tmp_path, "localhost:2\n127.0.0.1:2")
+    proc = run_ranks(exiting(tmp_path, "rank % 2"), 2, check=False, timeout=60,
+                     hvdrun_args=["--min-np", "2", "--max-np", str(np_),
+                                  "--host-discovery-script", script, "--elastic-timeout", "20"])
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("starting 4 ranks on localhost:2,127.0.0.1:2") == 2
+    reason = "its ranks failed in 2 lives in a row; out for the rest of the job"
+    assert (f"every discovered host is left out: localhost ({reason}), 127.0.0.1 ({reason}); "
+            "ending the job") in proc.stderr
+    assert "waiting up to" not in proc.stderr
+
+
+def test_a_reset_over_the_reset_limit_exits_with_a_failure_code(tmp_path):
+    """Every rank leaves for new hosts (the reset exit code): that restart is one too many."""
+    proc = run_ranks(exiting(tmp_path, "75"), 2, check=False, timeout=60,
+                     hvdrun_args=["--min-np", "2", "--reset-limit", "0"])
+    assert proc.returncode == 1, proc.stderr
+    assert "the job needs restart 1, over --reset-limit 0; ending the job" in proc.stderr

@@ -4,6 +4,7 @@ The scripts are plain Python (some use mpi4py directly), so these tests do not d
 hvd_trainer's core. Every run has a timeout, so a broken launcher fails instead of hanging.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -323,3 +324,106 @@ def test_horovodrun_command_line_runs_with_its_flags(tmp_path):
         written = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + float(stamp[19:])
         assert before - 1 <= written <= after + 1, line
         assert rest == f"rank {rank} single True sum 3 {32 << 20} 30 120 info lo"
+
+
+def _job_processes(token):
+    """The live processes whose environment holds ``HVD_TEST_JOB=token``: the whole job
+    (mpiexec, its helpers, the wrappers, the ranks and their output relays)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if f"HVD_TEST_JOB={token}".encode() in environ.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+    return [pid for pid in found if _alive(pid)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="checks processes through /proc")
+def test_sigkill_of_hvdrun_leaves_no_process_of_the_job(tmp_path):
+    """The ranks print nothing after their start, so no broken pipe ends them."""
+    sleeper = script(tmp_path, "sleeper.py", """
+        import time
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    token = f"{os.getpid()}-{time.monotonic_ns()}"
+    out = tmp_path / "out"
+    with open(out, "wb") as sink:
+        launcher = subprocess.Popen(HVDRUN + ["-np", "2", sys.executable, sleeper], stdout=sink,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=dict(os.environ, HVD_TEST_JOB=token))
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while out.read_text().count("ready") < 2:
+            assert time.monotonic() < deadline and launcher.poll() is None, out.read_text()
+            time.sleep(0.1)
+        assert len(_job_processes(token)) >= 5  # mpiexec, 2 wrappers, 2 ranks at least
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while _job_processes(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = {pid: open(f"/proc/{pid}/cmdline", "rb").read() for pid in _job_processes(token)}
+        assert not left
+    finally:
+        for pid in _job_processes(token):  # a failed run leaves nothing behind either
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_rank_printing_an_mpi_abort_line_does_not_end_the_job(tmp_path):
+    liar = script(tmp_path, "liar.py", prelude=RANK, body="""
+        import sys
+        if rank == 1:
+            print("application called MPI_Abort(MPI_COMM_WORLD, 7) - process 1", file=sys.stderr)
+            print("#hvdrun-exit rank=1 code=9", file=sys.stderr)
+        print("done", rank)
+    """)
+    result, _ = hvdrun("-np", 2, sys.executable, liar)
+    assert result.returncode == 0, result.stderr
+    assert "[1]<stderr>:application called MPI_Abort(MPI_COMM_WORLD, 7) - process 1\n" in result.stderr
+    assert "[1]<stderr>:#hvdrun-exit rank=1 code=9\n" in result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0]<stdout>:done 0", "[1]<stdout>:done 1"]
+
+
+def test_mpi_abort_ends_the_job_with_its_code(tmp_path):
+    aborting = script(tmp_path, "abort.py", """
+        import time
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 1:
+            MPI.COMM_WORLD.Abort(7)
+        time.sleep(30)
+    """)
+    result, _ = hvdrun("-np", 2, sys.executable, aborting)
+    assert result.returncode == 7, result.stderr
+
+
+def test_a_killed_output_relay_ends_its_rank_with_a_message(tmp_path):
+    """Rank 0 kills the relay that copies its output (the wrapper's other child) and goes on."""
+    killer = script(tmp_path, "killer.py", prelude=RANK, body="""
+        import signal, time
+        if rank == 0:
+            wrapper = os.getppid()
+            relays = []
+            for entry in os.listdir("/proc"):
+                if entry.isdigit() and int(entry) != os.getpid():
+                    try:
+                        with open(f"/proc/{entry}/stat") as stat:
+                            fields = stat.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    if int(fields[1]) == wrapper:
+                        relays.append(int(entry))
+            (relay,) = relays
+            os.kill(relay, signal.SIGKILL)
+            time.sleep(30)
+    """)
+    result, _ = hvdrun("-np", 2, sys.executable, killer)
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"\[0\]<stderr>:hvdrun: the output relay of rank 0 \(pid \d+\) was killed "
+                     r"by SIGKILL; ending the rank, whose output would be lost\n", result.stderr)
+    assert "hvdrun: rank 0 exited with code 1 (first failure); ending the job" in result.stderr

@@ -1,5 +1,6 @@
 """row_sparse weights on 2 and 3 ranks against gluon.Trainer(kvstore='device') on the global
-batch, and broadcast_parameters of them (see workers/sparse_weights_equivalence.py); the
+batch (with a dense gradient: against a dense twin, see the worker), and broadcast_parameters
+of them (see workers/sparse_weights_equivalence.py); the
 recommendation example on 2 ranks."""
 import os
 import re
@@ -8,7 +9,7 @@ import pytest
 
 from runner import REPO, run_ranks
 
-SPARSE_WEIGHT_CASES = 10  # the CASES, and broadcast_parameters
+SPARSE_WEIGHT_CASES = 13  # the CASES, and broadcast_parameters
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -2,6 +2,7 @@
 log, and a size-1 Reducer that follows the schedule from step to step. Multi-rank agreement
 on the choice and training through the switches: tests/parallel/test_autotune.py."""
 import csv
+import logging
 
 import numpy as np
 import pytest
@@ -136,3 +137,27 @@ def test_a_reducer_follows_the_schedule_relays_its_buckets_and_keeps_the_choice(
     assert layouts == [(16 * MiB, 1)] * 2 + [(MiB, 2)] * 2 + [(4 * MiB, 2)] * 2 \
         + [(16 * MiB, 1)] * 2 + [(64 * MiB, 1)] * 2 + [(4 * MiB, 2)] * 2
     assert tuner.chosen == Setting(4 * MiB, False)
+
+
+def test_a_log_in_a_missing_folder_warns_once_when_made_and_tuning_goes_on(tmp_path, caplog):
+    path = tmp_path / "missing" / "log.csv"
+    with caplog.at_level(logging.WARNING, logger="hvd_trainer"):
+        tuner = Autotuner(START, TRIED, warmup_samples=1, steps_per_sample=2, log_path=str(path))
+        warned_at_start = [r.getMessage() for r in caplog.records]
+        run(tuner, [1.0, 0.25, 0.5, 0.75])
+        assert tuner.adopt(tuner.best()) == TRIED[0]
+    assert len(warned_at_start) == 1
+    assert warned_at_start[0].startswith(f"cannot write the autotune log {str(path)!r}")
+    assert len(caplog.records) == 1 and not path.exists()
+
+
+def test_two_reducers_share_one_log_with_one_header(tmp_path):
+    path = str(tmp_path / "log.csv")
+    first = Autotuner(START, TRIED, warmup_samples=0, steps_per_sample=2, log_path=path, name="a")
+    second = Autotuner(START, TRIED, warmup_samples=0, steps_per_sample=2, log_path=path, name="b")
+    for tuner in (first, second):
+        run(tuner, [0.5, 0.25, 0.75])
+        tuner.adopt(tuner.best())
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    assert rows[0][0] == "reducer" and [row[0] for row in rows[1:]] == ["a"] * 4 + ["b"] * 4

@@ -1,8 +1,13 @@
-"""hvdrun's elastic mode, its parts: discovery output, rank layout, blacklist, flag checks."""
+"""hvdrun's elastic mode, its parts: discovery output, rank layout, blacklist, flag checks,
+the failures a life counts, and the notice port's address and authentication."""
 import argparse
+import socket
+import threading
 
 import pytest
 
+from hvd_trainer import elastic as core
+from hvd_trainer import files
 from hvd_trainer_launch import elastic, hvdrun
 
 
@@ -73,3 +78,78 @@ def test_bad_elastic_flags_are_named(argv, message):
 def test_plain_flags_are_not_elastic():
     assert not elastic.requested(parse("-np", "2"))
     assert isinstance(parse("-np", "2"), argparse.Namespace)
+
+
+SECRET = b"the job's secret"
+
+
+def test_the_notice_port_listens_on_the_loopback_when_every_rank_runs_here():
+    generation = elastic.Generation(SECRET)
+    try:
+        address = generation.address([("localhost", 2), ("127.0.0.1", 2)])
+        assert generation.server.getsockname() == ("127.0.0.1", generation.port)
+        assert address == f"127.0.0.1:{generation.port}"
+    finally:
+        generation.close()
+
+
+def test_the_notice_port_listens_on_the_chosen_interface_for_other_hosts():
+    generation = elastic.Generation(SECRET, nics=["lo"])
+    try:
+        address = generation.address([("node-a", 2), ("node-b", 2)])
+        assert generation.server.getsockname()[0] == "127.0.0.1"  # lo's address
+        assert address == f"127.0.0.1:{generation.port}"
+    finally:
+        generation.close()
+    with pytest.raises(ValueError, match="--network-interface no-such-nic0: no IPv4 address"):
+        elastic.interface_address("no-such-nic0")
+
+
+def test_the_notice_port_tells_only_the_holder_of_the_secret():
+    generation = elastic.Generation(SECRET)
+    generation.number = 3
+    try:
+        with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
+            assert files.ask_notice(conn, SECRET) == 3
+        # A peer without the secret: its answer to the challenge is wrong, and it is told
+        # nothing (the connection closes), so ask_notice cannot read a number either.
+        with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
+            with pytest.raises(ConnectionError):
+                files.ask_notice(conn, b"a guess")
+    finally:
+        generation.close()
+
+
+def test_a_rank_ignores_a_notice_that_hvdrun_did_not_sign(monkeypatch, caplog):
+    """A process on the port that answers a plain generation number (what hvdrun once sent)
+    cannot make the job restart."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def forge():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"5" * 64)
+
+    threading.Thread(target=forge, daemon=True).start()
+    monkeypatch.setenv(core.NOTIFY_VARIABLE, f"127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setenv(core.GENERATION_VARIABLE, "0")
+    monkeypatch.setenv(files.SECRET_VARIABLE, SECRET.decode())
+    try:
+        assert not core.ObjectState(step=0)._notices.changed()
+    finally:
+        server.close()
+    assert any("not signed with this job's secret" in r.getMessage() for r in caplog.records)
+
+
+def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
+    relay = elastic.ElasticRelay(4, False, None)
+    relay.record(2, 1, "exited with code")
+    relay.record(0, 3, "exited with code")
+    relay.record(1, elastic.RESET_EXIT_CODE, "exited with code")  # left for new hosts
+    relay.record(3, 143, hvdrun.ENDED)  # mpiexec ended it (Open MPI does, after a failure)
+    relay.ending = True  # what run_job sets when it ends the life
+    relay.record(3, 143, "exited with code")  # a consequence of the ending
+    assert relay.failed == {2: 1, 0: 3}
+    assert (relay.settle().rank, relay.failure.code) == (2, 1)  # the earliest exit
+    layout = [("a", 2), ("b", 2)]
+    assert {elastic.host_of(layout, rank) for rank in relay.failed} == {"a", "b"}

@@ -1,12 +1,35 @@
 """hvd_trainer.elastic in a one-process world: the sampler's split against hand-made
 expectations, commits on disk, restore, run()'s exit for new hosts, and the host notice."""
+import os
 import pickle
+import stat
 
 import numpy as np
 import pytest
 
-from hvd_trainer import elastic
+from hvd_trainer import elastic, files
 from hvd_trainer_launch.elastic import Generation
+
+SECRET = "0123456789abcdef"
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """An elastic job's variables, as hvdrun sets them: the commit folder and the secret."""
+    folder = tmp_path / "commits"
+    monkeypatch.setenv(elastic.DIR_VARIABLE, str(folder))
+    monkeypatch.setenv(files.SECRET_VARIABLE, SECRET)
+    return folder
+
+
+class _Planted:
+    """A pickle that makes a folder when it is loaded: proof that code from a file ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
 
 
 def every_rank(sampler, size):
@@ -62,8 +85,7 @@ def test_sampler_epoch_changes_the_order_and_clears_the_record():
     np.testing.assert_array_equal(np.sort(sampler.order()), np.arange(50))
 
 
-def test_commit_survives_the_process_and_restore_goes_back(tmp_path, monkeypatch):
-    monkeypatch.setenv(elastic.DIR_VARIABLE, str(tmp_path))
+def test_commit_survives_the_process_and_restore_goes_back(job):
     sampler = elastic.ElasticSampler(10, 2, shuffle=False)
     state = elastic.ObjectState(epoch=0, weights=np.zeros(3), sampler=sampler)
     state.recover()
@@ -74,7 +96,7 @@ def test_commit_survives_the_process_and_restore_goes_back(tmp_path, monkeypatch
     sampler.record([3])
     state.commit()
     state.epoch = 3
-    assert len(list(tmp_path.glob("rank0.*.commit"))) == 1  # older commits are removed
+    assert len(list(job.glob("rank0.*.commit"))) == 2  # the newest and the one before
     state.restore()
     assert state.epoch == 2
     # A new process: a fresh state object finds the newest commit on the disk.
@@ -91,8 +113,7 @@ def test_restore_before_anything_is_committed_says_what_to_do():
         elastic.ObjectState(step=0).restore()
 
 
-def test_reset_callbacks_run_after_a_restart_only(tmp_path, monkeypatch):
-    monkeypatch.setenv(elastic.DIR_VARIABLE, str(tmp_path))
+def test_reset_callbacks_run_after_a_restart_only(job, monkeypatch):
     calls = []
     for restart, expected in (("0", []), ("2", ["reset"])):
         monkeypatch.setenv(elastic.RESTART_VARIABLE, restart)
@@ -103,10 +124,9 @@ def test_reset_callbacks_run_after_a_restart_only(tmp_path, monkeypatch):
         assert calls == expected
 
 
-def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(tmp_path, monkeypatch):
-    server = Generation()
+def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(job, monkeypatch):
+    server = Generation(SECRET.encode())
     try:
-        monkeypatch.setenv(elastic.DIR_VARIABLE, str(tmp_path))
         monkeypatch.setenv(elastic.NOTIFY_VARIABLE, f"127.0.0.1:{server.port}")
         monkeypatch.setenv(elastic.GENERATION_VARIABLE, "0")
         state = elastic.ObjectState(step=0)
@@ -122,8 +142,9 @@ def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(tmp_pa
         with pytest.raises(SystemExit) as leave:
             train(state)
         assert leave.value.code == elastic.RESET_EXIT_CODE
-        (commit,) = tmp_path.glob("rank0.*.commit")
-        assert pickle.loads(commit.read_bytes()) == {"step": 5}
+        (commit,) = job.glob("rank0.*.commit")
+        data = files.verify(SECRET.encode(), commit.read_bytes(), "commit")
+        assert pickle.loads(data) == {"step": 5}
     finally:
         server.close()
 
@@ -134,3 +155,48 @@ def test_an_unreachable_hvdrun_is_no_host_change(monkeypatch, caplog):
     state.check_host_updates()
     state.check_host_updates()
     assert sum("cannot ask hvdrun" in r.message for r in caplog.records) == 1
+
+
+def test_commits_are_signed_owner_only_files_in_an_owner_only_folder(job):
+    state = elastic.ObjectState(step=1)
+    state.recover()
+    state.commit()
+    (commit,) = job.glob("rank0.*.commit")
+    assert stat.S_IMODE(job.stat().st_mode) == 0o700
+    assert stat.S_IMODE(commit.stat().st_mode) == 0o600
+    assert pickle.loads(files.verify(SECRET.encode(), commit.read_bytes(), "commit")) == {"step": 1}
+
+
+def test_a_commit_folder_of_another_user_is_refused_and_nothing_in_it_runs(job):
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    job.mkdir(mode=0o700)
+    marker = job.parent / "code ran"
+    (job / "rank7.999999999999.commit").write_bytes(pickle.dumps(_Planted(str(marker))))
+    os.chown(job, 65534, 65534)
+    with pytest.raises(OSError, match="rank 0: folder .* belongs to user id 65534"):
+        elastic.ObjectState(step=0).recover()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["unsigned pickle", "another job's", "truncated"])
+def test_a_bad_newest_commit_falls_back_to_the_one_before_naming_the_file(job, damage, caplog):
+    state = elastic.ObjectState(step=0)
+    state.recover()
+    for state.step in (1, 2):
+        state.commit()
+    marker = job.parent / "code ran"
+    newest = job / "rank0.000000000002.commit"
+    if damage == "unsigned pickle":
+        newest = job / "rank3.000000000009.commit"
+        newest.write_bytes(pickle.dumps(_Planted(str(marker))))
+    elif damage == "another job's":
+        newest.write_bytes(files.sign(b"another secret", pickle.dumps({"step": 99})))
+    else:
+        newest.write_bytes(newest.read_bytes()[:-4])
+    fresh = elastic.ObjectState(step=0)
+    fresh.recover()
+    assert fresh.step == (2 if damage == "unsigned pickle" else 1)
+    assert not marker.exists()
+    warned = [r.getMessage() for r in caplog.records if "falling back" in r.getMessage()]
+    assert len(warned) == 1 and str(newest) in warned[0]

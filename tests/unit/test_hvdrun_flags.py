@@ -4,6 +4,7 @@ mpiexec command line and the ranks' environment, or refused with one line naming
 These tests build the command without starting MPI: ``run_job`` is replaced by a recorder and
 the launcher by a fixed path of each dialect, so every flag is checked under Hydra and Open MPI.
 """
+import json
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from hvd_trainer_launch import config_file, flags, hvdrun, mpi
+from hvd_trainer_launch.worker import HOSTS_VARIABLE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -111,7 +113,9 @@ def build(monkeypatch, flavour, *options, env=None):
 
     monkeypatch.setattr(hvdrun, "run_job", record)
     assert hvdrun.main(["-np", "2", *options, *PROGRAM]) == 0
-    added = {name: value for name, value in seen["env"].items() if os.environ.get(name) != value}
+    # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks).
+    added = {name: value for name, value in seen["env"].items()
+             if os.environ.get(name) != value and name != HOSTS_VARIABLE}
     return seen["command"], added, seen
 
 
@@ -242,6 +246,28 @@ def test_accepted_flag_sets_its_variables_and_mpiexec_arguments(monkeypatch, fla
         extra.remove(argument)
     assert extra == (hydra_args if flavour == mpi.HYDRA else openmpi_args)
     assert command[-len(PROGRAM):] == PROGRAM
+
+
+@pytest.mark.parametrize("flavour, options, nodes", [
+    (mpi.HYDRA, [], [["localhost", 2]]),  # no hosts: every rank here, as horovodrun's default
+    (mpi.HYDRA, ["-H", "a:1,b:4"], [["a", 1], ["b", 1]]),
+    (mpi.HYDRA, ["-H", "localhost:1,127.0.0.1:1"], [["localhost", 1], ["127.0.0.1", 1]]),
+    # Open MPI makes one node of one machine's names; Hydra one of each entry.
+    (mpi.OPENMPI, ["-H", "localhost:1,127.0.0.1:1"], [["localhost", 2]]),
+    (mpi.OPENMPI, ["-H", "a:1,b:1,a:1"], [["a", 2]]),
+    (mpi.HYDRA, ["-H", "a:1,b:1,a:1"], [["a", 1], ["b", 1]]),
+])
+def test_wrappers_learn_the_nodes_and_their_ranks(monkeypatch, flavour, options, nodes):
+    _, _, seen = build(monkeypatch, flavour, *options)
+    assert json.loads(seen["env"][HOSTS_VARIABLE]) == nodes
+
+
+def test_more_ranks_than_slots_is_refused_as_in_horovodrun(capsys):
+    with pytest.raises(SystemExit) as stop:
+        hvdrun.main(["-np", "3", "-H", "a:1,b:1", *PROGRAM])
+    assert stop.value.code == 2
+    assert ("error: -np 3 is more than the 2 slots of the hosts given (a:1,b:1); give more "
+            "slots (host:N) or a smaller -np") in capsys.readouterr().err
 
 
 def test_start_timeout_reaches_the_job(monkeypatch):

@@ -19,14 +19,15 @@ def test_markers_behind_nuls_or_other_text_are_read_and_hidden():
                            b"prterun says#hvdrun-start rank=2 host=h2\n",
                            b"[0]<stderr>:plain line\n"])
     assert seen == b"prterun says\n[0]<stderr>:plain line\n"
-    assert [(f.rank, f.code, f.at, f.told) for f in relay.reported] == [(1, 14, 10.5, False)]
+    assert [(f.rank, f.code, f.at, f.how) for f in relay.reported] == \
+        [(1, 14, 10.5, "exited with code")]
     assert relay.started == {2} and relay.hosts == {2: "h2"}
 
 
-def test_the_earliest_exit_not_told_to_end_is_the_first_failure(capsys):
-    # A survivor that mpirun terminated (told) reports first, from the launching host; the
+def test_the_earliest_exit_the_launcher_did_not_cause_is_the_first_failure(capsys):
+    # A survivor that mpirun terminated (ended) reports first, from the launching host; the
     # rank killed on the remote host exited earlier, and one that aborted on losing it later.
-    relay, _ = relayed([b"#hvdrun-exit rank=0 code=143 at=100.40 told\n",
+    relay, _ = relayed([b"#hvdrun-exit rank=0 code=143 at=100.40 ended\n",
                         b"#hvdrun-exit rank=1 code=14 at=100.30\n",
                         b"#hvdrun-exit rank=3 code=137 at=100.20\n"],
                        hosts=[("h1", 2), ("h2", 2)])
@@ -38,9 +39,9 @@ def test_the_earliest_exit_not_told_to_end_is_the_first_failure(capsys):
     assert relay.settle() is failure
 
 
-def test_ranks_told_to_end_are_blamed_only_when_no_other_failed():
-    relay, _ = relayed([b"#hvdrun-exit rank=2 code=143 at=5.0 told\n",
-                        b"#hvdrun-exit rank=1 code=143 at=4.0 told\n"])
+def test_ranks_the_launcher_ended_are_blamed_only_when_no_other_failed():
+    relay, _ = relayed([b"#hvdrun-exit rank=2 code=143 at=5.0 ended\n",
+                        b"#hvdrun-exit rank=1 code=143 at=4.0 ended\n"])
     assert relay.settle().rank == 1
 
 

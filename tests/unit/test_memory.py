@@ -3,10 +3,10 @@ Memory whose hooks record what the collectives ask of them, in a size-1 world.""
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import fusion, ops, runtime
+from hvd_trainer import fusion, memory, ops, runtime
 
 
-class Recording(ops.Memory):
+class Recording(memory.Memory):
     """Host arrays, but every hook that a GPU memory overrides is counted."""
 
     def __init__(self):

@@ -24,6 +24,14 @@ def test_ci_runs_the_readme_open_mpi_test_command_verbatim():
         assert test_command in f.read().splitlines()
 
 
+def test_ci_runs_the_readme_tensorflow_test_command_verbatim():
+    test_command = _bash_blocks()[3]
+    assert '".[test-tensorflow]"' in test_command and "pytest tests/parallel/test_tf.py" in \
+        test_command
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        assert test_command in f.read().splitlines()
+
+
 def test_first_command_trains_the_example_on_two_ranks():
     first = _bash_blocks()[0]
     assert first.endswith("hvdrun -np 2 python examples/gluon_digits.py")

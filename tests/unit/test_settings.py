@@ -4,6 +4,9 @@ Each rank's view comes from runtime._read_settings under its own environment; ru
 _agree_settings is what every rank computes from all the views.
 """
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +14,7 @@ from hvd_trainer import runtime
 
 NAMES = ("FUSION_THRESHOLD", "ALLREDUCE_ALGO", "RING_THRESHOLD", "BUCKET_THRESHOLD", "OVERLAP",
          "GPU_COMMUNICATOR", "AUTOTUNE", "AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
-         "AUTOTUNE_STEPS_PER_SAMPLE")
+         "AUTOTUNE_STEPS_PER_SAMPLE", "STALL_CHECK_TIME_SECONDS", "STALL_SHUTDOWN_TIME_SECONDS")
 
 
 def view(monkeypatch, **values):
@@ -29,7 +32,8 @@ def test_without_settings_every_rank_uses_the_defaults(monkeypatch):
     assert chosen == {"FUSION_THRESHOLD": 64 << 20, "ALLREDUCE_ALGO": "auto",
                       "RING_THRESHOLD": 1 << 20, "BUCKET_THRESHOLD": 16 << 20, "OVERLAP": 0,
                       "GPU_COMMUNICATOR": "auto", "AUTOTUNE": 0, "AUTOTUNE_LOG": "",
-                      "AUTOTUNE_WARMUP_SAMPLES": 3, "AUTOTUNE_STEPS_PER_SAMPLE": 10}
+                      "AUTOTUNE_WARMUP_SAMPLES": 3, "AUTOTUNE_STEPS_PER_SAMPLE": 10,
+                      "STALL_CHECK_TIME_SECONDS": 60.0, "STALL_SHUTDOWN_TIME_SECONDS": 0.0}
 
 
 def test_rank_0s_values_win_and_a_rank_that_differs_says_so(monkeypatch, caplog):
@@ -61,6 +65,11 @@ def test_rank_0s_values_win_and_a_rank_that_differs_says_so(monkeypatch, caplog)
     ("HVD_ALLREDUCE_ALGO", "tree", "is not an allreduce algorithm"),
     ("HVD_GPU_COMMUNICATOR", "gloo", "is not a GPU communicator"),
     ("HVD_AUTOTUNE_STEPS_PER_SAMPLE", "-2", "is negative; set it to 0 or more"),
+    ("HVD_FUSION_THRESHOLD", "inf", "is not a finite number"),
+    ("HVD_BUCKET_THRESHOLD", "nan", "is not a finite number"),
+    ("HVD_STALL_CHECK_TIME_SECONDS", "nan", "is not a number of seconds >= 0"),
+    ("HVD_STALL_SHUTDOWN_TIME_SECONDS", "-1", "is not a number of seconds >= 0"),
+    ("HVD_STALL_CHECK_TIME_SECONDS", "soon", "is not a number of seconds"),
 ])
 def test_a_parse_error_on_one_rank_raises_on_every_rank_naming_it(monkeypatch, variable,
                                                                    value, words):
@@ -76,3 +85,21 @@ def test_the_first_rank_with_an_error_is_named(monkeypatch):
              view(monkeypatch, HVD_FUSION_THRESHOLD="x")]
     with pytest.raises(ValueError, match=r"^rank 1: HVD_OVERLAP='yes' is not a number"):
         runtime._agree_settings(every, 2)
+
+
+def test_stall_times_are_each_ranks_own(monkeypatch, caplog):
+    every = [view(monkeypatch, HVD_STALL_CHECK_TIME_SECONDS="30"),
+             view(monkeypatch, HVD_STALL_CHECK_TIME_SECONDS="5", HVD_STALL_SHUTDOWN_TIME_SECONDS="9")]
+    with caplog.at_level(logging.WARNING, logger="hvd_trainer"):
+        chosen = runtime._agree_settings(every, 1)
+    assert (chosen["STALL_CHECK_TIME_SECONDS"], chosen["STALL_SHUTDOWN_TIME_SECONDS"]) == (5.0, 9.0)
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("value", ["nccl", "gloo"])
+def test_a_backend_that_is_not_mpi_or_local_is_refused_naming_the_variable(value):
+    env = dict(os.environ, HVD_BACKEND=value)
+    result = subprocess.run([sys.executable, "-c", "import hvd_trainer; hvd_trainer.init()"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"ValueError: HVD_BACKEND={value!r} is not a backend; use mpi or local" in result.stderr

@@ -75,6 +75,56 @@ def test_training_matches_gluon_trainer_with_its_kvstore(optimizer, params, ctxs
     assert moved[20:].all() == (params.get("lazy_update", True) is False)
 
 
+def lookup_weight(stype):
+    weight = gluon.Parameter("lookup", shape=(ROWS, DIM), stype=stype, grad_stype="default")
+    weight.initialize(mx.init.Constant(0.5))
+    return weight
+
+
+def lookup_step(weight, table, ids, trainer, scale):
+    with autograd.record():
+        loss = (mx.nd.Embedding(ids, table, ROWS, DIM).sum(axis=1) ** 2).sum() * scale
+    loss.backward()
+    trainer.step(ids.shape[0])
+
+
+@pytest.mark.parametrize("optimizer, params", [
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01}),
+    ("adam", {"learning_rate": 0.05, "wd": 0.01}),
+])
+def test_a_dense_gradient_updates_the_whole_weight_as_mxnet_s_kvstore_does(optimizer, params):
+    # gluon.Trainer's own step fails on such a weight in MXNet 1.9.1 (it asks for list_data());
+    # its KVStore, given the dense gradient, updates every row as a dense weight is updated.
+    # So the references are a dense twin under gluon.Trainer, and that KVStore directly.
+    weight, twin = lookup_weight("row_sparse"), lookup_weight("default")
+    trainer = DistributedTrainer([weight], optimizer, dict(params))
+    ref_trainer = gluon.Trainer([twin], optimizer, dict(params), kvstore="device")
+    kv = mx.kv.create("device")
+    kv.set_optimizer(mx.optimizer.create(optimizer, **params))
+    kv.init(0, mx.nd.sparse.row_sparse_array((np.full((ROWS, DIM), 0.5, np.float32),
+                                               np.arange(ROWS)), shape=(ROWS, DIM)))
+    for step, ids in enumerate(id_batches(high=ROWS // 2)):
+        ids = mx.nd.array(ids)
+        lookup_step(weight, weight.row_sparse_data(ids), ids, trainer, step + 1)
+        lookup_step(twin, twin.data(), ids, ref_trainer, step + 1)
+        kv.push(0, twin.grad() / ids.shape[0])  # gluon.Trainer's rescale, done by hand
+    by_kvstore = mx.nd.sparse.zeros("row_sparse", (ROWS, DIM))
+    kv.row_sparse_pull(0, out=by_kvstore, row_ids=mx.nd.arange(ROWS))
+    got = full(weight)
+    np.testing.assert_allclose(got, twin.data().asnumpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, by_kvstore.tostype("default").asnumpy(), rtol=1e-6, atol=1e-7)
+    assert (got[ROWS // 2:] != 0.5).all()  # rows no batch touched decay too (wd)
+
+
+def test_gluon_trainer_itself_fails_on_a_row_sparse_weight_with_a_dense_gradient():
+    weight = lookup_weight("row_sparse")
+    trainer = gluon.Trainer([weight], "sgd", {"learning_rate": 0.1}, kvstore="device")
+    ids = mx.nd.array([1, 2])
+    with pytest.raises(RuntimeError, match="via list_data\\(\\) because its storage type is "
+                                           "row_sparse"):
+        lookup_step(weight, weight.row_sparse_data(ids), ids, trainer, 1.0)
+
+
 def test_row_sparse_data_serves_the_requested_rows_of_the_trainer_s_weight():
     net, _ = pair((mx.cpu(0), mx.cpu(1)))
     DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1})

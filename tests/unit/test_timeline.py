@@ -47,3 +47,22 @@ def test_start_and_stop_at_run_time(tmp_path):
 
 def test_stop_without_start_is_harmless():
     hvd.stop_timeline()
+
+
+def test_a_timeline_that_cannot_be_written_warns_once_and_collectives_go_on(tmp_path, caplog):
+    hvd.start_timeline(str(tmp_path / "missing" / "trace.json"))
+    for _ in range(3):
+        np.testing.assert_array_equal(hvd.allreduce(np.ones(3), op=hvd.Sum), np.ones(3))
+    hvd.stop_timeline()
+    warnings = [r for r in caplog.records if "timeline" in r.getMessage()]
+    assert len(warnings) == 1 and "missing" in warnings[0].getMessage()
+
+
+def test_a_timeline_never_writes_through_a_planted_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "trace.json").symlink_to(victim)
+    hvd.start_timeline(str(tmp_path / "trace.json"))
+    hvd.allreduce(np.ones(2), name="x")
+    hvd.stop_timeline()
+    assert victim.read_text() == "keep"

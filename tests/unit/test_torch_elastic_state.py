@@ -8,6 +8,7 @@ import torch
 
 import hvd_trainer.torch as hvd
 from hvd_trainer import elastic as core
+from hvd_trainer import files
 from hvd_trainer import runtime
 
 
@@ -174,6 +175,7 @@ def test_restore_goes_back_to_the_weights_and_momentum_of_the_commit():
 def test_a_new_process_recovers_model_optimizer_scheduler_sampler_and_attributes(
         tmp_path, monkeypatch):
     monkeypatch.setenv(core.DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(files.SECRET_VARIABLE, "the job's secret")
 
     def build():
         model, batches = model_and_batches()

@@ -120,6 +120,34 @@ def test_broadcast_optimizer_state_on_one_rank_keeps_it():
         assert torch.equal(opt.state[net.weight][key], value)
 
 
+class EmbeddingAndLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 2, sparse=True)
+        self.head = torch.nn.Linear(2, 1)
+
+
+@pytest.mark.parametrize("make, model_given, sparse", [
+    (lambda p: torch.optim.SGD(p, lr=0.1), True, {"embed.weight"}),
+    (lambda p: torch.optim.SGD(p, lr=0.1), False, set()),
+    (lambda p: torch.optim.SparseAdam(p, lr=0.1), False,
+     {"embed.weight", "head.weight", "head.bias"})])
+def test_broadcast_optimizer_state_leaves_horovods_zero_gradients(make, model_given, sparse):
+    # Horovod's rule: sparse zeros for SparseAdam, and for SGD on the model's sparse
+    # embeddings (only when the model is given); dense zeros otherwise.
+    net = EmbeddingAndLinear()
+    opt = make(list(net.parameters()))
+    hvd.broadcast_optimizer_state(opt, 0, net if model_given else None)
+    for name, p in net.named_parameters():
+        assert p.grad.is_sparse == (name in sparse), name
+        assert p.grad.shape == p.shape and not p.grad.to_dense().any(), name
+        if p.grad.is_sparse:
+            assert p.grad.sparse_dim() == 1 and p.grad._nnz() == 0, name
+    net.embed(torch.tensor([1, 3])).sum().backward()  # backward adds to them as usual
+    assert net.embed.weight.grad.is_sparse == ("embed.weight" in sparse)
+    assert net.embed.weight.grad.to_dense()[[1, 3]].eq(1).all()
+
+
 def test_adasum_tree_combines_pairs_level_by_level():
     from hvd_trainer.adasum import tree
     vectors = [np.array(v, np.float64) for v in ([1, 0], [0, 1], [2, 0], [2, 0])]

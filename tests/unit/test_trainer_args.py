@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from hvd_trainer.compression import Compression
+from hvd_trainer.compression import Compression, TopK
 from hvd_trainer.mxnet.optimizer import DistributedOptimizer
 from hvd_trainer.mxnet.parameters import broadcast_parameters
 from hvd_trainer.mxnet.trainer import DistributedTrainer
@@ -36,11 +36,11 @@ def test_update_on_kvstore_true_is_refused():
         DistributedTrainer(dense().collect_params(), "sgd", update_on_kvstore=True)
 
 
-def test_row_sparse_weight_with_a_dense_gradient_is_refused_with_its_name_and_the_fix():
-    weight = gluon.Parameter("table_weight", shape=(5, 2), stype="row_sparse")
+def test_row_sparse_weight_with_a_csr_gradient_is_refused_with_its_name_and_the_fix():
+    weight = gluon.Parameter("table_weight", shape=(5, 2), stype="row_sparse", grad_stype="csr")
     weight.initialize()
-    with pytest.raises(ValueError, match=r"'table_weight'.*'default' gradient.*"
-                                         r"grad_stype='row_sparse'"):
+    with pytest.raises(ValueError, match=r"'table_weight'.*'csr' gradient.*"
+                                         r"grad_stype='row_sparse'.*or 'default'"):
         DistributedTrainer({"table": weight}, "sgd")
 
 
@@ -86,6 +86,44 @@ def test_compression_params():
     with pytest.raises(ValueError, match="either compression= or compression_params="):
         DistributedTrainer(dense().collect_params(), "sgd", compression=Compression.fp16,
                            compression_params={"type": "fp16"})
+
+
+def settings(trainer):
+    return trainer._compression, trainer._reducer.predivide, trainer._prefix
+
+
+def test_fourth_positional_is_horovod_s_compression_or_gluon_s_kvstore():
+    params = dense().collect_params()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        horovod = DistributedTrainer(params, "sgd", {}, Compression.fp16)
+        horovod_all = DistributedTrainer(params, "sgd", {}, Compression.fp16, 2.0, "h.")
+    assert not caught  # no kvstore to ignore
+    assert settings(horovod) == (Compression.fp16, 1.0, "")
+    assert settings(horovod_all) == settings(DistributedTrainer(
+        params, "sgd", {}, compression=Compression.fp16, gradient_predivide_factor=2.0,
+        prefix="h."))
+    top_k = TopK(0.5)
+    assert DistributedTrainer(params, "sgd", {}, top_k)._compression is top_k
+    for kvstore in ("local", mx.kv.create("local")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gluon_order = DistributedTrainer(params, "sgd", {}, kvstore, {"type": "fp16"}, False)
+        assert "ignores kvstore" in str(caught[0].message)
+        assert settings(gluon_order) == (Compression.fp16, 1.0, "")
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((0.5,), {}, r"4th argument is 0.5: give gluon.Trainer's kvstore .* or horovod.mxnet's "
+                 r"compression"),
+    ((Compression.fp16,), {"compression": Compression.fp16}, "got compression twice"),
+    ((Compression.fp16, 2.0), {"gradient_predivide_factor": 3.0},
+     "got gradient_predivide_factor twice"),
+    ((Compression.fp16, 2.0, "a."), {"prefix": "b."}, "got prefix twice"),
+])
+def test_fourth_positional_that_is_neither_or_given_twice_is_refused(args, kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        DistributedTrainer(dense().collect_params(), "sgd", {}, *args, **kwargs)
 
 
 def test_broadcast_parameters_names_a_bad_value():

@@ -151,4 +151,26 @@ for (name, p), q in zip(named, list(ref_model.parameters()) + [ref_gain]):
     np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().numpy(), rtol=1e-4,
                                atol=1e-5, err_msg=name)
 
+# A sparse embedding on the GPU is reduced densely and its gradient handed back sparse, so
+# SparseAdam steps, as one process on the global batch does on the CPU.
+torch.manual_seed(0)
+ref_emb = torch.nn.Embedding(10, 3, sparse=True)
+emb = torch.nn.Embedding(10, 3, sparse=True).to(dev)
+with torch.no_grad():
+    emb.weight.copy_(ref_emb.weight)
+opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                               emb.named_parameters())
+ref_opt = torch.optim.SparseAdam(list(ref_emb.parameters()), lr=0.1)
+ids = [torch.tensor([[r % 10, (3 * r + 1) % 10]]) for r in range(size)]
+for step in range(2):
+    opt.zero_grad()
+    (emb(ids[rank].to(dev)) * (step + 1)).sum().backward()
+    opt.step()
+    assert emb.weight.grad.is_sparse and emb.weight.grad.device == dev
+    ref_opt.zero_grad()
+    (sum(ref_emb(i).sum() for i in ids) * (step + 1) / size).backward()
+    ref_opt.step()
+np.testing.assert_allclose(emb.weight.detach().cpu().numpy(), ref_emb.weight.detach().numpy(),
+                           rtol=1e-5, atol=1e-6)
+
 print("torch CUDA collectives match NumPy", flush=True)

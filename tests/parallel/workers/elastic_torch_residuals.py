@@ -12,11 +12,13 @@ import sys
 import torch
 
 import hvd_trainer.torch as hvd
-from hvd_trainer import elastic
+from hvd_trainer import elastic, files
 from hvd_trainer.compression import TwoBit
 
 hvd.init()
+# What hvdrun's elastic mode sets (this job is a plain one): the folder and the job's secret.
 os.environ[elastic.DIR_VARIABLE] = os.path.join(sys.argv[1], f"rank{hvd.rank()}")
+os.environ[files.SECRET_VARIABLE] = "the job's secret"
 torch.manual_seed(5 + hvd.rank())  # each rank its own data
 BATCHES = [(torch.randn(6, 4), torch.randn(6, 2)) for _ in range(5)]
 

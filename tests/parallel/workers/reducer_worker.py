@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 import hvd_trainer
-from hvd_trainer import diagnostics, ops, runtime
+from hvd_trainer import agreement, ops, runtime
 from hvd_trainer.compression import Compression, TwoBit
 from hvd_trainer.reducer import Gradient, Reducer
 
@@ -173,13 +173,13 @@ def mismatch_then_work(eager):
     step = reducer.launch()
     try:
         reducer.finish(step)
-    except diagnostics.MismatchError as e:
+    except agreement.MismatchError as e:
         assert "ranks disagree on shape of tensor 0 'grad.0'" in str(e), e
     else:
         raise AssertionError(f"rank {R}: no MismatchError (eager={eager})")
     try:  # the bucket's handle raises it too
         step.handles[0].wait()
-    except diagnostics.MismatchError:
+    except agreement.MismatchError:
         pass
     else:
         raise AssertionError(f"rank {R}: the handle did not raise (eager={eager})")
@@ -197,12 +197,12 @@ def one_agreement_per_step(eager):
                           + [Gradient(9, (), "<f4")])
     back(reducer)
     comm = runtime.communicator(hvd_trainer.global_process_set)
-    before = diagnostics.agreements(comm)
+    before = agreement.agreements(comm)
     for _ in range(3):
         for key in list(range(len(SHAPES))) + [9]:
             reducer.mark_ready(key, np.ones((), np.float32) if key == 9 else None)
         reducer.finish(reducer.launch())
-    assert diagnostics.agreements(comm) - before == 3, f"eager={eager}"
+    assert agreement.agreements(comm) - before == 3, f"eager={eager}"
 
 
 eager_any_order()

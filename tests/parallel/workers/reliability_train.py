@@ -19,7 +19,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer as hvd
-from hvd_trainer import diagnostics, runtime
+from hvd_trainer import agreement, runtime
 from trainer_common import IN, OUT, global_batches, loss_fn, my_rows, seed_per_rank
 
 case = sys.argv[1]
@@ -89,10 +89,10 @@ if case == "mismatch":
         trainer = hvd.DistributedTrainer(net.collect_params(), *SGD, num_groups=groups,
                                          prefix=f"g{groups}.")
         step(net, trainer, 0)
-        before = diagnostics.agreements(comm)
+        before = agreement.agreements(comm)
         for s in range(1, 4):
             step(net, trainer, s)
-        made = diagnostics.agreements(comm) - before
+        made = agreement.agreements(comm) - before
         assert made == 3, f"num_groups={groups}: {made} agreement exchanges in 3 steps"
     print(f"rank {R}: every mismatch raised on every rank; one agreement per step")
 elif case == "exception":

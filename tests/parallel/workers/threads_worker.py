@@ -2,7 +2,7 @@
 
 concurrent  one thread runs grouped allreduces on the world while another runs them on the
             process set [0..N-2], at the same time, on every rank
-covered     while the main thread is inside ``diagnostics.covered`` (as the trainer's step
+covered     while the main thread is inside ``agreement.covered`` (as the trainer's step
             is), another thread's collective waits for the block to end and then makes its
             own agreement, instead of being mixed into the block
 Run as: worker.py [case ...] (default: both).
@@ -14,7 +14,7 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import diagnostics, runtime
+from hvd_trainer import agreement, runtime
 
 R, N = hvd.rank(), hvd.size()
 ROUNDS = 40
@@ -68,9 +68,9 @@ def case_covered():
     thread = threading.Thread(target=side)
     inside = np.arange(6.0) * (R + 1)
     # What the block will run, agreed on first (as the trainer agrees on its step).
-    diagnostics.agree(comm, lambda: {"kind": "block", "name": "covered block",
+    agreement.agree(comm, lambda: {"kind": "block", "name": "covered block",
                                      "tensors": [{"name": "inside", "shape": (6,)}]})
-    with diagnostics.covered(comm):
+    with agreement.covered(comm):
         thread.start()
         calling.wait()
         time.sleep(0.5)  # the other thread has reached its collective by now

@@ -83,16 +83,7 @@ want = torch.cat([w[j][sum(sent[k][j] for k in range(RANK)):][:sent[RANK][j]]
                   for j in range(SIZE)])
 close(x.grad, want, "alltoall gradient")
 
-# -- reducescatter: the gradient of every rank's share, gathered (1/size for Average) --------
-rows = 2 * SIZE + 1
-shares = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
-x = data(11, RANK, rows, 2).requires_grad_()
-w = [data(12, r, shares[r], 2) for r in range(SIZE)]
-(hvd.reducescatter(x, op=hvd.Average, postscale_factor=3.0) * w[RANK]).sum().backward()
-close(x.grad, torch.cat(w) * 3.0 / SIZE, "reducescatter gradient")
-x.grad = None
-(hvd.grouped_reducescatter([x], op=hvd.Sum)[0] * w[RANK]).sum().backward()
-close(x.grad, torch.cat(w), "grouped_reducescatter gradient")
+# (reducescatter's gradient: workers/torch_horovod_rules.py)
 
 # -- broadcast_parameters: every rank ends with the root's model ------------------------------
 def model(seed: int) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""Agreement between ranks before a collective runs, the stall inspector, and the timeline.
+"""Agreement between ranks before a collective runs.
 
 **Agreement.** Before a collective every rank contributes a record to one small nonblocking
 allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names, dtypes,
@@ -35,32 +35,21 @@ step: the names, shapes and dtypes of its gradients, and which are fresh, carrie
 runs them inside :func:`covered`, where they skip their own exchange. So a steady-state
 training step pays one small exchange, and it carries the freshness flags it needs anyway.
 
-**Stall inspector.** A watchdog thread looks at every rank's waits, in an agreement or in
-the data phase of a collective. A wait longer than ``HVD_STALL_CHECK_TIME_SECONDS`` logs
-which ranks have not arrived and where the others wait (waiting ranks tell each other
-through the communicators' mailboxes); after ``HVD_STALL_SHUTDOWN_TIME_SECONDS`` it ends the
-job.
-
-**Timeline.** ``HVD_TIMELINE=file`` or :func:`start_timeline` records phases per tensor as a
-Chrome trace.
+Waits are watched by the stall inspector (stall.py); phases are timed on the timeline
+(timeline.py).
 """
 import contextlib
 import functools
 import hashlib
-import json
-import logging
-import os
-import threading
-import time
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
 
 import numpy as np
 
-from . import handles, runtime, scheduler
-from .backends import Communicator, Request
-
-log = logging.getLogger("hvd_trainer")
+from . import handles, runtime, scheduler, stall, timeline
+from .backends import Communicator
+from .stall import discard_posts, waiting
+from .timeline import span
 
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6
@@ -71,11 +60,6 @@ _FLAGS_AT = 3
 _ACTIVE, _JOINED = 1, 2
 # What a joined rank serves (with zeros, or nothing to send): the other kinds raise.
 _SERVED_WHILE_JOINED = ("allreduce", "grouped_allreduce", "adasum", "barrier", "trainer step")
-# A wait first polls without sleeping, as MPI's blocking calls do (nearly every wait in a
-# training step is shorter), then sleeps between polls for at most 1/20 of the time waited so
-# far (so sleeping adds at most 5% to a wait), up to 20 ms.
-_SPIN_SECONDS = 0.1
-_PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
 # Ranks whose synchronous calls have matched nothing for this long, with nothing else to
 # come, raise instead of waiting forever (see scheduler.deadlock).
 _MATCH_GRACE_SECONDS = 0.5
@@ -199,8 +183,8 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     ``describe()`` returns a dict of plain values with the call's ``kind`` and ``name``; its
     ``tensors`` entry, if any, is a list of per-tensor dicts. ``key`` matches the call across
     ranks (by default its name; ``automatic``: an automatic one); ``keep``: keep the turn
-    afterwards (a :class:`Call` gives it back when it ends). Raise :class:`MismatchError` on all ranks if their
-    descriptions differ. ``error`` is this rank's argument error (``describe`` then gives just
+    afterwards (a :class:`Call` gives it back when it ends). Raise :class:`MismatchError` on
+    all ranks if their descriptions differ. ``error`` is this rank's argument error (``describe`` then gives just
     the kind and name): every rank raises it.
     ``flags`` (booleans) are or-ed across ranks in the same exchange and returned. Inside
     :func:`covered` an agreement without flags is skipped and ``describe`` is not called.
@@ -238,17 +222,10 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
         return _in_step(comm, sched, entry)
     what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     with waiting(comm, what, "agreement"):
-        flags = sched.settle(entry, functools.partial(_round, comm, sched), _pace)
+        flags = sched.settle(entry, functools.partial(_round, comm, sched), stall.pace)
     if not keep:
         sched.give()
     return flags
-
-
-def _pace(since: float) -> float:
-    """How long to wait before another round when rounds have matched nothing since
-    ``since``: at once at first, then a small share of the time waited (see :func:`pause`)."""
-    waited = time.monotonic() - since
-    return 0.0 if waited < _SPIN_SECONDS else min(_PAUSE_SHARE * waited, _MAX_PAUSE)
 
 
 def _record(comm: Communicator, sched: scheduler.Schedule,
@@ -261,7 +238,7 @@ def _record(comm: Communicator, sched: scheduler.Schedule,
     inline = min(words.size, INLINE_FLAG_WORDS)
     record[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
     sched.exchanges += 1
-    _poll(comm.start_allreduce(record, "bor"))
+    stall.poll(comm.start_allreduce(record, "bor"))
     discard_posts(comm)
     # A joined rank's record has no digest (zeros): the others' digests are compared alone.
     sched.peers_joined = bool(record[2] & _JOINED)
@@ -392,16 +369,6 @@ class JoinedRecord:
         return description
 
 
-def pause(start: float) -> None:
-    """Give the core away between polls of a wait that began at ``start`` (monotonic): a
-    yield for the first moments, then sleeps of a small share of the time waited."""
-    waited = time.monotonic() - start
-    if waited < _SPIN_SECONDS:
-        os.sched_yield()
-    else:
-        time.sleep(min(_PAUSE_SHARE * waited, _MAX_PAUSE))
-
-
 @contextlib.contextmanager
 def turn(comm: Communicator) -> Iterator[None]:
     """Hold ``comm``'s turn: other threads' collectives on it wait until the block ends."""
@@ -516,7 +483,7 @@ class Call:
     def communicate(self) -> ContextManager[Any]:
         """The data phase: timed on the timeline, and watched by the stall inspector."""
         wait = waiting(self.comm, f"{self.kind} {self.name!r}", "data")
-        if _timeline is None:
+        if not timeline.running():
             return wait
         stack = contextlib.ExitStack()
         stack.enter_context(span(self.name, "COMMUNICATE"))
@@ -571,167 +538,6 @@ def agreements(comm: Communicator) -> int:
     return scheduler.of(comm).exchanges
 
 
-# -- waiting, and the stall inspector -------------------------------------------------------
-def discard_posts(comm: Communicator) -> None:
-    """Drop stall posts that arrived after the wait they were about ended.
-
-    MPICH may kill a process that exits with unreceived messages, so every agreement (and
-    the runtime at exit) empties the mailbox; it costs one probe when it is empty.
-    """
-    comm.collect_posts()
-
-
-def _poll(request: Request) -> None:
-    """Poll ``request`` until it completes, giving the core away between polls."""
-    if request.test():
-        return
-    start = time.monotonic()
-    # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
-    # rank we wait for may need this core.
-    while not request.test():
-        pause(start)
-
-
-class _Wait:
-    """A thread waiting for other ranks, in an agreement or in a collective's data phase;
-    registered with the stall watchdog while its block lasts."""
-
-    __slots__ = ("comm", "what", "phase", "exchange", "start", "inspector", "_me", "_outer")
-
-    def __init__(self, comm: Communicator, what: str, phase: str, exchange: int):
-        self.comm, self.what, self.phase, self.exchange = comm, what, phase, exchange
-        self.start = time.monotonic()
-        self.inspector: Optional["StallInspector"] = None
-
-    def label(self) -> str:
-        return self.what if self.phase == "agreement" else f"the data phase of {self.what}"
-
-    def __enter__(self) -> None:
-        self._me = threading.get_ident()
-        with _waits_lock:
-            self._outer = _waits.get(self._me)
-            _waits[self._me] = self
-
-    def __exit__(self, *exc: Any) -> None:
-        with _waits_lock:
-            if self._outer is None:
-                del _waits[self._me]
-            else:
-                _waits[self._me] = self._outer
-
-
-_waits: Dict[int, _Wait] = {}
-_waits_lock = threading.Lock()
-
-
-def waiting(comm: Communicator, what: str, phase: str) -> ContextManager[Any]:
-    """A block in which this thread waits for the other ranks, watched for stalls.
-
-    ``phase`` is "agreement" or "data"; a data-phase wait belongs to the last agreement.
-    """
-    if comm.size == 1:
-        return _OFF
-    return _Wait(comm, what, phase, scheduler.of(comm).exchanges)
-
-
-class Watchdog(threading.Thread):
-    """The thread that inspects long waits (see :class:`StallInspector`)."""
-
-    def __init__(self, check_seconds: float, shutdown_seconds: float, post: bool):
-        super().__init__(name="hvd_trainer-stall", daemon=True)
-        self.check_seconds, self.shutdown_seconds, self.post = (check_seconds, shutdown_seconds,
-                                                                post)
-        deadlines = [t for t in (check_seconds, shutdown_seconds) if t > 0]
-        self.tick = min(1.0, max(0.05, min(deadlines) / 10))
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.tick):
-            now = time.monotonic()
-            # Under the lock, so no wait ends (and no rank leaves) while its inspector posts.
-            with _waits_lock:
-                for w in _waits.values():
-                    if w.inspector is None:
-                        w.inspector = StallInspector(w.comm, w.label(), w.exchange, w.start,
-                                                     self.check_seconds, self.shutdown_seconds,
-                                                     self.post)
-                    w.inspector.check(now)
-
-    def stop(self) -> None:
-        """End the thread and wait for it (before MPI is finalised)."""
-        self.stopped.set()
-        self.join()
-
-
-class StallInspector:
-    """Watches one long wait and reports the ranks that have not arrived.
-
-    Halfway to the first deadline this rank posts where it waits ((exchange number, what))
-    to every other rank; a waiting rank that receives such a post answers with its own. At
-    ``check_seconds`` it logs a warning naming the ranks it has not heard from (they have not
-    submitted this collective: still computing, stuck, or gone) and those waiting in a
-    different collective; at ``shutdown_seconds`` it logs the same as an error and ends the
-    job. Zero disables either.
-    """
-
-    def __init__(self, comm: Communicator, what: str, exchange: int, start: float,
-                 check_seconds: float, shutdown_seconds: float, post: bool = True):
-        self.comm, self.what, self.exchange, self.start = comm, what, exchange, start
-        self.check_seconds, self.shutdown_seconds = check_seconds, shutdown_seconds
-        self.post = post  # False where MPI cannot take calls from this thread
-        deadlines = [t for t in (check_seconds, shutdown_seconds) if t > 0]
-        self.announce_after = min(deadlines) / 2 if deadlines else None
-        self.peers: Dict[int, Tuple[int, str]] = {}
-        self.announced = self.warned = False
-
-    def _announce(self) -> None:
-        self.announced = True
-        for peer in range(self.comm.size):
-            if peer != self.comm.rank:
-                self.comm.post(peer, (self.exchange, self.what))
-
-    def check(self, now: float) -> None:
-        """Exchange posts and act on the deadlines; call it while the wait goes on."""
-        waited = now - self.start
-        for source, (exchange, what) in self.comm.collect_posts() if self.post else ():
-            if exchange < self.exchange:
-                continue  # from a wait that has ended since
-            self.peers[source] = (exchange, what)
-            if not self.announced:
-                self._announce()
-        if self.announce_after is None:
-            return
-        if self.post and not self.announced and waited >= self.announce_after:
-            self._announce()
-        if self.shutdown_seconds > 0 and waited >= self.shutdown_seconds:
-            log.error(self.report(waited))
-            runtime.abort_job(f"stalled for {waited:.1f} s, longer than "
-                              f"HVD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_seconds:g}; "
-                              "ending the job")
-        if self.check_seconds > 0 and not self.warned and waited >= self.check_seconds:
-            self.warned = True
-            log.warning(self.report(waited))
-
-    def report(self, waited: float) -> str:
-        """Which ranks have not submitted this collective, and where the others wait."""
-        def world(r: int) -> int:
-            return runtime.world_rank(self.comm, r)
-
-        here = {self.comm.rank} | {r for r, (n, w) in self.peers.items()
-                                   if (n, w) == (self.exchange, self.what)}
-        elsewhere = {r: w for r, (n, w) in self.peers.items() if r not in here}
-        missing = [r for r in range(self.comm.size) if r not in here and r not in elsewhere]
-        parts = [f"stall: rank {world(self.comm.rank)} has waited {waited:.1f} s for "
-                 f"{self.what}"]
-        if missing:
-            listed = ", ".join(str(world(r)) for r in missing)
-            parts.append(f"rank{'s' if len(missing) > 1 else ''} {listed} "
-                         f"{'have' if len(missing) > 1 else 'has'} not submitted it "
-                         "(still computing, stuck, or exited)")
-        parts += [f"rank {world(r)} waits for {w} instead" for r, w in sorted(elsewhere.items())]
-        return "; ".join(parts)
-
-
 def _differing(values: Sequence[Any]) -> bool:
     return any(v != values[0] for v in values)
 
@@ -783,87 +589,3 @@ def describe_mismatch(given: Sequence[Optional[Dict[str, Any]]]) -> str:
         return f"{what}: ranks disagree on the number of flags ({_by_rank(ranks, values)})"
     return f"{what}: ranks disagree ({_by_rank(ranks, every)})"
 
-
-class Timeline:
-    """A Chrome-trace (Perfetto, chrome://tracing) file of phases, one track per tensor.
-
-    Phases: WAIT_FOR_GRADIENT (the trainer waits for backward to write a gradient),
-    NEGOTIATE (agreement), COMPRESS, FUSE (packing into and out of fusion buffers; contains
-    COMMUNICATE), COMMUNICATE (bytes on the wire), DECODE (decompression) and UPDATE (the
-    optimizer). Events are appended as they finish, so a job that dies still leaves a
-    readable prefix (the trace format tolerates a missing closing bracket); :meth:`close`
-    completes the JSON.
-    """
-
-    def __init__(self, path: str):
-        self._file = open(path, "w")
-        self._file.write("[\n")
-        self._tracks: Dict[str, int] = {}
-        self._origin = time.perf_counter()
-        self._lock = threading.Lock()
-
-    def _track(self, tensor: str) -> int:
-        track = self._tracks.get(tensor)
-        if track is None:
-            track = self._tracks[tensor] = len(self._tracks)
-            self._write({"name": "process_name", "ph": "M", "pid": track, "args": {"name": tensor}})
-        return track
-
-    def _write(self, event: Dict[str, Any]) -> None:
-        self._file.write(json.dumps(event) + ",\n")
-
-    def record(self, tensor: str, phase: str, start: float, end: float) -> None:
-        """Add one complete event: ``phase`` of ``tensor`` between two perf_counter() times."""
-        with self._lock:
-            self._write({"name": phase, "ph": "X", "pid": self._track(tensor), "tid": 0,
-                         "ts": round((start - self._origin) * 1e6, 3),
-                         "dur": round((end - start) * 1e6, 3)})
-
-    def close(self) -> None:
-        """Finish the JSON array and close the file."""
-        with self._lock:
-            # A metadata event without a trailing comma closes the array validly.
-            self._file.write(json.dumps({"name": "trace_end", "ph": "M", "pid": 0,
-                                         "args": {}}) + "\n]\n")
-            self._file.close()
-
-
-_timeline: Optional[Timeline] = None
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a timeline to ``file_path`` (on rank 0; other ranks record nothing).
-
-    ``mark_cycles`` is accepted for Horovod compatibility; there are no background cycles
-    to mark, since collectives run when they are called.
-    """
-    global _timeline
-    stop_timeline()
-    if runtime.rank() == 0:
-        _timeline = Timeline(file_path)
-
-
-def stop_timeline() -> None:
-    """Stop writing the timeline and close its file; harmless when none is running."""
-    global _timeline
-    if _timeline is not None:
-        _timeline.close()
-        _timeline = None
-
-
-@contextlib.contextmanager
-def _span(tensor: str, phase: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        if _timeline is not None:
-            _timeline.record(tensor, phase, start, time.perf_counter())
-
-
-_OFF = contextlib.nullcontext()
-
-
-def span(tensor: str, phase: str) -> ContextManager[None]:
-    """Time a phase of ``tensor`` into the timeline; costs one call when the timeline is off."""
-    return _span(tensor, phase) if _timeline is not None else _OFF

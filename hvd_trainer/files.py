@@ -1,0 +1,236 @@
+"""Safe files and the per-job secret: the one place where the package and hvdrun write files,
+sign what they read back, and authenticate the elastic notice port.
+
+A planted symlink or a file that another user prepared must never be written through, read
+as ours, or unpickled. So whole files are written to a new temporary file in the target's
+folder (``mkstemp``: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) and renamed over the target;
+outputs written as they go (logs, traces, copies of a rank's output) are opened the same way,
+or appended to only when the file is our own regular file; folders that hold the job's state
+are 0700 and refused when another user owns them or may write into them. Bytes that the job
+reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun
+generates and hands to the ranks in ``HVD_JOB_SECRET``, and verified before they are unpickled;
+both ends of hvdrun's notice port prove that they hold it (:func:`answer_notice`).
+
+Standard library only: hvdrun imports it without the rest of the package's dependencies.
+"""
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import stat
+import tempfile
+from typing import BinaryIO, Callable, Optional, Union
+
+log = logging.getLogger("hvd_trainer")
+
+SECRET_VARIABLE = "HVD_JOB_SECRET"
+_SIGNED = b"hvd_trainer signed 1\n"
+_MAC_BYTES = hashlib.sha256().digest_size
+_NONCE_BYTES = 16
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` as the whole of ``path`` (mode 0600): a new temporary file next to it,
+    synced, then renamed over it, so ``path`` is always the old file or the new one and a
+    symlink planted at either name is never followed. Concurrent writers each use their own
+    temporary file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def private_folder(path: str) -> str:
+    """Create ``path`` (mode 0700) unless it exists; return it. PermissionError when it is
+    not a folder of this process's user that only that user may write into: another user
+    could have put files there for the job to read."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    fix = "remove it, or give the job another folder"
+    if not stat.S_ISDIR(info.st_mode):
+        raise PermissionError(f"{path!r} is not a folder (a symlink or a file); {fix}")
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"folder {path!r} belongs to user id {info.st_uid}, not to this "
+                              f"job's user (id {os.geteuid()}); {fix}")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"folder {path!r} may be written by other users (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}); {fix}")
+    if info.st_mode & 0o077:  # ours, but readable by others (as older versions made it)
+        os.chmod(path, 0o700)
+    return path
+
+
+def job_secret() -> Optional[bytes]:
+    """The job's secret from ``HVD_JOB_SECRET`` (set by hvdrun), or None outside hvdrun."""
+    value = os.environ.get(SECRET_VARIABLE)
+    return value.encode() if value else None
+
+
+def mac(secret: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``parts`` under ``secret``; each part's length is bound in, so parts
+    cannot be shifted from one into the next."""
+    digest = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.digest()
+
+
+def sign(secret: bytes, data: bytes) -> bytes:
+    """``data`` with a header and its MAC under ``secret`` in front."""
+    return _SIGNED + mac(secret, data) + data
+
+
+def verify(secret: bytes, signed: bytes, what: str) -> bytes:
+    """The data of what :func:`sign` returned; ValueError naming ``what`` when it is not
+    whole or was not signed with ``secret`` (truncated, altered, another job's, or no
+    signature at all)."""
+    if not signed.startswith(_SIGNED) or len(signed) < len(_SIGNED) + _MAC_BYTES:
+        raise ValueError(f"{what} is not signed (truncated, or not written by this job)")
+    start = len(_SIGNED) + _MAC_BYTES
+    if not hmac.compare_digest(signed[len(_SIGNED):start], mac(secret, signed[start:])):
+        raise ValueError(f"{what} does not match its signature (truncated, altered, or "
+                         "signed by another job)")
+    return signed[start:]
+
+
+def _receive(conn: socket.socket, count: int) -> bytes:
+    """Exactly ``count`` bytes from ``conn``; ConnectionError if it closes before."""
+    data = b""
+    while len(data) < count:
+        chunk = conn.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError(f"the peer closed the connection after {len(data)} of "
+                                  f"{count} bytes")
+        data += chunk
+    return data
+
+
+def answer_notice(conn: socket.socket, secret: bytes, number: int) -> bool:
+    """hvdrun's side of the notice exchange: send a fresh challenge, and tell ``number`` (the
+    hosts' generation) only to a peer whose answer proves it holds ``secret``; the reply is
+    bound to both challenges, so it cannot be replayed or forged. Returns whether it told."""
+    mine = os.urandom(_NONCE_BYTES)
+    conn.sendall(mine)
+    theirs = _receive(conn, _NONCE_BYTES)
+    if not hmac.compare_digest(_receive(conn, _MAC_BYTES), mac(secret, b"ask", mine, theirs)):
+        return False
+    told = number.to_bytes(8, "big")
+    conn.sendall(told + mac(secret, b"tell", mine, theirs, told))
+    return True
+
+
+def ask_notice(conn: socket.socket, secret: bytes) -> int:
+    """A rank's side of :func:`answer_notice`: the number hvdrun told; ValueError when the
+    reply does not prove that it comes from the holder of ``secret``."""
+    theirs = _receive(conn, _NONCE_BYTES)
+    mine = os.urandom(_NONCE_BYTES)
+    conn.sendall(mine + mac(secret, b"ask", theirs, mine))
+    told = _receive(conn, 8)
+    if not hmac.compare_digest(_receive(conn, _MAC_BYTES), mac(secret, b"tell", theirs, mine, told)):
+        raise ValueError("the reply is not signed with this job's secret")
+    return int.from_bytes(told, "big")
+
+
+class Output:
+    """A file written as the job goes (a log, a trace, a copy of a rank's output) that can
+    never end the job: a failure to open or write it (folder missing, disk full) warns once,
+    naming the file, and stops that output; writes after it do nothing.
+
+    A new output replaces ``path`` with a fresh 0600 file (made like :func:`write_atomically`'s
+    temporary file, then renamed into place). With ``append``, ``path`` is opened without
+    following a symlink, created 0600 when missing, and used only when it is a regular file
+    of this process's user. ``warn`` receives the one message (the 'hvd_trainer' logger's
+    warning by default).
+    """
+
+    def __init__(self, path: str, append: bool = False, what: str = "output",
+                 warn: Optional[Callable[[str], None]] = None):
+        self.path, self.what = path, what
+        self._warn = warn or log.warning
+        self._file: Optional[BinaryIO] = None
+        self.was_empty = False  # whether the file held nothing when it was opened
+        try:
+            fd = self._open_append() if append else self._open_new()
+            self._file = os.fdopen(fd, "wb")
+            self.was_empty = os.fstat(fd).st_size == 0
+        except OSError as error:
+            self._stop(error)
+
+    @property
+    def active(self) -> bool:
+        """Whether the output is still written (it opened and no write has failed)."""
+        return self._file is not None
+
+    def _open_new(self) -> int:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(self.path)))
+        try:
+            os.replace(tmp, self.path)
+        except OSError:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        return fd
+
+    def _open_append(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(self.path, flags, 0o600)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            os.close(fd)
+            raise PermissionError(f"it is not a regular file of this job's user (id {os.geteuid()})")
+        return fd
+
+    def write(self, data: Union[bytes, str]) -> None:
+        """Write ``data`` (text as UTF-8); buffered until :meth:`flush`."""
+        if self._file is None:
+            return
+        try:
+            self._file.write(data.encode() if isinstance(data, str) else data)
+        except OSError as error:
+            self._stop(error)
+
+    def flush(self) -> None:
+        """Hand what was written to the operating system."""
+        if self._file is None:
+            return
+        try:
+            self._file.flush()
+        except OSError as error:
+            self._stop(error)
+
+    def close(self) -> None:
+        """Flush and close; the output stops."""
+        if self._file is None:
+            return
+        try:
+            self._file.close()
+        except OSError as error:
+            self._stop(error)
+        self._file = None
+
+    def _stop(self, error: OSError) -> None:
+        """Warn once, naming the file and the error, and drop the file without raising."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:  # the buffer that failed to write fails again; it is dropped
+                pass
+            self._file = None
+        self._warn(f"cannot write the {self.what} {self.path!r} ({error}); this output stops "
+                   "here and the job goes on")

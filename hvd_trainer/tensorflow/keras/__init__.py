@@ -1,0 +1,132 @@
+"""horovod.tensorflow.keras's API on Keras 3 (TensorFlow backend): ``DistributedOptimizer``
+for ``model.fit`` and custom loops, the callbacks, ``load_model``, and the collectives of
+:mod:`hvd_trainer.tensorflow`.
+
+``DistributedOptimizer(opt)`` returns an optimizer of a subclass of ``opt``'s class, built
+from ``opt.get_config()``, whose ``apply`` (which ``apply_gradients`` and ``model.fit`` call)
+first reduces the gradients across the process set with the core's reducer (see
+``hvd_trainer/tensorflow/gradients.py``): Average by default, so N ranks with per-rank batch
+B take the step one process takes with batch N·B.
+"""
+from typing import Any, Dict, Optional, Sequence
+
+import keras
+
+from ...ops import Average, Sum
+from ...process_sets import init
+from ...runtime import (ProcessSet, global_process_set, is_initialized, local_rank, local_size,
+                        rank, shutdown, size)
+from ..bridge import plain_python
+from ..compression import Compression
+from ..gradients import Reduction
+from ..ops import (allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_object,
+                   broadcast_variables, grouped_allreduce, reducescatter)
+from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,
+                        LearningRateWarmupCallback, MetricAverageCallback)
+
+
+class _Distributed:
+    """What DistributedOptimizer adds to the wrapped optimizer's class; the reduction's
+    settings are the class's (``_hvd_settings``), so ``from_config`` rebuilds it too."""
+
+    _hvd_settings: Dict[str, Any] = {}
+
+    @plain_python
+    def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None
+              ) -> Any:
+        """Reduce ``grads`` across the process set, then the wrapped optimizer's ``apply``.
+        A collective: every rank of the set calls it, with the same variables."""
+        grads = list(grads)
+        variables = (self._trainable_variables if trainable_variables is None
+                     else list(trainable_variables))
+        if grads and len(grads) == len(variables):
+            grads = self._hvd_reduction().reduce(grads, variables)
+        return super().apply(grads, trainable_variables)
+
+    def _hvd_reduction(self) -> Reduction:
+        reduction = self.__dict__.get("_hvd_reduction_made")
+        if reduction is None:
+            reduction = Reduction("DistributedOptimizer.", **self._hvd_settings)
+            self.__dict__["_hvd_reduction_made"] = reduction
+        return reduction
+
+
+_classes: Dict[Any, type] = {}
+
+
+def _distributed_class(base: type, settings: Dict[str, Any]) -> type:
+    """``base`` with :class:`_Distributed` in front and ``settings``; named and placed as
+    ``base``, so that a saved model names the plain optimizer."""
+    key = (base, tuple(sorted((k, id(v) if k == "process_set" else v)
+                              for k, v in settings.items())))
+    if key not in _classes:
+        _classes[key] = type(base.__name__, (_Distributed, base),
+                             {"__doc__": base.__doc__, "__module__": base.__module__,
+                              "_hvd_settings": dict(settings)})
+    return _classes[key]
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: Any = Compression.none, sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: Any = Average,
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """A Keras 3 optimizer like ``optimizer`` (same class and config) whose updates apply
+    gradients averaged (``op=Average``) or summed (``op=Sum``) over ``process_set``.
+
+    ``compression``, ``sparse_as_dense``, ``gradient_predivide_factor`` and ``num_groups``
+    (``groups`` as an integer) are those of ``DistributedGradientTape``.
+    ``backward_passes_per_step`` must be 1: Keras 3's own ``gradient_accumulation_steps``
+    accumulates the reduced gradients instead. ``name``, ``device_dense``,
+    ``device_sparse``, ``average_aggregated_gradients`` and ``scale_local_gradients`` are
+    accepted and have no effect. Build it before the optimizer has taken a step: the new
+    optimizer starts without state.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"optimizer must be a Keras 3 optimizer (keras.optimizers.Optimizer), "
+                        f"got {type(optimizer).__name__}")
+    if isinstance(optimizer, _Distributed):
+        raise ValueError("optimizer is already a DistributedOptimizer; wrap it only once")
+    if backward_passes_per_step != 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: pass 1 and "
+                         "give the Keras optimizer gradient_accumulation_steps="
+                         f"{backward_passes_per_step} instead")
+    if groups is not None:
+        if isinstance(groups, list):
+            raise ValueError("groups= as lists of variables is not supported; pass "
+                             "num_groups= (an integer)")
+        num_groups = groups
+    settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=op,
+                    gradient_predivide_factor=float(gradient_predivide_factor),
+                    num_groups=int(num_groups), process_set=process_set)
+    Reduction("DistributedOptimizer.", **settings)  # refuses bad settings here
+    cls = _distributed_class(type(optimizer), settings)
+    return cls.from_config(optimizer.get_config())
+
+
+def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None,
+               compression: Any = Compression.none, **kwargs: Any) -> keras.Model:
+    """``keras.models.load_model(filepath)`` with its optimizer wrapped in a
+    DistributedOptimizer (with ``compression``), as Horovod's ``load_model``: Keras's own
+    optimizers and ``custom_optimizers`` are rebuilt as distributed ones."""
+    settings = dict(compression=compression, sparse_as_dense=False, op=Average,
+                    gradient_predivide_factor=1.0, num_groups=0,
+                    process_set=global_process_set)
+    bases = [c for c in vars(keras.optimizers).values()
+             if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)]
+    bases += list(custom_optimizers or [])
+    objects = {c.__name__: _distributed_class(c, settings) for c in bases}
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+
+
+__all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression",
+           "DistributedOptimizer", "LearningRateScheduleCallback",
+           "LearningRateWarmupCallback", "MetricAverageCallback", "Sum", "allgather",
+           "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_object",
+           "broadcast_variables", "grouped_allreduce", "init", "is_initialized", "load_model",
+           "local_rank", "local_size", "rank", "reducescatter", "shutdown", "size"]

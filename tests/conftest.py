@@ -1,0 +1,67 @@
+"""Skip, with the reason, the tests whose framework is not installed in this environment.
+
+MXNet 1.9.1 needs NumPy 1, TensorFlow 2.21 NumPy 2: they live in different environments (see
+the README), and ``python -m pytest tests`` in either skips the other's tests. A test module
+that imports a framework (or hvd_trainer's adapter for it) is skipped whole; a multi-rank
+test is skipped when the worker scripts it names (in its function, or else in its module)
+import one.
+"""
+import importlib.util
+import inspect
+import os
+import re
+
+import pytest
+
+_FRAMEWORKS = ("mxnet", "torch", "tensorflow", "keras")
+_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:hvd_trainer\.)?(mxnet|torch|tensorflow|keras)\b",
+                     re.M)
+_WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parallel", "workers")
+_WORKER = re.compile(r"[\"']([A-Za-z0-9_]+\.py)[\"']")
+_ENVIRONMENT = {"tensorflow": "the [test-tensorflow] environment (.venv-tf)",
+                "keras": "the [test-tensorflow] environment (.venv-tf)"}
+
+
+def _missing(source: str) -> list:
+    needed = sorted(set(_IMPORT.findall(source)))
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
+def _reason(missing: list) -> str:
+    where = _ENVIRONMENT.get(missing[0], "the [test] environment (.venv)")
+    return f"{', '.join(missing)} not installed here; these tests run in {where}, see the README"
+
+
+class _SkippedModule(pytest.Module):
+    """A test module whose framework is missing: collected as one skip."""
+
+    reason = ""
+
+    def collect(self):
+        pytest.skip(self.reason, allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if not module_path.name.startswith("test_"):
+        return None
+    missing = _missing(module_path.read_text())
+    if not missing:
+        return None
+    module = _SkippedModule.from_parent(parent, path=module_path)
+    module.reason = _reason(missing)
+    return module
+
+
+def _worker_sources(text: str) -> str:
+    paths = [os.path.join(_WORKERS, n) for n in _WORKER.findall(text)]
+    return "".join(open(p).read() for p in paths if os.path.isfile(p))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not hasattr(item, "function") or "parallel" not in str(item.path):
+            continue
+        workers = _worker_sources(inspect.getsource(item.function))
+        missing = _missing(workers or _worker_sources(item.path.read_text()))
+        if missing:
+            item.add_marker(pytest.mark.skip(reason=_reason(missing)))

@@ -1,0 +1,16 @@
+"""Rules of horovod.torch that Horovod's own tests check, on 2 and 3 ranks, each case its own
+job (workers/torch_horovod_rules.py, whose docstring says what each case checks):
+reducescatter's gradient, float alltoall splits, broadcast_optimizer_state's zero gradients,
+SparseAdam with sparse_as_dense, and DistributedOptimizer(op=Adasum)."""
+import pytest
+
+from runner import run_ranks
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", ["reducescatter_grad", "alltoall_float_splits",
+                                  "optimizer_state_grads", "sparse_as_dense_adam",
+                                  "adasum_optimizer"])
+def test_horovod_torch_rule(case, np_):
+    out = run_ranks("torch_horovod_rules.py", np_, [case], timeout=120).stdout
+    assert out.count("torch horovod rules ok") == np_, out

@@ -1,0 +1,46 @@
+"""Call hvd_trainer.run from a plain process (no launcher), as a user's script would.
+
+Run as: run_driver.py <case> <ranks>. The functions live in this script (__main__), so they
+travel by value. Prints ``RESULT <repr>`` or ``RAISED <type>: <message> | CAUSE <repr>``,
+then which of MXNet and torch this process imported.
+"""
+import os
+import sys
+
+import numpy as np
+
+import hvd_trainer
+
+
+def times_ten():
+    return hvd_trainer.rank() * 10
+
+
+def summed(offset, scale=1.0):
+    """Each rank's allreduce of rank + offset, times scale, and the frameworks it imported."""
+    total = hvd_trainer.allreduce(np.array([hvd_trainer.rank() + offset]), op=hvd_trainer.Sum)
+    return float(total[0]) * scale, sorted({"mxnet", "torch"} & set(sys.modules))
+
+
+def raises_on_rank_1():
+    if hvd_trainer.rank() == 1:
+        raise ValueError("rank 1 found a bad batch")
+    return hvd_trainer.rank()
+
+
+def exits_on_rank_1():
+    if hvd_trainer.rank() == 1:
+        os._exit(3)
+    return hvd_trainer.rank()
+
+
+CASES = {"times_ten": (times_ten, (), None), "allreduce": (summed, (1.0,), {"scale": 2.0}),
+         "raises": (raises_on_rank_1, (), None), "exits": (exits_on_rank_1, (), None)}
+
+if __name__ == "__main__":
+    func, args, kwargs = CASES[sys.argv[1]]
+    try:
+        print(f"RESULT {hvd_trainer.run(func, args, kwargs, num_proc=int(sys.argv[2]))!r}")
+    except RuntimeError as error:
+        print(f"RAISED {type(error).__name__}: {error} | CAUSE {error.__cause__!r}")
+    print(f"IMPORTED {sorted({'mxnet', 'torch'} & set(sys.modules))}", flush=True)

@@ -1,0 +1,211 @@
+"""N ranks with per-rank batch B against one process with batch N·B, computed on every rank
+as the reference: DistributedGradientTape (eager and in a tf.function, SGD with momentum and
+Adam, an embedding's IndexedSlices with and without sparse_as_dense, op=Sum, a predivide
+factor, fp16 compression, a variable without a gradient on some ranks) and the Keras 3
+DistributedOptimizer in model.fit (SGD with momentum, Adam) with its callbacks and
+load_model.
+
+Prints "tf training ok: <case>" per passing case, "tf training FAILED: <case>: <why>"
+otherwise.
+"""
+import os
+import sys
+import tempfile
+import traceback
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvd_trainer.tensorflow as hvd
+import hvd_trainer.keras as hvd_keras
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+B, STEPS = 4, 3
+rng = np.random.RandomState(0)
+X = rng.randn(N * B * STEPS, 6).astype(np.float32)
+IDS = rng.randint(0, 10, (N * B * STEPS,)).astype(np.int32)
+Y = rng.randn(N * B * STEPS, 1).astype(np.float32)
+
+
+def mine(k):
+    """This rank's rows of global batch k: the k-th N·B rows, B of them from R·B on."""
+    return slice(k * N * B + R * B, k * N * B + (R + 1) * B)
+
+
+def every(k):
+    return slice(k * N * B, (k + 1) * N * B)
+
+
+def make_model(embedding=True):
+    """A small model; its Embedding's gradients are IndexedSlices. Keras's Adam updates
+    IndexedSlices lazily and per listed index (repeats counted twice), so a sum with each
+    index once differs from one process's: Adam cases use one-hot ids instead."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((), dtype="int32")
+    x = keras.Input((6,))
+    embedded = (keras.layers.Embedding(10, 3)(ids) if embedding
+                else keras.layers.CategoryEncoding(10, output_mode="one_hot")(ids))
+    hidden = keras.layers.Dense(5, activation="tanh")(keras.layers.Concatenate()([x, embedded]))
+    return keras.Model([x, ids], keras.layers.Dense(1)(hidden))
+
+
+def loss_of(model, k_rows, scale=1.0):
+    prediction = model([X[k_rows], IDS[k_rows]])
+    return tf.reduce_mean(tf.square(prediction - Y[k_rows])) * scale
+
+
+def close_models(a, b, what, tol=1e-5):
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        assert np.allclose(wa, wb, atol=tol, rtol=tol), \
+            f"{what}: max difference {np.abs(wa - wb).max()}"
+
+
+def reference(optimizer, steps=STEPS, scale=1.0, embedding=True):
+    """One process on the global batches."""
+    model = make_model(embedding)
+    for k in range(steps):
+        with tf.GradientTape() as tape:
+            loss = loss_of(model, every(k), scale)
+        variables = model.trainable_variables
+        optimizer.apply(tape.gradient(loss, variables), variables)
+    return model
+
+
+def tape_training(optimizer, compiled=False, scale=1.0, embedding=True, **tape_args):
+    """N ranks, each stepping on its rows of the global batches through the tape."""
+    model = make_model(embedding)
+
+    def step(x, ids, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model([x, ids]) - y)) * scale
+        tape = hvd.DistributedGradientTape(tape, **tape_args)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                        model.trainable_variables)
+
+    run = tf.function(step) if compiled else step
+    for k in range(STEPS):
+        run(X[mine(k)], IDS[mine(k)], Y[mine(k)])
+    return model
+
+
+def tape_sgd_momentum_eager():
+    got = tape_training(keras.optimizers.SGD(0.1, momentum=0.9))
+    close_models(got, reference(keras.optimizers.SGD(0.1, momentum=0.9)), "tape SGD eager")
+
+
+def tape_adam_in_tf_function():
+    got = tape_training(keras.optimizers.Adam(0.01), compiled=True, embedding=False)
+    close_models(got, reference(keras.optimizers.Adam(0.01), embedding=False),
+                 "tape Adam tf.function")
+
+
+def tape_indexed_slices_stay_sparse():
+    model = make_model()
+    with tf.GradientTape() as tape:
+        loss = loss_of(model, mine(0))
+    grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+    ref = make_model()
+    with tf.GradientTape() as tape:
+        loss = loss_of(ref, every(0))
+    want = tape.gradient(loss, ref.trainable_variables)
+    assert isinstance(grads[0], tf.IndexedSlices), type(grads[0])
+    touched = sorted(set(IDS[every(0)].tolist()))
+    assert sorted(grads[0].indices.numpy().tolist()) == touched, "indices: rows touched anywhere"
+    for g, w in zip(grads, want):
+        assert np.allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), atol=1e-6)
+
+
+def tape_sparse_as_dense_sum_predivide():
+    sgd = lambda: keras.optimizers.SGD(0.05, momentum=0.5)  # noqa: E731
+    got = tape_training(sgd(), sparse_as_dense=True, gradient_predivide_factor=2.0)
+    close_models(got, reference(sgd()), "sparse_as_dense with predivide 2")
+    # op=Sum with the loss divided by N is the average again
+    got = tape_training(sgd(), compiled=True, scale=1.0 / N, op=hvd.Sum)
+    close_models(got, reference(sgd()), "op=Sum, loss / N, tf.function")
+
+
+def tape_fp16_compression():
+    got = tape_training(keras.optimizers.SGD(0.1), compression=hvd.Compression.fp16)
+    close_models(got, reference(keras.optimizers.SGD(0.1)), "fp16", tol=2e-3)
+
+
+def tape_gradient_missing_on_some_ranks():
+    """Eager: a variable used on rank 0 only gets the others' sum (zeros from the rest)."""
+    v = tf.Variable(np.ones(3, np.float32))
+    w = tf.Variable(np.ones(3, np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * (R + 1))
+        if R == 0:
+            loss += tf.reduce_sum(v * 6.0)
+    gv, gw = hvd.DistributedGradientTape(tape).gradient(loss, [v, w])
+    assert np.allclose(gv, np.full(3, 6.0 / N)), gv
+    assert np.allclose(gw, np.full(3, sum(r + 1 for r in range(N)) / N)), gw
+
+
+def fit(optimizer, callbacks=(), epochs=2, embedding=True):
+    model = make_model(embedding)
+    model.compile(optimizer=optimizer, loss="mse")
+    rows = np.concatenate([np.arange(STEPS * N * B)[mine(k)] for k in range(STEPS)])
+    history = model.fit([X[rows], IDS[rows]], Y[rows], batch_size=B, epochs=epochs,
+                        shuffle=False, verbose=0, callbacks=list(callbacks))
+    return model, history
+
+
+def fit_reference(optimizer, epochs=2, embedding=True):
+    model = make_model(embedding)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit([X, IDS], Y, batch_size=N * B, epochs=epochs, shuffle=False, verbose=0)
+    return model
+
+
+def fit_sgd_momentum_and_adam():
+    got, _ = fit(hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)))
+    close_models(got, fit_reference(keras.optimizers.SGD(0.1, momentum=0.9)), "fit SGD")
+    got, _ = fit(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), embedding=False)
+    close_models(got, fit_reference(keras.optimizers.Adam(0.01), embedding=False), "fit Adam")
+
+
+def fit_callbacks():
+    # Different weights on every rank: the broadcast makes them rank 0's.
+    keras.utils.set_random_seed(3)
+    model = make_model()
+    if R:
+        model.set_weights([w + R for w in model.get_weights()])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                  loss="mse")
+    rows = np.concatenate([np.arange(STEPS * N * B)[mine(k)] for k in range(STEPS)])
+    warmup = hvd_keras.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2)
+    history = model.fit([X[rows], IDS[rows]], Y[rows], batch_size=B, epochs=2, shuffle=False,
+                        verbose=0, callbacks=[hvd_keras.BroadcastGlobalVariablesCallback(0),
+                                              hvd_keras.MetricAverageCallback(), warmup])
+    every_weights = hvd.allgather_object([w.tolist() for w in model.get_weights()])
+    assert all(w == every_weights[0] for w in every_weights), "weights differ across ranks"
+    # Horovod's warmup at the last batch of epoch 1: epoch 1 + (STEPS - 1) / STEPS + 1 / STEPS
+    last = 2.0
+    want_lr = 0.1 / N * (last * (N - 1) / 2 + 1)
+    assert np.isclose(history.history["lr"][-1], want_lr), (history.history["lr"], want_lr)
+    losses = hvd.allgather_object(history.history["loss"][-1])
+    assert np.allclose(losses, losses[0]), f"averaged loss differs across ranks: {losses}"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, f"model{R}.keras")
+        model.save(path)
+        loaded = hvd_keras.load_model(path)
+    assert isinstance(loaded.optimizer, keras.optimizers.SGD)
+    assert type(loaded.optimizer).apply is not keras.optimizers.SGD.apply, "not distributed"
+    close_models(loaded, model, "loaded")
+
+
+CASES = [tape_sgd_momentum_eager, tape_adam_in_tf_function, tape_indexed_slices_stay_sparse,
+         tape_sparse_as_dense_sum_predivide, tape_fp16_compression,
+         tape_gradient_missing_on_some_ranks, fit_sgd_momentum_and_adam, fit_callbacks]
+
+for case in CASES:
+    try:
+        case()
+        print(f"tf training ok: {case.__name__}", flush=True)
+    except Exception:  # reported per case; the job goes on with the next case
+        why = traceback.format_exc().strip().replace("\n", " | ")  # one line per failure
+        print(f"tf training FAILED: {case.__name__}: {why}", flush=True)
+sys.stdout.flush()

@@ -1,0 +1,105 @@
+"""The package's layers, read from its source: no import circles, and nothing reaches around a
+layer (adapters never import mpi4py; backends never import a framework; the core never
+imports an adapter). Imports inside functions count too."""
+import ast
+import os
+from typing import Dict, List, Set
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    "hvd_trainer")
+ADAPTERS = ("hvd_trainer.mxnet", "hvd_trainer.torch", "hvd_trainer.tensorflow", "hvd_trainer.keras")
+FRAMEWORKS = ("mxnet", "torch", "tensorflow", "keras")
+
+
+def _modules() -> Dict[str, str]:
+    """Module name -> file, for every module of the package."""
+    found = {}
+    for folder, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, f), os.path.dirname(ROOT))
+                name = rel[:-3].replace(os.sep, ".")
+                found[name[:-len(".__init__")] if name.endswith(".__init__") else name] = \
+                    os.path.join(folder, f)
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> Set[str]:
+    """Every module ``name`` imports (absolute names), at module level or in functions."""
+    path = MODULES[name]
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in MODULES else base)
+    return out
+
+
+GRAPH = {name: {m for m in _imports(name) if m in MODULES and m != name} for name in MODULES}
+
+
+def _cycle() -> List[str]:
+    """One import circle among the package's modules, or []."""
+    state: Dict[str, int] = {}
+    stack: List[str] = []
+
+    def visit(node: str) -> List[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            # A package's __init__ runs before its modules; edges into it from inside are not
+            # layering, so only a module-to-module circle counts.
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            found = visit(name)
+            if found:
+                return found
+    return []
+
+
+def test_no_import_circle():
+    assert _cycle() == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(ADAPTERS)))
+def test_adapters_never_import_mpi4py(name):
+    assert not any(m.split(".")[0] == "mpi4py" for m in _imports(name))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("hvd_trainer.backends")))
+def test_backends_never_import_a_framework(name):
+    assert not any(m.split(".")[0] in FRAMEWORKS for m in _imports(name))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.startswith(ADAPTERS)
+                                        and n != "hvd_trainer"))
+def test_the_core_never_imports_an_adapter(name):
+    assert not any(m.startswith(ADAPTERS) for m in _imports(name))
+
+
+def test_the_reader_finds_imports_inside_functions():
+    # runtime.py imports its MPI backend only when it makes the world: the reader must see it.
+    assert "hvd_trainer.backends.mpi" in GRAPH["hvd_trainer.runtime"]
