@@ -6,7 +6,8 @@ Each layout is one job (workers/layout_worker.py), checked by several tests:
 - ``ssh``: ``-p 2222 -i KEY --network-interface lan1`` on 2 hosts. Port 2222 takes only
   that key and port 22 only the default one, so the job starts only if both flags reach ssh;
   the data must then cross lan1 alone.
-The expected layout is Horovod's by-slot placement, computed here from the host list.
+The expected layout (hvd_trainer's rank, local and cross rank and size, and the HOROVOD_*
+variables) is Horovod's by-slot placement, computed here from the host list.
 """
 import json
 import sys
@@ -69,6 +70,16 @@ def test_rank_size_local_and_cross_match_the_layout(job):
     keys = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
     got = [{key: job.reports[r][key] for key in keys} for r in sorted(job.reports)]
     assert got == [{key: entry[key] for key in keys} for entry in expected_layout(job.hosts)]
+
+
+def test_horovod_variables_match_the_layout(job):
+    started(job)
+    want = [{f"HOROVOD_{key.upper()}": str(entry[key]) for key in
+             ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")}
+            for entry in expected_layout(job.hosts)]
+    for rank, entry in enumerate(expected_layout(job.hosts)):
+        want[rank]["HOROVOD_HOSTNAME"] = entry["host"]
+    assert [job.reports[r]["env"] for r in sorted(job.reports)] == want
 
 
 def test_collectives_match_numpy_across_hosts(job):
