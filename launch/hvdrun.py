@@ -250,7 +250,7 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def _launched(leader: int) -> Dict[int, bytes]:
+def launched(leader: int) -> Dict[int, bytes]:
     """What mpiexec (``leader``) started on this host that may outlive it, with each process's
     start time: its session, and its children in sessions of their own (Hydra's ssh). Open
     MPI's ssh leaves mpiexec's process group but not its session. Empty where /proc is not."""
@@ -270,7 +270,7 @@ def _launched(leader: int) -> Dict[int, bytes]:
     return found
 
 
-def _kill(processes: Dict[int, bytes]) -> None:
+def kill_processes(processes: Dict[int, bytes]) -> None:
     """SIGKILL each of ``processes`` still running since its recorded start time. A stray ssh
     would hold the job's output open and keep its remote host busy."""
     for pid, start in processes.items():
@@ -321,7 +321,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             if handled == 1:
                 relay.interrupted = True
                 _say(f"received {signal.Signals(received[0]).name}; ending the job")
-                left.update(_launched(process.pid))  # mpiexec may orphan them as it ends
+                left.update(launched(process.pid))  # mpiexec may orphan them as it ends
                 process.send_signal(received[0])
                 ending, kill_at = True, now + KILL_GRACE_SECONDS
             else:
@@ -330,7 +330,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
         if first is not None and not ending and now >= first + failure_grace:
             relay.settle()
             relay.ending = True
-            left.update(_launched(process.pid))
+            left.update(launched(process.pid))
             process.terminate()
             ending, kill_at = True, now + KILL_GRACE_SECONDS
         if kill_at is not None and now >= kill_at:
@@ -338,12 +338,12 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            _kill({**left, **_launched(process.pid)})
+            kill_processes({**left, **launched(process.pid)})
             kill_at = None
         time.sleep(0.05)
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-    _kill({**left, **_launched(process.pid)})
+    kill_processes({**left, **launched(process.pid)})
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
     if not any(reader.is_alive() for reader in readers):

@@ -185,7 +185,7 @@ def _local_names() -> frozenset:
     return frozenset(names)
 
 
-def _this_machine(name: str) -> bool:
+def this_machine(name: str) -> bool:
     """Whether ``name`` names the machine hvdrun runs on (a loopback address or a local name)."""
     try:
         if ipaddress.ip_address(name).is_loopback:
@@ -209,7 +209,7 @@ def placement(flavour: str, hosts: Sequence[Tuple[str, int]], np: int) -> List[T
         same = None
         if flavour == OPENMPI:
             same = next((node for node in nodes if node[0] == host
-                         or (_this_machine(node[0]) and _this_machine(host))), None)
+                         or (this_machine(node[0]) and this_machine(host))), None)
         if same is None:
             nodes.append([host, slots])
         else:
