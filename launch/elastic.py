@@ -119,11 +119,15 @@ class Blacklist:
         self.streak: Dict[str, int] = {}
         self.until: Dict[str, float] = {}
 
-    def life_ended(self, used: Sequence[str], failed: Set[str]) -> List[str]:
+    def life_ended(self, used: Sequence[str], failed: Set[str],
+                   unsure: Set[str] = frozenset()) -> List[str]:
         """Count the lives in a row in which each used host failed; return the hosts that
-        this puts out."""
+        this puts out. A host in ``unsure`` (a rank failed there, maybe as a consequence)
+        neither counts a life nor breaks the row."""
         out = []
         for host in used:
+            if host in unsure and host not in failed:
+                continue
             self.streak[host] = self.streak.get(host, 0) + 1 if host in failed else 0
             if self.streak[host] >= FAILED_LIVES_TO_BLACKLIST:
                 self.streak[host] = 0
@@ -467,12 +471,13 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 _say(f"every rank failed in this life ({_codes(relay.failed)}); ending the job")
                 return code
             failed = relay.blamed(layout)
+            unsure = {host_of(layout, rank) for rank in relay.failed}
             restarts += 1
             if args.reset_limit is not None and restarts > args.reset_limit:
                 _say(f"the job needs restart {restarts}, over --reset-limit {args.reset_limit}; "
                      "ending the job")
                 return code
-            for host in blacklist.life_ended([host for host, _ in layout], failed):
+            for host in blacklist.life_ended([host for host, _ in layout], failed, unsure):
                 _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; "
                      "leaving it out" + (" for the cooldown" if args.blacklist_cooldown_range
                                          else " for the rest of the job"))

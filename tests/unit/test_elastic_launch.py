@@ -33,6 +33,14 @@ class Clock:
         return self.now
 
 
+def test_a_life_that_failed_on_a_host_maybe_as_a_consequence_keeps_its_row():
+    # b failed in the second life too, but after a's failure: no count, and no break.
+    blacklist = elastic.Blacklist(None, Clock())
+    assert blacklist.life_ended(["a", "b"], {"b"}) == []
+    assert blacklist.life_ended(["a", "b"], {"a"}, unsure={"b"}) == []
+    assert blacklist.life_ended(["a", "b"], {"b"}) == ["b"]
+
+
 def test_a_host_failing_in_two_lives_in_a_row_is_out_for_the_cooldown():
     clock = Clock()
     blacklist = elastic.Blacklist((5.0, 5.0), clock)
