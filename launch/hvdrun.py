@@ -402,8 +402,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
         if elastic.requested(args):
             elastic.check(args)
-        else:  # without hosts every rank runs here, as horovodrun's default localhost:np
-            placed = hosts_variable(launcher.flavour, hosts or [("localhost", args.np)], args.np)
+        else:
+            # Without hosts every rank runs here, as horovodrun's default localhost:np; inside
+            # a Slurm allocation mpiexec puts them on its nodes by itself.
+            nodes = hosts or mpi.slurm_allocation(os.environ) or [("localhost", args.np)]
+            placed = hosts_variable(launcher.flavour, nodes, args.np)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
@@ -416,7 +419,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
         _say(f"running: {shlex.join(mpiexec_command)}")
-    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, hosts)
+    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
     return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
 
 

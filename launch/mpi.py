@@ -142,6 +142,52 @@ def find_launcher(requested: Optional[str] = None) -> Launcher:
     raise MPIError(f"no MPI launcher (mpiexec or mpirun) found; {INSTALL_HINT}")
 
 
+def slurm_allocation(environ: Mapping[str, str]) -> List[Tuple[str, int]]:
+    """The nodes of the Slurm allocation that hvdrun runs in (sbatch, salloc) with their task
+    slots, in Slurm's order, from SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE ('2(x3),1'):
+    where Hydra and Open MPI place the ranks when given no hosts. [] outside an allocation;
+    ValueError for a node list that this does not read."""
+    nodelist, tasks = environ.get("SLURM_JOB_NODELIST"), environ.get("SLURM_TASKS_PER_NODE")
+    if not nodelist or not tasks:
+        return []
+    counts: List[int] = []
+    for part in tasks.split(","):
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if not found:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={tasks!r}: expected N or N(xM) entries")
+        counts += [int(found[1])] * int(found[2] or 1)
+    nodes = _expand_nodelist(nodelist)
+    if len(nodes) != len(counts):
+        raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r} names {len(nodes)} nodes but "
+                         f"SLURM_TASKS_PER_NODE={tasks!r} {len(counts)}; give the hosts with -H")
+    return list(zip(nodes, counts))
+
+
+def _expand_nodelist(nodelist: str) -> List[str]:
+    """Slurm's compressed host list ('node[01-03,07],gpu1') as host names."""
+    entries, depth, start = [], 0, 0
+    for index, char in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            entries.append(nodelist[start:index])
+            start = index + 1
+    names = []
+    for entry in entries:
+        ranged = re.fullmatch(r"([^\[\]]*)\[([\d,-]+)\]([^\[\]]*)", entry)
+        if not ranged:
+            if not entry or "[" in entry or "]" in entry:
+                raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r}: cannot read {entry!r}; "
+                                 "give the hosts with -H")
+            names.append(entry)
+            continue
+        prefix, ranges, suffix = ranged.groups()
+        for span in ranges.split(","):
+            low, _, high = span.partition("-")
+            names += [f"{prefix}{number:0{len(low)}d}{suffix}"
+                      for number in range(int(low), int(high or low) + 1)]
+    return names
+
+
 def parse_hosts(spec: str) -> List[Tuple[str, int]]:
     """Parse ``host:slots,host,...`` (slots default to 1) into (host, slots) pairs."""
     hosts = []

@@ -42,11 +42,21 @@ def test_hosts_reach_each_other_by_name_over_ssh_with_the_bed_key_only(bed):
         assert proc.returncode == 255 and "Permission denied" in proc.stderr, (wrong, proc.stderr)
 
 
+def test_names_and_roots_home_come_back_when_their_binds_come_undone(bed):
+    # What replacing /etc/passwd or /etc/hosts on this machine (useradd, apt) does to the
+    # binds over them in the hosts' mount namespaces.
+    init = str(bed.state["hosts"][0]["init"])
+    for name in ("passwd", "hosts"):
+        subprocess.run(["nsenter", "-t", init, "-m", "-p", "umount", f"/etc/{name}"], check=True)
+    assert run(bed, "h1", "getent passwd root").split(":")[5] == bed.home
+    assert run(bed, "h1", "ssh h2 hostname") == "h2"
+
+
 def test_down_ends_every_process_and_namespace_and_may_run_twice():
     other = testbed.up(2, tied=True)  # a bed of its own, so that the session's stays up
     try:
         pids = [host[key] for host in other.state["hosts"] for key in ("init", "unshare")]
-        pids += [entry["pid"] for host in other.state["hosts"] for entry in host["sshd"].values()]
+        pids += [entry["pid"] for host in other.state["hosts"] for entry in host["daemons"].values()]
         names = [host["netns"] for host in other.state["hosts"]] + [other.state["switch"]]
         inside = other.popen("h2", ["sleep", "60"])
         other.down()

@@ -16,8 +16,11 @@ Nothing gets an address outside 10.213.0.0/16, and only on links inside the bed'
 ``down()`` ends every process the bed started by its recorded PID (checked against its start
 time), deletes the namespaces and the /etc/netns entries, and may be called again.
 
+With ``start_slurm()`` (CLI: ``up --slurm``) it also runs Slurm: slurmctld on h1, slurmd on
+every host, one munged.
+
 Module:  bed = testbed.up(3); bed.run("h1", ["hostname"]); bed.down()
-CLI:     python tests/multihost/testbed.py up 3 [--dir DIR]
+CLI:     python tests/multihost/testbed.py up 3 [--slurm] [--dir DIR]
          python tests/multihost/testbed.py run [--dir DIR] h1 -- hostname
          python tests/multihost/testbed.py down [--dir DIR]
 """
@@ -38,6 +41,7 @@ SUBNETS = ("10.213.0", "10.213.1")  # one /24 per link
 PORT, ALT_PORT = 22, 2222
 CLI_DIR = "/var/tmp/hvd-testbed"  # the CLI's default folder, so that `down` finds `up`'s bed
 SSHD = "/usr/sbin/sshd"
+MUNGED, SLURMCTLD, SLURMD = "/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"
 _STATE = "state.json"
 _READY_SECONDS = 30.0
 # The first process of each host: reaps whatever is left to it (PID 1 of its namespace).
@@ -139,8 +143,26 @@ class TestBed:
     # -- running in a host --------------------------------------------------------------------
     def command(self, host: str, argv: Sequence[str], cwd: Optional[str] = None) -> List[str]:
         """``argv`` wrapped to run inside ``host``'s namespaces, in ``cwd`` (default: ours)."""
+        for host_name in self.hosts:
+            self._heal(host_name)
         return ["nsenter", "-t", str(self._host(host)["init"]), "-n", "-u", "-i", "-p", "-m",
                 f"--wd={cwd or os.getcwd()}", "--", *argv]
+
+    def _heal(self, host: str) -> None:
+        """Bind the host's /etc/hosts and /etc/passwd again where they came undone: replacing
+        /etc/passwd on this machine (useradd, apt) detaches the binds made over it in every
+        mount namespace, and the host would lose its names and root's home (ssh's key)."""
+        record = self._host(host)
+        for name in ("hosts", "passwd"):
+            ours = os.path.join("/etc/netns", record["netns"], name)
+            try:
+                seen = os.stat(f"/proc/{record['init']}/root/etc/{name}")
+            except OSError:  # the host is gone: nothing to heal
+                return
+            mine = os.stat(ours)
+            if (seen.st_dev, seen.st_ino) != (mine.st_dev, mine.st_ino):
+                _sh("nsenter", "-t", str(record["init"]), "-m", "-p", "mount", "--bind", ours,
+                    f"/etc/{name}")
 
     def run(self, host: str, argv: Sequence[str], cwd: Optional[str] = None,
             **kwargs) -> subprocess.CompletedProcess:
@@ -152,44 +174,118 @@ class TestBed:
         """subprocess.Popen of ``argv`` inside ``host``."""
         return subprocess.Popen(self.command(host, argv, cwd), **kwargs)
 
-    # -- sshd ---------------------------------------------------------------------------------
-    def start_sshd(self, host: str) -> None:
-        """Start ``host``'s two sshds (port 22: default key, port 2222: alt key) and wait
-        until they listen."""
-        record = self._host(host)
-        for port in (PORT, ALT_PORT):
-            log = os.path.join(self.folder, f"sshd.{host}.{port}.log")
-            marker = os.path.getsize(log) if os.path.exists(log) else 0
-            with open(log, "ab") as out:
-                nsenter = self.popen(host, [SSHD, "-D", "-e", "-f", self._sshd_config(host, port)],
-                                     cwd="/", stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                     start_new_session=True, preexec_fn=self._tie())
-            pid = child_of(nsenter.pid)
-            record.setdefault("sshd", {})[str(port)] = {"pid": pid, "start": _start_time(pid),
-                                                        "nsenter": nsenter.pid}
-            self._save()
-            self._wait_for(log, marker, f"Server listening on 0.0.0.0 port {port}.", nsenter)
+    # -- daemons ------------------------------------------------------------------------------
+    def _start(self, host: str, name: str, argv: Sequence[str], ready: str,
+               env: Optional[Dict[str, str]] = None) -> None:
+        """Start daemon ``name`` (``argv``: in the foreground, its log on stderr) in ``host``,
+        record its PID and wait until its log shows ``ready``."""
+        log = self._log(host, name)
+        marker = os.path.getsize(log) if os.path.exists(log) else 0
+        with open(log, "ab") as out:
+            nsenter = self.popen(host, argv, cwd=self.folder, stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=out, env=env, start_new_session=True,
+                                 preexec_fn=self._tie())
+        pid = child_of(nsenter.pid)
+        self._host(host).setdefault("daemons", {})[name] = {
+            "pid": pid, "start": _start_time(pid), "nsenter": nsenter.pid}
+        self._save()
+        self._wait_for(log, marker, ready, nsenter)
 
-    def stop_sshd(self, host: str) -> None:
-        """End ``host``'s sshds (sessions they started go on, as when sshd stops for real)."""
-        for entry in self._host(host).pop("sshd", {}).values():
+    def _stop(self, host: str, prefix: str) -> None:
+        """End ``host``'s daemons whose names start with ``prefix``."""
+        daemons = self._host(host).get("daemons", {})
+        for name in [name for name in daemons if name.startswith(prefix)]:
+            entry = daemons.pop(name)
             _kill(entry["pid"], entry["start"])
             _reap(entry["nsenter"])
         self._save()
 
+    def _log(self, host: str, name: str) -> str:
+        return os.path.join(self.folder, f"{name}.{host}.log")
+
+    # -- sshd ---------------------------------------------------------------------------------
+    def start_sshd(self, host: str) -> None:
+        """Start ``host``'s two sshds (port 22: default key, port 2222: alt key) and wait
+        until they listen."""
+        for port in (PORT, ALT_PORT):
+            self._start(host, f"sshd.{port}", [SSHD, "-D", "-e", "-f", self._sshd_config(host, port)],
+                        f"Server listening on 0.0.0.0 port {port}.")
+
+    def stop_sshd(self, host: str) -> None:
+        """End ``host``'s sshds (sessions they started go on, as when sshd stops for real)."""
+        self._stop(host, "sshd.")
+
     def signal_sshd(self, host: str, signum: int) -> None:
         """Send ``signum`` to ``host``'s sshd listeners (SIGSTOP: a hung host, SIGCONT: back)."""
-        for entry in self._host(host).get("sshd", {}).values():
-            if _start_time(entry["pid"]) == entry["start"]:
+        for name, entry in self._host(host).get("daemons", {}).items():
+            if name.startswith("sshd.") and _start_time(entry["pid"]) == entry["start"]:
                 os.kill(entry["pid"], signum)
 
     def sshd_log(self, host: str, port: int = PORT) -> str:
         """What ``host``'s sshd on ``port`` has logged."""
-        with open(os.path.join(self.folder, f"sshd.{host}.{port}.log"), errors="replace") as log:
+        with open(self._log(host, f"sshd.{port}"), errors="replace") as log:
             return log.read()
 
+    # -- Slurm --------------------------------------------------------------------------------
+    def start_slurm(self) -> Dict[str, str]:
+        """Run Slurm on the bed: slurmctld on h1, slurmd on every host (node hN, all its CPUs,
+        one partition), authenticated by one munged whose socket lies in the bed's folder
+        (every host sees it); wait until every node is idle. Returns the variable that
+        Slurm's commands need (SLURM_CONF, what /etc/slurm/slurm.conf is on a cluster)."""
+        folder = os.path.join(self.folder, "slurm")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        key = os.path.join(folder, "munge.key")
+        if not os.path.exists(key):
+            with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(os.urandom(1024))
+        socket_path = os.path.join(folder, "munge.socket")
+        conf = os.path.join(folder, "slurm.conf")
+        lines = [f"ClusterName=hvdbed", f"SlurmctldHost=h1({self.address('h1')})",
+                 "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge",
+                 f"AuthInfo=socket={socket_path}", "CredType=cred/munge",
+                 f"StateSaveLocation={folder}/state", f"SlurmdSpoolDir={folder}/spool.%n",
+                 f"SlurmctldPidFile={folder}/slurmctld.pid", f"SlurmdPidFile={folder}/slurmd.%n.pid",
+                 "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+                 "JobAcctGatherType=jobacct_gather/none", "SelectType=select/cons_tres",
+                 "SelectTypeParameters=CR_CPU", "SchedulerType=sched/builtin", "MpiDefault=pmi2",
+                 "ReturnToService=2", "AccountingStorageType=accounting_storage/none",
+                 "JobCompType=jobcomp/none"]
+        lines += [f"NodeName={host} NodeAddr={self.address(host)} CPUs={os.cpu_count()} "
+                  "State=UNKNOWN" for host in self.hosts]
+        lines.append(f"PartitionName=bed Nodes={','.join(self.hosts)} Default=YES "
+                     "MaxTime=INFINITE State=UP")
+        with open(conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        # slurmd 22.05 loads a cgroup plugin even when no plugin uses one: cgroup/v1 is
+        # content with an empty folder (a private tmpfs on each host; the machine's cgroups
+        # stay untouched).
+        with open(os.path.join(folder, "cgroup.conf"), "w") as f:
+            f.write("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
+        env = {"SLURM_CONF": conf}
+        full = dict(os.environ, **env)
+        self._start("h1", "munged", [MUNGED, "-F", "-f", f"--socket={socket_path}",
+                                     f"--key-file={key}", f"--pid-file={folder}/munged.pid",
+                                     f"--seed-file={folder}/munged.seed"], "Created socket")
+        self._start("h1", "slurmctld", [SLURMCTLD, "-D", "-f", conf], "Running as primary controller",
+                    full)
+        for host in self.hosts:
+            self.run(host, ["sh", "-c", "mountpoint -q /sys/fs/cgroup || "
+                                        "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"],
+                     check=True)
+            os.makedirs(os.path.join(folder, f"spool.{host}"), mode=0o700, exist_ok=True)
+            self._start(host, "slurmd", [SLURMD, "-D", "-f", conf], "slurmd started on", full)
+        deadline = time.monotonic() + _READY_SECONDS
+        while True:
+            nodes = self.run("h1", ["sinfo", "-h", "-o", "%T %D"], env=full, capture_output=True,
+                             text=True).stdout.split()
+            if nodes == ["idle", str(len(self.hosts))]:
+                return env
+            if time.monotonic() > deadline:
+                raise TestBedError(f"Slurm's nodes are not idle after {_READY_SECONDS:g} s: {nodes}")
+            time.sleep(0.1)
+
     def _sshd_config(self, host: str, port: int) -> str:
-        path = os.path.join(self.folder, f"sshd.{host}.{port}.conf")
+        path = os.path.join(self.folder, f"sshd.{port}.{host}.conf")
         keys = "authorized_keys" if port == PORT else "authorized_keys.alt"
         # StrictModes off: the bed's folder is owner-only, but it may lie below a
         # world-writable /var/tmp, which StrictModes refuses.
@@ -214,7 +310,7 @@ class TestBed:
             if process.poll() is not None:
                 break
             time.sleep(0.05)
-        raise TestBedError(f"sshd did not come up ({text!r} not in {log}): "
+        raise TestBedError(f"a daemon did not come up ({text!r} not in {log}): "
                            f"{open(log, errors='replace').read()[-2000:]}")
 
     def _tie(self):
@@ -231,7 +327,7 @@ class TestBed:
     def down(self) -> None:
         """End everything the bed started, by PID, and remove its namespaces; idempotent."""
         for host in self.state["hosts"]:
-            for entry in host.pop("sshd", {}).values():
+            for entry in host.pop("daemons", {}).values():
                 _kill(entry["pid"], entry["start"])
             # Killing a PID namespace's first process ends every process in it.
             for key in ("init", "unshare"):
@@ -278,6 +374,17 @@ def running(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def slurm_unavailable() -> Optional[str]:
+    """Why the bed cannot run Slurm here, or None when it can."""
+    for path in (MUNGED, SLURMCTLD, SLURMD):
+        if not os.access(path, os.X_OK):
+            return f"Slurm on the test bed needs {path} (apt-get install slurmd slurmctld munge)"
+    for tool in ("srun", "sbatch", "sinfo"):
+        if shutil.which(tool) is None:
+            return f"Slurm on the test bed needs `{tool}` on PATH (apt-get install slurm-client)"
+    return None
 
 
 def up(count: int, folder: Optional[str] = None, tied: bool = False) -> TestBed:
@@ -377,7 +484,8 @@ def _build(bed: TestBed) -> None:
         unshare = subprocess.Popen(
             ["ip", "netns", "exec", netns, "unshare", "--uts", "--ipc", "--pid", "--fork",
              "--mount-proc", "--kill-child", "--", "sh", "-c", setup],
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=bed._tie())
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=bed._tie())
         record["unshare"], record["unshare_start"] = unshare.pid, _start_time(unshare.pid)
         init = child_of(unshare.pid)
         record["init"], record["init_start"] = init, _start_time(init)
@@ -397,7 +505,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", default=CLI_DIR, help=f"the bed's folder (default {CLI_DIR})")
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("up", parents=[common], help="build the bed").add_argument("count", type=int)
+    build = sub.add_parser("up", parents=[common], help="build the bed")
+    build.add_argument("count", type=int)
+    build.add_argument("--slurm", action="store_true", help="and run Slurm on it")
     run = sub.add_parser("run", parents=[common], help="run a command inside a host")
     run.add_argument("host")
     run.add_argument("argv", nargs=argparse.REMAINDER)
@@ -407,9 +517,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         reason = unavailable()
         if reason:
             parser.exit(1, f"testbed: {reason}\n")
+        reason = slurm_unavailable() if args.slurm else None
+        if reason:
+            parser.exit(1, f"testbed: {reason}\n")
         bed = up(args.count, args.dir)
         print(f"test bed in {bed.folder}: " + ", ".join(
             f"{host} ({bed.address(host)}, {bed.address(host, 'lan1')})" for host in bed.hosts))
+        if args.slurm:
+            conf = bed.start_slurm()["SLURM_CONF"]
+            print(f"Slurm: run its commands in a host with SLURM_CONF={conf}")
         return 0
     if not os.path.exists(os.path.join(args.dir, _STATE)):
         if args.action == "down":

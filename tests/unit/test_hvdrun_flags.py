@@ -95,7 +95,7 @@ def build(monkeypatch, flavour, *options, env=None):
     run_job's arguments)."""
     for name in list(os.environ):
         if name.startswith(("HVD_", "HOROVOD_", "NCCL_", "UCX_", "FI_", "MPI4PY_", "HYDRA_",
-                            "I_MPI_", "HVDRUN_")):
+                            "I_MPI_", "HVDRUN_", "SLURM_")):
             monkeypatch.delenv(name)
     # hvdrun always sets these two (the finalize waits of MPICH and Open MPI); set beforehand,
     # they are not among the variables the flags add.
@@ -534,3 +534,27 @@ def test_readme_flag_table_matches_the_module():
                 for flag in flags.FLAGS]
     expected += [f"| {_spelled(entry.names)} | refused: {entry.reason} |" for entry in flags.REFUSED]
     assert rows == expected
+
+
+def test_slurm_allocations_node_list_and_tasks_give_the_hosts():
+    assert mpi.slurm_allocation({"SLURM_JOB_NODELIST": "node[01-03,07],gpu1",
+                                 "SLURM_TASKS_PER_NODE": "2(x3),1,4"}) == \
+        [("node01", 2), ("node02", 2), ("node03", 2), ("node07", 1), ("gpu1", 4)]
+    assert mpi.slurm_allocation({"SLURM_JOB_NODELIST": "x[8-10]y",
+                                 "SLURM_TASKS_PER_NODE": "1(x3)"}) == \
+        [("x8y", 1), ("x9y", 1), ("x10y", 1)]
+    assert mpi.slurm_allocation({}) == []
+    with pytest.raises(ValueError, match="names 2 nodes but SLURM_TASKS_PER_NODE='2' 1"):
+        mpi.slurm_allocation({"SLURM_JOB_NODELIST": "a,b", "SLURM_TASKS_PER_NODE": "2"})
+    with pytest.raises(ValueError, match="cannot read 'r\\[1-2\\]n\\[1-2\\]'"):
+        mpi.slurm_allocation({"SLURM_JOB_NODELIST": "r[1-2]n[1-2]",
+                              "SLURM_TASKS_PER_NODE": "1(x4)"})
+
+
+def test_inside_a_slurm_allocation_the_horovod_variables_follow_its_nodes(monkeypatch):
+    # mpiexec places the ranks on the allocation's nodes by itself (no hosts on its command
+    # line); the ranks' wrappers learn that placement from hvdrun.
+    allocation = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    command, _, seen = build(monkeypatch, mpi.HYDRA, "-np", "4", env=allocation)
+    assert "-hosts" not in command
+    assert json.loads(seen["env"][HOSTS_VARIABLE]) == [["n1", 2], ["n2", 2]]
