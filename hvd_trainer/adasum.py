@@ -4,7 +4,8 @@ Two gradients a and b combine to (1 - a·b / 2|a|²) a + (1 - a·b / 2|b|²) b: 
 gradients add up, equal ones average. As in Horovod, the ranks of a process set (a power of
 two) combine in a binary tree, ranks (0, 1), (2, 3), ... first, then pairs of those results,
 and so on; each tensor of a group has its own coefficients; the dot products are taken in
-float64, and a coefficient stays 1 where its gradient's squared norm is below 1e-8.
+float64, and a coefficient stays 1 where its gradient's squared norm is below the square root
+of float64's smallest normal number (Horovod's cutoff), so tiny gradients still average.
 
 Every rank gathers every rank's tensors and computes the tree itself (the same arithmetic in
 the same order, so every rank gets the same result). That moves (N-1)·n values into each
@@ -18,7 +19,7 @@ import numpy as np
 from . import agreement, memory, ops, runtime
 from .runtime import ProcessSet, global_process_set
 
-_TINY = 1e-8  # squared norms below this keep their coefficient at 1
+_TINY = float(np.sqrt(np.finfo(np.float64).tiny))  # squared norms below keep coefficient 1
 
 
 def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -77,8 +77,10 @@ class BufferPool:
 
 
 def _scale_into(src: np.ndarray, scale: float, dest: np.ndarray) -> None:
-    # 16-bit floats scale in float32 so the factor itself is not rounded to 16 bits.
-    dtype = widened(src.dtype)
+    # 16-bit floats scale in float32 so the factor itself is not rounded to 16 bits; float32
+    # scales in float64, as Horovod's CPU path does (Average's 1/3 as a float32 factor gives
+    # x * 2 / 3 one unit off in the last place).
+    dtype = np.float64 if src.dtype == np.float32 else widened(src.dtype)
     np.multiply(src, scale, out=dest, casting="unsafe", dtype=dtype)
 
 

@@ -97,6 +97,14 @@ def scales(op: ReduceOp, comm, prescale: float, postscale: float) -> Tuple[float
     return float(prescale), float(postscale)
 
 
+def half_in_float32(tensor: Any, op: ReduceOp, pre: float, post: float) -> bool:
+    """Whether a half-precision ``tensor`` is reduced in float32: a scaled sum (Average, pre-
+    or postscale) is summed and scaled in float32 and rounded to half once, as Horovod's CPU
+    path does; scaling a sum already rounded to half would round twice."""
+    return (tensor.dtype.name in ("float16", "bfloat16")
+            and op in (ReduceOp.SUM, ReduceOp.AVERAGE) and (pre, post) != (1.0, 1.0))
+
+
 def check_reduction(op: Any, prescale: Any, postscale: Any) -> ReduceOp:
     """Check an allreduce's or reducescatter's op and scale factors; return the op."""
     _check_scale(prescale, "prescale_factor")
@@ -155,6 +163,12 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         data = memory.mover(process_set)
         pre, post = scales(op, comm, prescale_factor, postscale_factor)
         backend_op = _BACKEND_OP[op]
+        halves = outputs
+        wide = [half_in_float32(t, op, pre, post) for t in tensors]
+        if any(wide):
+            tensors = [t.astype(memory.xp.float32) if w else t for t, w in zip(tensors, wide)]
+            outputs = [memory.xp.empty(t.shape, t.dtype) if w else o
+                       for t, o, w in zip(tensors, outputs, wide)]
 
         def communicate(flat: Any, out: Optional[Any] = None) -> None:
             with call.communicate():
@@ -163,7 +177,10 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         with timeline.span(call.name, "FUSE"):
             fusion.fused(tensors, outputs, memory.pool(data), runtime.fusion_threshold(),
                          communicate, pre, post, memory.pack, memory.unpack)
-        return list(outputs)
+        for half, out, w in zip(halves, outputs, wide):
+            if w:
+                half[...] = out  # the one rounding to half precision
+        return list(halves)
 
 
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -366,13 +383,14 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
             t = memory.xp.ascontiguousarray(t)
             row = int(np.prod(t.shape[1:], dtype=np.int64))
             shares = rows_per_rank(t.shape[0], comm.size)
-            work = memory.xp.empty(t.size, t.dtype)
+            wide = memory.xp.float32 if half_in_float32(t, op, pre, post) else t.dtype
+            work = memory.xp.empty(t.size, wide)
             memory.pack([t], work, pre)
             with call.communicate():
                 mine = data.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
-            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], t.dtype)
+            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], wide)
             memory.unpack(mine, [out], post)
-            results.append(out)
+            results.append(out.astype(t.dtype, copy=False))
         return results
 
 

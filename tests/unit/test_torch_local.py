@@ -157,6 +157,15 @@ def test_adasum_tree_combines_pairs_level_by_level():
     np.testing.assert_allclose(tree([np.zeros(2), np.array([3.0, 4.0])]), [3.0, 4.0])
 
 
+@pytest.mark.parametrize("scale", [1e-30, 1e-60])
+def test_adasum_averages_parallel_gradients_however_small(scale):
+    from hvd_trainer.adasum import tree
+    # b = 3a: a.b = 3|a|^2 = |b|^2 / 3, so (1 - 3/2) a + (1 - 1/6) 3a = 2a, the mean of a and
+    # b, however small the gradients (|a|^2 is about 5e-60 or 5e-120 here).
+    a = np.array([1.0, -2.0, 0.5]) * scale
+    np.testing.assert_allclose(tree([a, 3 * a]), 2 * a, rtol=1e-12)
+
+
 def test_adasum_of_one_rank_is_the_tensor_scaled():
     x = torch.tensor([1.0, -2.0, 3.0])
     assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, postscale_factor=2.0), 2 * x)

@@ -1,0 +1,24 @@
+"""Scaled sums round once, as Horovod's CPU path does: float16 sums are scaled in float32,
+float32 ones in float64 (Horovod's test_mxnet1.py and test_torch.py compare with zero
+tolerance on up to 3 ranks). One job per rank count; each case its own result."""
+import functools
+
+import pytest
+
+from runner import run_ranks
+
+CASES = [f"{dtype} {label}" for dtype in ("float16", "float32")
+         for label in ("postscale", "average", "reducescatter average")]
+
+
+@functools.lru_cache(maxsize=None)
+def job(np_: int) -> str:
+    proc = run_ranks("scaled_sum_worker.py", np_, timeout=120, check=False)
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_scaled_sum_matches_numpy(np_, case):
+    out = job(np_)
+    assert all(f"rank {r} {case}: ok" in out for r in range(np_)), out

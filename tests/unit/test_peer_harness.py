@@ -1,0 +1,103 @@
+"""tests/peer/run_peer_suites.py: which files it exports from a mirror, the horovod shim it
+writes, and how it reads each rank's pytest events into results and counts."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location(
+    "run_peer_suites", os.path.join(REPO, "tests", "peer", "run_peer_suites.py"))
+harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)
+
+
+def _events(folder, rank, *events):
+    with open(os.path.join(folder, f"rank.{rank}.jsonl"), "w") as f:
+        for event in events:
+            f.write(json.dumps(event) + "\n")
+
+
+def _report(nodeid, when, outcome, text=""):
+    return dict(event="report", nodeid=nodeid, when=when, outcome=outcome, text=text)
+
+
+def test_reports_classify_every_collected_test(tmp_path):
+    ids = [f"t.py::T::{n}" for n in ("ok", "bad", "setup", "skip", "hung", "never")]
+    ok, bad, setup, skip, hung, never = ids
+    _events(tmp_path, 0, dict(event="collected", nodeids=ids),
+            dict(event="start", nodeid=ok), _report(ok, "setup", "passed"),
+            _report(ok, "call", "passed"), _report(ok, "teardown", "passed"),
+            dict(event="start", nodeid=bad), _report(bad, "setup", "passed"),
+            _report(bad, "call", "failed", "E   ValueError: wrong\n"),
+            _report(bad, "teardown", "failed", "E   later\n"),
+            dict(event="start", nodeid=setup), _report(setup, "setup", "failed", "E   boom\n"),
+            _report(setup, "teardown", "passed"),
+            dict(event="start", nodeid=skip), _report(skip, "setup", "skipped", "no GPU"),
+            _report(skip, "teardown", "passed"),
+            dict(event="start", nodeid=hung))
+    # Rank 1 failed the test rank 0 passed and wrote nothing after it; rank 2 wrote nothing.
+    _events(tmp_path, 1, dict(event="collected", nodeids=ids), dict(event="start", nodeid=ok),
+            _report(ok, "call", "failed", "E   MismatchError: names\n"))
+    ranks = harness.read_reports(str(tmp_path), 3)
+    assert {n: r for n, (r, _) in ranks[0].items()} == {
+        ok: "passed", bad: "failed", setup: "error", skip: "skipped", hung: "unfinished",
+        never: "not run"}
+    assert harness.first_error_line(ranks[0][bad][1]) == "ValueError: wrong"
+    assert ranks[2] == {}
+    summary = harness.summarize(ranks)
+    assert summary["counts"] == {"passed": 1, "failed": 1, "error": 1, "skipped": 1,
+                                 "unfinished": 1, "not run": 1}
+    assert summary["rank0_failing"] == [bad, setup, hung]
+    assert summary["failing"] == {bad: [0], setup: [0], hung: [0], ok: [1]}
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
+def test_export_takes_the_suite_and_the_helpers_it_imports_by_bare_name(tmp_path):
+    mirror, out = tmp_path / "mirror", tmp_path / "out"
+    files = {"test/parallel/test_a.py": "import os\nfrom base_a import *\n",
+             "test/parallel/base_a.py": "import sys\n    from common import helper\n",
+             "test/utils/common.py": "helper = 1\n",
+             "test/parallel/base_b.py": "unused = 1\n"}
+    for path, text in files.items():
+        (mirror / path).parent.mkdir(parents=True, exist_ok=True)
+        (mirror / path).write_text(text)
+    _git(mirror, "init", "-q")
+    _git(mirror, "add", ".")
+    _git(mirror, "commit", "-q", "-m", "suites")
+    _git(mirror, "tag", "v1")
+    (mirror / "test/utils/common.py").write_text("helper = 2\n")  # not in the tag's tree
+
+    exported = harness.export_suites(str(mirror), "v1", ["test_a.py"], str(out))
+    assert sorted(exported) == ["test/parallel/base_a.py", "test/parallel/test_a.py",
+                                "test/utils/common.py"]
+    assert (out / "test/utils/common.py").read_text() == "helper = 1\n"
+    with pytest.raises(SystemExit, match="no test/parallel/test_missing.py"):
+        harness.export_suites(str(mirror), "v1", ["test_missing.py"], str(out))
+
+
+def test_shim_modules_are_the_adapters_names(tmp_path):
+    harness.write_shim(str(tmp_path))
+    check = """
+import threading
+import horovod.torch as hvd, hvd_trainer.torch as ours
+from horovod.torch.mpi_ops import synchronize
+import horovod.mxnet as mxhvd, hvd_trainer.mxnet as mxours
+from horovod.runner.util.threads import in_thread
+assert hvd.allreduce is ours.allreduce and hvd.DistributedOptimizer is ours.DistributedOptimizer
+assert synchronize is ours.synchronize and mxhvd.DistributedTrainer is mxours.DistributedTrainer
+done = threading.Event()
+assert in_thread(target=done.set).daemon and done.wait(30)
+print("shim ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.strip() == "shim ok", proc.stderr
