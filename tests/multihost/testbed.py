@@ -187,7 +187,8 @@ class TestBed:
                                  preexec_fn=self._tie())
         pid = child_of(nsenter.pid)
         self._host(host).setdefault("daemons", {})[name] = {
-            "pid": pid, "start": _start_time(pid), "nsenter": nsenter.pid}
+            "pid": pid, "start": _start_time(pid),
+            "nsenter": nsenter.pid, "nsenter_start": _start_time(nsenter.pid)}
         self._save()
         self._wait_for(log, marker, ready, nsenter)
 
@@ -216,10 +217,13 @@ class TestBed:
         self._stop(host, "sshd.")
 
     def signal_sshd(self, host: str, signum: int) -> None:
-        """Send ``signum`` to ``host``'s sshd listeners (SIGSTOP: a hung host, SIGCONT: back)."""
+        """Send ``signum`` to ``host``'s sshd listeners (SIGSTOP: a hung host, SIGCONT: back).
+        nsenter, their parent, stops itself when they stop: SIGCONT goes to it too."""
         for name, entry in self._host(host).get("daemons", {}).items():
             if name.startswith("sshd.") and _start_time(entry["pid"]) == entry["start"]:
                 os.kill(entry["pid"], signum)
+                if signum == signal.SIGCONT and _start_time(entry["nsenter"]) == entry["nsenter_start"]:
+                    os.kill(entry["nsenter"], signum)
 
     def sshd_log(self, host: str, port: int = PORT) -> str:
         """What ``host``'s sshd on ``port`` has logged."""
@@ -329,6 +333,9 @@ class TestBed:
         for host in self.state["hosts"]:
             for entry in host.pop("daemons", {}).values():
                 _kill(entry["pid"], entry["start"])
+                # A PID namespace ends only when all its processes are collected, which their
+                # parent outside it, nsenter, does.
+                _kill(entry["nsenter"], entry["nsenter_start"])
             # Killing a PID namespace's first process ends every process in it.
             for key in ("init", "unshare"):
                 if host.get(key):
