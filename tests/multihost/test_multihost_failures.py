@@ -83,13 +83,13 @@ def test_a_hung_host_ends_the_job_at_the_start_timeout_and_leaves_no_ssh(bed):
     # 10 s on the bed), so only --start-timeout ends the job.
     bed.signal_sshd("h2", signal.SIGSTOP)
     try:
-        proc = hvdrun(bed, ["--start-timeout", 4, "-np", 2, "-H", "h1:1,h2:1", sys.executable,
+        proc = hvdrun(bed, ["--start-timeout", 2, "-np", 2, "-H", "h1:1,h2:1", sys.executable,
                             "-c", "print('ran')"], timeout=120)
         left = wait_until_no_job_is_left(bed)
     finally:
         bed.signal_sshd("h2", signal.SIGCONT)
     assert proc.returncode == 1, proc.stderr
-    assert "h2 did not start within --start-timeout 4 s; ending the job" in proc.stderr
+    assert "h2 did not start within --start-timeout 2 s; ending the job" in proc.stderr
     assert left == {}
 
 
