@@ -327,7 +327,9 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             else:
                 kill_at = now
         first = relay.first_report()
-        if first is not None and not ending and now >= first + failure_grace:
+        # After a start timeout (the only failure chosen before this) nobody is left to report.
+        if first is not None and not ending and (now >= first + failure_grace
+                                                 or relay.failure is not None):
             relay.settle()
             relay.ending = True
             left.update(launched(process.pid))
