@@ -244,7 +244,7 @@ class TestBed:
                 f.write(os.urandom(1024))
         socket_path = os.path.join(folder, "munge.socket")
         conf = os.path.join(folder, "slurm.conf")
-        lines = [f"ClusterName=hvdbed", f"SlurmctldHost=h1({self.address('h1')})",
+        lines = ["ClusterName=hvdbed", f"SlurmctldHost=h1({self.address('h1')})",
                  "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge",
                  f"AuthInfo=socket={socket_path}", "CredType=cred/munge",
                  f"StateSaveLocation={folder}/state", f"SlurmdSpoolDir={folder}/spool.%n",
