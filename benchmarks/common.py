@@ -89,6 +89,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def dense_mlp(layers: int = 8, width: int = 2048):
+    """The MLP of the compression figures: ``layers`` Dense(width, relu) on ``width`` inputs
+    and a Dense(10) head, Xavier-initialised after mx.random.seed(0), hybridized."""
+    import mxnet as mx
+    from mxnet import gluon
+    mx.random.seed(0)
+    net = gluon.nn.HybridSequential()
+    for _ in range(layers):
+        net.add(gluon.nn.Dense(width, activation="relu", in_units=width))
+    net.add(gluon.nn.Dense(10, in_units=width))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    return net
+
+
 def training_step(net, trainer, x, y) -> Callable[[], None]:
     """One forward, backward and ``trainer.step`` on a fixed batch: what the benchmarks time."""
     from mxnet import autograd, gluon

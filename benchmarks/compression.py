@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cpu_model, launch, report  # noqa: E402
+from common import cpu_model, dense_mlp, launch, report  # noqa: E402
 
 from hvd_trainer import compression  # noqa: E402
 
@@ -68,13 +68,7 @@ def step_times() -> dict:
 
     results = {}
     for name, params in [("none", None)] + list(CODECS.items()):
-        mx.random.seed(0)
-        net = gluon.nn.HybridSequential()
-        for i in range(8):
-            net.add(gluon.nn.Dense(2048, activation="relu", in_units=2048))
-        net.add(gluon.nn.Dense(10, in_units=2048))
-        net.initialize(mx.init.Xavier())
-        net.hybridize()
+        net = dense_mlp()
         trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd",
                                                  {"learning_rate": 0.01, "momentum": 0.9},
                                                  compression_params=params, prefix=name)

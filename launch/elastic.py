@@ -41,6 +41,7 @@ DISCOVERY_TIMEOUT = 30.0  # seconds a discovery script may take
 # since the survivors usually wait in a collective for the dead rank.
 FAILURE_GRACE_SECONDS = 1.0
 FAILED_LIVES_TO_BLACKLIST = 2  # a host out after its ranks failed in this many lives in a row
+REMOVE_TIMEOUT = 30.0  # seconds the removal of the commit folders on other hosts may take
 
 Hosts = List[Tuple[str, int]]
 
@@ -118,11 +119,15 @@ class Blacklist:
         self.streak: Dict[str, int] = {}
         self.until: Dict[str, float] = {}
 
-    def life_ended(self, used: Sequence[str], failed: Set[str]) -> List[str]:
+    def life_ended(self, used: Sequence[str], failed: Set[str],
+                   unsure: Set[str] = frozenset()) -> List[str]:
         """Count the lives in a row in which each used host failed; return the hosts that
-        this puts out."""
+        this puts out. A host in ``unsure`` (a rank failed there, maybe as a consequence)
+        neither counts a life nor breaks the row."""
         out = []
         for host in used:
+            if host in unsure and host not in failed:
+                continue
             self.streak[host] = self.streak.get(host, 0) + 1 if host in failed else 0
             if self.streak[host] >= FAILED_LIVES_TO_BLACKLIST:
                 self.streak[host] = 0
@@ -281,22 +286,38 @@ class ElasticRelay(hvdrun.OutputRelay):
     rank -> exit code); exits after that, or after mpiexec signalled the rank (Open MPI ends
     the others itself), are consequences."""
 
-    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str]):
-        super().__init__(np, no_prefix, output_dir)
+    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
+                 hosts: Hosts = ()):
+        super().__init__(np, no_prefix, output_dir, hosts)
+        self.np = np
         self.failed: Dict[int, int] = {}
 
-    def record(self, rank: int, code: int, how: str) -> None:
+    def blamed(self, layout: Hosts) -> Set[str]:
+        """The hosts that this life's end counts against: the host of the rank that failed
+        first on its own, by exit time (across hosts the others fail after it, their peer
+        gone, through no fault of their hosts). When none failed but some ranks never
+        started, the launch failed on their hosts (ssh could not reach them, a name did not
+        resolve): those other than this machine, or this one."""
+        with self._lock:
+            own = [failure for failure in self.reported if failure.rank in self.failed
+                   and failure.how != hvdrun.ENDED and failure.code != RESET_EXIT_CODE]
+        if own:
+            return {host_of(layout, min(own, key=lambda failure: failure.at).rank)}
+        missing = {host_of(layout, rank) for rank in range(self.np) if rank not in self.started}
+        return {host for host in missing if not mpi.this_machine(host)} or missing
+
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None) -> None:
         with self._lock:
             if self.interrupted or self.ending:
                 return
             if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
                 self.failed.setdefault(rank, code)
-            if self.failure is not None:
-                return
-            self.failure = hvdrun.Failure(rank, code, how)
-        if code != RESET_EXIT_CODE:
-            _say(f"rank {rank} {how} {code}; ending this life of the job to restart it from "
-                 "the last commit")
+        super().record(rank, code, how, at)
+
+    def announce(self, failure: hvdrun.Failure) -> None:
+        if failure.code != RESET_EXIT_CODE:
+            _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code}; "
+                 "ending this life of the job to restart it from the last commit")
 
 
 def _say(message: str) -> None:
@@ -364,6 +385,35 @@ def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, wanted: int, fla
         time.sleep(min(DISCOVERY_INTERVAL, max(0.0, deadline - time.monotonic())))
 
 
+def _remove_elsewhere(launcher: mpi.Launcher, mpi_args: List[str], env: Dict[str, str],
+                      hosts: Sequence[str], folder: str) -> None:
+    """Remove the job's commit ``folder`` from the ``hosts`` other than this machine (each
+    host's is its own): one process on each, started through mpiexec as the ranks were, each
+    host on its own so that one out of reach spares the others, all within REMOVE_TIMEOUT. A
+    warning names the hosts where it failed."""
+    program = [sys.executable, "-c",
+               "import shutil, sys; shutil.rmtree(sys.argv[1], ignore_errors=True)", folder]
+    removals = {host: subprocess.Popen(mpi.build_command(launcher, 1, [(host, 1)], mpi_args,
+                                                         program, env),
+                                       env=env, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+                for host in hosts if not mpi.this_machine(host)}
+    deadline = time.monotonic() + REMOVE_TIMEOUT
+    failed = []
+    for host, process in removals.items():
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hvdrun.kill_processes(hvdrun.launched(process.pid))
+            process.wait()
+        if process.returncode:
+            failed.append(host)
+    if failed:
+        _say(f"warning: could not remove the job's commit folder {folder} on "
+             f"{', '.join(failed)}; remove it there by hand")
+
+
 def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
         command: List[str], fixed_hosts: Hosts) -> int:
     """Run ``command`` elastically until it ends with 0, is interrupted, or a limit ends it;
@@ -380,6 +430,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     job_dir = tempfile.mkdtemp(prefix="hvd_elastic.")
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
+    used: List[str] = []  # the hosts that ran ranks, which may hold commits
     previous = {signum: signal.signal(signum, _stop)
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -392,6 +443,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             np = sum(slots for _, slots in hosts)
             np = min(np, args.max_np) if args.max_np is not None else np
             layout = allocate(hosts, np)
+            used.extend(host for host, _ in layout if host not in used)
             env = hvdrun.rank_environment(args, launcher.flavour)
             env.update(hvdrun.hosts_variable(launcher.flavour, layout, np))
             env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
@@ -405,7 +457,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 _say(f"running: {shlex.join(mpiexec_command)}")
             output = (os.path.join(args.output_filename, f"restart.{restarts}")
                       if args.output_filename else None)
-            relay = ElasticRelay(np, args.no_prefix, output)
+            relay = ElasticRelay(np, args.no_prefix, output, layout)
             watcher = HostWatcher(discovery, blacklist, hosts, generation)
             watcher.start()
             code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
@@ -418,13 +470,14 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             if len(relay.failed) == np:  # as Horovod: nothing suggests another life fares better
                 _say(f"every rank failed in this life ({_codes(relay.failed)}); ending the job")
                 return code
-            failed = {host_of(layout, rank) for rank in relay.failed}
+            failed = relay.blamed(layout)
+            unsure = {host_of(layout, rank) for rank in relay.failed}
             restarts += 1
             if args.reset_limit is not None and restarts > args.reset_limit:
                 _say(f"the job needs restart {restarts}, over --reset-limit {args.reset_limit}; "
                      "ending the job")
                 return code
-            for host in blacklist.life_ended([host for host, _ in layout], failed):
+            for host in blacklist.life_ended([host for host, _ in layout], failed, unsure):
                 _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; "
                      "leaving it out" + (" for the cooldown" if args.blacklist_cooldown_range
                                          else " for the rest of the job"))
@@ -439,3 +492,5 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             signal.signal(signum, handler)
         generation.close()
         shutil.rmtree(job_dir, ignore_errors=True)
+        _remove_elsewhere(launcher, mpi_args, hvdrun.rank_environment(args, launcher.flavour),
+                          used, job_dir)

@@ -85,7 +85,8 @@ FLAGS: List[Flag] = [
          "ends the job (exit 1) if some rank has not started within S seconds (default: "
          "`$HVD_START_TIMEOUT`, then `$HOROVOD_START_TIMEOUT`, else no limit)"),
     Flag(("--network-interfaces",), dict(action=_Interfaces, dest="nics", metavar="NIC,..."),
-         "`NCCL_SOCKET_IFNAME`; Open MPI: `--mca btl_tcp_if_include`; Hydra: `-iface` when one NIC"),
+         "`NCCL_SOCKET_IFNAME` and `UCX_NET_DEVICES` (UCX, e.g. MPICH's, otherwise spreads MPI's "
+         "data over every link); Open MPI: `--mca btl_tcp_if_include`; Hydra: `-iface` when one NIC"),
     Flag(("--network-interface",), dict(action=_Interfaces, dest="nics", metavar="NIC"),
          "same as `--network-interfaces`; may be repeated"),
     Flag(("--output-filename",), dict(metavar="DIR"),
@@ -276,7 +277,7 @@ def rank_variables(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
     elif args.verbose:
         env["HVD_LOG_LEVEL"] = "debug"
     if args.nics:
-        env["NCCL_SOCKET_IFNAME"] = ",".join(args.nics)
+        env["NCCL_SOCKET_IFNAME"] = env["UCX_NET_DEVICES"] = ",".join(args.nics)
     if args.tcp:
         env.update(NCCL_IB_DISABLE="1", UCX_TLS="tcp,self,sm", FI_PROVIDER="tcp")
     if args.mpi_threads_disable:

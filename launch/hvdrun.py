@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List, Optional, Set, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch import config_file, flags, mpi
 from hvd_trainer_launch.worker import EXIT_MARKER, HOSTS_VARIABLE, START_MARKER, die_with_parent
@@ -29,10 +29,11 @@ FAILURE_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 5.0
 
 _PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
-_MARKER = re.compile(re.escape(EXIT_MARKER).encode() + rb" rank=(\d+) code=(\d+)( ended)?")
+_MARKER = re.compile(re.escape(EXIT_MARKER).encode()
+                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( ended)?")
 # How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
 ENDED = "was ended by the launcher, with code"
-_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)")
+_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,10 +98,12 @@ def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[
 
 
 class Failure:
-    """The first rank that failed: its number, exit code and how it failed."""
+    """A rank's failure: its number, exit code, how it failed (ENDED: after the launcher
+    signalled it) and when (by its host's clock, or by ours when it reported no time)."""
 
-    def __init__(self, rank: int, code: int, how: str):
+    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None):
         self.rank, self.code, self.how = rank, code, how
+        self.at = time.time() if at is None else at
         self.seen_at = time.monotonic()
 
 
@@ -111,13 +114,20 @@ class OutputRelay:
     Only unprefixed lines (the wrappers' own and mpiexec's) are read for markers: what a rank
     prints always arrives prefixed, so no output of a rank can end or fail the job. (A rank
     that calls MPI_Abort is named by nobody: mpiexec's exit code tells it.) A per-rank file
-    that cannot be written warns once and stops; the relay goes on.
+    that cannot be written warns once and stops; the relay goes on. ``hosts`` is the job's
+    (host, slots) list: with more than one host, messages name each rank's host (the one it
+    reported starting on, else its slot's).
     """
 
-    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str]):
+    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
+                 hosts: Sequence[Tuple[str, int]] = ()):
         self.no_prefix = no_prefix
-        self.failure: Optional[Failure] = None
+        self.failure: Optional[Failure] = None  # the first failure, once settle() chose it
+        self.reported: List[Failure] = []
         self.started: Set[int] = set()  # ranks whose wrapper has reported its start
+        self.hosts: Dict[int, str] = {}  # the host each started rank reported
+        self._slots = [host for host, slots in hosts for _ in range(slots)]
+        self._name_hosts = len({host for host, _ in hosts}) > 1
         self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
         self.ending = False  # set when hvdrun ends the job after a failure: later exits follow it
         self._lock = threading.Lock()
@@ -147,9 +157,12 @@ class OutputRelay:
             if marker:
                 if marker.re is _MARKER:
                     self.record(int(marker[1]), int(marker[2]),
-                                ENDED if marker[3] else "exited with code")
+                                ENDED if marker[4] else "exited with code",
+                                float(marker[3]) if marker[3] else None)
                 else:
                     self.started.add(int(marker[1]))
+                    if marker[2]:
+                        self.hosts[int(marker[1])] = marker[2].decode(errors="replace")
                 line = line[:marker.start()].strip(b"\0")
                 if not line:
                     continue
@@ -167,22 +180,63 @@ class OutputRelay:
                 except BrokenPipeError:  # our reader went away: keep draining so mpiexec never blocks
                     out = None
 
-    def record(self, rank: int, code: int, how: str) -> None:
-        """Remember the first failure and announce it; later ones are consequences."""
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None) -> None:
+        """Note a rank's failure (it exited at ``at``) until settle() chooses the first; none
+        after that."""
         with self._lock:
             if self.failure is not None or self.interrupted:
                 return
-            self.failure = Failure(rank, code, how)
-        _say(f"rank {rank} {how} {code} (first failure); ending the job")
+            self.reported.append(Failure(rank, code, how, at))
+
+    def first_report(self) -> Optional[float]:
+        """When (time.monotonic()) the first failure was reported; None before any."""
+        with self._lock:
+            return self.reported[0].seen_at if self.reported else None
+
+    def settle(self) -> Optional[Failure]:
+        """Choose, once, the failure that came first among those reported, announce it and
+        return it (None without any).
+
+        Not the first report to arrive: one from another host travels further, and a rank
+        that the launcher ended (after another rank's failure) is a consequence. So the
+        earliest exit of a rank not ended by the launcher wins, by the clocks of their hosts.
+        """
+        with self._lock:
+            if self.failure is not None or not self.reported:
+                return self.failure
+            self.failure = min(self.reported, key=lambda failure: (failure.how == ENDED,
+                                                                   failure.at))
+        self.announce(self.failure)
+        return self.failure
+
+    def announce(self, failure: Failure) -> None:
+        """Say which rank failed first."""
+        _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code} "
+             "(first failure); ending the job")
+
+    def where(self, ranks: Sequence[int]) -> str:
+        """' on HOST[, HOST...]' for ``ranks`` of a job on several hosts; '' otherwise."""
+        hosts: List[str] = []
+        for rank in ranks:
+            host = self.hosts.get(rank) or (self._slots[rank] if rank < len(self._slots) else None)
+            if host and host not in hosts:
+                hosts.append(host)
+        return f" on {', '.join(hosts)}" if hosts and self._name_hosts else ""
+
+    def ranks(self, ranks: Sequence[int]) -> str:
+        """'rank 3 on h2' or 'ranks 0, 1 on h1, h2'."""
+        return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                + self.where(ranks))
 
     def not_started(self, missing: List[int], seconds: float) -> None:
         """Record that the ``missing`` ranks did not start within ``seconds``: a failure with code 1."""
         with self._lock:
-            if self.failure is not None or self.interrupted:
+            if self.failure is not None or self.reported or self.interrupted:
                 return
             self.failure = Failure(missing[0], 1, "did not start")
-        ranks = f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-        _say(f"{ranks} did not start within --start-timeout {seconds:g} s; ending the job")
+            self.reported.append(self.failure)
+        _say(f"{self.ranks(missing)} did not start within --start-timeout {seconds:g} s; "
+             "ending the job")
 
     def close(self) -> None:
         """Close the per-rank files."""
@@ -194,6 +248,38 @@ def _say(message: str) -> None:
     """Print one hvdrun message on stderr."""
     sys.stderr.write(f"hvdrun: {message}\n")
     sys.stderr.flush()
+
+
+def launched(leader: int) -> Dict[int, bytes]:
+    """What mpiexec (``leader``) started on this host that may outlive it, with each process's
+    start time: its session, and its children in sessions of their own (Hydra's ssh). Open
+    MPI's ssh leaves mpiexec's process group but not its session. Empty where /proc is not."""
+    found: Dict[int, bytes] = {}
+    try:
+        entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return found
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            if leader in (int(fields[1]), int(fields[3])):  # its parent, its session
+                found[pid] = fields[19]
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            pass
+    return found
+
+
+def kill_processes(processes: Dict[int, bytes]) -> None:
+    """SIGKILL each of ``processes`` still running since its recorded start time. A stray ssh
+    would hold the job's output open and keep its remote host busy."""
+    for pid, start in processes.items():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                if stat.read().rpartition(b")")[2].split()[19] == start:
+                    os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):  # gone meanwhile
+            pass
 
 
 def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
@@ -221,6 +307,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     ending = False
     kill_at = None
+    left: Dict[int, bytes] = {}  # what mpiexec had started when it was told to end
     start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
     while process.poll() is None:
         now = time.monotonic()
@@ -234,31 +321,45 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             if handled == 1:
                 relay.interrupted = True
                 _say(f"received {signal.Signals(received[0]).name}; ending the job")
+                left.update(launched(process.pid))  # mpiexec may orphan them as it ends
                 process.send_signal(received[0])
                 ending, kill_at = True, now + KILL_GRACE_SECONDS
             else:
                 kill_at = now
-        failure = relay.failure
-        if failure is not None and not ending and now >= failure.seen_at + failure_grace:
+        first = relay.first_report()
+        # After a start timeout (the only failure chosen before this) nobody is left to report.
+        if first is not None and not ending and (now >= first + failure_grace
+                                                 or relay.failure is not None):
+            relay.settle()
             relay.ending = True
+            left.update(launched(process.pid))
             process.terminate()
             ending, kill_at = True, now + KILL_GRACE_SECONDS
         if kill_at is not None and now >= kill_at:
-            os.killpg(process.pid, signal.SIGKILL)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            kill_processes({**left, **launched(process.pid)})
             kill_at = None
         time.sleep(0.05)
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+    kill_processes({**left, **launched(process.pid)})
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
     if not any(reader.is_alive() for reader in readers):
         relay.close()
     if received:
         return 128 + received[0]
-    if relay.failure is not None:
+    if relay.settle() is not None:
         return relay.failure.code or 1
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
-    if code:
+    missing = sorted(set(range(np)) - relay.started)
+    if code and missing:
+        _say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
+             "its messages above say why (e.g. ssh could not reach a host)")
+    elif code:
         _say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
              "calls MPI_Abort is killed before it can)")
     return code
@@ -303,8 +404,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
         if elastic.requested(args):
             elastic.check(args)
-        else:  # without hosts every rank runs here, as horovodrun's default localhost:np
-            placed = hosts_variable(launcher.flavour, hosts or [("localhost", args.np)], args.np)
+        else:
+            # Without hosts every rank runs here, as horovodrun's default localhost:np; inside
+            # a Slurm allocation mpiexec puts them on its nodes by itself.
+            nodes = hosts or mpi.slurm_allocation(os.environ) or [("localhost", args.np)]
+            placed = hosts_variable(launcher.flavour, nodes, args.np)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
@@ -317,7 +421,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
         _say(f"running: {shlex.join(mpiexec_command)}")
-    relay = OutputRelay(args.np, args.no_prefix, args.output_filename)
+    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
     return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
 
 

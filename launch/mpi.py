@@ -142,6 +142,52 @@ def find_launcher(requested: Optional[str] = None) -> Launcher:
     raise MPIError(f"no MPI launcher (mpiexec or mpirun) found; {INSTALL_HINT}")
 
 
+def slurm_allocation(environ: Mapping[str, str]) -> List[Tuple[str, int]]:
+    """The nodes of the Slurm allocation that hvdrun runs in (sbatch, salloc) with their task
+    slots, in Slurm's order, from SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE ('2(x3),1'):
+    where Hydra and Open MPI place the ranks when given no hosts. [] outside an allocation;
+    ValueError for a node list that this does not read."""
+    nodelist, tasks = environ.get("SLURM_JOB_NODELIST"), environ.get("SLURM_TASKS_PER_NODE")
+    if not nodelist or not tasks:
+        return []
+    counts: List[int] = []
+    for part in tasks.split(","):
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if not found:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={tasks!r}: expected N or N(xM) entries")
+        counts += [int(found[1])] * int(found[2] or 1)
+    nodes = _expand_nodelist(nodelist)
+    if len(nodes) != len(counts):
+        raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r} names {len(nodes)} nodes but "
+                         f"SLURM_TASKS_PER_NODE={tasks!r} {len(counts)}; give the hosts with -H")
+    return list(zip(nodes, counts))
+
+
+def _expand_nodelist(nodelist: str) -> List[str]:
+    """Slurm's compressed host list ('node[01-03,07],gpu1') as host names."""
+    entries, depth, start = [], 0, 0
+    for index, char in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            entries.append(nodelist[start:index])
+            start = index + 1
+    names = []
+    for entry in entries:
+        ranged = re.fullmatch(r"([^\[\]]*)\[([\d,-]+)\]([^\[\]]*)", entry)
+        if not ranged:
+            if not entry or "[" in entry or "]" in entry:
+                raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r}: cannot read {entry!r}; "
+                                 "give the hosts with -H")
+            names.append(entry)
+            continue
+        prefix, ranges, suffix = ranged.groups()
+        for span in ranges.split(","):
+            low, _, high = span.partition("-")
+            names += [f"{prefix}{number:0{len(low)}d}{suffix}"
+                      for number in range(int(low), int(high or low) + 1)]
+    return names
+
+
 def parse_hosts(spec: str) -> List[Tuple[str, int]]:
     """Parse ``host:slots,host,...`` (slots default to 1) into (host, slots) pairs."""
     hosts = []
@@ -185,7 +231,7 @@ def _local_names() -> frozenset:
     return frozenset(names)
 
 
-def _this_machine(name: str) -> bool:
+def this_machine(name: str) -> bool:
     """Whether ``name`` names the machine hvdrun runs on (a loopback address or a local name)."""
     try:
         if ipaddress.ip_address(name).is_loopback:
@@ -209,7 +255,7 @@ def placement(flavour: str, hosts: Sequence[Tuple[str, int]], np: int) -> List[T
         same = None
         if flavour == OPENMPI:
             same = next((node for node in nodes if node[0] == host
-                         or (_this_machine(node[0]) and _this_machine(host))), None)
+                         or (this_machine(node[0]) and this_machine(host))), None)
         if same is None:
             nodes.append([host, slots])
         else:
@@ -232,13 +278,19 @@ def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],
                   environ: Mapping[str, str]) -> List[str]:
     """The launcher command line that runs ``program`` on ``np`` ranks with all of ``environ``.
 
-    Hydra forwards the whole environment with -genvall and oversubscribes by default; Open MPI
-    needs ``-x NAME`` per variable, --oversubscribe, and --allow-run-as-root under root.
+    Hydra forwards the whole environment with -genvall, fills each host's slots in turn and
+    oversubscribes by default; Open MPI needs ``-x NAME`` per variable, a by-slot mapping that
+    may oversubscribe (unless ``mpi_args`` map the ranks themselves), and --allow-run-as-root
+    under root.
     """
     command = [launcher.path, "-n", str(np)]
     host_list = ",".join(f"{host}:{slots}" for host, slots in hosts)
     if launcher.flavour == OPENMPI:
-        command.append("--oversubscribe")
+        # --oversubscribe alone maps by core and so put every rank on the first host,
+        # whatever the slots said.
+        if not any(arg.lstrip("-") == "map-by" or arg.startswith(("--map-by=", "-map-by="))
+                   for arg in mpi_args):
+            command += ["--map-by", "slot:OVERSUBSCRIBE"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.append("--allow-run-as-root")
         if hosts:

@@ -3,8 +3,9 @@
 The wrapper runs the user's command as a child that inherits the environment and every file
 descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
 exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
-first rank that failed. A start marker on stderr tells hvdrun that the rank has started (for
-``--start-timeout``). From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
+first rank that failed: it carries the time of the exit, since reports from other hosts arrive
+late. A start marker on stderr tells hvdrun that the rank has started (for
+``--start-timeout``), and on which host. From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
 per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
 _HOSTNAME) for the child.
 
@@ -23,6 +24,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,14 +115,15 @@ def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
 
 
 def exit_marker(rank: int, code: int, ended: bool = False) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code``; ``ended``: after
-    the launcher signalled it (it was ended, not failed on its own)."""
-    return f"{EXIT_MARKER} rank={rank} code={code}{' ended' if ended else ''}\n".encode()
+    """The marker line telling hvdrun that ``rank`` exited with ``code`` now (by this host's
+    clock); ``ended``: after the launcher signalled it (it was ended, not failed on its own)."""
+    return (f"{EXIT_MARKER} rank={rank} code={code} at={time.time():.6f}"
+            f"{' ended' if ended else ''}\n").encode()
 
 
 def start_marker(rank: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` has started."""
-    return f"{START_MARKER} rank={rank}\n".encode()
+    """The marker line telling hvdrun that ``rank`` has started, and on which host."""
+    return f"{START_MARKER} rank={rank} host={socket.gethostname()}\n".encode()
 
 
 def _timestamp() -> bytes:
@@ -317,11 +320,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(signum, forward)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
+    code = returncode if returncode >= 0 else 128 - returncode
+    marker = exit_marker(rank, code, ended=bool(signalled))  # the exit's time, not the drain's
     if not relay_ended:
         _wait_relay(relay)
-    code = returncode if returncode >= 0 else 128 - returncode
     if code:
-        _write_all(2, exit_marker(rank, code, ended=bool(signalled)))
+        _write_all(2, marker)
     return code
 
 

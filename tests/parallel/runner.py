@@ -17,7 +17,7 @@ def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 1
 
     ``hvdrun_args`` are further hvdrun flags (e.g. the elastic ones). With ``plain``, through
     the MPI library's own mpiexec instead, as a user without hvdrun would (only the flags this
-    machine needs: Open MPI's --oversubscribe and root permission). Returns the completed
+    machine needs: Open MPI's oversubscribing by-slot mapping and root permission). Returns the completed
     process (stdout and stderr as text). With ``check``, a non-zero exit fails the test with
     the job's whole output, so a failing rank says what went wrong.
     """

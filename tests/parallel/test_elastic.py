@@ -181,14 +181,15 @@ def test_a_life_in_which_every_rank_fails_ends_the_job_at_once(tmp_path, np_):
 def test_the_job_starts_on_every_slot_up_to_max_np_and_ends_when_every_host_is_out(tmp_path,
                                                                                     np_):
     """-np 2 --max-np 4 with 4 slots: all 4 are used (Horovod's meaning). One rank of each
-    host fails in every life, so both hosts count a failure in each, and after two lives
-    both are out: the job ends at once, naming them, instead of waiting for other hosts."""
+    host fails in every life: each life counts against the host of the earlier exit, the
+    other host's row goes on unbroken, so within a few lives both are out and the job ends
+    at once, naming them, instead of waiting for other hosts."""
     script = discovery(tmp_path, "localhost:2\n127.0.0.1:2")
     proc = run_ranks(exiting(tmp_path, "rank % 2"), 2, check=False, timeout=60,
                      hvdrun_args=["--min-np", "2", "--max-np", str(np_),
                                   "--host-discovery-script", script, "--elastic-timeout", "20"])
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.count("starting 4 ranks on localhost:2,127.0.0.1:2") == 2
+    assert proc.stderr.count("starting 4 ranks on localhost:2,127.0.0.1:2") in (2, 3)
     reason = "its ranks failed in 2 lives in a row; out for the rest of the job"
     assert (f"every discovered host is left out: localhost ({reason}), 127.0.0.1 ({reason}); "
             "ending the job") in proc.stderr

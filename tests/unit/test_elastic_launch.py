@@ -33,6 +33,14 @@ class Clock:
         return self.now
 
 
+def test_a_life_that_failed_on_a_host_maybe_as_a_consequence_keeps_its_row():
+    # b failed in the second life too, but after a's failure: no count, and no break.
+    blacklist = elastic.Blacklist(None, Clock())
+    assert blacklist.life_ended(["a", "b"], {"b"}) == []
+    assert blacklist.life_ended(["a", "b"], {"a"}, unsure={"b"}) == []
+    assert blacklist.life_ended(["a", "b"], {"b"}) == ["b"]
+
+
 def test_a_host_failing_in_two_lives_in_a_row_is_out_for_the_cooldown():
     clock = Clock()
     blacklist = elastic.Blacklist((5.0, 5.0), clock)
@@ -150,6 +158,26 @@ def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
     relay.ending = True  # what run_job sets when it ends the life
     relay.record(3, 143, "exited with code")  # a consequence of the ending
     assert relay.failed == {2: 1, 0: 3}
-    assert (relay.failure.rank, relay.failure.code) == (2, 1)
+    assert (relay.settle().rank, relay.failure.code) == (2, 1)  # the earliest exit
     layout = [("a", 2), ("b", 2)]
     assert {elastic.host_of(layout, rank) for rank in relay.failed} == {"a", "b"}
+
+
+def test_a_life_counts_against_the_host_of_its_first_own_failure_by_exit_time():
+    # Rank 3 on b was killed first; rank 1 on a failed after it, its peer gone; rank 0 was
+    # ended by the launcher even earlier, which is no failure of its own.
+    relay = elastic.ElasticRelay(4, False, None)
+    relay.record(1, 1, "exited with code", at=20.5)
+    relay.record(0, 143, hvdrun.ENDED, at=19.0)
+    relay.record(3, 137, "exited with code", at=20.1)
+    assert relay.blamed([("a", 2), ("b", 2)]) == {"b"}
+
+
+def test_a_life_whose_launch_failed_counts_against_the_hosts_that_started_nothing():
+    # No rank failed on its own; ranks 2 and 3 (on b and c) never started: ssh could not reach
+    # their hosts. Rank 1, here, did not start either, but only as the launch was dropped.
+    relay = elastic.ElasticRelay(4, False, None)
+    relay.started.add(0)
+    layout = [("localhost", 2), ("b", 1), ("c", 1)]
+    assert relay.blamed(layout) == {"b", "c"}
+    assert elastic.ElasticRelay(2, False, None).blamed([("localhost", 2)]) == {"localhost"}

@@ -95,7 +95,7 @@ def build(monkeypatch, flavour, *options, env=None):
     run_job's arguments)."""
     for name in list(os.environ):
         if name.startswith(("HVD_", "HOROVOD_", "NCCL_", "UCX_", "FI_", "MPI4PY_", "HYDRA_",
-                            "I_MPI_", "HVDRUN_")):
+                            "I_MPI_", "HVDRUN_", "SLURM_")):
             monkeypatch.delenv(name)
     # hvdrun always sets these two (the finalize waits of MPICH and Open MPI); set beforehand,
     # they are not among the variables the flags add.
@@ -180,9 +180,11 @@ EFFECTS = {
     "--log-without-timestamp": NOTHING,
     "--log-hide-timestamp": NOTHING,
     "--mpi": NOTHING,
-    "--network-interfaces": (["eth0,ib0"], {"NCCL_SOCKET_IFNAME": "eth0,ib0"}, [],
+    "--network-interfaces": (["eth0,ib0"], {"NCCL_SOCKET_IFNAME": "eth0,ib0",
+                                            "UCX_NET_DEVICES": "eth0,ib0"}, [],
                              ["--mca", "btl_tcp_if_include", "eth0,ib0"]),
-    "--network-interface": (["eth1"], {"NCCL_SOCKET_IFNAME": "eth1"}, ["-iface", "eth1"],
+    "--network-interface": (["eth1"], {"NCCL_SOCKET_IFNAME": "eth1", "UCX_NET_DEVICES": "eth1"},
+                            ["-iface", "eth1"],
                             ["--mca", "btl_tcp_if_include", "eth1"]),
     "-p": (["2222"], {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222",
                       "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "-p 2222"}, [],
@@ -207,9 +209,7 @@ EFFECTS = {
     "--mpi-threads-disable": ([], {"MPI4PY_RC_THREAD_LEVEL": "single"}, [], []),
     "--mpi-args": (["-l --foo 'a b'"], {}, ["-l", "--foo", "a b"], ["-l", "--foo", "a b"]),
     "--tcp": ([], {"NCCL_IB_DISABLE": "1", "UCX_TLS": "tcp,self,sm", "FI_PROVIDER": "tcp"}, [], []),
-    "--binding-args": (["-bind-to core -map-by socket"], {},
-                       ["-bind-to", "core", "-map-by", "socket"],
-                       ["-bind-to", "core", "-map-by", "socket"]),
+    "--binding-args": (["-bind-to core"], {}, ["-bind-to", "core"], ["-bind-to", "core"]),
     "--log-level": (["WARNING"], {"HVD_LOG_LEVEL": "warning"}, [], []),
     "-prefix-timestamp": ([], {"HVDRUN_TIMESTAMP": "1"}, [], []),
     "--prefix-output-with-timestamp": ([], {"HVDRUN_TIMESTAMP": "1"}, [], []),
@@ -317,6 +317,20 @@ def test_repeated_network_interface_collects_every_nic(monkeypatch):
                             "--network-interface", "eth1,eth0")
     assert env["NCCL_SOCKET_IFNAME"] == "eth0,eth1"
     assert "eth0,eth1" in command
+
+
+@pytest.mark.parametrize("given", [["--mpi-args", "--map-by node"],
+                                   ["--binding-args", "-bind-to core -map-by socket"],
+                                   ["--mpi-args=--map-by=ppr:1:node"]])
+def test_open_mpi_maps_by_slot_unless_the_arguments_map(monkeypatch, given):
+    # By slot, Open MPI fills each host's slots in turn, as Hydra does; its --oversubscribe
+    # alone mapped by core and put every rank on the first host. A mapping of the user's
+    # replaces hvdrun's (Open MPI refuses two).
+    command, _, _ = build(monkeypatch, mpi.OPENMPI, "-H", "a:2,b:2")
+    assert command[3:5] == ["--map-by", "slot:OVERSUBSCRIBE"] and "--oversubscribe" not in command
+    command, _, _ = build(monkeypatch, mpi.OPENMPI, *given)
+    assert "slot:OVERSUBSCRIBE" not in command
+    assert sum(arg.lstrip("-").startswith("map-by") for arg in command) == 1
 
 
 def test_open_mpi_forwards_the_new_variables(monkeypatch):
@@ -520,3 +534,27 @@ def test_readme_flag_table_matches_the_module():
                 for flag in flags.FLAGS]
     expected += [f"| {_spelled(entry.names)} | refused: {entry.reason} |" for entry in flags.REFUSED]
     assert rows == expected
+
+
+def test_slurm_allocations_node_list_and_tasks_give_the_hosts():
+    assert mpi.slurm_allocation({"SLURM_JOB_NODELIST": "node[01-03,07],gpu1",
+                                 "SLURM_TASKS_PER_NODE": "2(x3),1,4"}) == \
+        [("node01", 2), ("node02", 2), ("node03", 2), ("node07", 1), ("gpu1", 4)]
+    assert mpi.slurm_allocation({"SLURM_JOB_NODELIST": "x[8-10]y",
+                                 "SLURM_TASKS_PER_NODE": "1(x3)"}) == \
+        [("x8y", 1), ("x9y", 1), ("x10y", 1)]
+    assert mpi.slurm_allocation({}) == []
+    with pytest.raises(ValueError, match="names 2 nodes but SLURM_TASKS_PER_NODE='2' 1"):
+        mpi.slurm_allocation({"SLURM_JOB_NODELIST": "a,b", "SLURM_TASKS_PER_NODE": "2"})
+    with pytest.raises(ValueError, match="cannot read 'r\\[1-2\\]n\\[1-2\\]'"):
+        mpi.slurm_allocation({"SLURM_JOB_NODELIST": "r[1-2]n[1-2]",
+                              "SLURM_TASKS_PER_NODE": "1(x4)"})
+
+
+def test_inside_a_slurm_allocation_the_horovod_variables_follow_its_nodes(monkeypatch):
+    # mpiexec places the ranks on the allocation's nodes by itself (no hosts on its command
+    # line); the ranks' wrappers learn that placement from hvdrun.
+    allocation = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    command, _, seen = build(monkeypatch, mpi.HYDRA, "-np", "4", env=allocation)
+    assert "-hosts" not in command
+    assert json.loads(seen["env"][HOSTS_VARIABLE]) == [["n1", 2], ["n2", 2]]
