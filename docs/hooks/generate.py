@@ -11,6 +11,9 @@ marker comment in its Markdown is replaced:
 - ``<!-- api: MODULE -->``: the mkdocstrings directive for MODULE's public names, read from
   its source by griffe (no framework is imported).
 
+After conversion, the docstrings' Sphinx roles (``:func:`name```) lose their role prefix, so
+the name shows as code.
+
 Only the meaning of each variable is written here (the code has no words for it); which
 variables exist is found in the source (string literals ``"HVD_..."``/``"HVDRUN_..."`` and
 ``env("...")`` calls), and a variable found there without a meaning here, or described here
@@ -219,3 +222,11 @@ def expand(markdown: str) -> str:
 def on_page_markdown(markdown: str, **_: object) -> str:
     """mkdocs hook: expand the page's markers before it is converted."""
     return expand(markdown)
+
+
+_ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, **_: object) -> str:
+    """mkdocs hook: drop the Sphinx role before each role-marked name in the page."""
+    return _ROLE.sub("", html)

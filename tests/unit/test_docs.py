@@ -62,7 +62,9 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         configuration = f.read()
     assert "HVD_BUCKET_THRESHOLD" in configuration and "--blacklist-cooldown-range" in configuration
     with open(tmp_path / "site" / "api" / "torch" / "index.html", encoding="utf-8") as f:
-        assert 'id="hvd_trainer.torch.DistributedOptimizer"' in f.read()
+        api = f.read()
+    assert 'id="hvd_trainer.torch.DistributedOptimizer"' in api
+    assert "<code>synchronize</code>" in api and not re.search(r":(func|class|meth|mod):<code>", api)
 
 
 def test_the_docs_have_scripts_and_diffs_to_check():
