@@ -109,27 +109,26 @@ def case_drifted_counts():
                                                               for r in range(N)))
 
 
-def case_different_names():
+def differently_named(label, call):
+    """Every rank waits in ``call(name)`` with a name of its own: MismatchError on every
+    rank, naming the calls, and the next call works."""
     try:
-        hvd.allreduce(np.ones(2), name=f"only.on.{R}")
-        failures.append("differently named calls did not raise")
+        call(f"{label}.on.{R}")
+        failures.append(f"{label}: differently named calls did not raise")
     except hvd.MismatchError as e:
-        if "only.on.0" not in str(e) or "only.on.1" not in str(e):
-            failures.append(f"the mismatch does not name both calls: {e}")
-    check("after different names", hvd.allreduce(np.full(2, R + 1.0), op=hvd.Sum),
+        if f"{label}.on.0" not in str(e) or f"{label}.on.1" not in str(e):
+            failures.append(f"{label}: the mismatch does not name both calls: {e}")
+    check(f"after {label}", hvd.allreduce(np.full(2, R + 1.0), op=hvd.Sum),
           np.full(2, N * (N + 1) / 2))
+
+
+def case_different_names():
+    differently_named("only", lambda name: hvd.allreduce(np.ones(2), name=name))
 
 
 def case_waited_handles():
-    handle = handles.submit(hvd.allreduce, np.ones(2), name=f"waited.on.{R}")
-    try:
-        handle.wait()
-        failures.append("differently named waited calls did not raise")
-    except hvd.MismatchError as e:
-        if "waited.on.0" not in str(e) or "waited.on.1" not in str(e):
-            failures.append(f"the mismatch does not name both calls: {e}")
-    check("after waited handles", hvd.allreduce(np.full(2, R + 1.0), op=hvd.Sum),
-          np.full(2, N * (N + 1) / 2))
+    differently_named("waited", lambda name: handles.submit(hvd.allreduce, np.ones(2),
+                                                             name=name).wait())
 
 
 def behind_a_barrier(label, late, through_handles):
