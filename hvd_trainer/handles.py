@@ -107,6 +107,21 @@ def _dispatch_locked() -> None:
         _Worker(work)
 
 
+class _Submitted(Future):
+    """The future of submitted work, with the key reservations of its collective (if any):
+    while a thread waits for its result, the collective counts as waited for (see
+    scheduler.await_job), so ranks that all wait for calls that cannot match raise instead
+    of waiting forever."""
+
+    def __init__(self, job: Optional[scheduler.Job]):
+        super().__init__()
+        self.job = job
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        with scheduler.await_job(self.job):
+            return super().result(timeout)
+
+
 def _complete(future: "Future[Any]", work: Callable[[], Any]) -> None:
     try:
         result = work()
@@ -144,7 +159,7 @@ def start(work: Callable[[], Any], name: Optional[str] = None,
     """
     _close()
     job = _job(name, process_set)
-    future: "Future[Any]" = Future()
+    future: "Future[Any]" = _Submitted(job)
     with _lock:
         _flush_locked()
         _hand((future, work, job))

@@ -9,7 +9,8 @@ import pytest
 from runner import run_ranks
 
 CASES = ["reordered", "duplicate", "unnamed after duplicate", "drifted counts",
-         "different names", "random"]
+         "different names", "waited handles", "behind a barrier", "diverged while joined",
+         "random"]
 # A job that hangs ends itself, naming where it waited, instead of holding the suite.
 BOUNDED = {"HVD_STALL_CHECK_TIME_SECONDS": "5", "HVD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
 
