@@ -192,7 +192,6 @@ class Reducer:
         self.prefix = prefix
         self.compression = compression
         self.kernels = kernels
-        self._memory = KernelMemory(kernels)
         self._wire = fusion.BufferPool()  # fp16's float16 buffer, kept from step to step
         self.feedback = (ErrorFeedbackSum(compression)
                          if isinstance(compression, GatherCompressor) else None)
@@ -564,11 +563,10 @@ class Reducer:
             stats.decode_seconds += time.perf_counter() - tic
 
     def _sum_narrowed(self, tensors: Sequence[np.ndarray], name: str, stats: CommStats) -> None:
-        """fp16 compression of C-contiguous float32 arrays, in place: each is rounded to
-        float16 straight into its slice of one wire buffer, the buffer is summed (each 16-bit
-        sum rounded once, as the ring always sums float16), and the sums are widened straight
-        back. The same bits as compress, allreduce and decompress one by one, with one pass
-        each way and no new arrays.
+        """fp16 compression of C-contiguous float32 arrays, in place, with one pass each way
+        and no new arrays: each is rounded to float16 straight into its slice of one wire
+        buffer, the buffer is summed around the ring (each hop's float16 sum rounded once),
+        and the sums are widened straight back into the arrays.
 
         Only without a predivide factor: a scaled float16 sum is summed in float32 (see
         ``ops.half_in_float32``), so the generic path keeps that rule.
@@ -580,8 +578,8 @@ class Reducer:
             for t, a, b in zip(tensors, bounds, bounds[1:]):
                 self.kernels.narrow(t.reshape(-1), wire[a:b])
         stats.encode_seconds += time.perf_counter() - tic
-        ops.reduce_group(self._memory, [wire], ops.Sum, name, 1.0, 1.0, self.process_set,
-                         "grouped_allreduce", True)
+        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name, 1.0, 1.0,
+                         self.process_set, "grouped_allreduce", True)
         stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
         tic = time.perf_counter()
         with timeline.span(name, "DECODE"):

@@ -158,7 +158,7 @@ class MPICommunicator:
         """Reduce-scatter then allgather around the ring; ``buf`` is flat and contiguous.
 
         With ``out`` the result goes there and ``buf`` is only read: no copy of it first.
-        16-bit float sums run on ``kernels``.
+        16-bit float sums run on ``kernels`` (NumPy's when None).
         """
         out = buf if out is None else out
         bounds = split_evenly(buf.size, self.size)

@@ -31,11 +31,11 @@ from .. import adasum, handles, sparse
 from .. import joined as core_join
 from .. import ops as core
 from ..handles import Handle
+from ..memory import KernelMemory, memory_of
 from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set, rank
 from . import bridge
 from . import sparse as torch_sparse
-from ..memory import KernelMemory, memory_of
 from .compression import KERNELS, Compression
 from .errors import as_horovod_error
 
