@@ -30,8 +30,9 @@ import torch
 from .. import adasum, handles, sparse
 from .. import joined as core_join
 from .. import ops as core
+from ..backends.halves import is_half
 from ..handles import Handle
-from ..memory import KernelMemory, memory_of
+from ..memory import KernelMemory
 from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set, rank
 from . import bridge
@@ -153,13 +154,15 @@ _HOST = KernelMemory(KERNELS)  # CPU tensors: float16 and bfloat16 sums on torch
 
 
 def _reduce_group(kind: str, inplace: bool) -> Callable[..., List[Any]]:
-    """The core's allreduce of ``kind`` on views of tensors, CPU ones summing 16-bit floats
-    with torch's kernels."""
-    def collective(arrays: List[Any], op: Any, name: Optional[str], prescale_factor: float,
-                   postscale_factor: float, process_set: ProcessSet) -> List[Any]:
-        memory = _HOST if arrays and isinstance(arrays[0], np.ndarray) else memory_of(arrays)
-        return core.reduce_group(memory, arrays, op, name, prescale_factor, postscale_factor,
-                                 process_set, kind, inplace)
+    """The core's allreduce of ``kind`` on a list of tensor views (op, name, scale factors and
+    process set follow): CPU float16 and bfloat16 views sum on torch's kernels, the others
+    go through the core's own function."""
+    def collective(arrays: List[Any], *args: Any) -> List[Any]:
+        if arrays and all(isinstance(a, np.ndarray) and is_half(a.dtype) for a in arrays):
+            return core.reduce_group(_HOST, arrays, *args, kind, inplace)
+        if kind == "allreduce":
+            return [(core.allreduce_ if inplace else core.allreduce)(arrays[0], *args)]
+        return (core.grouped_allreduce_ if inplace else core.grouped_allreduce)(arrays, *args)
     return collective
 
 
