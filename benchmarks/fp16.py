@@ -35,7 +35,7 @@ from common import dense_mlp, header, launch, report, training_step  # noqa: E40
 MIB = 1 << 20
 SIZES = [16, 64, 256]  # MiB
 STEP_WARMUP, STEP_REPS, STEPS = 2, 4, 3
-BUS_REPS = 5
+BUS_REPS = 10
 
 
 def best_seconds(fn: Callable[[], None], reps: int = 5) -> float:
