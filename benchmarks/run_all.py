@@ -36,6 +36,7 @@ def scripts(quick: bool) -> List[List[str]]:
         HVDRUN + [sys.executable, path("sparse.py")],
         HVDRUN + [sys.executable, path("sparse_weights.py")],
         [sys.executable, path("compression.py")] + rounds,
+        [sys.executable, path("fp16.py")] + rounds,
         [sys.executable, path("torch_ddp.py")] + rounds,
         HVDRUN + [sys.executable, path("torch_allreduce.py")] + (["--quick"] if quick else []),
     ]

@@ -35,8 +35,10 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
   :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
   compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
-  error-feedback residuals). ``gradient_predivide_factor`` f scales every gradient by 1/f
-  before the sum; the adapter folds f/size into its optimizer.
+  error-feedback residuals). fp16 rounds the float32 gradients straight into one float16
+  buffer, sums it and widens the sums straight back, on the adapter's ``kernels`` (see
+  backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
+  the sum; the adapter folds f/size into its optimizer.
 - **Autotuning.** With ``HVD_AUTOTUNE=1`` the first steps try bucket thresholds and overlap
   on and off on a schedule of step numbers (:mod:`hvd_trainer.autotune`), the same on every
   rank; :meth:`Reducer.finish` moves to the next step's setting (laying out new buckets, which
@@ -53,14 +55,17 @@ import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence,
                     Tuple, Type, Union)
 
 import numpy as np
 
 from . import agreement, autotune, fusion, handles, ops, runtime, sparse, timeline
+from .backends.halves import NUMPY, Kernels
 from .compression import Compression, Compressor, GatherCompressor
 from .feedback import ErrorFeedbackSum
+from .memory import KernelMemory
 from .runtime import ProcessSet, global_process_set
 from .traffic import CommStats
 
@@ -174,16 +179,20 @@ class Reducer:
     it goes ahead of the collectives the rank starts after backward; it runs on the
     communication thread while gradients are still to come, and in :meth:`launch` when they
     all came at once and nothing else was started meanwhile (two thread switches saved).
+    ``kernels`` convert and sum 16-bit floats for fp16 compression (an adapter passes its
+    framework's; NumPy's by default).
     """
 
     def __init__(self, *, prefix: str = "", compression: AnyCompressor = Compression.none,
                  gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                  sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
-                 eager: bool = False):
+                 eager: bool = False, kernels: Kernels = NUMPY):
         check_settings(gradient_predivide_factor, num_groups)
         runtime.init()
         self.prefix = prefix
         self.compression = compression
+        self.kernels = kernels
+        self._wire = fusion.BufferPool()  # fp16's float16 buffer, kept from step to step
         self.feedback = (ErrorFeedbackSum(compression)
                          if isinstance(compression, GatherCompressor) else None)
         self.predivide = float(gradient_predivide_factor)
@@ -529,6 +538,12 @@ class Reducer:
                 feedback.sum_(packed, f"{name}.packed", 1.0 / self.predivide, self.process_set,
                               stats)
             plain = [t for k, t in group if not (feedback and feedback.compressor.accepts(t))]
+            if self.compression is Compression.fp16 and self.predivide == 1.0:
+                narrowed = [t for t in plain if t.dtype == np.float32 and t.flags.c_contiguous]
+                if narrowed:
+                    self._sum_narrowed(narrowed, name, stats)
+                    name = f"{name}.rest"
+                plain = [t for t in plain if not any(t is n for n in narrowed)]
             if not plain:
                 continue
             tic = time.perf_counter()
@@ -546,6 +561,31 @@ class Reducer:
                     if payload is not t:
                         t[...] = compressor.decompress(payload, ctx)
             stats.decode_seconds += time.perf_counter() - tic
+
+    def _sum_narrowed(self, tensors: Sequence[np.ndarray], name: str, stats: CommStats) -> None:
+        """fp16 compression of C-contiguous float32 arrays, in place, with one pass each way
+        and no new arrays: each is rounded to float16 straight into its slice of one wire
+        buffer, the buffer is summed around the ring (each hop's float16 sum rounded once),
+        and the sums are widened straight back into the arrays.
+
+        Only without a predivide factor: a scaled float16 sum is summed in float32 (see
+        ``ops.half_in_float32``), so the generic path keeps that rule.
+        """
+        bounds = list(accumulate((t.size for t in tensors), initial=0))
+        wire = self._wire.get(np.dtype(np.float16), 0, bounds[-1])
+        tic = time.perf_counter()
+        with timeline.span(name, "COMPRESS"):
+            for t, a, b in zip(tensors, bounds, bounds[1:]):
+                self.kernels.narrow(t.reshape(-1), wire[a:b])
+        stats.encode_seconds += time.perf_counter() - tic
+        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name, 1.0, 1.0,
+                         self.process_set, "grouped_allreduce", True)
+        stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
+        tic = time.perf_counter()
+        with timeline.span(name, "DECODE"):
+            for t, a, b in zip(tensors, bounds, bounds[1:]):
+                self.kernels.widen(wire[a:b], t.reshape(-1))
+        stats.decode_seconds += time.perf_counter() - tic
 
     def sum_now(self, tensors: Sequence[Tuple[int, np.ndarray]]) -> None:
         """Sum (key, array) pairs across the process set in place, right now, outside any step:

@@ -30,12 +30,14 @@ import torch
 from .. import adasum, handles, sparse
 from .. import joined as core_join
 from .. import ops as core
+from ..backends.halves import is_half
 from ..handles import Handle
+from ..memory import KernelMemory
 from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set, rank
 from . import bridge
 from . import sparse as torch_sparse
-from .compression import Compression
+from .compression import KERNELS, Compression
 from .errors import as_horovod_error
 
 # Horovod's value of op=Adasum: allreduce and grouped_allreduce combine by adaptive summation
@@ -148,6 +150,22 @@ def _not_differentiable(kind: str, op: Any) -> None:
 
 
 # -- allreduce ------------------------------------------------------------------------------
+_HOST = KernelMemory(KERNELS)  # CPU tensors: float16 and bfloat16 sums on torch's kernels
+
+
+def _reduce_group(kind: str, inplace: bool) -> Callable[..., List[Any]]:
+    """The core's allreduce of ``kind`` on a list of tensor views (op, name, scale factors and
+    process set follow): CPU float16 and bfloat16 views sum on torch's kernels, the others
+    go through the core's own function."""
+    def collective(arrays: List[Any], *args: Any) -> List[Any]:
+        if arrays and all(isinstance(a, np.ndarray) and is_half(a.dtype) for a in arrays):
+            return core.reduce_group(_HOST, arrays, *args, kind, inplace)
+        if kind == "allreduce":
+            return [(core.allreduce_ if inplace else core.allreduce)(arrays[0], *args)]
+        return (core.grouped_allreduce_ if inplace else core.grouped_allreduce)(arrays, *args)
+    return collective
+
+
 def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool],
                      name: Optional[str], op: Any, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> Handle:
@@ -160,10 +178,10 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
                       finish=(lambda _: bridge.write_back(staged, tensor)) if inplace
                       else lambda out: bridge.on_device(out[0], tensor), on=tensor,
                       name=name, process_set=process_set)
-    collective = core.allreduce_ if inplace else core.allreduce
-    return _start(collective, bridge.view(tensor), op, name, prescale_factor, postscale_factor,
-                  process_set, finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor,
-                  name=name, process_set=process_set)
+    return _start(_reduce_group("allreduce", inplace), [bridge.view(tensor)], op, name,
+                  prescale_factor, postscale_factor, process_set,
+                  finish=(lambda _: tensor) if inplace else lambda out: bridge.adopt(out[0]),
+                  on=tensor, name=name, process_set=process_set)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -249,10 +267,9 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                       else lambda out: [bridge.on_device(a, t) for a, t in zip(out, tensors)],
                       on=first, name=name, process_set=process_set)
     finish = (lambda _: list(tensors)) if inplace else (lambda out: [bridge.adopt(a) for a in out])
-    collective = core.grouped_allreduce_ if inplace else core.grouped_allreduce
-    return _start(collective, [bridge.view(t) for t in tensors], op, name, prescale_factor,
-                  postscale_factor, process_set, finish=finish, on=first, name=name,
-                  process_set=process_set)
+    return _start(_reduce_group("grouped_allreduce", inplace), [bridge.view(t) for t in tensors],
+                  op, name, prescale_factor, postscale_factor, process_set, finish=finish,
+                  on=first, name=name, process_set=process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,

@@ -52,7 +52,7 @@ from ..runtime import ProcessSet, global_process_set
 from . import backward_collectives, bridge
 from . import sparse as torch_sparse
 from .adasum_optimizer import AdasumDistributed, check_adasum
-from .compression import Compression, FP16Compressor
+from .compression import KERNELS, Compression, FP16Compressor
 from .ops import Adasum
 
 # A gradient's kind as the ranks agree on it; the largest code wins, so dense beats sparse.
@@ -116,7 +116,7 @@ class _Distributed:
                                 compression=_core_compressor(compression),
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 num_groups=num_groups, sparse_as_dense=sparse_as_dense,
-                                process_set=process_set, eager=True)
+                                process_set=process_set, eager=True, kernels=KERNELS)
         self._reducer.set_gradients(self._gradients())
         self._back_buckets()
         joined.after_join(self._settle_kinds)
