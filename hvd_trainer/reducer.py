@@ -20,7 +20,7 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter to install new views, and at step-time readiness (MXNet) the order is only the
   adapter's loop.
 - **Handles.** Reductions run in one program per step: on the communication thread
-  (:mod:`hvd_trainer.handles`), or on the calling thread when overlap is off. Each launched
+  (:mod:`hvd_trainer.scheduler`), or on the calling thread when overlap is off. Each launched
   bucket has a :class:`~hvd_trainer.handles.Handle`; the adapter waits for it and then uses
   the bucket (an optimizer update while the next bucket is on the wire).
 - **Agreement.** Each step makes one exchange (:func:`agreement.agree`) that checks every
@@ -58,7 +58,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optiona
 
 import numpy as np
 
-from . import agreement, autotune, fusion, handles, ops, runtime, sparse, timeline
+from . import agreement, autotune, fusion, handles, ops, runtime, scheduler, sparse, timeline
 from .compression import Compression, Compressor, GatherCompressor
 from .feedback import ErrorFeedbackSum
 from .runtime import ProcessSet, global_process_set
@@ -322,7 +322,7 @@ class Reducer:
                     step.changed.notify_all()
                 self._start(step)
                 if step._unmarked:  # gradients are still to come: reduce while they do
-                    handles.flush()
+                    scheduler.flush()
 
     def begin(self) -> None:
         """Queue this step's reductions now (``eager`` only), before any gradient is marked:
@@ -335,12 +335,12 @@ class Reducer:
             self._start(self._step or self._current())
 
     def _start(self, step: Step) -> None:
-        # Under the lock: an eager step's program, queued once. Deferred (handles.defer):
+        # Under the lock: an eager step's program, queued once. Deferred (scheduler.defer):
         # handed to the communication thread when a mark leaves gradients still to come or
         # when this rank starts another collective, and run by launch() otherwise.
         if step.program is None:
             step.overlapped = True
-            step.program = handles.defer(functools.partial(self._run, step, False))
+            step.program = scheduler.defer(functools.partial(self._run, step, False))
 
     def launch(self) -> Step:
         """Every gradient not marked ready is stale on this rank; launch what is left.
@@ -365,9 +365,9 @@ class Reducer:
             elif step.program is None and self.overlap and self.size > 1 and \
                     runtime.mpi_threads_supported():
                 step.overlapped = True
-                step.program = handles.start(functools.partial(self._run, step, True))
+                step.program = scheduler.start(functools.partial(self._run, step, True))
         if self.eager:
-            handles.run_deferred(step.program)  # nothing came between: run it here
+            scheduler.run_deferred(step.program)  # nothing came between: run it here
         elif step.program is None:  # overlap off: reduce here, now
             step.program = Future()
             try:
