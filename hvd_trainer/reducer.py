@@ -347,7 +347,8 @@ class Reducer:
 
         A collective over the process set. Without ``eager`` this makes the step's agreement
         (with the freshness flags) and launches every bucket, on the communication thread
-        with overlap or here otherwise (the returned handles are then done). Wait for the
+        with overlap or behind earlier work still there, here otherwise (the returned handles
+        are then done). Either way the step comes after what this rank started before. Wait for the
         bucket handles or for :meth:`finish`, which raise what a reduction raised.
         """
         now = time.perf_counter()
@@ -366,17 +367,12 @@ class Reducer:
                     runtime.mpi_threads_supported():
                 step.overlapped = True
                 step.program = scheduler.start(functools.partial(self._run, step, True))
-        if self.eager:
-            scheduler.run_deferred(step.program)  # nothing came between: run it here
-        elif step.program is None:  # overlap off: reduce here, now
-            step.program = Future()
-            try:
-                self._run(step, True)
-            except Exception as e:  # raised by finish() and the handles, as with overlap
-                step.program.set_exception(e)
-            finally:
-                if not step.program.done():
-                    step.program.set_result(None)
+        if not self.eager and step.program is None:
+            # Overlap off: reduce here, now, unless this rank's earlier work (an asynchronous
+            # collective submitted before the step) is still on the communication thread;
+            # then behind it there, so that every rank runs the two in the same order.
+            step.program = scheduler.defer(functools.partial(self._run, step, True))
+        scheduler.run_deferred(step.program)  # nothing came between: run it here
         return step
 
     def finish(self, step: Step) -> Dict[int, Any]:

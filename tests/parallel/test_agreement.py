@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names, run_ranks
 
 # A job that hangs ends itself (and says where it waited) rather than waiting for the timeout.
 # 45 s is far longer than any wait of these jobs, even on 2 loaded cores.
@@ -56,16 +56,16 @@ def test_a_malformed_wire_setting_on_one_rank_fails_init_on_every_rank(np_, vari
                 f"{words}") in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("case", case_names("process_set_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_process_sets_agree_on_registration_names_and_root_ranks(np_):
-    out = run_ranks("process_set_worker.py", np_, timeout=120, env=BOUNDED).stdout
-    assert out.count("process sets agree") == np_
+def test_process_sets_agree_on_registration_names_and_root_ranks(np_, case):
+    case_job("process_set_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("threads_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_collectives_from_two_threads_match_numpy(np_):
-    out = run_ranks("threads_worker.py", np_, timeout=120, env=BOUNDED).stdout
-    assert out.count("collectives from threads match NumPy") == np_
+def test_collectives_from_two_threads_match_numpy(np_, case):
+    case_job("threads_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
 @pytest.mark.parametrize("np_", [2, 3])

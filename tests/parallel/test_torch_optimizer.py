@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from runner import REPO, run_ranks
+from runner import REPO, case_job, case_names, run_ranks
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -34,7 +34,7 @@ def test_packed_codecs_match_a_numpy_model_of_each(np_):
         assert out.count(f"torch codec ok: {case}") == np_, out
 
 
+@pytest.mark.parametrize("case", case_names("torch_step_order.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_async_collectives_between_backward_and_step_and_join_before_the_first_step(np_):
-    out = run_ranks("torch_step_order.py", np_, timeout=120).stdout
-    assert out.count("torch step order ok") == np_, out
+def test_collectives_between_backward_and_step_and_join_before_the_first_step(np_, case):
+    case_job("torch_step_order.py", np_, timeout=120).check(case)
