@@ -12,10 +12,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from .. import sparse
 from ..ops import Average, Sum
 from ..reducer import Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
+from ..sparse import Exchange
 from ..steps import Steps
 from .adasum_optimizer import AdasumDistributed, check_adasum
 from .compression import Compression
@@ -47,7 +47,7 @@ class _Distributed(ReducedGradients):
                                    sparse_as_dense, process_set)
 
     @property
-    def sparse_exchanges(self) -> Dict[str, sparse.Exchange]:
+    def sparse_exchanges(self) -> Dict[str, Exchange]:
         """How each sparse gradient travelled in the last step, by parameter name:
         ``Exchange(dense, gathered_rows, bytes)`` (see :mod:`hvd_trainer.sparse`)."""
         if self._reducer is None:

@@ -20,12 +20,12 @@ random        a long sequence, the same on every rank, of good calls mixed with 
 Run as: worker.py [case ...] (default: all). Each case prints "rank R case: ok" when it
 passed on that rank.
 """
-import sys
 import zlib
 
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 from hvd_trainer import handles, runtime, scheduler
 
 R, N = hvd.rank(), hvd.size()
@@ -168,18 +168,7 @@ def case_random():
           np.full(3, N * (N + 1) / 2))
 
 
-CASES = {"reordered": case_reordered, "duplicate": case_duplicate,
-         "unnamed after duplicate": case_unnamed_after_duplicate,
-         "drifted counts": case_drifted_counts,
-         "different names": case_different_names, "random": case_random}
-
-for name in sys.argv[1:] or CASES:
-    before = len(failures)
-    try:
-        CASES[name]()
-    except Exception as e:  # noqa: BLE001 - reported as this case's failure
-        failures.append(f"{name}: {type(e).__name__}: {e}")
-    if len(failures) == before:
-        print(f"rank {R} {name}: ok", flush=True)
-    else:
-        print(f"rank {R} {name}: FAILED", *failures[before:], sep="\n  ", flush=True)
+run_cases({"reordered": case_reordered, "duplicate": case_duplicate,
+           "unnamed_after_duplicate": case_unnamed_after_duplicate,
+           "drifted_counts": case_drifted_counts,
+           "different_names": case_different_names, "random": case_random}, failures, R)
