@@ -10,7 +10,7 @@ cases did not all pass exits 1 after the last.
 import json
 import sys
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 MARK = "#case "
 
@@ -22,15 +22,16 @@ def report(name: str, rank: int, failures: List[str]) -> None:
 
 
 def run_cases(cases: Dict[str, Callable[[], None]], failures: Optional[List[str]] = None,
-              rank: Optional[int] = None) -> None:
+              rank: Optional[int] = None, selected: Optional[Sequence[str]] = None) -> None:
     """Run ``cases`` and report each (see the module docstring); ``failures`` is the list the
-    cases append their findings to, ``rank`` this process's (default: the job's rank)."""
+    cases append their findings to, ``rank`` this process's (default: the job's rank),
+    ``selected`` the cases to run (default: those named on the command line, else all)."""
     if rank is None:
         import hvd_trainer
         rank = hvd_trainer.rank()
     failures = [] if failures is None else failures
     failed = False
-    for name in sys.argv[1:] or cases:
+    for name in (sys.argv[1:] if selected is None else selected) or cases:
         start = len(failures)
         try:
             cases[name]()

@@ -17,8 +17,7 @@ random        a long sequence, the same on every rank, of good calls mixed with 
               (one rank's bad argument, a shape mismatch, a duplicate name, reordered named
               async calls); every good result equals NumPy's and every bad call raises on
               the ranks it should
-Run as: worker.py [case ...] (default: all). Each case prints "rank R case: ok" when it
-passed on that rank.
+Run as: worker.py [case ...] (default: all). Each case reports on its own (case_runner.py).
 """
 import zlib
 
