@@ -42,14 +42,25 @@ def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 1
 
 
 def case_names(script: str) -> List[str]:
-    """The names of ``script``'s cases, read from the dict literal its ``run_cases`` call is
-    given (without running it), for the tests' parametrized ids."""
+    """The names of ``script``'s cases, read from its source without running it, for the
+    tests' parametrized ids: the keys of the dict literal its ``run_cases`` call is given;
+    an entry ``**{... for name in TABLE}`` there stands for the keys of the dict literal
+    assigned to ``TABLE``."""
     path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     with open(path) as f:
         tree = ast.parse(f.read())
+    tables = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_cases":
-            return [key.value for key in node.args[0].keys]
+            names = []
+            for key, value in zip(node.args[0].keys, node.args[0].values):
+                if key is not None:
+                    names.append(key.value)
+                else:  # **{... for name in TABLE}
+                    table = tables[value.generators[0].iter.id]
+                    names += [k.value for k in table.keys]
+            return names
     raise ValueError(f"{script} calls no run_cases({{...}}) with a dict of its cases")
 
 
