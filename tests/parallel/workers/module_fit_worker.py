@@ -106,7 +106,6 @@ def gluon_steps(x: np.ndarray, y: np.ndarray, batch: int, optimizer) -> list:
     return [p.data().asnumpy() for p in params.values()]  # weight, bias
 
 
-
 def gluon_trainer_with_distributed_optimizer() -> None:
     reference = gluon_steps(X, Y, SIZE * BATCH, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
     got = gluon_steps(X[mine], Y[mine], BATCH,
