@@ -272,6 +272,11 @@ def _in_step(comm: Communicator, sched: scheduler.Schedule,
     return _inline_flags(comm, entry, record, words, inline)
 
 
+def _all_stuck(gathered: Sequence[Any]) -> bool:
+    """Whether every active rank of a round's exchange (joined ranks gave None) is stuck."""
+    return all(g[0] for g in gathered if g is not None)
+
+
 def _round(comm: Communicator, sched: scheduler.Schedule,
            entries: List[scheduler.Entry]) -> List[scheduler.Verdict]:
     """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
@@ -286,12 +291,13 @@ def _round(comm: Communicator, sched: scheduler.Schedule,
         except Exception as error:
             return [("raise", head.key, error)]
         return [("run", head.key, _inline_flags(comm, head, record, words, inline))]
-    stuck = sched.stuck(entries, _MATCH_GRACE_SECONDS)
-    gathered = comm.allgather_object((stuck, [e.summary() for e in entries], sched.unnamed))
+    summaries = [e.summary() for e in entries]
+    stuck = sched.stuck(summaries, _MATCH_GRACE_SECONDS)
+    gathered = comm.allgather_object((stuck, summaries, sched.unnamed))
     lists = [None if g is None else g[1] for g in gathered]
     failure = functools.partial(_failure, comm)
-    verdicts = scheduler.match(lists, failure, single=joined)
-    if not verdicts and not joined and all(g[0] for g in gathered):
+    verdicts = scheduler.match(lists, failure, single=joined, me=comm.rank)
+    if not verdicts and _all_stuck(gathered):
         verdicts = scheduler.deadlock(lists, comm.rank, failure)
         if verdicts and verdicts[0][0] == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
@@ -349,10 +355,14 @@ class JoinedRecord:
         words_total = -1
         if record[0] != ~record[1]:
             # The active ranks exchange their pending lists; at most the first key pending on
-            # all of them runs, and this rank serves it (see _round).
-            lists = [None if g is None else g[1] for g in comm.allgather_object(None)]
+            # all of them runs, and this rank serves it; when none is and every active rank
+            # is stuck, their oldest waited calls run together or raise (see _round).
+            gathered = comm.allgather_object(None)
+            lists = [None if g is None else g[1] for g in gathered]
             verdicts = scheduler.match(lists, lambda every: RuntimeError(), single=True)
-            if not verdicts or verdicts[0][0] != "run":
+            runs = (verdicts[0][0] == "run" if verdicts else
+                    _all_stuck(gathered) and scheduler.deadlock_runs(lists))
+            if not runs:
                 return {}
             words_total = 0
         every = comm.allgather_object(None)  # _meet_joined on the active ranks

@@ -4,7 +4,7 @@ optimizer states with the reducer's state (compression residuals) attached, as o
 A checkpoint's digest is checked before anything in it is unpickled, so a file that is not a
 checkpoint, or a truncated or altered one, is refused without running code from it. (The
 digest is no signature: anyone who may write the file may write a valid one, so checkpoints
-are as trusted as the folder they are kept in; README, Security.) Plain optimizer states
+are as trusted as the folder they are kept in; docs/security.md.) Plain optimizer states
 (what ``gluon.Trainer`` writes) pass through unchanged, so a file without residuals stays
 readable by the framework itself.
 

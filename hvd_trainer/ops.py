@@ -113,10 +113,20 @@ def requested_op(op: Any, average: Optional[bool], stacklevel: int = 4) -> Any:
 
 def half_in_float32(tensor: Any, op: ReduceOp, pre: float, post: float) -> bool:
     """Whether a half-precision ``tensor`` is reduced in float32: a scaled sum (Average, pre-
-    or postscale) is summed and scaled in float32 and rounded to half once, as Horovod's CPU
-    path does; scaling a sum already rounded to half would round twice."""
+    or postscale) is summed and postscaled in float32 and rounded to half once, the result
+    Horovod's own tests expect on up to 3 ranks (scaling a sum already rounded to half would
+    round twice). A prescale is applied first, rounded to half (see :func:`prescaled`)."""
     return (tensor.dtype.name in ("float16", "bfloat16")
             and op in (ReduceOp.SUM, ReduceOp.AVERAGE) and (pre, post) != (1.0, 1.0))
+
+
+def prescaled(memory: Memory, tensor: Any, factor: float) -> Any:
+    """A flat copy of ``tensor`` times ``factor``, rounded to the tensor's own dtype: Horovod
+    scales into a buffer of that dtype, so a half-precision tensor's prescaled values are
+    half-precision numbers before they are summed (its tests expect those bits)."""
+    flat = memory.xp.empty(tensor.size, tensor.dtype)
+    memory.pack([memory.xp.ascontiguousarray(tensor)], flat, factor)
+    return flat
 
 
 def check_reduction(op: Any, prescale: Any, postscale: Any) -> ReduceOp:
@@ -180,6 +190,9 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         halves = outputs
         wide = [half_in_float32(t, op, pre, post) for t in tensors]
         if any(wide):
+            if pre != 1.0:
+                tensors = [prescaled(memory, t, pre).reshape(t.shape) for t in tensors]
+                pre = 1.0
             tensors = [t.astype(memory.xp.float32) if w else t for t, w in zip(tensors, wide)]
             outputs = [memory.xp.empty(t.shape, t.dtype) if w else o
                        for t, o, w in zip(tensors, outputs, wide)]
@@ -394,15 +407,14 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
         data = memory.mover(process_set)
         results = []
         for t in tensors:
-            t = memory.xp.ascontiguousarray(t)
             row = int(np.prod(t.shape[1:], dtype=np.int64))
             shares = rows_per_rank(t.shape[0], comm.size)
-            wide = memory.xp.float32 if half_in_float32(t, op, pre, post) else t.dtype
-            work = memory.xp.empty(t.size, wide)
-            memory.pack([t], work, pre)
+            work = prescaled(memory, t, pre)
+            if half_in_float32(t, op, pre, post):
+                work = work.astype(memory.xp.float32)
             with call.communicate():
                 mine = data.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
-            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], wide)
+            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], work.dtype)
             memory.unpack(mine, [out], post)
             results.append(out.astype(t.dtype, copy=False))
         return results

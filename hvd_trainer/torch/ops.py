@@ -681,7 +681,10 @@ def join(device: int = -1) -> int:
     Adasum included), ``barrier`` and ``DistributedOptimizer`` steps run with zeros for this
     rank; ``Average`` divides by the full size, joined ranks included, as Horovod 0.28 does.
     Any other collective raises ``HorovodInternalError`` on every rank that called it while
-    a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter).
+    a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter), and
+    so do calls that differ between the other ranks once each waits for its own (after a
+    failure caught on some ranks only, say): this rank stays in join() until every rank has
+    called it, never leaving the others waiting (see :func:`hvd_trainer.joined.join`).
     ``device`` says where Horovod makes its zeros; it is accepted and not used: a joined
     rank serves host tensors only (a collective on CUDA tensors raises while a rank is
     joined), and its zeros are host arrays.

@@ -134,7 +134,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     (``nn.Embedding(sparse=True)``) stay sparse: the result holds the rows touched on any
     rank, summed by the core's row allgather, or by a dense allreduce where that moves fewer
     bytes; ``sparse_as_dense=True`` makes them dense before the reduction, and sparse again
-    after it, as in Horovod. ``groups`` is refused (see the README's PyTorch section).
+    after it, as in Horovod. ``groups`` is refused (see docs/migrating/horovod-torch.md).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
@@ -160,7 +160,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._patch_step_function()  # step hooks and profiling, as Optimizer.__init__ does
-    if adasum:  # sparse_as_dense and num_groups have nothing to act on (see the README)
+    if adasum:  # sparse_as_dense and num_groups have nothing to act on (docs/migrating/horovod-torch.md)
         wrapped._set_up(_parameter_names(optimizer, names), compression,
                         int(backward_passes_per_step), process_set)
     else:

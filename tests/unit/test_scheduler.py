@@ -16,7 +16,7 @@ def summary(key, shape=(2,), sync=True, automatic=False, name=None):
 
 
 def failure(every):
-    return RuntimeError([None if d is None else d["shape"] for d in every])
+    return RuntimeError([None if d is None else d.get("shape") for d in every])
 
 
 def test_match_runs_common_keys_in_the_lowest_ranks_order_and_leaves_the_rest():
@@ -42,6 +42,51 @@ def test_deadlock_runs_drifted_automatic_names_and_raises_differing_names():
     assert scheduler.deadlock(drifted, 1, failure)[0][:2] == ("run", "noname.5")
     named = [[summary("x")], [summary("y")]]
     assert scheduler.deadlock(named, 0, failure)[0][:2] == ("raise", "x")
+
+
+def barrier(key):
+    return key, {"kind": "barrier", "name": f"barrier.{key}"}, True, True
+
+
+def test_deadlock_keeps_a_barrier_waiting_and_raises_the_calls_of_the_others():
+    lists = [[barrier("noname.7")], [summary("x")], None, [barrier("noname.7")]]  # 2 joined
+    assert scheduler.deadlock(lists, 0, failure) == [("wait", "noname.7", None)]
+    assert scheduler.deadlock(lists, 3, failure) == [("wait", "noname.7", None)]
+    [(verdict, key, error)] = scheduler.deadlock(lists, 1, failure)
+    assert (verdict, key) == ("raise", "x")
+    assert "ranks 0, 3 wait in a barrier for this rank" in str(error)
+
+
+def test_match_keeps_a_barrier_waiting_when_another_call_has_its_key():
+    other = ("noname.2", {"kind": "allgather", "name": "allgather.noname.2"}, True, True)
+    lists = [[barrier("noname.2")], [other]]
+    assert scheduler.match(lists, failure, me=0) == [("wait", "noname.2", None)]
+    [(verdict, key, error)] = scheduler.match(lists, failure, me=1)
+    assert (verdict, key) == ("raise", "noname.2") and "rank 0 waits in a barrier" in str(error)
+    both = [[barrier("noname.2")], [barrier("noname.2")]]
+    assert [v for v, _, _ in scheduler.match(both, failure, me=0)] == ["run"]
+
+
+def test_deadlock_looks_at_each_ranks_oldest_waited_call_only():
+    unwaited = summary("early", sync=False)
+    lists = [[unwaited, summary("noname.1", automatic=True, name="allreduce.noname.1")],
+             [summary("noname.4", automatic=True, name="allreduce.noname.4")]]
+    assert scheduler.deadlock(lists, 0, failure)[0][:2] == ("run", "noname.1")
+    assert scheduler.deadlock_runs(lists) and not scheduler.deadlock_runs([[unwaited]])
+
+
+def test_an_entry_of_a_job_counts_as_waited_while_a_thread_waits_for_its_handle():
+    job = scheduler.Job()
+    scheduler.set_job(job, None)
+    try:
+        entry = scheduler.Entry("k", {"name": "k"}, None, 0)
+    finally:
+        scheduler.set_job(None, None)
+    assert not entry.waited() and not entry.summary()[2]
+    with scheduler.await_job(job):
+        assert entry.waited() and entry.summary()[2]
+    assert not entry.waited()
+    assert scheduler.Entry("s", {"name": "s"}, None, 0).waited()  # a synchronous call's
 
 
 def test_a_pending_name_is_unique_and_freed_afterwards():

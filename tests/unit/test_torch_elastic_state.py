@@ -89,7 +89,7 @@ def test_shuffled_split_covers_what_is_left_once_after_a_change_of_size(
 def test_core_batch_sampler_evens_out_what_the_torch_sampler_cannot(monkeypatch):
     # 7 samples, 3 ranks, batches of 2: 7 = 1 * 3 * 2 + 1. The torch sampler (no repeats)
     # gives rank 0 a second batch of one sample; the core batch sampler, as a DataLoader's
-    # batch_sampler, puts that sample into rank 0's only batch (as the README says).
+    # batch_sampler, puts that sample into rank 0's only batch (as docs/elastic.md says).
     dataset = numbered(7)
     torch_batches, core_batches = [], []
     for rank in range(3):

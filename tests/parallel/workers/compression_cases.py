@@ -142,7 +142,7 @@ def topk_everything_is_uncompressed():
 
 
 class Int8(GatherCompressor):
-    """The README's example of a user compressor."""
+    """The user compressor of docs/compression.md's example."""
 
     def __init__(self, step=1e-3):
         self.step = np.float32(step)

@@ -4,7 +4,7 @@ and after synchronize() the sparse gradients (values and touched rows), that pla
 reaches with batch N*B. Every rank computes the reference itself, from the same seeds.
 
 Each step also checks the path the rows took: the dense allreduce exactly when the ranks
-together touched more rows than the table has (the README's rule, counted here from the
+together touched more rows than the table has (docs/sparse.md's rule, counted here from the
 batches). Cases with a 40-row table take the row allgather; those with a 6-row table
 (which every rank nearly covers), the dense fallback. Each case reports on its own
 (case_runner.py).
