@@ -46,7 +46,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optiona
 
 import numpy as np
 
-from . import handles, runtime, scheduler, stall, timeline
+from . import runtime, scheduler, stall, timeline
 from .backends import Communicator
 from .stall import discard_posts, waiting
 from .timeline import span
@@ -449,7 +449,7 @@ class Call:
         self._held = False
 
     def __enter__(self) -> "Call":
-        handles.flush(here=True)  # a deferred training step goes first (see handles.py)
+        scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
         given = self._given
         if given is not None and not isinstance(given, str):
             self.error = TypeError(f"name={given!r} must be a string or None")
@@ -518,7 +518,7 @@ def covered(comm: Communicator) -> Iterator[None]:
     it in step). The block holds ``comm``'s turn: other threads' collectives on it wait until
     it ends.
     """
-    handles.flush(here=True)  # a deferred training step goes first (see handles.py)
+    scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
     sched = scheduler.of(comm)
     sched.take()
     depth = sched.covered_depth()

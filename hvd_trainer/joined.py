@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, agreement, handles, memory, ops, runtime, stall
+from . import adasum, agreement, memory, ops, runtime, scheduler, stall
 from .runtime import ProcessSet, global_process_set
 
 
@@ -83,7 +83,7 @@ def join() -> int:
     join() with its shut-down error instead; README Limitations).
     """
     runtime.init()
-    handles.flush(here=True)  # a deferred training step goes first (see handles.py)
+    scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
     world = runtime.communicator(global_process_set)
     if world.size == 1:
         return runtime.rank()

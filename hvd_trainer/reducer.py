@@ -20,7 +20,7 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter to install new views, and at step-time readiness (MXNet) the order is only the
   adapter's loop.
 - **Handles.** Reductions run in one program per step: on the communication thread
-  (:mod:`hvd_trainer.handles`), or on the calling thread when overlap is off. Each launched
+  (:mod:`hvd_trainer.scheduler`), or on the calling thread when overlap is off. Each launched
   bucket has a :class:`~hvd_trainer.handles.Handle`; the adapter waits for it and then uses
   the bucket (an optimizer update while the next bucket is on the wire).
 - **Agreement.** Each step makes one exchange (:func:`agreement.agree`) that checks every
@@ -61,7 +61,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optiona
 
 import numpy as np
 
-from . import agreement, autotune, fusion, handles, ops, runtime, sparse, timeline
+from . import agreement, autotune, fusion, handles, ops, runtime, scheduler, sparse, timeline
 from .backends.halves import NUMPY, Kernels
 from .compression import Compression, Compressor, GatherCompressor
 from .feedback import ErrorFeedbackSum
@@ -331,7 +331,7 @@ class Reducer:
                     step.changed.notify_all()
                 self._start(step)
                 if step._unmarked:  # gradients are still to come: reduce while they do
-                    handles.flush()
+                    scheduler.flush()
 
     def begin(self) -> None:
         """Queue this step's reductions now (``eager`` only), before any gradient is marked:
@@ -344,19 +344,20 @@ class Reducer:
             self._start(self._step or self._current())
 
     def _start(self, step: Step) -> None:
-        # Under the lock: an eager step's program, queued once. Deferred (handles.defer):
+        # Under the lock: an eager step's program, queued once. Deferred (scheduler.defer):
         # handed to the communication thread when a mark leaves gradients still to come or
         # when this rank starts another collective, and run by launch() otherwise.
         if step.program is None:
             step.overlapped = True
-            step.program = handles.defer(functools.partial(self._run, step, False))
+            step.program = scheduler.defer(functools.partial(self._run, step, False))
 
     def launch(self) -> Step:
         """Every gradient not marked ready is stale on this rank; launch what is left.
 
         A collective over the process set. Without ``eager`` this makes the step's agreement
         (with the freshness flags) and launches every bucket, on the communication thread
-        with overlap or here otherwise (the returned handles are then done). Wait for the
+        with overlap or behind earlier work still there, here otherwise (the returned handles
+        are then done). Either way the step comes after what this rank started before. Wait for the
         bucket handles or for :meth:`finish`, which raise what a reduction raised.
         """
         now = time.perf_counter()
@@ -374,18 +375,13 @@ class Reducer:
             elif step.program is None and self.overlap and self.size > 1 and \
                     runtime.mpi_threads_supported():
                 step.overlapped = True
-                step.program = handles.start(functools.partial(self._run, step, True))
-        if self.eager:
-            handles.run_deferred(step.program)  # nothing came between: run it here
-        elif step.program is None:  # overlap off: reduce here, now
-            step.program = Future()
-            try:
-                self._run(step, True)
-            except Exception as e:  # raised by finish() and the handles, as with overlap
-                step.program.set_exception(e)
-            finally:
-                if not step.program.done():
-                    step.program.set_result(None)
+                step.program = scheduler.start(functools.partial(self._run, step, True))
+        if not self.eager and step.program is None:
+            # Overlap off: reduce here, now, unless this rank's earlier work (an asynchronous
+            # collective submitted before the step) is still on the communication thread;
+            # then behind it there, so that every rank runs the two in the same order.
+            step.program = scheduler.defer(functools.partial(self._run, step, True))
+        scheduler.run_deferred(step.program)  # nothing came between: run it here
         return step
 
     def finish(self, step: Step) -> Dict[int, Any]:

@@ -1,6 +1,6 @@
 """horovod.torch's collectives on torch.Tensor, synchronous and asynchronous, over the core.
 
-Every collective runs on the core's communication thread (see ``hvd_trainer/handles.py``) in
+Every collective runs on the core's communication thread (see ``hvd_trainer/scheduler.py``) in
 the order of the calls, as Horovod's background thread runs them: an ``*_async`` function
 returns a handle at once, :func:`poll` says whether it has finished and :func:`synchronize`
 waits for it and returns its result (or raises its error). A synchronous function is its
@@ -27,7 +27,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import torch
 
-from .. import adasum, handles, sparse
+from .. import adasum, scheduler, sparse
 from .. import joined as core_join
 from .. import ops as core
 from ..backends.halves import is_half
@@ -94,13 +94,13 @@ def _start(collective: Callable[..., Any], *args: Any,
     """
     ordered = None if on is None else bridge.ordered(on, gpu_core)
     if ordered is None:
-        return handle(handles.start(lambda: finish(collective(*args)), name, process_set))
+        return handle(scheduler.start(lambda: finish(collective(*args)), name, process_set))
 
     def run() -> Any:
         with ordered():
             return finish(collective(*args))
 
-    return handle(handles.start(run, name, process_set))
+    return handle(scheduler.start(run, name, process_set))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:

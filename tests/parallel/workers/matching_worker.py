@@ -32,15 +32,14 @@ random        a long sequence, the same on every rank, of good calls mixed with 
               match and raise after a wait, a rank behind a barrier, a rank joined while the
               others reduce); every good result equals NumPy's, every bad call raises on the
               ranks it should, and the step after it works on every rank
-Run as: worker.py [case ...] (default: all). Each case prints "rank R case: ok" when it
-passed on that rank.
+Run as: worker.py [case ...] (default: all). Each case reports on its own (case_runner.py).
 """
-import sys
 import zlib
 
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 from hvd_trainer import handles, runtime, scheduler
 
 R, N = hvd.rank(), hvd.size()
@@ -277,20 +276,10 @@ def case_random():
           np.full(3, N * (N + 1) / 2))
 
 
-CASES = {"reordered": case_reordered, "duplicate": case_duplicate,
-         "unnamed after duplicate": case_unnamed_after_duplicate,
-         "drifted counts": case_drifted_counts,
-         "different names": case_different_names, "waited handles": case_waited_handles,
-         "behind a barrier": case_behind_a_barrier,
-         "diverged while joined": case_diverged_while_joined, "random": case_random}
-
-for name in sys.argv[1:] or CASES:
-    before = len(failures)
-    try:
-        CASES[name]()
-    except Exception as e:  # noqa: BLE001 - reported as this case's failure
-        failures.append(f"{name}: {type(e).__name__}: {e}")
-    if len(failures) == before:
-        print(f"rank {R} {name}: ok", flush=True)
-    else:
-        print(f"rank {R} {name}: FAILED", *failures[before:], sep="\n  ", flush=True)
+run_cases({"reordered": case_reordered, "duplicate": case_duplicate,
+           "unnamed_after_duplicate": case_unnamed_after_duplicate,
+           "drifted_counts": case_drifted_counts,
+           "different_names": case_different_names, "waited_handles": case_waited_handles,
+           "behind_a_barrier": case_behind_a_barrier,
+           "diverged_while_joined": case_diverged_while_joined, "random": case_random},
+          failures, R)

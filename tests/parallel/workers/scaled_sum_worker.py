@@ -6,17 +6,22 @@ are scaled in float32 by the factor rounded to float32, as Horovod multiplies (i
 postscale tests expect those bits). A prescaled tensor is rounded to its own dtype before the
 sum, as Horovod scales into a buffer of that dtype.
 """
-import sys
-
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 
 R, N = hvd.rank(), hvd.size()
 rng = np.random.default_rng(1234)  # the same tensors on every rank
+# a sum of three needs more bits than x
+XS = {dtype: rng.uniform(-100, 100, 289).astype(dtype) for dtype in (np.float16, np.float32)}
+JOINED_XS = {dtype: rng.integers(-100, 100, 125).astype(dtype)
+             for dtype in (np.float32, np.float64)}
 failures = []
-for dtype in (np.float16, np.float32):
-    x = rng.uniform(-100, 100, 289).astype(dtype)  # a sum of three needs more bits than x
+
+
+def scaled(dtype, label):
+    x = XS[dtype]
     factor = 0.1915194503788923
     wide = np.float32
     shares = [17 // N + (r < 17 % N) for r in range(N)]  # rows per rank, the first ranks more
@@ -39,31 +44,43 @@ for dtype in (np.float16, np.float32):
             ((x.reshape(17, 17).astype(wide) * wide(factor)).astype(dtype).astype(wide) * N
              ).astype(dtype)[mine]),
     }
-    for label, (call, want) in cases.items():
-        got = call()
-        if not np.array_equal(got, want):
-            bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
-            failures.append(f"{np.dtype(dtype).name} {label}: {bad.size} elements differ "
-                            f"from NumPy, e.g. {got.reshape(-1)[bad[0]]!r} vs "
-                            f"{want.reshape(-1)[bad[0]]!r}")
-        else:
-            print(f"rank {R} {np.dtype(dtype).name} {label}: ok", flush=True)
-# Average with rank 0 joined: its zeros count, and the sum is scaled by 1/N rounded to the
-# dtype, as Horovod multiplies (its test_horovod_join_allreduce divides exactly instead, and
-# on 3 ranks its own arithmetic misses that by one unit in the last place for some values).
-for dtype in (np.float32, np.float64):
-    x = rng.integers(-100, 100, 125).astype(dtype)
-    label = f"{np.dtype(dtype).name} average with a rank joined"
+    call, want = cases[label]
+    got = call()
+    if not np.array_equal(got, want):
+        bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+        failures.append(f"{np.dtype(dtype).name} {label}: {bad.size} elements differ "
+                        f"from NumPy, e.g. {got.reshape(-1)[bad[0]]!r} vs "
+                        f"{want.reshape(-1)[bad[0]]!r}")
+
+
+def average_with_a_rank_joined(dtype):
+    """Average with rank 0 joined: its zeros count, and the sum is scaled by 1/N rounded to
+    the dtype, as Horovod multiplies (its test_horovod_join_allreduce divides exactly
+    instead, and on 3 ranks its own arithmetic misses that by one unit in the last place for
+    some values)."""
+    x = JOINED_XS[dtype]
     if R == 0:
         hvd.join()
-    else:
-        got = hvd.allreduce(x, op=hvd.Average)
-        hvd.join()
-        want = dtype(1 / N) * (x * dtype(N - 1))
-        if not np.array_equal(got, want):
-            failures.append(f"{label}: {np.sum(got != want)} elements differ from NumPy")
-            continue
-    print(f"rank {R} {label}: ok", flush=True)
-if failures:
-    print(f"rank {R}:", *failures, sep="\n  ")
-    sys.exit(1)
+        return
+    got = hvd.allreduce(x, op=hvd.Average)
+    hvd.join()
+    want = dtype(1 / N) * (x * dtype(N - 1))
+    if not np.array_equal(got, want):
+        failures.append(f"{np.dtype(dtype).name} average with a rank joined: "
+                        f"{np.sum(got != want)} elements differ from NumPy")
+
+
+run_cases({
+    "float16_postscale": lambda: scaled(np.float16, "postscale"),
+    "float16_prescale": lambda: scaled(np.float16, "prescale"),
+    "float16_average": lambda: scaled(np.float16, "average"),
+    "float16_reducescatter_average": lambda: scaled(np.float16, "reducescatter average"),
+    "float16_reducescatter_prescale": lambda: scaled(np.float16, "reducescatter prescale"),
+    "float32_postscale": lambda: scaled(np.float32, "postscale"),
+    "float32_prescale": lambda: scaled(np.float32, "prescale"),
+    "float32_average": lambda: scaled(np.float32, "average"),
+    "float32_reducescatter_average": lambda: scaled(np.float32, "reducescatter average"),
+    "float32_reducescatter_prescale": lambda: scaled(np.float32, "reducescatter prescale"),
+    "float32_average_with_a_rank_joined": lambda: average_with_a_rank_joined(np.float32),
+    "float64_average_with_a_rank_joined": lambda: average_with_a_rank_joined(np.float64)},
+    failures, R)
