@@ -270,6 +270,8 @@ class _CommitStore:
 
     def __init__(self, folder: Optional[str]):
         self.folders = files.job_folders(folder) if folder else ()
+        if len(self.folders) > 1 and files.memory_root() is None:  # this host lacks /dev/shm
+            self.folders = self.folders[1:]
         self.secret = files.job_secret()
         if folder and self.secret is None:
             raise ValueError(f"{DIR_VARIABLE} is set but {files.SECRET_VARIABLE} is not: "
@@ -346,7 +348,8 @@ class _CommitStore:
                         os.remove(old)
         except Exception as error:  # kept for the ranks to raise at the next commit
             self._failures.append(f"rank {rank} could not write commit {number} to "
-                                  f"{os.path.join(folder, name)!r} ({error}); make room there")
+                                  f"{os.path.join(folder, name)!r} ({error}); check that "
+                                  "folder's file system (free space, permissions)")
 
     def _folder_for(self, size: int) -> str:
         """The memory folder while it keeps as much free again after this commit (room for
@@ -488,21 +491,22 @@ class State(abc.ABC):
             error = None
         except OSError as e:  # the folder is not the job's own: every rank raises it
             number, payload, error = 0, None, f"rank {runtime.rank()}: {e}"
-        every = ([(number, error)] if runtime.size() == 1 else
-                 ops.allgather_object((number, error), name="elastic.commits"))
-        error = next((e for _, e in every if e), None)
+        found = (number, payload.nbytes if payload is not None else 0, error)
+        every = ([found] if runtime.size() == 1 else
+                 ops.allgather_object(found, name="elastic.commits"))
+        error = next((e for _, _, e in every if e), None)
         if error:
             raise OSError(error)
-        holders = [n for n, _ in every]
+        holders = [n for n, _, _ in every]
         newest = max(holders)
         if newest == 0:
             self.sync()
         else:
             root = holders.index(newest)
-            if runtime.size() > 1:
-                payload = ops.broadcast_object(
-                    bytes(payload) if runtime.rank() == root else None, root,
-                    name="elastic.restore")
+            if runtime.size() > 1:  # the bytes as they are, without pickling them again
+                payload = ops.broadcast(
+                    np.frombuffer(payload, np.uint8) if runtime.rank() == root
+                    else np.empty(every[root][1], np.uint8), root, name="elastic.restore")
             self._committed = _Commit.from_payload(payload)
             self._commit_number = newest
             self.load(self._committed.load())

@@ -1,0 +1,284 @@
+"""What elasticity costs: ``commit()`` against a plain memory copy of the same state, and
+where the time goes from a rank's death to the first training step after recovery.
+
+Run:  python benchmarks/elastic_commit.py [--framework mxnet|torch|both] [--rounds 3]
+
+Commit: 2 ranks under elastic hvdrun (commits in /dev/shm), a GluonState of one Dense layer
+(torch: a TorchState of one Linear layer and a DistributedOptimizer) with W MiB of weights
+and SGD momentum, a state of 2W = 4, 16 and 64 MiB. Each of 7 interleaved repetitions
+times, once the previous write has ended: ``commit()``; then the background write it
+started (hash, sign, write to /dev/shm: the spacing commits need for ``commit()`` to stay
+at this speed); the host check that ``commit()`` ends with (``check_host_updates()``, one
+small collective and rank 0's question to hvdrun); and a plain copy of the weights and
+momentum into preallocated tensors of the framework (what an in-memory commit such as
+Horovod's costs at best). Medians, slowest rank; the ratio is commit / copy.
+
+Recovery: 2 ranks commit after every step; in the first life rank 1 writes the time and
+SIGKILLs itself. Times from the death: hvdrun reports the failure, hvdrun starts the next
+life, the new rank 0's process exists (/proc), its first line of Python runs, NumPy and
+the framework are imported, hvd_trainer's adapter is imported, MPI is initialised, the model
+is built, the commit is restored, the first step is done.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+STARTED = time.time()
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import header, slowest_rank  # noqa: E402
+
+SIZES_MIB = (2, 8, 32)  # weights; the state has as much again of momentum
+KINDS = {"mxnet": "GluonState", "torch": "TorchState"}
+
+
+def gluon_state(mib: int, prefix: str, **attributes):
+    """A Dense layer of ``mib`` MiB of weights (``mib`` 0: a small one) under a
+    DistributedTrainer with SGD momentum after one step, its GluonState, a training step,
+    and a plain copy of the state's weights and momentum into preallocated NDArrays."""
+    import mxnet as mx
+
+    import hvd_trainer.mxnet as hvd
+    rows, cols = (256 * mib, 1024) if mib else (100, 10)
+    net = mx.gluon.nn.Dense(cols, in_units=rows, use_bias=False)
+    net.initialize()
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                     {"learning_rate": 0.01, "momentum": 0.9}, prefix=prefix)
+    x = mx.nd.ones((8, rows))
+
+    def step() -> None:
+        with mx.autograd.record():
+            loss = net(x).sum()
+        loss.backward()
+        trainer.step(8)
+        mx.nd.waitall()
+
+    step()  # creates the momentum states
+    tensors = [net.weight.data(), trainer._updaters[0].states[0]]
+    copies = [mx.nd.zeros_like(t) for t in tensors]
+
+    def copy() -> None:
+        for source, target in zip(tensors, copies):
+            source.copyto(target)
+        mx.nd.waitall()
+
+    return hvd.elastic.GluonState(net, trainer, **attributes), step, copy
+
+
+def torch_state(mib: int, prefix: str, **attributes):
+    """The same with a torch Linear layer, a DistributedOptimizer and TorchState."""
+    import torch
+
+    import hvd_trainer.torch as hvd
+    rows, cols = (256 * mib, 1024) if mib else (100, 10)
+    model = torch.nn.Linear(rows, cols, bias=False)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=[(f"{prefix}{name}", p) for name, p in model.named_parameters()])
+    x = torch.ones(8, rows)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    step()
+    tensors = [model.weight.detach(), optimizer.state[model.weight]["momentum_buffer"]]
+    copies = [torch.empty_like(t) for t in tensors]
+
+    def copy() -> None:
+        for source, target in zip(tensors, copies):
+            target.copy_(source)
+
+    return hvd.elastic.TorchState(model, optimizer, **attributes), step, copy
+
+
+STATES = {"mxnet": gluon_state, "torch": torch_state}
+
+
+def timed(action) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def commit_worker(framework: str) -> None:
+    import hvd_trainer
+    from hvd_trainer import elastic, runtime
+    rows = []
+    for mib in SIZES_MIB:
+        state, _, copy = STATES[framework](mib, f"w{mib}.", epoch=0)
+        state.commit()  # the two buffers are allocated and touched once
+        state.commit()
+        times = {"commit": [], "write": [], "check": [], "copy": []}
+        for _ in range(7):
+            elastic._writer.wait()
+            hvd_trainer.barrier()
+            times["commit"].append(timed(state.commit))
+            times["write"].append(timed(elastic._writer.wait))
+            hvd_trainer.barrier()
+            times["check"].append(timed(state.check_host_updates))
+            hvd_trainer.barrier()
+            times["copy"].append(timed(copy))
+        row = {name: slowest_rank(statistics.median(t), True) for name, t in times.items()}
+        row["mib"] = 2 * mib
+        rows.append(row)
+    if runtime.rank() == 0:
+        print("RESULT " + json.dumps(rows), flush=True)
+
+
+def _process_start() -> float:
+    """When this process was created (the kernel's record), as a time.time() value."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rpartition(")")[2].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def recovery_worker(framework: str, folder: str) -> None:
+    marks = {"process": _process_start(), "python": STARTED}
+    import numpy  # noqa: F401
+    if framework == "mxnet":
+        import mxnet  # noqa: F401
+    else:
+        import torch  # noqa: F401
+    marks["framework"] = time.time()
+    if framework == "mxnet":
+        import hvd_trainer.mxnet as hvd
+    else:
+        import hvd_trainer.torch as hvd
+    from hvd_trainer import elastic
+    marks["adapter"] = time.time()
+    hvd.init()
+    marks["init"] = time.time()
+    life = os.environ["HVD_ELASTIC_RESTART"]
+    state, step, _ = STATES[framework](0, "", step=0)
+    marks["model"] = time.time()
+
+    @elastic.run
+    def train(state):
+        marks["restored"] = time.time()
+        while state.step < 200:
+            if life == "0" and hvd.rank() == 1 and state.step == 10:
+                with open(os.path.join(folder, "death"), "w") as f:
+                    f.write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            step()
+            state.step += 1
+            if life != "0":
+                marks["first_step"] = time.time()
+                if hvd.rank() == 0:
+                    with open(os.path.join(folder, "marks"), "w") as f:
+                        json.dump(marks, f)
+                return
+            state.commit()
+    train(state)
+
+
+def run_hvdrun(worker_args, events=()) -> dict:
+    """Run the worker on 2 elastic ranks; return its stdout and when each of ``events``
+    (substrings) first appeared in hvdrun's own output."""
+    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--min-np", "2",
+           "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    seen, errors = {}, []
+
+    def watch() -> None:
+        for line in process.stderr:
+            errors.append(line)
+            for event in events:
+                if event in line and event not in seen:
+                    seen[event] = time.time()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    out = process.stdout.read()
+    process.wait(timeout=600)
+    watcher.join()
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {process.returncode}\n{out}\n"
+                           f"{''.join(errors)}")
+    return {"stdout": out, "seen": seen}
+
+
+def commit_table(framework: str) -> None:
+    kind = KINDS[framework]
+    print(header(f"Elastic commit, {kind}, 2 ranks, commits in /dev/shm",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    rows = json.loads(re.search(r"RESULT (.*)", run_hvdrun(
+        ["--framework", framework, "--worker", "commit"])["stdout"])[1])
+    print("| state MiB | commit() ms | ms per MiB | plain copy ms | commit / copy "
+          "| of which host check ms | background write ms |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['mib']} | {row['commit'] * 1e3:.1f} | "
+              f"{row['commit'] * 1e3 / row['mib']:.2f} | {row['copy'] * 1e3:.1f} | "
+              f"{row['commit'] / row['copy']:.1f} | {row['check'] * 1e3:.1f} | "
+              f"{row['write'] * 1e3:.1f} |")
+    print()
+
+
+PHASES = [("failure", "hvdrun reports the failure"), ("launch", "hvdrun starts the next life"),
+          ("process", "rank 0's process exists"), ("python", "its Python runs our first line"),
+          ("framework", "NumPy and the framework imported"),
+          ("adapter", "hvd_trainer's adapter imported"), ("init", "MPI initialised"),
+          ("model", "model and trainer built"), ("restored", "commit restored"),
+          ("first_step", "first step done")]
+
+
+def recovery_table(framework: str, rounds: int) -> None:
+    kind = KINDS[framework]
+    print(header(f"Elastic recovery, {kind}, 2 ranks, rank 1 SIGKILLed, restart on 2",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    print("| seconds after the kill, until | " + " | ".join(f"round {n + 1}"
+                                                           for n in range(rounds)) + " |")
+    print("|---|" + "---|" * rounds)
+    columns = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            run = run_hvdrun(["--framework", framework, "--worker", "recover", folder],
+                             events=("exited with code 137", "(restart 1)"))
+            with open(os.path.join(folder, "death")) as f:
+                death = float(f.read())
+            with open(os.path.join(folder, "marks")) as f:
+                marks = json.load(f)
+        marks["failure"] = run["seen"]["exited with code 137"]
+        marks["launch"] = run["seen"]["(restart 1)"]
+        columns.append({name: marks[name] - death for name, _ in PHASES})
+    for name, what in PHASES:
+        print(f"| {what} | " + " | ".join(f"{c[name]:.2f}" for c in columns) + " |")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--framework", choices=sorted(STATES) + ["both"], default="both")
+    parser.add_argument("--worker", nargs="*")
+    options = parser.parse_args()
+    if options.worker is not None:
+        if options.worker[0] == "commit":
+            commit_worker(options.framework)
+        else:
+            recovery_worker(options.framework, options.worker[1])
+        return
+    frameworks = sorted(STATES) if options.framework == "both" else [options.framework]
+    for framework in frameworks:
+        commit_table(framework)
+    for framework in frameworks:
+        recovery_table(framework, options.rounds)
+
+
+if __name__ == "__main__":
+    main()
