@@ -411,21 +411,24 @@ class State(abc.ABC):
             callback()
 
     def commit(self) -> None:
-        """Snapshot the state into this rank's memory, hand the copy to the background writer
-        (to this rank's job folder), then check for new hosts (which raises
-        :class:`HostsUpdatedInterrupt`) and whether an earlier commit failed to reach the
-        disk on any rank (which raises OSError naming the rank and the file on every rank).
-        A collective.
+        """Snapshot the state into this rank's memory, check for new hosts (which raises
+        :class:`HostsUpdatedInterrupt`) and whether an earlier commit failed to reach the disk
+        on any rank (which raises OSError naming the rank and the file, on every rank), then
+        hand the snapshot to the background writer (to this rank's job folder). A collective.
 
-        A rank killed before the write is whole leaves its previous commit in place; a rank
-        that ends the job on an exception first finishes the write."""
+        The write starts after the check, once every rank has its snapshot, so that it does
+        not compete with the others' copies. A rank killed before the write is whole leaves
+        its previous commit in place; a rank that ends the job on an exception first
+        finishes the write."""
         self._take(self.save())
-        self.check_host_updates()
+        try:
+            self.check_host_updates()
+        finally:
+            self._write_taken()
 
     def _take(self, snapshot: Any) -> None:
         """Make ``snapshot`` the last commit: pickled with its arrays copied into the next
-        buffer in turn (once the write that used it has ended), then written in the
-        background."""
+        buffer in turn (once the write that used it has ended)."""
         pickled = io.BytesIO()
         pickler = _Pickler(pickled)
         pickler.dump(snapshot)
@@ -440,9 +443,13 @@ class State(abc.ABC):
         for kind, obj, (_, offset, nbytes, meta) in pickler.arrays:
             kind.copy(obj, meta, region[offset:offset + nbytes])
         self._committed = _Commit(pickled.getvalue(), region)
-        self._buffers[slot] = (buffer, self._store.write_later(runtime.rank(),
-                                                               self._commit_number,
-                                                               self._committed))
+        self._buffers[slot] = (buffer, None)
+
+    def _write_taken(self) -> None:
+        """Have the background writer write the last commit :meth:`_take` made."""
+        slot = self._commit_number % 2
+        self._buffers[slot] = (self._buffers[slot][0], self._store.write_later(
+            runtime.rank(), self._commit_number, self._committed))
 
     def restore(self) -> None:
         """Go back to the last commit (or to the state :func:`run` started with)."""
@@ -516,6 +523,7 @@ class State(abc.ABC):
         and exit with RESET_EXIT_CODE, so that hvdrun restarts the job on the new hosts from
         here."""
         self._take(self.save())
+        self._write_taken()
         _writer.wait()
         failure = self._store.failure()
         if failure:
