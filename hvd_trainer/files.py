@@ -133,8 +133,8 @@ MEMORY_ROOT = "/dev/shm"  # a tmpfs on Linux: its files live in memory
 def memory_root() -> Optional[str]:
     """:data:`MEMORY_ROOT` when this user may make folders there, else None (no such
     folder, as on macOS, or a read-only one)."""
-    return MEMORY_ROOT if os.path.isdir(MEMORY_ROOT) and os.access(MEMORY_ROOT, os.W_OK | os.X_OK) \
-        else None
+    usable = os.path.isdir(MEMORY_ROOT) and os.access(MEMORY_ROOT, os.W_OK | os.X_OK)
+    return MEMORY_ROOT if usable else None
 
 
 def job_folders(folder: str) -> Tuple[str, ...]:

@@ -19,12 +19,13 @@ __all__ = ["ElasticSampler", "GluonState", "HorovodInternalError", "HostsUpdated
 
 
 def _describe(array: mx.nd.NDArray) -> Optional[Tuple[int, Any]]:
-    # Sparse and empty NDArrays, and dtypes NumPy lacks, are pickled as usual.
+    # Empty NDArrays, and dtypes NumPy lacks, are pickled as usual (sparse ones are of
+    # other types).
     try:
         dtype = np.dtype(array.dtype)
     except TypeError:
         return None
-    if array.stype != "default" or array.size == 0:
+    if array.size == 0:
         return None
     context = array.context
     return array.size * dtype.itemsize, (dtype, array.shape,

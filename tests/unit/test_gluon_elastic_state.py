@@ -9,8 +9,8 @@ from hvd_trainer import elastic, files
 
 def make_net():
     net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(6, activation="tanh", in_units=4), mx.gluon.nn.BatchNorm(in_channels=6),
-            mx.gluon.nn.Dense(2, in_units=6))
+    net.add(mx.gluon.nn.Dense(6, activation="tanh", in_units=4),
+            mx.gluon.nn.BatchNorm(in_channels=6), mx.gluon.nn.Dense(2, in_units=6))
     net.initialize(mx.init.Xavier(rnd_type="gaussian", magnitude=1.0))
     for param in net.collect_params().values():  # the same start for every copy
         param.set_data(mx.nd.array(np.random.default_rng(len(param.name)).standard_normal(
