@@ -231,6 +231,15 @@ class _HostNotices:
         self.address, self.generation = address, generation
         self.secret = files.job_secret()
         self.warned = False
+        self._asker: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def ask(self) -> concurrent.futures.Future:
+        """Start :meth:`changed` on a thread of its own (its answer: the future's result), so
+        that the round trip to hvdrun overlaps the caller's work."""
+        if self._asker is None:
+            self._asker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="hvd_trainer-hosts")
+        return self._asker.submit(self.changed)
 
     def changed(self) -> bool:
         if not self.address:
@@ -416,13 +425,14 @@ class State(abc.ABC):
         on any rank (which raises OSError naming the rank and the file, on every rank), then
         hand the snapshot to the background writer (to this rank's job folder). A collective.
 
-        The write starts after the check, once every rank has its snapshot, so that it does
-        not compete with the others' copies. A rank killed before the write is whole leaves
-        its previous commit in place; a rank that ends the job on an exception first
-        finishes the write."""
+        Rank 0 asks hvdrun while the snapshot is taken; the write starts after the check,
+        once every rank has its snapshot, so that it does not compete with the others'
+        copies. A rank killed before the write is whole leaves its previous commit in place;
+        a rank that ends the job on an exception first finishes the write."""
+        asking = self._notices.ask() if runtime.rank() == 0 and self._notices.address else None
         self._take(self.save())
         try:
-            self.check_host_updates()
+            self._check(asking.result() if asking is not None else False)
         finally:
             self._write_taken()
 
@@ -473,7 +483,10 @@ class State(abc.ABC):
         since this life of the job started, and OSError if a commit failed to reach the disk
         on some rank since the last check. A collective (rank 0 asks hvdrun, the ranks tell
         each other)."""
-        changed = runtime.rank() == 0 and self._notices.changed()
+        self._check(runtime.rank() == 0 and self._notices.changed())
+
+    def _check(self, changed: bool) -> None:
+        """check_host_updates() with rank 0's answer from hvdrun, ``changed``, at hand."""
         failure = self._store.failure()
         if runtime.size() > 1:
             every = ops.allgather_object((changed, failure), name="elastic.hosts")
