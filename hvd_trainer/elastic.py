@@ -104,6 +104,13 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
 
 
+def _aligned_empty(size: int) -> np.ndarray:
+    """``size`` bytes of new memory that start at a multiple of _ALIGN."""
+    raw = np.empty(size + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start:start + size]
+
+
 class _Pickler(pickle.Pickler):
     """Pickles a snapshot with the arrays of registered types left out: each becomes a
     reference (type name, offset, bytes, meta) to its place in the commit's region, and
@@ -448,7 +455,7 @@ class State(abc.ABC):
         if writing is not None:
             concurrent.futures.wait([writing])
         if buffer.nbytes < pickler.size:
-            buffer = np.empty(pickler.size, np.uint8)
+            buffer = _aligned_empty(pickler.size)
         region = buffer[:pickler.size]
         for kind, obj, (_, offset, nbytes, meta) in pickler.arrays:
             kind.copy(obj, meta, region[offset:offset + nbytes])
