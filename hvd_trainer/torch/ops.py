@@ -35,6 +35,7 @@ from ..handles import Handle
 from ..memory import KernelMemory
 from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set, rank
+from ..steps import table_shape
 from . import bridge
 from . import sparse as torch_sparse
 from .compression import KERNELS, Compression
@@ -367,7 +368,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 def _sparse_allreduce(tensor: torch.Tensor, name: Optional[str], op: Any,
                       process_set: ProcessSet) -> torch.Tensor:
     ids, rows = torch_sparse.to_rows(tensor)
-    num_rows = torch_sparse.table_shape(tensor.shape, tensor.sparse_dim())[0]
+    num_rows = table_shape(tensor.shape, tensor.sparse_dim())[0]
     union, summed, _ = sparse.allreduce_rows(ids, rows, num_rows, name or _SPARSE,
                                              process_set=process_set)
     result = bridge.adopt(summed)
