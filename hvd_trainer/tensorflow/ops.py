@@ -12,7 +12,6 @@ call of the same collective. While a graph is being built, a bad argument raises
 is the same on every rank, which builds the same graph). Errors are TensorFlow's
 (errors.py).
 """
-from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -42,11 +41,9 @@ def run(work: Callable[[], T], name: Optional[str] = None,
     With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
     scheduler.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
     its own threads in any order, so a rank may wait on one op while its next is not yet
-    submitted; such a wait does not count as waited for (no mismatch after the scheduler's
-    grace), and the op waits for its match, as in Horovod."""
+    submitted, and the op waits for its match, as in Horovod."""
     try:
-        future = scheduler.start(work, name, process_set)
-        return future.result() if waited else Future.result(future)
+        return scheduler.start(work, name, process_set, waited).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:
