@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 EXIT_MARKER = "#hvdrun-exit"
 START_MARKER = "#hvdrun-start"
@@ -114,11 +114,20 @@ def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
             "the others ask MPI)\n").encode()
 
 
-def exit_marker(rank: int, code: int, ended: bool = False) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code`` now (by this host's
-    clock); ``ended``: after the launcher signalled it (it was ended, not failed on its own)."""
-    return (f"{EXIT_MARKER} rank={rank} code={code} at={time.time():.6f}"
-            f"{' ended' if ended else ''}\n").encode()
+def exit_marker(rank: int, code: int, ended: bool = False, at: Optional[float] = None) -> bytes:
+    """The marker line telling hvdrun that ``rank`` exited with ``code`` at ``at`` (by this
+    host's clock; default now); ``ended``: after the launcher signalled it (it was ended, not
+    failed on its own)."""
+    at = time.time() if at is None else at
+    return f"{EXIT_MARKER} rank={rank} code={code} at={at:.6f}{' ended' if ended else ''}\n".encode()
+
+
+def _has_ended(pid: int) -> bool:
+    """Whether child ``pid`` has ended, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped
+        return True
 
 
 def start_marker(rank: int) -> bytes:
@@ -311,17 +320,30 @@ def main(argv: Optional[List[str]] = None) -> int:
         _write_all(2, message.encode() + exit_marker(rank, code))
         return code
     signalled = []  # the launcher's signals, passed on to the child
+    ended_at: List[float] = []  # when the child was first seen ended (SIGCHLD), this host's clock
+
+    def notice_end(_signum: Optional[int] = None, _frame: Any = None) -> None:
+        if not ended_at and _has_ended(child.pid):
+            ended_at.append(time.time())
 
     def forward(received: int, _frame) -> None:
+        # A child that ended before the launcher's signal was not ended by it: after a rank is
+        # killed on its host, Open MPI may signal every rank, that one's wrapper included,
+        # before the wrapper has woken to its child's end.
+        notice_end()
+        if ended_at:
+            return
         signalled.append(received)
         child.send_signal(received)
 
+    signal.signal(signal.SIGCHLD, notice_end)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     code = returncode if returncode >= 0 else 128 - returncode
-    marker = exit_marker(rank, code, ended=bool(signalled))  # the exit's time, not the drain's
+    notice_end()
+    marker = exit_marker(rank, code, ended=bool(signalled), at=ended_at[0])  # not the drain's time
     if not relay_ended:
         _wait_relay(relay)
     if code:

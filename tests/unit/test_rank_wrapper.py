@@ -1,0 +1,77 @@
+"""The rank wrapper (hvd_trainer_launch.worker) run directly, without MPI: how it reports its
+child's exit to hvdrun. A child that ended before the launcher's SIGTERM reached the wrapper
+failed on its own; one that the SIGTERM ended was ended by the launcher (issue 22: after a
+remote kill -9, Open MPI signalled every rank, the killed one's wrapper included, before that
+wrapper had woken to its child's end, and hvdrun named a survivor)."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+MARKER = re.compile(r"#hvdrun-exit rank=3 code=(\d+) at=([\d.]+)( ended)?")
+
+
+def start_wrapper():
+    """The wrapper as rank 3 around a child that sleeps; returns it and the child's pid once the
+    child runs."""
+    env = dict(os.environ, PMI_RANK="3")
+    wrapper = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+                                sys.executable, "-c", "import time; time.sleep(60)"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children") as f:
+                children = [int(pid) for pid in f.read().split()]
+        except FileNotFoundError:
+            pytest.skip("no /proc/PID/task/PID/children on this kernel")
+        # The relay is a fork of the wrapper; the child is the one that runs the sleep.
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"time.sleep(60)" in f.read():
+                        return wrapper, pid
+            except FileNotFoundError:
+                pass
+        time.sleep(0.05)
+    wrapper.kill()
+    raise AssertionError("the wrapper's child did not start within 30 s")
+
+
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_child_killed_before_the_launchers_signal_is_its_own_failure():
+    wrapper, child = start_wrapper()
+    try:
+        os.kill(wrapper.pid, signal.SIGSTOP)  # the wrapper cannot wake to its child's end
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while state(child) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(wrapper.pid, signal.SIGTERM)  # the launcher ending the job, signal pending
+        os.kill(wrapper.pid, signal.SIGCONT)
+        _, err = wrapper.communicate(timeout=30)
+    finally:
+        wrapper.kill()
+    found = MARKER.search(err)
+    assert found, err
+    assert found[1] == "137" and found[3] is None, found[0]  # killed by SIGKILL, not ended
+
+
+def test_a_child_that_the_launchers_signal_ended_is_reported_as_ended():
+    wrapper, _ = start_wrapper()
+    try:
+        wrapper.send_signal(signal.SIGTERM)
+        _, err = wrapper.communicate(timeout=30)
+    finally:
+        wrapper.kill()
+    found = MARKER.search(err)
+    assert found, err
+    assert found[1] == str(128 + signal.SIGTERM) and found[3] == " ended", found[0]
