@@ -21,7 +21,7 @@ from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built
 from ..timeline import start_timeline, stop_timeline
 from . import elastic
 from .compression import Compression
-from .gradients import DistributedGradientTape, PartialDistributedGradientTape
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .ops import (Adasum, allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_,
                   broadcast_global_variables, broadcast_object, broadcast_object_fn,
                   broadcast_variables, grouped_allgather, grouped_allreduce,

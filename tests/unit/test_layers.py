@@ -110,7 +110,8 @@ def test_the_reader_finds_imports_inside_functions():
 TRAINING_FILES = ["hvd_trainer.mxnet.trainer", "hvd_trainer.mxnet.gradients",
                   "hvd_trainer.mxnet.optimizer", "hvd_trainer.mxnet.sparse_weights",
                   "hvd_trainer.torch.optimizer", "hvd_trainer.torch.gradients",
-                  "hvd_trainer.torch.adasum_optimizer"]
+                  "hvd_trainer.torch.adasum_optimizer", "hvd_trainer.tensorflow.gradients",
+                  "hvd_trainer.tensorflow.tape", "hvd_trainer.tensorflow.keras"]
 # Of those, the ones that drive a reducer's steps: a collective of theirs would run around it.
 STEP_FILES = ["hvd_trainer.mxnet.trainer", "hvd_trainer.mxnet.gradients",
               "hvd_trainer.mxnet.optimizer", "hvd_trainer.torch.optimizer",

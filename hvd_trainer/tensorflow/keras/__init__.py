@@ -21,7 +21,8 @@ from ...runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_buil
 from ...timeline import start_timeline, stop_timeline
 from ..bridge import plain_python
 from ..compression import Compression
-from ..gradients import Reduction, local_layers_of
+from ..gradients import Reduction
+from ..tape import local_layers_of
 from ..ops import (allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_object,
                    broadcast_variables, grouped_allreduce, reducescatter)
 from . import elastic
