@@ -306,13 +306,14 @@ class ElasticRelay(hvdrun.OutputRelay):
         missing = {host_of(layout, rank) for rank in range(self.np) if rank not in self.started}
         return {host for host in missing if not mpi.this_machine(host)} or missing
 
-    def record(self, rank: int, code: int, how: str, at: Optional[float] = None) -> None:
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
+               killed: bool = False) -> None:
         with self._lock:
             if self.interrupted or self.ending:
                 return
             if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
                 self.failed.setdefault(rank, code)
-        super().record(rank, code, how, at)
+        super().record(rank, code, how, at, killed)
 
     def announce(self, failure: hvdrun.Failure) -> None:
         if failure.code != RESET_EXIT_CODE:

@@ -30,9 +30,14 @@ KILL_GRACE_SECONDS = 5.0
 
 _PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
 _MARKER = re.compile(re.escape(EXIT_MARKER).encode()
-                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( ended)?")
+                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( killed)?( ended)?")
 # How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
 ENDED = "was ended by the launcher, with code"
+# A rank killed by a signal (kill -9, the OOM killer, a crash) that the launcher did not send
+# is the first failure if it was seen this soon after the earliest exit: a survivor whose MPI
+# aborts on the lost connection exits within milliseconds, sooner than the killed rank's
+# wrapper may be scheduled to see its child end.
+KILLED_WINDOW_SECONDS = 1.0
 _START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?")
 
 
@@ -101,8 +106,9 @@ class Failure:
     """A rank's failure: its number, exit code, how it failed (ENDED: after the launcher
     signalled it) and when (by its host's clock, or by ours when it reported no time)."""
 
-    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None):
-        self.rank, self.code, self.how = rank, code, how
+    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None,
+                 killed: bool = False):
+        self.rank, self.code, self.how, self.killed = rank, code, how, killed
         self.at = time.time() if at is None else at
         self.seen_at = time.monotonic()
 
@@ -157,8 +163,8 @@ class OutputRelay:
             if marker:
                 if marker.re is _MARKER:
                     self.record(int(marker[1]), int(marker[2]),
-                                ENDED if marker[4] else "exited with code",
-                                float(marker[3]) if marker[3] else None)
+                                ENDED if marker[5] else "exited with code",
+                                float(marker[3]) if marker[3] else None, bool(marker[4]))
                 else:
                     self.started.add(int(marker[1]))
                     if marker[2]:
@@ -180,13 +186,14 @@ class OutputRelay:
                 except BrokenPipeError:  # our reader went away: keep draining so mpiexec never blocks
                     out = None
 
-    def record(self, rank: int, code: int, how: str, at: Optional[float] = None) -> None:
-        """Note a rank's failure (it exited at ``at``) until settle() chooses the first; none
-        after that."""
+    def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
+               killed: bool = False) -> None:
+        """Note a rank's failure (it exited at ``at``, ``killed`` by a signal) until settle()
+        chooses the first; none after that."""
         with self._lock:
             if self.failure is not None or self.interrupted:
                 return
-            self.reported.append(Failure(rank, code, how, at))
+            self.reported.append(Failure(rank, code, how, at, killed))
 
     def first_report(self) -> Optional[float]:
         """When (time.monotonic()) the first failure was reported; None before any."""
@@ -199,13 +206,17 @@ class OutputRelay:
 
         Not the first report to arrive: one from another host travels further, and a rank
         that the launcher ended (after another rank's failure) is a consequence. So the
-        earliest exit of a rank not ended by the launcher wins, by the clocks of their hosts.
+        earliest exit of a rank not ended by the launcher wins, by the clocks of their hosts,
+        except that a rank killed by a signal within KILLED_WINDOW_SECONDS of it wins over
+        exits (see there).
         """
         with self._lock:
             if self.failure is not None or not self.reported:
                 return self.failure
-            self.failure = min(self.reported, key=lambda failure: (failure.how == ENDED,
-                                                                   failure.at))
+            own = [f for f in self.reported if f.how != ENDED] or self.reported
+            earliest = min(f.at for f in own)
+            killed = [f for f in own if f.killed and f.at <= earliest + KILLED_WINDOW_SECONDS]
+            self.failure = min(killed or own, key=lambda failure: failure.at)
         self.announce(self.failure)
         return self.failure
 

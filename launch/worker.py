@@ -114,20 +114,26 @@ def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
             "the others ask MPI)\n").encode()
 
 
-def exit_marker(rank: int, code: int, ended: bool = False, at: Optional[float] = None) -> bytes:
+def exit_marker(rank: int, code: int, ended: bool = False, at: Optional[float] = None,
+                killed: bool = False) -> bytes:
     """The marker line telling hvdrun that ``rank`` exited with ``code`` at ``at`` (by this
-    host's clock; default now); ``ended``: after the launcher signalled it (it was ended, not
-    failed on its own)."""
+    host's clock; default now); ``killed``: by a signal; ``ended``: after the launcher
+    signalled it (it was ended, not failed on its own)."""
     at = time.time() if at is None else at
-    return f"{EXIT_MARKER} rank={rank} code={code} at={at:.6f}{' ended' if ended else ''}\n".encode()
+    return (f"{EXIT_MARKER} rank={rank} code={code} at={at:.6f}{' killed' if killed else ''}"
+            f"{' ended' if ended else ''}\n").encode()
 
 
-def _has_ended(pid: int) -> bool:
-    """Whether child ``pid`` has ended, without reaping it."""
+def _end_of(pid: int) -> Optional[Tuple[bool, int]]:
+    """How child ``pid`` ended, without reaping it: (killed by a signal, the signal or exit
+    code); (False, -1) once reaped; None while it runs."""
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # already reaped
-        return True
+        found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False, -1
+    if found is None:
+        return None
+    return found.si_code in (os.CLD_KILLED, os.CLD_DUMPED), found.si_status
 
 
 def start_marker(rank: int) -> bytes:
@@ -320,21 +326,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         _write_all(2, message.encode() + exit_marker(rank, code))
         return code
     signalled = []  # the launcher's signals, passed on to the child
-    ended_at: List[float] = []  # when the child was first seen ended (SIGCHLD), this host's clock
+    ended: List[Tuple[float, Tuple[bool, int]]] = []  # when (SIGCHLD, this host's clock) and how
+    # the child was first seen ended
 
     def notice_end(_signum: Optional[int] = None, _frame: Any = None) -> None:
-        if not ended_at and _has_ended(child.pid):
-            ended_at.append(time.time())
+        if not ended:
+            how = _end_of(child.pid)
+            if how is not None:
+                ended.append((time.time(), how))
 
     def forward(received: int, _frame) -> None:
-        # A child that ended before the launcher's signal was not ended by it: after a rank is
-        # killed on its host, Open MPI may signal every rank, that one's wrapper included,
-        # before the wrapper has woken to its child's end.
+        # A child that ended before the launcher's signal reached the wrapper was not ended by
+        # it, unless the same signal killed it (sent to the wrapper's process group): after a
+        # rank is killed on its host, Open MPI may signal every rank, that one's wrapper
+        # included, before the wrapper has woken to its child's end.
         notice_end()
-        if ended_at:
+        if ended and ended[0][1] != (True, received):
             return
         signalled.append(received)
-        child.send_signal(received)
+        if not ended:
+            child.send_signal(received)
 
     signal.signal(signal.SIGCHLD, notice_end)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -343,7 +354,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     code = returncode if returncode >= 0 else 128 - returncode
     notice_end()
-    marker = exit_marker(rank, code, ended=bool(signalled), at=ended_at[0])  # not the drain's time
+    marker = exit_marker(rank, code, ended=bool(signalled), at=ended[0][0],  # not the drain's time
+                         killed=returncode < 0)
     if not relay_ended:
         _wait_relay(relay)
     if code:

@@ -39,6 +39,33 @@ def test_the_earliest_exit_the_launcher_did_not_cause_is_the_first_failure(capsy
     assert relay.settle() is failure
 
 
+def test_a_rank_killed_by_a_signal_comes_before_survivors_that_aborted_just_earlier(capsys):
+    # Seen under Open MPI at load 3 (issue 22): rank 3 killed -9 on h2, its wrapper saw it
+    # 3.3 ms after rank 1's MPI had aborted on the lost connection (code 14).
+    relay, _ = relayed([b"#hvdrun-exit rank=1 code=14 at=831.075502\n",
+                        b"#hvdrun-exit rank=0 code=143 at=831.132837 killed ended\n",
+                        b"#hvdrun-exit rank=2 code=14 at=831.082548\n",
+                        b"#hvdrun-exit rank=3 code=137 at=831.078771 killed\n"],
+                       hosts=[("h1", 2), ("h2", 2)])
+    failure = relay.settle()
+    assert (failure.rank, failure.code) == (3, 137)
+    assert capsys.readouterr().err == \
+        "hvdrun: rank 3 on h2 exited with code 137 (first failure); ending the job\n"
+
+
+def test_a_rank_killed_long_after_another_failed_is_not_the_first_failure():
+    relay, _ = relayed([b"#hvdrun-exit rank=0 code=1 at=100.0\n",
+                        b"#hvdrun-exit rank=2 code=137 at=101.5 killed\n"])
+    assert relay.settle().rank == 0
+
+
+def test_an_exit_code_of_a_killed_rank_without_the_killed_word_is_an_exit():
+    # sys.exit(137) is a script's own exit: only the wrapper's word says "killed".
+    relay, _ = relayed([b"#hvdrun-exit rank=0 code=1 at=100.0\n",
+                        b"#hvdrun-exit rank=2 code=137 at=100.1\n"])
+    assert relay.settle().rank == 0
+
+
 def test_ranks_the_launcher_ended_are_blamed_only_when_no_other_failed():
     relay, _ = relayed([b"#hvdrun-exit rank=2 code=143 at=5.0 ended\n",
                         b"#hvdrun-exit rank=1 code=143 at=4.0 ended\n"])

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-MARKER = re.compile(r"#hvdrun-exit rank=3 code=(\d+) at=([\d.]+)( ended)?")
+MARKER = re.compile(r"#hvdrun-exit rank=3 code=(\d+) at=([\d.]+)( killed)?( ended)?")
 
 
 def start_wrapper():
@@ -62,7 +62,8 @@ def test_a_child_killed_before_the_launchers_signal_is_its_own_failure():
         wrapper.kill()
     found = MARKER.search(err)
     assert found, err
-    assert found[1] == "137" and found[3] is None, found[0]  # killed by SIGKILL, not ended
+    # killed by SIGKILL, not ended by the launcher
+    assert (found[1], found[3], found[4]) == ("137", " killed", None), found[0]
 
 
 def test_a_child_that_the_launchers_signal_ended_is_reported_as_ended():
@@ -74,4 +75,36 @@ def test_a_child_that_the_launchers_signal_ended_is_reported_as_ended():
         wrapper.kill()
     found = MARKER.search(err)
     assert found, err
-    assert found[1] == str(128 + signal.SIGTERM) and found[3] == " ended", found[0]
+    assert (found[1], found[3], found[4]) == (str(128 + signal.SIGTERM), " killed", " ended"), \
+        found[0]
+
+
+def test_a_child_that_the_launchers_signal_to_the_group_killed_is_reported_as_ended():
+    # The launcher signals the wrapper's process group, which the child shares: the child may
+    # be dead of that signal before the wrapper's handler runs.
+    wrapper, child = start_wrapper()
+    try:
+        os.kill(wrapper.pid, signal.SIGSTOP)
+        os.kill(child, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while state(child) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(wrapper.pid, signal.SIGTERM)
+        os.kill(wrapper.pid, signal.SIGCONT)
+        _, err = wrapper.communicate(timeout=30)
+    finally:
+        wrapper.kill()
+    found = MARKER.search(err)
+    assert found, err
+    assert (found[1], found[4]) == (str(128 + signal.SIGTERM), " ended"), found[0]
+
+
+def test_a_child_that_exits_on_its_own_is_reported_with_its_code():
+    wrapper = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+                                sys.executable, "-c", "raise SystemExit(137)"],
+                               env=dict(os.environ, PMI_RANK="3"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    _, err = wrapper.communicate(timeout=30)
+    found = MARKER.search(err)
+    assert found, err
+    assert (found[1], found[3], found[4]) == ("137", None, None), found[0]
