@@ -47,11 +47,13 @@ def state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-def test_a_child_killed_before_the_launchers_signal_is_its_own_failure():
+def marker_after(child_signal: int) -> "re.Match":
+    """The wrapper's exit marker when its child died of ``child_signal`` while the wrapper
+    was stopped, and the launcher's SIGTERM reached the wrapper after that."""
     wrapper, child = start_wrapper()
     try:
         os.kill(wrapper.pid, signal.SIGSTOP)  # the wrapper cannot wake to its child's end
-        os.kill(child, signal.SIGKILL)
+        os.kill(child, child_signal)
         deadline = time.monotonic() + 10
         while state(child) != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -62,6 +64,11 @@ def test_a_child_killed_before_the_launchers_signal_is_its_own_failure():
         wrapper.kill()
     found = MARKER.search(err)
     assert found, err
+    return found
+
+
+def test_a_child_killed_before_the_launchers_signal_is_its_own_failure():
+    found = marker_after(signal.SIGKILL)
     # killed by SIGKILL, not ended by the launcher
     assert (found[1], found[3], found[4]) == ("137", " killed", None), found[0]
 
@@ -82,20 +89,7 @@ def test_a_child_that_the_launchers_signal_ended_is_reported_as_ended():
 def test_a_child_that_the_launchers_signal_to_the_group_killed_is_reported_as_ended():
     # The launcher signals the wrapper's process group, which the child shares: the child may
     # be dead of that signal before the wrapper's handler runs.
-    wrapper, child = start_wrapper()
-    try:
-        os.kill(wrapper.pid, signal.SIGSTOP)
-        os.kill(child, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while state(child) != "Z" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.kill(wrapper.pid, signal.SIGTERM)
-        os.kill(wrapper.pid, signal.SIGCONT)
-        _, err = wrapper.communicate(timeout=30)
-    finally:
-        wrapper.kill()
-    found = MARKER.search(err)
-    assert found, err
+    found = marker_after(signal.SIGTERM)
     assert (found[1], found[4]) == (str(128 + signal.SIGTERM), " ended"), found[0]
 
 
