@@ -645,6 +645,7 @@ class Call:
     every collective pays for them.
     """
 
+    __slots__ = ("comm", "kind", "name", "key", "error", "_given", "_schedule", "_held")
     error: Optional[Exception]  # annotated here: in __init__ it would be evaluated each call
 
     def __init__(self, comm: Communicator, kind: str, name: Optional[str]):

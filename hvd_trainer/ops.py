@@ -238,14 +238,15 @@ def _carried_dtype(memory: Memory, tensors: Sequence[Any], wide: Sequence[bool],
     None: host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
     ``room`` bytes, under HVD_ALLREDUCE_ALGO=auto. Decided from what the ranks agree on, so
     every rank decides alike when they agree."""
-    if (memory is not HOST or not room or not tensors
-            or runtime.setting("ALLREDUCE_ALGO") != "auto"):
+    if memory is not HOST or not room or runtime.setting("ALLREDUCE_ALGO") != "auto":
         return None
-    wires = {_FLOAT32 if w else t.dtype for t, w in zip(tensors, wide)}
-    if len(wires) > 1:
-        return None
-    wire = wires.pop()
-    return wire if sum([t.size for t in tensors]) * wire.itemsize <= room else None
+    wire, size = None, 0
+    for t, w in zip(tensors, wide):
+        dtype = _FLOAT32 if w else t.dtype
+        if wire is not None and dtype != wire:
+            return None
+        wire, size = dtype, size + t.size
+    return wire if wire is not None and size * wire.itemsize <= room else None
 
 
 _FLOAT32 = np.dtype(np.float32)
@@ -257,7 +258,8 @@ def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, An
                        inplace: bool) -> Optional[List[np.ndarray]]:
     """Reduce ``tensors`` with their data inside the agreement: every rank reduces the
     gathered payloads in rank order, so every rank gets the same bits; 16-bit floats are
-    reduced in float32 and rounded once. None if the payloads did not travel."""
+    added in float32 and rounded after each addition, as the ring does. None if the
+    payloads did not travel."""
     lone = len(tensors) == 1 and tensors[0].dtype == wire and pre == 1.0
     if lone:
         payload = tensors[0].ravel().view(np.uint8)  # a copy only if strided
@@ -270,12 +272,14 @@ def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, An
         return None
     outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
     flat = outputs[0].reshape(-1) if lone else np.empty(payload.size // wire.itemsize, wire)
-    # One reduction over the ranks' rows, in rank order (16-bit floats in float32).
-    _REDUCE[op].reduce(carried.rows[:, :payload.size].view(wire), axis=0,
-                       dtype=widened(wire) or wire, out=flat)
+    parts = carried.rows[:, :payload.size].view(wire)
+    reduce, widen = _REDUCE[op], widened(wire)
+    reduce(parts[0], parts[1], out=flat, dtype=widen)  # in rank order, as the ring adds
+    for rank in range(2, len(parts)):
+        reduce(flat, parts[rank], out=flat, dtype=widen)
     if not lone or post != 1.0:
         fusion.unpack(flat, outputs, post)
-    return list(outputs)
+    return outputs
 
 
 _REDUCE = {op: REDUCE_UFUNCS[name] for op, name in _BACKEND_OP.items()}
