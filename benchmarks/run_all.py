@@ -1,4 +1,5 @@
-"""Regenerate every performance table of README.md and benchmarks/README.md in one command.
+"""Regenerate every performance table of docs/performance.md and benchmarks/README.md in one
+command.
 
 Run:  python benchmarks/run_all.py [--quick]
 Runs each benchmark script in turn (they launch their own 1- and 2-rank jobs) and prints
@@ -20,7 +21,7 @@ HVDRUN = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--no-p
 
 
 def scripts(quick: bool) -> List[List[str]]:
-    """The command line of each benchmark, in the order of the README's tables."""
+    """The command line of each benchmark, in the order of docs/performance.md's tables."""
     rounds = ["--rounds", "1"] if quick else []
 
     def path(name: str) -> str:
@@ -37,6 +38,7 @@ def scripts(quick: bool) -> List[List[str]]:
         HVDRUN + [sys.executable, path("sparse.py")],
         HVDRUN + [sys.executable, path("sparse_weights.py")],
         [sys.executable, path("compression.py")] + rounds,
+        [sys.executable, path("fp16.py")] + rounds,
         [sys.executable, path("torch_ddp.py")] + rounds,
         HVDRUN + [sys.executable, path("torch_allreduce.py")] + (["--quick"] if quick else []),
     ]

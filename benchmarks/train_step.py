@@ -22,8 +22,10 @@ exchange of freshness flags that the step needs anyway (no description, no diges
 allreduce), and the timeline hooks (off) are counted and timed per call.
 
 ``--against REV`` instead compares this tree's 2-rank step with commit REV's, overlap off and
-on: a detached worktree of REV is imported through PYTHONPATH, launches alternate between the
-two trees, and each variant keeps its best launch.
+on, and the same for hvd_trainer.torch's DistributedOptimizer on torch_ddp.py's models (its
+step reduces during backward whatever HVD_OVERLAP says, so once): a detached worktree of REV
+is imported through PYTHONPATH, launches alternate between the two trees, and each variant
+keeps its best launch.
 
 ``--autotune`` instead compares, per model, the 2-rank step with HVD_AUTOTUNE=1 (timed after
 its tuning steps, which are reported apart) against every fixed setting of its grid (bucket
@@ -357,17 +359,23 @@ def compare(rev: str, rounds: int, threads: int) -> None:
         subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "-f", old, rev],
                        check=True, capture_output=True)
         try:
+            torch_script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "torch_ddp.py")
+            variants = [(name, overlap, [__file__, ["--worker", "distributed", "--model", name]])
+                        for name in MODELS for overlap in ("0", "1")]
+            variants += [(f"torch {name}", "-", [torch_script, ["--worker", "hvd", name]])
+                         for name in torch_models()]
             for _ in range(rounds):
-                for name in MODELS:
-                    for overlap in ("0", "1"):
-                        for label, tree in (("before", old), ("after", REPO)):
-                            r = common.launch(__file__, 2, ["--worker", "distributed", "--model",
-                                                            name], threads,
-                                              {"PYTHONPATH": tree, "HVD_OVERLAP": overlap})
-                            if not r["file"].startswith(tree):
-                                raise RuntimeError(f"the worker imported {r['file']}, not {tree}")
-                            key = (name, overlap, label)
-                            best[key] = min(best.get(key, float("inf")), r["seconds"])
+                for name, overlap, (script, args) in variants:
+                    for label, tree in (("before", old), ("after", REPO)):
+                        env = {"PYTHONPATH": tree}
+                        if overlap != "-":
+                            env["HVD_OVERLAP"] = overlap
+                        r = common.launch(script, 2, args, threads, env)
+                        if not r["file"].startswith(tree):
+                            raise RuntimeError(f"the worker imported {r['file']}, not {tree}")
+                        key = (name, overlap, label)
+                        best[key] = min(best.get(key, float("inf")), r["seconds"])
         finally:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", old],
                            capture_output=True)
@@ -376,11 +384,17 @@ def compare(rev: str, rounds: int, threads: int) -> None:
           f"tree; launches alternate, best of {rounds} launches x {REPETITIONS} repetitions")
     print("| model | overlap | before ms/step | after ms/step | after / before |")
     print("|---|---|---|---|---|")
-    for name in MODELS:
-        for overlap in ("0", "1"):
-            b, a = best[(name, overlap, "before")], best[(name, overlap, "after")]
-            print(f"| {name} | {'on' if overlap == '1' else 'off'} | {b * 1e3:.2f} | "
-                  f"{a * 1e3:.2f} | {a / b:.3f} |")
+    for name, overlap, _ in variants:
+        b, a = best[(name, overlap, "before")], best[(name, overlap, "after")]
+        shown = {"1": "on", "0": "off"}.get(overlap, "-")
+        print(f"| {name} | {shown} | {b * 1e3:.2f} | {a * 1e3:.2f} | {a / b:.3f} |")
+
+
+def torch_models() -> list:
+    """The models of torch_ddp.py (the torch step of ``--against``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_ddp
+    return list(torch_ddp.MODELS)
 
 
 def compare_autotune(rounds: int, threads: int) -> None:

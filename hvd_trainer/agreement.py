@@ -65,7 +65,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optiona
 
 import numpy as np
 
-from . import handles, runtime, scheduler, stall, timeline
+from . import runtime, scheduler, stall, timeline
 from .backends import Communicator
 from .stall import discard_posts, waiting
 from .timeline import span
@@ -481,6 +481,11 @@ def _in_step(comm: Communicator, sched: scheduler.Schedule, entry: _Entry,
     return _outcome(comm, entry, gathered)
 
 
+def _all_stuck(gathered: Sequence[Any]) -> bool:
+    """Whether every active rank of a round's exchange (joined ranks gave None) is stuck."""
+    return all(g[0] for g in gathered if g is not None)
+
+
 def _round(comm: Communicator, sched: scheduler.Schedule,
            entries: List[_Entry]) -> List[scheduler.Verdict]:
     """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
@@ -502,17 +507,18 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
         except Exception as error:
             return [("raise", head.key, error)]
         return [("run", head.key, _outcome(comm, head, gathered))]
-    stuck = sched.stuck(entries, _MATCH_GRACE_SECONDS)
-    gathered = comm.allgather_object((stuck, [e.summary() for e in entries], sched.unnamed))
-    lists = [None if g is None else g[1] for g in gathered]
+    summaries = [e.summary() for e in entries]
+    stuck = sched.stuck(summaries, _MATCH_GRACE_SECONDS)
+    shared = comm.allgather_object((stuck, summaries, sched.unnamed))
+    lists = [None if g is None else g[1] for g in shared]
     failure = functools.partial(_failure, comm)
-    verdicts = scheduler.match(lists, failure, single=joined)
-    if not verdicts and not joined and all(g[0] for g in gathered):
+    verdicts = scheduler.match(lists, failure, single=joined, me=comm.rank)
+    if not verdicts and _all_stuck(shared):
         verdicts = scheduler.deadlock(lists, comm.rank, failure)
         if verdicts and verdicts[0][0] == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
             # from here they count on from the same number.
-            sched.unnamed = max(g[2] for g in gathered if g is not None)
+            sched.unnamed = max(g[2] for g in shared if g is not None)
     by_key = {e.key: e for e in entries}
     decided: List[scheduler.Verdict] = []
     for verdict, key, value in verdicts:
@@ -563,10 +569,14 @@ class JoinedRecord:
         words_total = -1
         if not gathered.agreed:
             # The active ranks exchange their pending lists; at most the first key pending on
-            # all of them runs, and this rank serves it (see _round).
-            lists = [None if g is None else g[1] for g in comm.allgather_object(None)]
+            # all of them runs, and this rank serves it; when none is and every active rank
+            # is stuck, their oldest waited calls run together or raise (see _round).
+            gathered = comm.allgather_object(None)
+            lists = [None if g is None else g[1] for g in gathered]
             verdicts = scheduler.match(lists, lambda every: RuntimeError(), single=True)
-            if not verdicts or verdicts[0][0] != "run":
+            runs = (verdicts[0][0] == "run" if verdicts else
+                    _all_stuck(gathered) and scheduler.deadlock_runs(lists))
+            if not runs:
                 return {}
             words_total = 0
         every = comm.allgather_object(None)  # _meet_joined on the active ranks
@@ -656,7 +666,7 @@ class Call:
         self._held = False
 
     def __enter__(self) -> "Call":
-        handles.flush(here=True)  # a deferred training step goes first (see handles.py)
+        scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
         given = self._given
         if given is not None and not isinstance(given, str):
             self.error = TypeError(f"name={given!r} must be a string or None")
@@ -750,7 +760,7 @@ def covered(comm: Communicator) -> Iterator[None]:
     it in step). The block holds ``comm``'s turn: other threads' collectives on it wait until
     it ends.
     """
-    handles.flush(here=True)  # a deferred training step goes first (see handles.py)
+    scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
     sched = scheduler.of(comm)
     sched.take()
     depth = sched.covered_depth()

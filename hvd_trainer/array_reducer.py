@@ -11,22 +11,22 @@ zeros, autotuning.
 **Kinds.** A gradient is dense (an array), row-sparse (``(ids, rows)``, ids may repeat) or
 missing on a rank (None: that rank contributes zeros). The ranks agree on each gradient's
 kind, dense winning over row-sparse, in one small allreduce at the steps in which a gradient
-has had no kind agreed yet (usually the first only); a rank whose gradient has the other
-form converts it. A gradient missing on every rank so far stays out of the step.
+has had no kind agreed yet (usually the first only; :func:`hvd_trainer.steps.agree_kinds`);
+a rank whose gradient has the other form converts it. A gradient missing on every rank so far stays out of the step.
 """
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import ops, sparse
+from . import sparse
 from .compression import Compression
 from .reducer import AnyCompressor, Gradient, Reducer
 from .runtime import ProcessSet, global_process_set
+from .steps import DENSE, NONE, agree_kinds
 
 Rows = Tuple[np.ndarray, np.ndarray]
 Value = Union[None, np.ndarray, Rows]
-# Agreed kinds; the largest wins across ranks.
-NONE, SPARSE, DENSE = 0, 1, 2
+SPARSE = 1  # the agreed kind of a row-sparse gradient (see steps.py: the largest kind wins)
 
 
 class ArrayReducer:
@@ -108,11 +108,8 @@ class ArrayReducer:
         undecided = [k for k, kind in enumerate(self.kinds) if kind == NONE]
         if not undecided:
             return
-        mine = np.array([_kind(values[k]) for k in undecided], np.int8)
-        agreed = ops.allreduce(mine, ops.Max, f"{self.reducer.prefix}gradient_kinds",
-                               process_set=self.process_set)
-        for k, kind in zip(undecided, agreed):
-            self.kinds[k] = int(kind)
+        agree_kinds(self.kinds, undecided, [_kind(values[k]) for k in undecided],
+                    f"{self.reducer.prefix}gradient_kinds", self.process_set)
 
     def _dense(self, k: int, value: Union[np.ndarray, Rows]) -> np.ndarray:
         """Gradient ``k`` as a dense array (rows scattered into zeros, repeats summed)."""

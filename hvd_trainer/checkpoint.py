@@ -4,17 +4,28 @@ optimizer states with the reducer's state (compression residuals) attached, as o
 A checkpoint's digest is checked before anything in it is unpickled, so a file that is not a
 checkpoint, or a truncated or altered one, is refused without running code from it. (The
 digest is no signature: anyone who may write the file may write a valid one, so checkpoints
-are as trusted as the folder they are kept in; README, Security.) Plain optimizer states
+are as trusted as the folder they are kept in; docs/security.md.) Plain optimizer states
 (what ``gluon.Trainer`` writes) pass through unchanged, so a file without residuals stays
 readable by the framework itself.
+
+The collective side of a checkpoint is here too: one rank of the process set writes or reads
+the file, every member learns the outcome (so an error raises on all of them) and each gets
+its own compression residuals; the weights and optimizer states come from and go to the
+adapter through callables.
 """
 import hashlib
 import pickle
-from typing import Any, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from . import files, ops, runtime
+from .reducer import Reducer
 
 _MAGIC = b"hvd_trainer residuals 1\n"
 _HEADER = b"hvd_trainer checkpoint\n"
 FORMAT_VERSION = 2  # 1 was a bare pickle
+_FORMAT = "hvd_trainer checkpoint 1"  # the payload's own mark, inside the file format
 
 
 def pack(checkpoint: Any) -> bytes:
@@ -60,3 +71,135 @@ def detach_residuals(data: bytes) -> Tuple[bytes, Any]:
     if not data.startswith(_MAGIC):
         return data, None
     return pickle.loads(data[len(_MAGIC):])
+
+
+def save(fname: str, reducer: Reducer, weights: Callable[[], List[np.ndarray]],
+         states: Callable[[], bytes], extra: Any) -> None:
+    """Write a checkpoint of ``weights()``, the optimizer ``states()`` with every member's
+    residuals (gathered to the set's first rank alone) and ``extra`` to ``fname``, on the
+    first rank of the reducer's process set (or locally, on a rank outside it). A collective
+    over the set; a write error raises OSError on every member."""
+    member = reducer.process_set.included()
+    residuals = reducer.gather_state(f"{reducer.prefix}residuals") if member else None
+
+    def build() -> bytes:
+        return pack({"format": _FORMAT, "weights": weights(),
+                     "states": attach_residuals(states(), residuals), "extra": extra})
+
+    _write_on_root(fname, build, reducer.process_set, f"{reducer.prefix}save_checkpoint")
+
+
+def load(fname: str, reducer: Reducer, shapes: Sequence[Tuple[int, ...]],
+         names: Sequence[str], restore: Callable[[List[np.ndarray], bytes], None]) -> Any:
+    """Read the checkpoint :func:`save` wrote on the set's first rank, check its weights
+    against the parameters' ``shapes`` (``names`` name them in errors), ``restore(weights,
+    states)`` on every member, give each member its residuals, and return ``extra``.
+    A collective over the set (local on a rank outside it)."""
+    process_set = reducer.process_set
+    checkpoint, residuals = _read_on_root(fname, process_set, f"{reducer.prefix}load_checkpoint")
+    weights = checkpoint["weights"]
+    if len(weights) != len(shapes):
+        raise ValueError(f"{fname!r} holds {len(weights)} parameters, this trainer has "
+                         f"{len(shapes)}; load it into the model that saved it")
+    for i, (shape, name, values) in enumerate(zip(shapes, names, weights)):
+        if tuple(shape) != values.shape:
+            raise ValueError(f"parameter {i} ({name!r}) has shape {tuple(shape)}, the "
+                             f"checkpoint's has {values.shape}; load it into the model "
+                             "that saved it")
+    restore(weights, checkpoint["states"])
+    if process_set.included():
+        reducer.scatter_state(residuals, f"{reducer.prefix}residuals")
+    return checkpoint["extra"]
+
+
+def _writes(process_set: Any) -> bool:
+    """Whether this process touches the file of a checkpoint: the set's first rank, or a
+    rank outside the set (for which checkpoints are local)."""
+    return not process_set.included() or process_set.rank() == 0
+
+
+def _write_on_root(fname: str, build: Callable[[], bytes], process_set: Any, name: str) -> None:
+    """The set's first rank writes ``build()`` atomically to ``fname``; every member returns
+    after that, or raises OSError naming the file and the rank if it failed.
+
+    The outcome travels by allgather, which does not depend on how a root is numbered.
+    """
+    error = None
+    if _writes(process_set):
+        try:
+            files.write_atomically(fname, build())
+        except OSError as e:
+            error = f"rank {runtime.rank()} could not write {fname!r}: {e}"
+    if process_set.included():
+        outcomes = ops.allgather_object(error, name, process_set)
+        error = next((e for e in outcomes if e), None)
+    if error:
+        raise OSError(error)
+
+
+def _read_on_root(fname: str, process_set: Any, name: str) -> Tuple[Dict[str, Any], Any]:
+    """The set's first rank reads ``fname``, checks it (digest before unpickling) and every
+    member gets the checkpoint less the residuals, which stay on the reading rank (returned
+    there, None elsewhere). A file that cannot be read raises OSError on all members, one
+    that is no intact checkpoint ValueError."""
+    checkpoint, error, residuals = None, None, None
+    writes = _writes(process_set)
+    if writes:
+        try:
+            with open(fname, "rb") as f:
+                checkpoint, residuals = _without_residuals(f.read(), fname)
+        except OSError as e:
+            error = ("OSError", f"rank {runtime.rank()} could not read {fname!r}: {e}")
+        except ValueError as e:
+            error = ("ValueError", str(e))
+    if process_set.included():
+        checkpoint, error = ops.allgather_object((checkpoint, error) if writes else None, name,
+                                                 process_set)[0]
+    if error:
+        raise (OSError if error[0] == "OSError" else ValueError)(error[1])
+    return checkpoint, residuals
+
+
+def _without_residuals(data: bytes, fname: str) -> Tuple[Dict[str, Any], Any]:
+    """The checkpoint in a file's bytes, verified, with the residuals taken out of its states,
+    and the residuals; ValueError when it is no intact checkpoint."""
+    checkpoint = unpack(data, fname)
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != _FORMAT:
+        raise ValueError(f"{fname!r} is not a DistributedTrainer checkpoint; write one with "
+                         "trainer.save_checkpoint()")
+    checkpoint["states"], residuals = detach_residuals(checkpoint["states"])
+    return checkpoint, residuals
+
+
+def check_states(loaded: Any, fname: str, shapes: Sequence[Tuple[int, ...]],
+                 names: Sequence[str], optimizer: Any) -> None:
+    """Refuse optimizer states in Gluon's form (``(states, optimizer)`` or ``states``, a dict
+    by parameter index) that another model or optimizer wrote, naming what differs: indices
+    past the parameters (of ``shapes``, named ``names``), a state whose shape is not its
+    parameter's, another optimizer class than ``optimizer``'s."""
+    states, saved = loaded if isinstance(loaded, tuple) and len(loaded) == 2 else (loaded, None)
+    fix = "load states that this model and optimizer saved"
+    if not isinstance(states, dict) or not all(isinstance(i, int) for i in states):
+        raise ValueError(f"{fname!r} does not hold Gluon optimizer states (a dict by "
+                         f"parameter index); {fix}")
+    outside = sorted(i for i in states if not 0 <= i < len(shapes))
+    if outside:
+        raise ValueError(f"{fname!r} holds states of {len(states)} parameters, up to index "
+                         f"{max(states)}; this trainer has {len(shapes)} parameters; {fix}")
+    if saved is not None and type(saved) is not type(optimizer):
+        raise ValueError(f"{fname!r} holds states of optimizer {type(saved).__name__}, "
+                         f"this trainer's is {type(optimizer).__name__}; {fix}")
+    for i, state in sorted(states.items()):
+        for shape in _state_shapes(state):
+            if tuple(shape) != tuple(shapes[i]):
+                raise ValueError(f"{fname!r}: the state of parameter {i} ({names[i]!r}) "
+                                 f"has shape {tuple(shape)}, the parameter "
+                                 f"{tuple(shapes[i])}; {fix}")
+
+
+def _state_shapes(state: Any) -> List[Tuple[int, ...]]:
+    """The shapes of the arrays in one parameter's optimizer state (None, an array, or
+    nested tuples and lists of them)."""
+    if isinstance(state, (tuple, list)):
+        return [shape for part in state for shape in _state_shapes(part)]
+    return [tuple(state.shape)] if hasattr(state, "shape") else []

@@ -2,22 +2,30 @@
 
 An MPI world cannot drop a dead process, so recovery restarts the processes: ``hvdrun
 --min-np/--max-np`` ends every rank when one fails or the hosts change and starts them again.
-``State.commit()`` writes the state to a file on each rank's local disk (``HVD_ELASTIC_DIR``,
-set by hvdrun per job), signed with the job's secret, and :func:`run` restores, on every rank,
-the newest intact commit that any rank still holds before it calls the training function
-again. Framework adapters subclass
+``State.commit()`` copies the state into memory that the state keeps for its commits, and a
+background thread writes that copy to a file in each rank's job folder (``HVD_ELASTIC_DIR``,
+set by hvdrun per job, in memory under /dev/shm where the host has it), signed with the
+job's secret; :func:`run` restores, on every rank, the newest intact commit that any rank
+still holds before it calls the training function again. Framework adapters subclass
 :class:`ObjectState` (see :mod:`hvd_trainer.mxnet.elastic` and
-:mod:`hvd_trainer.torch.elastic`).
+:mod:`hvd_trainer.torch.elastic`) and register their tensor types
+(:func:`register_array_type`), so that a commit copies tensors instead of pickling them.
 """
 import abc
+import concurrent.futures
+import errno
 import functools
 import glob
+import io
 import logging
 import os
 import pickle
+import shutil
 import socket
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+import threading
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set,
+                    Tuple)
 
 import numpy as np
 
@@ -29,11 +37,16 @@ log = logging.getLogger("hvd_trainer")
 # (EX_TEMPFAIL: try again). hvdrun treats it as a reset, not as a failure of the host.
 RESET_EXIT_CODE = 75
 # Variables that hvdrun sets for the ranks in elastic mode.
-DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's folder for commits on each host's local disk
+DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's folder for commits on each host (files.job_folders)
 RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
 NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"  # host:port where hvdrun tells the hosts' generation
 GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
 _SUFFIX = ".commit"
+_ALIGN = 64  # each array of a commit's region starts at a multiple of this many bytes
+# Seconds a rank that ends the job (an uncaught exception) waits for its commits in flight to
+# reach the disk, so that the restart begins at its last commit; a stuck disk cannot hold
+# the job's end longer.
+ABORT_WAIT_SECONDS = 30.0
 
 
 class HorovodInternalError(RuntimeError):
@@ -44,6 +57,171 @@ class HorovodInternalError(RuntimeError):
 class HostsUpdatedInterrupt(RuntimeError):
     """hvdrun found other hosts; raised on every rank at the same ``commit()`` or
     ``check_host_updates()``, so that :func:`run` restarts the job on the new hosts."""
+
+
+class _ArrayType(NamedTuple):
+    name: str
+    describe: Callable[[Any], Optional[Tuple[int, Any]]]
+    copy: Callable[[Any, Any, np.ndarray], None]
+    rebuild: Callable[[np.ndarray, Any], Any]
+
+
+_ARRAY_TYPES: Dict[type, _ArrayType] = {}
+_ARRAY_NAMES: Dict[str, _ArrayType] = {}
+
+
+def register_array_type(cls: type, name: str,
+                        describe: Callable[[Any], Optional[Tuple[int, Any]]],
+                        copy: Callable[[Any, Any, np.ndarray], None],
+                        rebuild: Callable[[np.ndarray, Any], Any]) -> None:
+    """Let commits copy objects of exactly type ``cls`` (a framework's tensor) into their
+    memory instead of pickling them. ``describe(obj)`` gives its size in bytes and what
+    ``rebuild`` needs (picklable), or None to pickle ``obj`` as usual; ``copy(obj, meta, out)``
+    copies its bytes into ``out``, a uint8 NumPy array of that size; ``rebuild(data, meta)``
+    makes a new object from such bytes (``data`` is its own). ``name`` stands for the type
+    in the commit."""
+    kind = _ArrayType(name, describe, copy, rebuild)
+    _ARRAY_TYPES[cls] = _ARRAY_NAMES[name] = kind
+
+
+def _describe_array(array: np.ndarray) -> Optional[Tuple[int, Any]]:
+    # Objects, and the Fortran order that pickle keeps, are pickled as usual.
+    if array.dtype.hasobject or array.nbytes == 0 or (
+            array.flags.f_contiguous and not array.flags.c_contiguous):
+        return None
+    return array.nbytes, (array.dtype, array.shape)
+
+
+def _copy_array(array: np.ndarray, meta: Any, out: np.ndarray) -> None:
+    np.copyto(out.view(meta[0]).reshape(meta[1]), array)
+
+
+register_array_type(np.ndarray, "numpy", _describe_array, _copy_array,
+                    lambda data, meta: data.view(meta[0]).reshape(meta[1]))
+
+
+def _aligned(size: int) -> int:
+    return -(-size // _ALIGN) * _ALIGN
+
+
+def _aligned_empty(size: int) -> np.ndarray:
+    """``size`` bytes of new memory that start at a multiple of _ALIGN."""
+    raw = np.empty(size + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start:start + size]
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles a snapshot with the arrays of registered types left out: each becomes a
+    reference (type name, offset, bytes, meta) to its place in the commit's region, and
+    :attr:`arrays` lists what to copy there. An array met twice is one reference."""
+
+    def __init__(self, file: io.BytesIO):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.arrays: List[Tuple[_ArrayType, Any, Tuple[str, int, int, Any]]] = []
+        self.size = 0  # bytes of the region
+        self._refs: Dict[int, Tuple[str, int, int, Any]] = {}
+
+    def persistent_id(self, obj: Any) -> Optional[Tuple[str, int, int, Any]]:
+        kind = _ARRAY_TYPES.get(type(obj))
+        if kind is None:
+            return None
+        ref = self._refs.get(id(obj))
+        if ref is None:
+            described = kind.describe(obj)
+            if described is None:
+                return None
+            nbytes, meta = described
+            ref = self._refs[id(obj)] = (kind.name, self.size, nbytes, meta)
+            self.arrays.append((kind, obj, ref))
+            self.size += _aligned(nbytes)
+        return ref
+
+
+class _Unpickler(pickle.Unpickler):
+    """Loads what :class:`_Pickler` pickled, each array rebuilt (once) from its own copy of
+    its bytes in the region."""
+
+    def __init__(self, pickled: Any, region: Any):
+        super().__init__(io.BytesIO(pickled))
+        self.region = region
+        self._made: Dict[int, Any] = {}
+
+    def persistent_load(self, ref: Tuple[str, int, int, Any]) -> Any:
+        name, offset, nbytes, meta = ref
+        if offset not in self._made:
+            kind = _ARRAY_NAMES.get(name)
+            if kind is None:
+                raise ValueError(f"the commit holds arrays of type {name!r}; import its adapter "
+                                 f"(hvd_trainer.{name}) before restoring")
+            data = np.frombuffer(self.region, np.uint8, nbytes, offset).copy()
+            self._made[offset] = kind.rebuild(data, meta)
+        return self._made[offset]
+
+
+class _Commit:
+    """One commit: the pickle of a snapshot and the region that holds its arrays.
+
+    Its payload (what is signed and written) is the pickle, zeros up to a multiple of
+    _ALIGN, the region, and the pickle's length in 8 bytes; a payload without arrays is a
+    plain pickle followed by that length."""
+
+    def __init__(self, pickled: Any, region: Any = b""):
+        self.pickled, self.region = pickled, region
+
+    def parts(self) -> List[Any]:
+        """The payload, in pieces (nothing is joined)."""
+        length = memoryview(self.pickled).nbytes
+        return [self.pickled, bytes(_aligned(length) - length), self.region,
+                length.to_bytes(8, "big")]
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> "_Commit":
+        """The commit of a payload (verified before: it is the job's own); ValueError when
+        its layout does not hold together."""
+        view = memoryview(payload).cast("B")
+        length = int.from_bytes(view[-8:], "big") if view.nbytes >= 8 else -1
+        if length < 0 or _aligned(length) > view.nbytes - 8:
+            raise ValueError("the commit's layout is damaged")
+        return cls(view[:length], view[_aligned(length):view.nbytes - 8])
+
+    def load(self) -> Any:
+        return _Unpickler(self.pickled, self.region).load()
+
+
+class _Writer:
+    """The one thread that writes this process's commits, one after the other in the order
+    they were made (started on the first commit)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._last: Optional[concurrent.futures.Future] = None
+
+    def submit(self, write: Callable[..., None], *args: Any) -> concurrent.futures.Future:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="hvd_trainer-commits")
+            self._last = self._executor.submit(write, *args)
+            return self._last
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Return once every write submitted so far has ended (or after ``timeout`` s)."""
+        last = self._last
+        if last is not None:
+            concurrent.futures.wait([last], timeout)
+
+
+_writer = _Writer()
+
+
+def _finish_writes() -> None:
+    """Before a rank ends the job, let its commits in flight reach the disk."""
+    _writer.wait(ABORT_WAIT_SECONDS)
+
+
+runtime.at_abort(_finish_writes)
 
 
 class _HostNotices:
@@ -60,6 +238,15 @@ class _HostNotices:
         self.address, self.generation = address, generation
         self.secret = files.job_secret()
         self.warned = False
+        self._asker: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def ask(self) -> concurrent.futures.Future:
+        """Start :meth:`changed` on a thread of its own (its answer: the future's result), so
+        that the round trip to hvdrun overlaps the caller's work."""
+        if self._asker is None:
+            self._asker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="hvd_trainer-hosts")
+        return self._asker.submit(self.changed)
 
     def changed(self) -> bool:
         if not self.address:
@@ -79,58 +266,125 @@ class _HostNotices:
 
 
 class _CommitStore:
-    """This rank's commits in the job's folder on the local disk (0700, refused when another
-    user owns it or may write into it): one file per commit, named by rank and commit number,
-    signed with the job's secret and written whole (temporary file, fsync, rename). A rank
-    keeps its last two commits, so that a damaged newest one falls back to the one before."""
+    """This rank's commits in the job's folders (:func:`hvd_trainer.files.job_folders`: in
+    memory, and on disk for commits that do not fit there), each 0700 and refused when
+    another user owns it or may write into it: one file per commit, named by rank and commit
+    number, signed with the job's secret and written whole (temporary file, rename) by the
+    background writer. A rank keeps its last two commits, so that a damaged newest one falls
+    back to the one before.
+
+    Commits are not fsynced: they serve restarts within the job only, on hosts that are up.
+    A killed rank's files stay in the operating system's cache, where the next life reads
+    them; a host that crashes takes its ranks, and their commits in /dev/shm, with it
+    whatever was synced, and every other host holds its own copy of the same commits (every
+    rank writes each one). Files that must outlive the job (checkpoints, ``save_states``)
+    are fsynced (:func:`hvd_trainer.files.write_atomically`).
+    """
 
     def __init__(self, folder: Optional[str]):
-        self.folder = folder
+        self.folders = files.job_folders(folder) if folder else ()
+        if len(self.folders) > 1 and files.memory_root() is None:  # this host lacks /dev/shm
+            self.folders = self.folders[1:]
         self.secret = files.job_secret()
         if folder and self.secret is None:
             raise ValueError(f"{DIR_VARIABLE} is set but {files.SECRET_VARIABLE} is not: "
                              "commits on disk are signed with the job's secret, which hvdrun "
                              "sets; start the job with hvdrun")
-        self._checked = False
+        # Temporary files carry the life's number: those of earlier lives are abandoned.
+        self.tag = f"life{int(os.environ.get(RESTART_VARIABLE, '0') or 0)}"
+        self._checked: Set[str] = set()
+        self._failures: List[str] = []
+        self._on_disk_said = False
 
-    def _folder(self) -> str:
-        if not self._checked:
-            files.private_folder(self.folder)
-            self._checked = True
-        return self.folder
+    def _ready(self, folder: str) -> str:
+        if folder not in self._checked:
+            files.private_folder(folder)
+            self._checked.add(folder)
+        return folder
 
-    def newest(self) -> Tuple[int, Optional[bytes]]:
-        """The highest intact commit held on this host (by any rank): its number and data;
+    def _existing(self) -> List[str]:
+        """The job's folders on this host, checked (the first is made when missing)."""
+        return [self._ready(folder) for i, folder in enumerate(self.folders)
+                if i == 0 or os.path.lexists(folder)]
+
+    def newest(self) -> Tuple[int, Optional[memoryview]]:
+        """The highest intact commit held on this host (by any rank): its number and payload;
         (0, None) when there is none. A commit that fails its signature is skipped with a
-        warning naming the file."""
-        if not self.folder:
-            return 0, None
+        warning naming the file. Temporary files of earlier lives (a rank killed while it
+        wrote) are removed."""
         found = []
-        for path in glob.glob(os.path.join(self._folder(), f"rank*.*{_SUFFIX}")):
-            number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
-            if number.isdigit():
-                found.append((int(number), path))
+        for folder in self._existing():
+            files.remove_temporaries(folder, f"rank*.*{_SUFFIX}", self.tag)
+            for path in glob.glob(os.path.join(folder, f"rank*.*{_SUFFIX}")):
+                number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
+                if number.isdigit():
+                    found.append((int(number), path))
         for number, path in sorted(found, reverse=True):
             try:
                 with open(path, "rb") as f:
-                    return number, files.verify(self.secret, f.read(), f"commit file {path!r}")
+                    payload = files.verify(self.secret, f.read(), f"commit file {path!r}")
+                _Commit.from_payload(payload)
+                return number, payload
             except (OSError, ValueError) as error:
                 log.warning("rank %d: %s; falling back to the commit before it", runtime.rank(),
                             error)
         return 0, None
 
-    def write(self, rank: int, number: int, data: bytes) -> None:
-        """Write commit ``number`` as this rank's file, then remove this rank's commits older
-        than the one before it."""
-        if not self.folder:
-            return
-        folder = self._folder()
-        files.write_atomically(os.path.join(folder, f"rank{rank}.{number:012d}{_SUFFIX}"),
-                               files.sign(self.secret, data))
-        for old in glob.glob(os.path.join(folder, f"rank{rank}.*{_SUFFIX}")):
-            kept = os.path.basename(old)[:-len(_SUFFIX)].rpartition(".")[2]
-            if kept.isdigit() and int(kept) < number - 1:
-                os.remove(old)
+    def write_later(self, rank: int, number: int,
+                    commit: _Commit) -> Optional[concurrent.futures.Future]:
+        """Have the background writer write ``commit`` as this rank's commit ``number``."""
+        if not self.folders:
+            return None
+        return _writer.submit(self._write, rank, number, commit)
+
+    def _write(self, rank: int, number: int, commit: _Commit) -> None:
+        """Write the commit as this rank's file, then remove this rank's commits older than
+        the one before it; a failure is kept for :meth:`failure`."""
+        parts = commit.parts()
+        name = f"rank{rank}.{number:012d}{_SUFFIX}"
+        folder = self.folders[0]
+        try:
+            folder = self._folder_for(sum(memoryview(p).nbytes for p in parts))
+            try:
+                files.write_signed(os.path.join(self._ready(folder), name), self.secret, parts,
+                                   sync=False, tag=self.tag)
+            except OSError as error:
+                if error.errno != errno.ENOSPC or folder == self.folders[-1]:
+                    raise
+                folder = self._on_disk(f"{folder} is full")
+                files.write_signed(os.path.join(self._ready(folder), name), self.secret, parts,
+                                   sync=False, tag=self.tag)
+            for kept in self._existing():
+                for old in glob.glob(os.path.join(kept, f"rank{rank}.*{_SUFFIX}")):
+                    older = os.path.basename(old)[:-len(_SUFFIX)].rpartition(".")[2]
+                    if older.isdigit() and int(older) < number - 1:
+                        os.remove(old)
+        except Exception as error:  # kept for the ranks to raise at the next commit
+            self._failures.append(f"rank {rank} could not write commit {number} to "
+                                  f"{os.path.join(folder, name)!r} ({error}); check that "
+                                  "folder's file system (free space, permissions)")
+
+    def _folder_for(self, size: int) -> str:
+        """The memory folder while it keeps as much free again after this commit (room for
+        the next one, and for MPI's shared memory), else the folder on disk."""
+        if len(self.folders) == 1:
+            return self.folders[0]
+        free = shutil.disk_usage(self._ready(self.folders[0])).free
+        if free >= 2 * size:
+            return self.folders[0]
+        return self._on_disk(f"{self.folders[0]} has {free / 2**20:.0f} MiB free, less than "
+                             f"twice the commit's {size / 2**20:.0f} MiB")
+
+    def _on_disk(self, why: str) -> str:
+        if not self._on_disk_said:
+            log.warning("rank %d: %s; writing commits to %s on disk while it is so",
+                        runtime.rank(), why, self.folders[-1])
+            self._on_disk_said = True
+        return self.folders[-1]
+
+    def failure(self) -> Optional[str]:
+        """What went wrong in the earliest write that failed since the last call, or None."""
+        return self._failures.pop(0) if self._failures else None
 
 
 class State(abc.ABC):
@@ -147,11 +401,16 @@ class State(abc.ABC):
         self._notices = _HostNotices(os.environ.get(NOTIFY_VARIABLE) or None,
                                      int(os.environ.get(GENERATION_VARIABLE, "0") or 0))
         self._commit_number = 0
-        self._committed: Optional[bytes] = None
+        self._committed: Optional[_Commit] = None
+        # Two buffers for the arrays of commits, used in turn and kept across commits: one
+        # holds the last commit (for restore()) while the next is copied into the other.
+        self._buffers: List[Tuple[np.ndarray, Optional[concurrent.futures.Future]]] = \
+            [(np.empty(0, np.uint8), None), (np.empty(0, np.uint8), None)]
 
     @abc.abstractmethod
     def save(self) -> Any:
-        """A picklable snapshot of the state (called on every rank)."""
+        """A picklable snapshot of the state (called on every rank). Arrays and tensors in
+        it may be the live ones: a commit copies them before it returns."""
 
     @abc.abstractmethod
     def load(self, snapshot: Any) -> None:
@@ -168,22 +427,53 @@ class State(abc.ABC):
             callback()
 
     def commit(self) -> None:
-        """Snapshot the state, write it to this rank's local disk, then check for new hosts
-        (which raises :class:`HostsUpdatedInterrupt`). A collective."""
-        self._write(pickle.dumps(self.save(), pickle.HIGHEST_PROTOCOL))
-        self.check_host_updates()
+        """Snapshot the state into this rank's memory, check for new hosts (which raises
+        :class:`HostsUpdatedInterrupt`) and whether an earlier commit failed to reach the disk
+        on any rank (which raises OSError naming the rank and the file, on every rank), then
+        hand the snapshot to the background writer (to this rank's job folder). A collective.
 
-    def _write(self, data: bytes) -> None:
+        Rank 0 asks hvdrun while the snapshot is taken; the write starts after the check,
+        once every rank has its snapshot, so that it does not compete with the others'
+        copies. A rank killed before the write is whole leaves its previous commit in place;
+        a rank that ends the job on an exception first finishes the write."""
+        asking = self._notices.ask() if runtime.rank() == 0 and self._notices.address else None
+        self._take(self.save())
+        try:
+            self._check(asking.result() if asking is not None else False)
+        finally:
+            self._write_taken()
+
+    def _take(self, snapshot: Any) -> None:
+        """Make ``snapshot`` the last commit: pickled with its arrays copied into the next
+        buffer in turn (once the write that used it has ended)."""
+        pickled = io.BytesIO()
+        pickler = _Pickler(pickled)
+        pickler.dump(snapshot)
         self._commit_number += 1
-        self._committed = data
-        self._store.write(runtime.rank(), self._commit_number, data)
+        slot = self._commit_number % 2
+        buffer, writing = self._buffers[slot]
+        if writing is not None:
+            concurrent.futures.wait([writing])
+        if buffer.nbytes < pickler.size:
+            buffer = _aligned_empty(pickler.size)
+        region = buffer[:pickler.size]
+        for kind, obj, (_, offset, nbytes, meta) in pickler.arrays:
+            kind.copy(obj, meta, region[offset:offset + nbytes])
+        self._committed = _Commit(pickled.getvalue(), region)
+        self._buffers[slot] = (buffer, None)
+
+    def _write_taken(self) -> None:
+        """Have the background writer write the last commit :meth:`_take` made."""
+        slot = self._commit_number % 2
+        self._buffers[slot] = (self._buffers[slot][0], self._store.write_later(
+            runtime.rank(), self._commit_number, self._committed))
 
     def restore(self) -> None:
         """Go back to the last commit (or to the state :func:`run` started with)."""
         if self._committed is None:
             raise ValueError("restore(): nothing committed yet; call it inside a function "
                              "decorated with hvd.elastic.run, or after commit()")
-        self.load(pickle.loads(self._committed))
+        self.load(self._committed.load())
 
     def sync(self) -> None:
         """Give every rank rank 0's state. A collective."""
@@ -192,15 +482,25 @@ class State(abc.ABC):
         if runtime.size() > 1:
             data = ops.broadcast_object(data if runtime.rank() == 0 else None, 0,
                                         name="elastic.sync")
-        self._committed = data
-        self.load(pickle.loads(data))
+        self._committed = _Commit(data)
+        self.load(self._committed.load())
 
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank if hvdrun found other hosts
-        since this life of the job started. A collective (rank 0 asks, the others follow)."""
-        changed = runtime.rank() == 0 and self._notices.changed()
+        since this life of the job started, and OSError if a commit failed to reach the disk
+        on some rank since the last check. A collective (rank 0 asks hvdrun, the ranks tell
+        each other)."""
+        self._check(runtime.rank() == 0 and self._notices.changed())
+
+    def _check(self, changed: bool) -> None:
+        """check_host_updates() with rank 0's answer from hvdrun, ``changed``, at hand."""
+        failure = self._store.failure()
         if runtime.size() > 1:
-            changed = ops.broadcast_object(changed, 0, name="elastic.hosts")
+            every = ops.allgather_object((changed, failure), name="elastic.hosts")
+            changed = every[0][0]
+            failure = next((f for _, f in every if f), None)
+        if failure:
+            raise OSError(failure)
         if changed:
             raise HostsUpdatedInterrupt("hvdrun found other hosts; the job restarts on them "
                                         "from this commit")
@@ -209,36 +509,45 @@ class State(abc.ABC):
         """Load the newest commit that any rank holds, from the rank that holds it, on every
         rank; without one, :meth:`sync`. A collective that :func:`run` calls first."""
         runtime.init()
+        _writer.wait()
         try:
-            number, data = self._store.newest()
+            number, payload = self._store.newest()
             error = None
         except OSError as e:  # the folder is not the job's own: every rank raises it
-            number, data, error = 0, None, f"rank {runtime.rank()}: {e}"
-        every = ([(number, error)] if runtime.size() == 1 else
-                 ops.allgather_object((number, error), name="elastic.commits"))
-        error = next((e for _, e in every if e), None)
+            number, payload, error = 0, None, f"rank {runtime.rank()}: {e}"
+        found = (number, payload.nbytes if payload is not None else 0, error)
+        every = ([found] if runtime.size() == 1 else
+                 ops.allgather_object(found, name="elastic.commits"))
+        error = next((e for _, _, e in every if e), None)
         if error:
             raise OSError(error)
-        holders = [n for n, _ in every]
+        holders = [n for n, _, _ in every]
         newest = max(holders)
         if newest == 0:
             self.sync()
         else:
             root = holders.index(newest)
-            if runtime.size() > 1:
-                data = ops.broadcast_object(data if runtime.rank() == root else None, root,
-                                            name="elastic.restore")
-            self._committed = data
+            if runtime.size() > 1:  # the bytes as they are, without pickling them again
+                payload = ops.broadcast(
+                    np.frombuffer(payload, np.uint8) if runtime.rank() == root
+                    else np.empty(every[root][1], np.uint8), root, name="elastic.restore")
+            self._committed = _Commit.from_payload(payload)
             self._commit_number = newest
-            self.load(pickle.loads(data))
+            self.load(self._committed.load())
             log.info("rank %d restored commit %d from rank %d", runtime.rank(), newest, root)
         if int(os.environ.get(RESTART_VARIABLE, "0") or 0) > 0:
             self.on_reset()
 
     def leave_for_new_hosts(self) -> None:
-        """Commit the state as it is (without checking the hosts) and exit with
-        RESET_EXIT_CODE, so that hvdrun restarts the job on the new hosts from here."""
-        self._write(pickle.dumps(self.save(), pickle.HIGHEST_PROTOCOL))
+        """Commit the state as it is (without checking the hosts), wait until it is written,
+        and exit with RESET_EXIT_CODE, so that hvdrun restarts the job on the new hosts from
+        here."""
+        self._take(self.save())
+        self._write_taken()
+        _writer.wait()
+        failure = self._store.failure()
+        if failure:
+            log.error("%s; the restart begins at the commit before", failure)
         sys.stdout.flush()
         sys.stderr.flush()
         sys.exit(RESET_EXIT_CODE)

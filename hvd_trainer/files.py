@@ -13,6 +13,7 @@ both ends of hvdrun's notice port prove that they hold it (:func:`answer_notice`
 
 Standard library only: hvdrun imports it without the rest of the package's dependencies.
 """
+import glob
 import hashlib
 import hmac
 import logging
@@ -20,7 +21,7 @@ import os
 import socket
 import stat
 import tempfile
-from typing import BinaryIO, Callable, Optional, Union
+from typing import Any, BinaryIO, Callable, Optional, Sequence, Tuple, Union
 
 log = logging.getLogger("hvd_trainer")
 
@@ -35,13 +36,65 @@ def write_atomically(path: str, data: bytes) -> None:
     synced, then renamed over it, so ``path`` is always the old file or the new one and a
     symlink planted at either name is never followed. Concurrent writers each use their own
     temporary file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+    _write_new(path, lambda fd: _write_all(fd, data), sync=True)
+
+
+def write_signed(path: str, secret: bytes, parts: Sequence[Any], sync: bool = True,
+                 tag: str = "") -> None:
+    """Write what ``sign(secret, b"".join(parts))`` returns as the whole of ``path``, as
+    :func:`write_atomically` does (``sync``: fsync before the rename), without joining the
+    ``parts`` (buffers such as bytes or arrays, possibly large): each is hashed and written in
+    pieces that stay in the processor's cache, and the MAC goes into its place at the end.
+    The temporary file's name holds ``tag`` (``.NAME.TAG.RANDOM.tmp``), so that its writer's
+    leftovers can be told from others' (:func:`remove_temporaries`)."""
+    views = [memoryview(part).cast("B") for part in parts]
+    digest = hmac.new(secret, digestmod=hashlib.sha256)
+    digest.update(sum(view.nbytes for view in views).to_bytes(8, "big"))
+
+    def fill(fd: int) -> None:
+        _write_all(fd, _SIGNED + bytes(_MAC_BYTES))
+        for view in views:
+            for start in range(0, view.nbytes, _PIECE):
+                piece = view[start:start + _PIECE]
+                digest.update(piece)
+                _write_all(fd, piece)
+        os.pwrite(fd, digest.digest(), len(_SIGNED))
+
+    _write_new(path, fill, sync, f"{tag}." if tag else "")
+
+
+def remove_temporaries(folder: str, name: str, keep_tag: str) -> None:
+    """Remove the temporary files that :func:`write_signed` left in ``folder`` (a writer
+    killed before its rename) for targets matching the glob ``name``, unless their tag is
+    ``keep_tag`` (files of writers that may still be running)."""
+    for path in glob.glob(os.path.join(glob.escape(folder), f".{name}.*.*.tmp")):
+        tag = os.path.basename(path).rsplit(".", 3)[1]
+        if tag != keep_tag:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # another rank of this host removed it first
+                pass
+
+
+_PIECE = 1 << 20  # bytes hashed and written at a time: they stay in the cache in between
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        view = view[os.write(fd, view):]
+
+
+def _write_new(path: str, fill: Callable[[int], None], sync: bool, tag: str = "") -> None:
+    """A new temporary file next to ``path`` (mkstemp: O_EXCL, O_NOFOLLOW, 0600), filled by
+    ``fill(fd)``, synced when ``sync``, renamed over ``path``; removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{tag}", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(path)))
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            fill(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -74,6 +127,26 @@ def private_folder(path: str) -> str:
     return path
 
 
+MEMORY_ROOT = "/dev/shm"  # a tmpfs on Linux: its files live in memory
+
+
+def memory_root() -> Optional[str]:
+    """:data:`MEMORY_ROOT` when this user may make folders there, else None (no such
+    folder, as on macOS, or a read-only one)."""
+    usable = os.path.isdir(MEMORY_ROOT) and os.access(MEMORY_ROOT, os.W_OK | os.X_OK)
+    return MEMORY_ROOT if usable else None
+
+
+def job_folders(folder: str) -> Tuple[str, ...]:
+    """The folders that may hold the elastic commits of a job whose folder (hvdrun's
+    ``HVD_ELASTIC_DIR``) is ``folder``: ``folder`` itself and, when it is in memory
+    (under :data:`MEMORY_ROOT`), the folder of the same name in the temporary folder on disk,
+    for commits that do not fit in memory."""
+    if os.path.dirname(os.path.abspath(folder)) != MEMORY_ROOT:
+        return (folder,)
+    return folder, os.path.join(tempfile.gettempdir(), os.path.basename(folder))
+
+
 def job_secret() -> Optional[bytes]:
     """The job's secret from ``HVD_JOB_SECRET`` (set by hvdrun), or None outside hvdrun."""
     value = os.environ.get(SECRET_VARIABLE)
@@ -85,7 +158,7 @@ def mac(secret: bytes, *parts: bytes) -> bytes:
     cannot be shifted from one into the next."""
     digest = hmac.new(secret, digestmod=hashlib.sha256)
     for part in parts:
-        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(memoryview(part).nbytes.to_bytes(8, "big"))
         digest.update(part)
     return digest.digest()
 
@@ -95,13 +168,14 @@ def sign(secret: bytes, data: bytes) -> bytes:
     return _SIGNED + mac(secret, data) + data
 
 
-def verify(secret: bytes, signed: bytes, what: str) -> bytes:
-    """The data of what :func:`sign` returned; ValueError naming ``what`` when it is not
-    whole or was not signed with ``secret`` (truncated, altered, another job's, or no
-    signature at all)."""
-    if not signed.startswith(_SIGNED) or len(signed) < len(_SIGNED) + _MAC_BYTES:
-        raise ValueError(f"{what} is not signed (truncated, or not written by this job)")
+def verify(secret: bytes, signed: Any, what: str) -> memoryview:
+    """The data of what :func:`sign` returned (bytes or any buffer; a view of it, without a
+    copy); ValueError naming ``what`` when it is not whole or was not signed with ``secret``
+    (truncated, altered, another job's, or no signature at all)."""
+    signed = memoryview(signed).cast("B")
     start = len(_SIGNED) + _MAC_BYTES
+    if signed[:len(_SIGNED)] != _SIGNED or signed.nbytes < start:
+        raise ValueError(f"{what} is not signed (truncated, or not written by this job)")
     if not hmac.compare_digest(signed[len(_SIGNED):start], mac(secret, signed[start:])):
         raise ValueError(f"{what} does not match its signature (truncated, altered, or "
                          "signed by another job)")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, agreement, handles, memory, ops, runtime, stall
+from . import adasum, agreement, memory, ops, runtime, scheduler, stall
 from .runtime import ProcessSet, global_process_set
 
 
@@ -72,9 +72,18 @@ def join() -> int:
     A joined rank serves calls on every process set it belongs to, so a collective on a
     process set never waits for it. A collective over the world; the next collective after
     it works normally on every rank.
+
+    As in Horovod, join() returns only once every rank has called it, whatever the other
+    ranks do meanwhile, and never leaves them waiting: each call they make is served (the
+    reductions and barrier), or raises on the ranks that made it, naming the call (one a
+    joined rank cannot serve; calls that differ between them, once each of them waits for
+    its own, a script that caught a failure on some ranks only, say). So a script whose
+    ranks went apart still ends its join() once every rank reaches join(). A rank that ends
+    its program without calling join() leaves the joined ranks waiting (Horovod ends their
+    join() with its shut-down error instead; README Limitations).
     """
     runtime.init()
-    handles.flush(here=True)  # a deferred training step goes first (see handles.py)
+    scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
     world = runtime.communicator(global_process_set)
     if world.size == 1:
         return runtime.rank()

@@ -14,6 +14,7 @@ from typing import Any, ContextManager, Dict
 import numpy as np
 
 from . import fusion, runtime
+from .backends.halves import Kernels
 from .runtime import ProcessSet
 
 _SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
@@ -74,6 +75,38 @@ class Memory:
 
 
 HOST = Memory()
+
+
+class _Summing:
+    """A host communicator whose sums of 16-bit floats run on ``kernels``; every other
+    collective is the wrapped communicator's own."""
+
+    def __init__(self, comm: Any, kernels: Kernels):
+        self.comm = comm
+        self.kernels = kernels
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+    def allreduce(self, buf: np.ndarray, op: str, out: Any = None) -> None:
+        self.comm.allreduce(buf, op, out, self.kernels)
+
+    def reduce_scatter(self, buf: np.ndarray, counts: Any, op: str) -> np.ndarray:
+        return self.comm.reduce_scatter(buf, counts, op, self.kernels)
+
+
+class KernelMemory(Memory):
+    """Host memory whose 16-bit float sums run on ``kernels``: a framework adapter hands its
+    framework's vectorised kernels down this way (see backends/halves.py)."""
+
+    def __init__(self, kernels: Kernels):
+        self.kernels = kernels
+
+    def mover(self, process_set: ProcessSet) -> Any:
+        return _Summing(runtime.communicator(process_set), self.kernels)
+
+    def pool(self, comm: Any) -> fusion.BufferPool:
+        return super().pool(comm.comm)
 
 
 def register(module: str, memory: Memory) -> None:

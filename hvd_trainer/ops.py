@@ -129,10 +129,20 @@ def requested_op(op: Any, average: Optional[bool], stacklevel: int = 4) -> Any:
 
 def half_in_float32(tensor: Any, op: ReduceOp, pre: float, post: float) -> bool:
     """Whether a half-precision ``tensor`` is reduced in float32: a scaled sum (Average, pre-
-    or postscale) is summed and scaled in float32 and rounded to half once, as Horovod's CPU
-    path does; scaling a sum already rounded to half would round twice."""
+    or postscale) is summed and postscaled in float32 and rounded to half once, the result
+    Horovod's own tests expect on up to 3 ranks (scaling a sum already rounded to half would
+    round twice). A prescale is applied first, rounded to half (see :func:`prescaled`)."""
     return ((pre, post) != (1.0, 1.0) and op in (ReduceOp.SUM, ReduceOp.AVERAGE)
             and widened(tensor.dtype) is not None)
+
+
+def prescaled(memory: Memory, tensor: Any, factor: float) -> Any:
+    """A flat copy of ``tensor`` times ``factor``, rounded to the tensor's own dtype: Horovod
+    scales into a buffer of that dtype, so a half-precision tensor's prescaled values are
+    half-precision numbers before they are summed (its tests expect those bits)."""
+    flat = memory.xp.empty(tensor.size, tensor.dtype)
+    memory.pack([memory.xp.ascontiguousarray(tensor)], flat, factor)
+    return flat
 
 
 def check_reduction(op: Any, prescale: Any, postscale: Any) -> ReduceOp:
@@ -202,7 +212,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         if wire is None:
             call.agree(describe, signature=signature)
         else:
-            done = _carried_reduction(call, describe, signature, tensors, wire, op, pre,
+            done = _carried_reduction(call, describe, signature, tensors, wide, wire, op, pre,
                                       post, inplace)
             if done is not None:
                 return done
@@ -215,6 +225,9 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         backend_op = _BACKEND_OP[op]
         halves = outputs
         if any(wide):
+            if pre != 1.0:
+                tensors = [prescaled(memory, t, pre).reshape(t.shape) for t in tensors]
+                pre = 1.0
             tensors = [t.astype(memory.xp.float32) if w else t for t, w in zip(tensors, wide)]
             outputs = [memory.xp.empty(t.shape, t.dtype) if w else o
                        for t, o, w in zip(tensors, outputs, wide)]
@@ -253,19 +266,23 @@ _FLOAT32 = np.dtype(np.float32)
 
 
 def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, Any]],
-                       signature: Any, tensors: Sequence[np.ndarray], wire: np.dtype,
-                       op: ReduceOp, pre: float, post: float,
+                       signature: Any, tensors: Sequence[np.ndarray], wide: Sequence[bool],
+                       wire: np.dtype, op: ReduceOp, pre: float, post: float,
                        inplace: bool) -> Optional[List[np.ndarray]]:
     """Reduce ``tensors`` with their data inside the agreement: every rank reduces the
     gathered payloads in rank order, so every rank gets the same bits; 16-bit floats are
-    added in float32 and rounded after each addition, as the ring does. None if the
-    payloads did not travel."""
-    lone = len(tensors) == 1 and tensors[0].dtype == wire and pre == 1.0
+    added in float32 and rounded after each addition, as the ring does (the ``wide`` ones,
+    prescaled in their own precision first, are rounded once, as in the data phase). None if
+    the payloads did not travel."""
+    sources = tensors
+    if pre != 1.0 and any(wide):  # as the data phase prescales them (see prescaled)
+        sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
+    lone = len(sources) == 1 and sources[0].dtype == wire and pre == 1.0
     if lone:
-        payload = tensors[0].ravel().view(np.uint8)  # a copy only if strided
+        payload = sources[0].ravel().view(np.uint8)  # a copy only if strided
     else:
-        flat = np.empty(sum(t.size for t in tensors), wire)
-        fusion.pack(tensors, flat, pre)
+        flat = np.empty(sum(t.size for t in sources), wire)
+        fusion.pack(sources, flat, pre)
         payload = flat.view(np.uint8)
     carried = call.exchange(describe, payload, signature)
     if carried is None or not carried.every():
@@ -525,15 +542,14 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
         data = memory.mover(process_set)
         results = []
         for t in tensors:
-            t = memory.xp.ascontiguousarray(t)
             row = int(np.prod(t.shape[1:], dtype=np.int64))
             shares = rows_per_rank(t.shape[0], comm.size)
-            wide = memory.xp.float32 if half_in_float32(t, op, pre, post) else t.dtype
-            work = memory.xp.empty(t.size, wide)
-            memory.pack([t], work, pre)
+            work = prescaled(memory, t, pre)
+            if half_in_float32(t, op, pre, post):
+                work = work.astype(memory.xp.float32)
             with call.communicate():
                 mine = data.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
-            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], wide)
+            out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], work.dtype)
             memory.unpack(mine, [out], post)
             results.append(out.astype(t.dtype, copy=False))
         return results

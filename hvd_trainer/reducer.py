@@ -20,7 +20,7 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter to install new views, and at step-time readiness (MXNet) the order is only the
   adapter's loop.
 - **Handles.** Reductions run in one program per step: on the communication thread
-  (:mod:`hvd_trainer.handles`), or on the calling thread when overlap is off. Each launched
+  (:mod:`hvd_trainer.scheduler`), or on the calling thread when overlap is off. Each launched
   bucket has a :class:`~hvd_trainer.handles.Handle`; the adapter waits for it and then uses
   the bucket (an optimizer update while the next bucket is on the wire).
 - **Agreement.** Each step makes one exchange (:func:`agreement.agree`) that checks every
@@ -35,8 +35,10 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
   :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
   compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
-  error-feedback residuals). ``gradient_predivide_factor`` f scales every gradient by 1/f
-  before the sum; the adapter folds f/size into its optimizer.
+  error-feedback residuals). fp16 rounds the float32 gradients straight into one float16
+  buffer, sums it and widens the sums straight back, on the adapter's ``kernels`` (see
+  backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
+  the sum; the adapter folds f/size into its optimizer.
 - **Autotuning.** With ``HVD_AUTOTUNE=1`` the first steps try bucket thresholds and overlap
   on and off on a schedule of step numbers (:mod:`hvd_trainer.autotune`), the same on every
   rank; :meth:`Reducer.finish` moves to the next step's setting (laying out new buckets, which
@@ -53,14 +55,17 @@ import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence,
                     Tuple, Type, Union)
 
 import numpy as np
 
-from . import agreement, autotune, fusion, handles, ops, runtime, sparse, timeline
+from . import agreement, autotune, fusion, handles, ops, runtime, scheduler, sparse, timeline
+from .backends.halves import NUMPY, Kernels
 from .compression import Compression, Compressor, GatherCompressor
 from .feedback import ErrorFeedbackSum
+from .memory import KernelMemory
 from .runtime import ProcessSet, global_process_set
 from .traffic import CommStats
 
@@ -174,16 +179,20 @@ class Reducer:
     it goes ahead of the collectives the rank starts after backward; it runs on the
     communication thread while gradients are still to come, and in :meth:`launch` when they
     all came at once and nothing else was started meanwhile (two thread switches saved).
+    ``kernels`` convert and sum 16-bit floats for fp16 compression (an adapter passes its
+    framework's; NumPy's by default).
     """
 
     def __init__(self, *, prefix: str = "", compression: AnyCompressor = Compression.none,
                  gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                  sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
-                 eager: bool = False):
+                 eager: bool = False, kernels: Kernels = NUMPY):
         check_settings(gradient_predivide_factor, num_groups)
         runtime.init()
         self.prefix = prefix
         self.compression = compression
+        self.kernels = kernels
+        self._wire = fusion.BufferPool()  # fp16's float16 buffer, kept from step to step
         self.feedback = (ErrorFeedbackSum(compression)
                          if isinstance(compression, GatherCompressor) else None)
         self.predivide = float(gradient_predivide_factor)
@@ -322,7 +331,7 @@ class Reducer:
                     step.changed.notify_all()
                 self._start(step)
                 if step._unmarked:  # gradients are still to come: reduce while they do
-                    handles.flush()
+                    scheduler.flush()
 
     def begin(self) -> None:
         """Queue this step's reductions now (``eager`` only), before any gradient is marked:
@@ -335,19 +344,20 @@ class Reducer:
             self._start(self._step or self._current())
 
     def _start(self, step: Step) -> None:
-        # Under the lock: an eager step's program, queued once. Deferred (handles.defer):
+        # Under the lock: an eager step's program, queued once. Deferred (scheduler.defer):
         # handed to the communication thread when a mark leaves gradients still to come or
         # when this rank starts another collective, and run by launch() otherwise.
         if step.program is None:
             step.overlapped = True
-            step.program = handles.defer(functools.partial(self._run, step, False))
+            step.program = scheduler.defer(functools.partial(self._run, step, False))
 
     def launch(self) -> Step:
         """Every gradient not marked ready is stale on this rank; launch what is left.
 
         A collective over the process set. Without ``eager`` this makes the step's agreement
         (with the freshness flags) and launches every bucket, on the communication thread
-        with overlap or here otherwise (the returned handles are then done). Wait for the
+        with overlap or behind earlier work still there, here otherwise (the returned handles
+        are then done). Either way the step comes after what this rank started before. Wait for the
         bucket handles or for :meth:`finish`, which raise what a reduction raised.
         """
         now = time.perf_counter()
@@ -365,18 +375,13 @@ class Reducer:
             elif step.program is None and self.overlap and self.size > 1 and \
                     runtime.mpi_threads_supported():
                 step.overlapped = True
-                step.program = handles.start(functools.partial(self._run, step, True))
-        if self.eager:
-            handles.run_deferred(step.program)  # nothing came between: run it here
-        elif step.program is None:  # overlap off: reduce here, now
-            step.program = Future()
-            try:
-                self._run(step, True)
-            except Exception as e:  # raised by finish() and the handles, as with overlap
-                step.program.set_exception(e)
-            finally:
-                if not step.program.done():
-                    step.program.set_result(None)
+                step.program = scheduler.start(functools.partial(self._run, step, True))
+        if not self.eager and step.program is None:
+            # Overlap off: reduce here, now, unless this rank's earlier work (an asynchronous
+            # collective submitted before the step) is still on the communication thread;
+            # then behind it there, so that every rank runs the two in the same order.
+            step.program = scheduler.defer(functools.partial(self._run, step, True))
+        scheduler.run_deferred(step.program)  # nothing came between: run it here
         return step
 
     def finish(self, step: Step) -> Dict[int, Any]:
@@ -529,6 +534,12 @@ class Reducer:
                 feedback.sum_(packed, f"{name}.packed", 1.0 / self.predivide, self.process_set,
                               stats)
             plain = [t for k, t in group if not (feedback and feedback.compressor.accepts(t))]
+            if self.compression is Compression.fp16 and self.predivide == 1.0:
+                narrowed = [t for t in plain if t.dtype == np.float32 and t.flags.c_contiguous]
+                if narrowed:
+                    self._sum_narrowed(narrowed, name, stats)
+                    name = f"{name}.rest"
+                plain = [t for t in plain if not any(t is n for n in narrowed)]
             if not plain:
                 continue
             tic = time.perf_counter()
@@ -546,6 +557,31 @@ class Reducer:
                     if payload is not t:
                         t[...] = compressor.decompress(payload, ctx)
             stats.decode_seconds += time.perf_counter() - tic
+
+    def _sum_narrowed(self, tensors: Sequence[np.ndarray], name: str, stats: CommStats) -> None:
+        """fp16 compression of C-contiguous float32 arrays, in place, with one pass each way
+        and no new arrays: each is rounded to float16 straight into its slice of one wire
+        buffer, the buffer is summed around the ring (each hop's float16 sum rounded once),
+        and the sums are widened straight back into the arrays.
+
+        Only without a predivide factor: a scaled float16 sum is summed in float32 (see
+        ``ops.half_in_float32``), so the generic path keeps that rule.
+        """
+        bounds = list(accumulate((t.size for t in tensors), initial=0))
+        wire = self._wire.get(np.dtype(np.float16), 0, bounds[-1])
+        tic = time.perf_counter()
+        with timeline.span(name, "COMPRESS"):
+            for t, a, b in zip(tensors, bounds, bounds[1:]):
+                self.kernels.narrow(t.reshape(-1), wire[a:b])
+        stats.encode_seconds += time.perf_counter() - tic
+        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name, 1.0, 1.0,
+                         self.process_set, "grouped_allreduce", True)
+        stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
+        tic = time.perf_counter()
+        with timeline.span(name, "DECODE"):
+            for t, a, b in zip(tensors, bounds, bounds[1:]):
+                self.kernels.widen(wire[a:b], t.reshape(-1))
+        stats.decode_seconds += time.perf_counter() - tic
 
     def sum_now(self, tensors: Sequence[Tuple[int, np.ndarray]]) -> None:
         """Sum (key, array) pairs across the process set in place, right now, outside any step:

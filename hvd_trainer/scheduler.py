@@ -9,6 +9,30 @@ and the round decides, identically on every rank, which entries run, in which or
 which raise. Then each decided entry's own thread takes the *turn* in that order and runs its
 data phase; the next round waits for the turn to be free.
 
+Before a call reaches a schedule, the rank's *order of work* decides when it is made, and on
+which thread; it is one per process, since a rank's program order spans its process sets
+(and, where MPI serialises calls, its communicators share one user). Every way of making a
+collective goes through it: a synchronous call (:func:`flush` with ``here``, from
+agreement.py and joined.py), an asynchronous one (:func:`start`, under handles.py's
+``submit`` and the adapters' ``*_async``) and a training step's program (:func:`defer`,
+:func:`start` and :func:`run_deferred`, from reducer.py):
+
+- :func:`start` hands work to a *communication thread*, which runs the handed work in order.
+  When that work waits for a match that has not come (other ranks submitted theirs in another
+  order), its thread *parks*: the next work starts on another thread, so calls submitted in
+  different orders on different ranks still meet.
+- :func:`defer` queues work in that order without waking the thread (a training step whose
+  gradients are still to come): whatever the process starts next goes behind it. The next
+  :func:`start` hands it to the thread first, a synchronous call (``flush(here=True)``) runs
+  it first on the calling thread, and if nothing comes first :func:`run_deferred` runs it
+  where its result is needed: a step whose gradients all came at once costs no thread
+  switches, yet is ordered as if it had been submitted.
+- A thread may register a *closer* (:func:`on_own_collective`): a collective that the same
+  thread starts later (submitted, or synchronous) runs it first. A training step that began
+  at a hook registers one (steps.py), so that a collective the script starts between backward
+  and the step's close first closes the step, instead of waiting behind a step that waits
+  for the script.
+
 Invariants (unit tests drive them without MPI):
 
 - **One user of the communicator at a time.** Either one thread drives a round, or one
@@ -21,17 +45,30 @@ Invariants (unit tests drive them without MPI):
   coordinator matches by name): the keys pending on every rank run in the order of the lowest
   active rank's list; a key whose descriptions differ raises a mismatch on every rank; keys
   not yet pending everywhere wait for a later round.
+- **No wait forever.** When every active rank waits for a call (its own thread's, or an
+  asynchronous one whose handle a thread waits for) and rounds match nothing for a moment,
+  the ranks settle it by :func:`deadlock`, joined ranks or not.
 - **Keys are unique while pending.** A second call with a key that is still pending raises
   :class:`DuplicateNameError` on the rank that made it, at the call, and changes nothing else.
 - **Automatic names never mismatch by themselves.** They are taken in program order on the
   thread that makes (or submits) the call; an asynchronous job takes its key at submission
   (:class:`Job`), and the further unnamed calls of the same job derive theirs from it. Calls
   that fail locally before they reach the schedule take no key.
+- **Handed work runs in the order of handing.** Work handed to the communication thread
+  starts in that order; a later one starts before an earlier one ends only when the earlier
+  one has parked (it waits for a match).
+- **Deferred work goes first.** At most one work is deferred at a time; it runs before any
+  work the process starts after it (on the thread, or here for a synchronous call), and
+  exactly once.
+- **Closers run on their own thread only,** before that thread's next collective, until one
+  returns True or is forgotten; other threads' collectives never run them.
 """
+import contextlib
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from concurrent.futures import Future
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import weakref
 
@@ -51,7 +88,7 @@ class Entry:
     are or-ed across the ranks that run it."""
 
     __slots__ = ("key", "description", "flags", "digest", "state", "failure", "flags_out",
-                 "synchronous", "automatic")
+                 "synchronous", "automatic", "job")
 
     def __init__(self, key: str, description: Dict[str, Any], flags: Optional[np.ndarray],
                  digest: int, automatic: bool = False):
@@ -62,11 +99,19 @@ class Entry:
         self.flags_out: Optional[np.ndarray] = None
         # Made by a thread that waits for it (not an asynchronous job's): while it waits, that
         # thread cannot start the call another rank waits for.
-        self.synchronous = running_job() is None
+        self.job = running_job()
+        self.synchronous = self.job is None
+
+    def waited(self) -> bool:
+        """Whether a thread waits for this entry: the thread that made it (a synchronous
+        call), or one that waits for its asynchronous job's handle (Horovod's
+        ``synchronize``, the torch adapter's synchronous calls)."""
+        return self.synchronous or bool(self.job is not None and self.job.awaited)
 
     def summary(self) -> "Summary":
-        """What the other ranks see of this entry when heads differ."""
-        return self.key, self.description, self.synchronous, self.automatic
+        """What the other ranks see of this entry when heads differ (its third field says
+        whether a thread waits for it, as of now)."""
+        return self.key, self.description, self.waited(), self.automatic
 
 
 class Job:
@@ -76,6 +121,7 @@ class Job:
     def __init__(self) -> None:
         self.claims: Dict["Schedule", List[Any]] = {}  # schedule -> [key, automatic, claimed]
         self.derived = 0
+        self.awaited = 0  # threads that wait for this job's handle now (see await_job)
 
     def release(self) -> None:
         """Give back the reservations the job never used (it ended without that call)."""
@@ -94,6 +140,23 @@ class _Context(threading.local):
 
 
 _context = _Context()
+_await_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def await_job(job: Optional[Job]) -> Iterator[None]:
+    """The calling thread waits for ``job``'s handle in this block: the job's entries count
+    as waited for (see :meth:`Schedule.stuck`), as a synchronous call's do."""
+    if job is None:
+        yield
+        return
+    with _await_lock:
+        job.awaited += 1
+    try:
+        yield
+    finally:
+        with _await_lock:
+            job.awaited -= 1
 
 
 def running_job() -> Optional[Job]:
@@ -103,7 +166,7 @@ def running_job() -> Optional[Job]:
 
 def set_job(job: Optional[Job], park: Optional[Callable[[], None]]) -> None:
     """Mark the calling thread as running ``job``; ``park()`` lets the next job start while
-    this one waits for a match (handles.py's runner)."""
+    this one waits for a match (the communication thread's, see :func:`start`)."""
     _context.job, _context.park = job, park
 
 
@@ -134,22 +197,24 @@ class _Use:
             self.cv.notify_all()
 
 
-# Verdicts of a round: ("run", entry_key, description) or ("raise", key, exception).
+# Verdicts of a round: ("run", entry_key, description), ("raise", key, exception), or
+# ("wait", key, None): this rank's entry stays pending (a barrier, see _differing).
 Verdict = Tuple[str, str, Any]
 Round = Callable[[List[Entry]], List[Verdict]]
 
 
-Summary = Tuple[str, Dict[str, Any], bool, bool]  # key, description, synchronous, automatic
+Summary = Tuple[str, Dict[str, Any], bool, bool]  # key, description, waited, automatic
+Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
 
 
-def match(lists: Sequence[Optional[Sequence[Summary]]],
-          failure: Callable[[List[Optional[Dict[str, Any]]]], BaseException],
-          single: bool = False) -> List[Verdict]:
-    """Decide a round from every rank's pending list (None: a joined rank).
+def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
+          single: bool = False, me: int = -1) -> List[Verdict]:
+    """Decide a round from every rank's pending list (None: a joined rank), for rank ``me``.
 
     The keys pending on every active rank, in the lowest active rank's order; each runs when
     all its descriptions are equal and free of argument errors, else raises
-    ``failure(descriptions by rank)``. ``single``: decide at most the first such key.
+    ``failure(descriptions by rank)`` (see :func:`_differing` for barriers). ``single``:
+    decide at most the first such key.
     """
     active = [lst for lst in lists if lst is not None]
     if not active:
@@ -162,12 +227,36 @@ def match(lists: Sequence[Optional[Sequence[Summary]]],
         every = [None if lst is None else {k: d for k, d, _, _ in lst}[key] for lst in lists]
         described = [d for d in every if d is not None]
         if any("error" in d for d in described) or any(d != described[0] for d in described):
-            verdicts.append(("raise", key, failure(every)))
+            verdicts.append(_differing(key, every, me, failure))
         else:
             verdicts.append(("run", key, described[0]))
         if single:
             break
     return verdicts
+
+
+def _differing(key: str, every: List[Optional[Dict[str, Any]]], me: int,
+               failure: Failure) -> Verdict:
+    """Rank ``me``'s verdict on calls ``every`` (by rank) that cannot run together.
+
+    A barrier waits for every rank: when some ranks wait in one and the others in other
+    calls, the others' calls raise, naming the barrier, and the barrier goes on waiting (a
+    rank that ran ahead or fell behind, as a script that caught a failure on some ranks only
+    does, gets an error at each call until it reaches the barrier too, where the ranks meet
+    again). Otherwise every rank raises.
+    """
+    at_barrier = [r for r, d in enumerate(every) if d is not None and d.get("kind") == "barrier"]
+    if not at_barrier or len(at_barrier) == sum(d is not None for d in every):
+        return "raise", key, failure(every)
+    if me in at_barrier:
+        return "wait", key, None
+    error = failure(every)
+    ranks = ", ".join(map(str, at_barrier))
+    many = len(at_barrier) > 1
+    error.args = (f"{error.args[0]}; rank{'s' if many else ''} {ranks} wait{'' if many else 's'} "
+                  "in a barrier for this rank, and go on waiting until it calls barrier() "
+                  "too",) + error.args[1:]
+    return "raise", key, error
 
 
 def _unnamed(description: Any) -> Any:
@@ -179,24 +268,38 @@ def _unnamed(description: Any) -> Any:
     return description
 
 
+def _oldest_waited(lists: Sequence[Optional[Sequence[Summary]]]) -> List[Optional[Summary]]:
+    """Each rank's oldest call that a thread waits for (None: a joined rank, or none)."""
+    return [None if lst is None else next((s for s in lst if s[2]), None) for lst in lists]
+
+
+def deadlock_runs(lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
+    """Whether, in a deadlock (see :func:`deadlock`), the active ranks' oldest waited calls
+    run together: all automatically named and alike but for their names."""
+    oldest = [s for s in _oldest_waited(lists) if s is not None]
+    return bool(oldest) and all(s[3] for s in oldest) and \
+        all(_unnamed(s[1]) == _unnamed(oldest[0][1]) for s in oldest)
+
+
 def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
-             failure: Callable[[List[Optional[Dict[str, Any]]]], BaseException]
-             ) -> List[Verdict]:
+             failure: Failure) -> List[Verdict]:
     """When no key matched and every active rank is stuck (see :meth:`Schedule.stuck`), each
-    rank's oldest synchronous call decides: if all are automatically named and alike but for
-    their names, they run together (the ranks' counts of automatic names had drifted apart,
-    say after a call that failed on one rank before it reached the others; no automatic name
-    causes a mismatch by itself); otherwise each raises ``failure`` of those calls'
-    descriptions (the ranks wait for calls that differ, and none can start another)."""
-    oldest = [None if lst is None else next((s for s in lst if s[2]), None) for lst in lists]
+    active rank's oldest waited call decides.
+
+    If all are automatically named and alike but for their names, they run together (the
+    ranks' counts of automatic names had drifted apart, say after a call that failed on one
+    rank before it reached the others; no automatic name causes a mismatch by itself).
+    Otherwise they cannot run together (the ranks wait for calls that differ, and none can
+    start another): see :func:`_differing`. Joined ranks (None in ``lists``) serve the calls
+    that run, as in any round; join() itself, like a barrier, waits for every rank.
+    """
+    oldest = _oldest_waited(lists)
     mine = oldest[me]
     if mine is None:
         return []
-    described = [s[1] for s in oldest if s is not None]
-    if all(s is None or s[3] for s in oldest) and \
-            all(_unnamed(d) == _unnamed(described[0]) for d in described):
+    if deadlock_runs(lists):
         return [("run", mine[0], mine[1])]
-    return [("raise", mine[0], failure([None if s is None else s[1] for s in oldest]))]
+    return [_differing(mine[0], [None if s is None else s[1] for s in oldest], me, failure)]
 
 
 class Schedule:
@@ -370,6 +473,7 @@ class Schedule:
         finally:
             use.cv.acquire()
             use.driving = False
+        verdicts = [v for v in verdicts if v[0] != "wait"]
         by_key = {e.key: e for e in entries}
         for verdict, key, value in verdicts:
             entry = by_key[key]
@@ -395,13 +499,13 @@ class Schedule:
                 finally:
                     use.cv.acquire()
 
-    def stuck(self, entries: Sequence[Entry], grace: float) -> bool:
-        """Whether this rank can add nothing that could match: a thread waits in a
-        synchronous call among ``entries``, no submitted job is still to reach the schedule,
-        and rounds have matched nothing for ``grace`` seconds."""
+    def stuck(self, summaries: Sequence[Summary], grace: float) -> bool:
+        """Whether this rank can add nothing that could match: a thread waits for one of the
+        calls ``summaries`` describes (see :meth:`Entry.summary`), no submitted job is still
+        to reach the schedule, and rounds have matched nothing for ``grace`` seconds."""
         since = self.undecided_since
         return (since is not None and time.monotonic() - since >= grace
-                and any(e.synchronous for e in entries)
+                and any(s[2] for s in summaries)
                 and not any(isinstance(owner, Job) and not owner.claims[self][2]
                             for owner in list(self.keys.values())))
 
@@ -430,3 +534,218 @@ def of(comm: Communicator) -> Schedule:
                 multiple = comm.size == 1 or runtime.threads_multiple()
                 found = _schedules[comm] = Schedule(_Use() if multiple else _shared_use)
     return found
+
+
+# -- the rank's order of work: communication threads, deferred steps, closers --------------
+_Work = Tuple["Future[Any]", Callable[[], Any], Optional[Job]]
+
+_lock = threading.Lock()
+_queue: Deque[_Work] = deque()  # handed to the thread, not started
+_busy = 0  # work handed to the thread and not finished
+_slot = False  # a thread runs the queue's work in order (none is parked)
+_idle: List["_Worker"] = []
+_deferred: Optional[_Work] = None
+_closers: Dict[int, List[Callable[[], bool]]] = {}  # by thread ident
+_IDLE_SECONDS = 30.0  # an idle worker thread ends after this long without work
+
+
+class _Worker:
+    """A thread that runs handed work in order while it holds the slot (see park())."""
+
+    def __init__(self, work: _Work):
+        self.work: Optional[_Work] = work
+        self.parked = False
+        self.wake = threading.Condition(_lock)
+        threading.Thread(target=self._loop, name="hvd_trainer-comm", daemon=True).start()
+
+    def _park(self) -> None:
+        """This work waits for a match: let the next work start on another thread."""
+        global _slot
+        with _lock:
+            if not self.parked:
+                self.parked = True
+                _slot = False
+                _dispatch_locked()
+
+    def _loop(self) -> None:
+        global _busy, _slot
+        while True:
+            future, work, job = self.work
+            set_job(job, self._park)
+            try:
+                _complete(future, work)
+            finally:
+                set_job(None, None)
+                if job is not None:
+                    job.release()
+            with _lock:
+                _busy -= 1
+                self.work = None
+                if self.parked:  # the slot went on without it
+                    self.parked = False
+                elif _queue:
+                    self.work = _queue.popleft()
+                    continue
+                else:
+                    _slot = False
+                if _queue and not _slot:
+                    _slot = True
+                    self.work = _queue.popleft()
+                    continue
+                _idle.append(self)
+                if not self.wake.wait_for(lambda: self.work is not None, _IDLE_SECONDS):
+                    _idle.remove(self)
+                    return
+
+
+def _dispatch_locked() -> None:
+    """Start the queue's next work if no thread runs the queue (the caller holds ``_lock``)."""
+    global _slot
+    if _slot or not _queue:
+        return
+    _slot = True
+    work = _queue.popleft()
+    if _idle:
+        worker = _idle.pop()
+        worker.work = work
+        worker.wake.notify()
+    else:
+        _Worker(work)
+
+
+class _Submitted(Future):
+    """The future of submitted work, with the key reservations of its collective (if any):
+    while a thread waits for its result, the collective counts as waited for (see
+    :func:`await_job`), so ranks that all wait for calls that cannot match raise instead
+    of waiting forever."""
+
+    def __init__(self, job: Optional[Job]):
+        super().__init__()
+        self.job = job
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        with await_job(self.job):
+            return super().result(timeout)
+
+
+def _complete(future: "Future[Any]", work: Callable[[], Any]) -> None:
+    try:
+        result = work()
+    except BaseException as e:  # the waiter raises it
+        future.set_exception(e)
+    else:
+        future.set_result(result)
+
+
+def _hand(item: _Work) -> None:
+    """Give ``item`` to the thread (the caller holds ``_lock``)."""
+    global _busy
+    _busy += 1
+    _queue.append(item)
+    _dispatch_locked()
+
+
+def _job(name: Optional[str], process_set: Any) -> Optional[Job]:
+    """The key reservation of a collective submitted now (see Job)."""
+    if process_set is None:
+        return None
+    job = Job()
+    of(runtime.communicator(process_set)).reserve_for(job, name)
+    return job
+
+
+def start(work: Callable[[], Any], name: Optional[str] = None,
+          process_set: Any = None) -> "Future[Any]":
+    """Run ``work()`` on the communication thread, behind what was submitted or deferred
+    before (after this thread's closers); its future holds the result.
+
+    With ``process_set``, ``work`` is a collective named ``name`` on it: its name (or its
+    automatic one) is taken now, in this thread's program order, and a name still pending
+    raises :class:`DuplicateNameError` here.
+    """
+    _close()
+    job = _job(name, process_set)
+    future: "Future[Any]" = _Submitted(job)
+    with _lock:
+        _flush_locked()
+        _hand((future, work, job))
+    return future
+
+
+def defer(work: Callable[[], Any]) -> "Future[Any]":
+    """Queue ``work()`` in the thread's order without waking it (see the module docstring);
+    handed to the thread at once when the thread still has work, or when something else is
+    deferred."""
+    global _deferred
+    future: "Future[Any]" = Future()
+    with _lock:
+        if _busy or _deferred is not None:
+            _flush_locked()
+            _hand((future, work, None))
+        else:
+            _deferred = (future, work, None)
+    return future
+
+
+def _flush_locked() -> None:
+    global _deferred
+    if _deferred is not None:
+        _hand(_deferred)
+        _deferred = None
+
+
+def on_own_collective(closer: Callable[[], bool]) -> None:
+    """Call ``closer()`` when this thread next starts a collective (before it), until it
+    returns True once or :func:`forget_closer` removes it."""
+    with _lock:
+        _closers.setdefault(threading.get_ident(), []).append(closer)
+
+
+def forget_closer(closer: Callable[[], bool]) -> None:
+    """Remove ``closer`` (registered by this thread), if it is still there."""
+    with _lock:
+        mine = _closers.get(threading.get_ident(), [])
+        if closer in mine:
+            mine.remove(closer)
+
+
+def _close() -> None:
+    """Run this thread's closers (see :func:`on_own_collective`)."""
+    if not _closers:
+        return
+    me = threading.get_ident()
+    with _lock:  # off the list while they run: a closer's own collectives skip it
+        mine = _closers.pop(me, [])
+    keep = [closer for closer in mine if not closer()]
+    if keep:
+        with _lock:
+            _closers.setdefault(me, [])[:0] = keep
+
+
+def flush(here: bool = False) -> None:
+    """Start the deferred work, if any, ahead of what the caller starts next: on the thread,
+    or with ``here`` on the calling thread, before it returns (for a synchronous collective,
+    which would otherwise overtake it); with ``here``, this thread's closers run first."""
+    global _deferred
+    if here:
+        _close()
+    if _deferred is None:  # the common case, without the lock
+        return
+    with _lock:
+        if not here:
+            _flush_locked()
+            return
+        item, _deferred = _deferred, None
+    if item is not None:
+        _complete(*item[:2])
+
+
+def run_deferred(future: "Future[Any]") -> None:
+    """Run the work of ``future`` here and now if it is still deferred; otherwise it is on
+    the thread (or done), and this does nothing."""
+    global _deferred
+    with _lock:
+        if _deferred is None or _deferred[0] is not future:
+            return
+        item, _deferred = _deferred, None
+    _complete(*item[:2])

@@ -386,13 +386,13 @@ def _wait_for_slots(discovery: Discovery, blacklist: Blacklist, wanted: int, fla
 
 
 def _remove_elsewhere(launcher: mpi.Launcher, mpi_args: List[str], env: Dict[str, str],
-                      hosts: Sequence[str], folder: str) -> None:
-    """Remove the job's commit ``folder`` from the ``hosts`` other than this machine (each
-    host's is its own): one process on each, started through mpiexec as the ranks were, each
+                      hosts: Sequence[str], folders: Sequence[str]) -> None:
+    """Remove the job's commit ``folders`` from the ``hosts`` other than this machine (each
+    host's are its own): one process on each, started through mpiexec as the ranks were, each
     host on its own so that one out of reach spares the others, all within REMOVE_TIMEOUT. A
     warning names the hosts where it failed."""
-    program = [sys.executable, "-c",
-               "import shutil, sys; shutil.rmtree(sys.argv[1], ignore_errors=True)", folder]
+    program = [sys.executable, "-c", "import shutil, sys\nfor folder in sys.argv[1:]: "
+               "shutil.rmtree(folder, ignore_errors=True)", *folders]
     removals = {host: subprocess.Popen(mpi.build_command(launcher, 1, [(host, 1)], mpi_args,
                                                          program, env),
                                        env=env, stdin=subprocess.DEVNULL,
@@ -410,8 +410,8 @@ def _remove_elsewhere(launcher: mpi.Launcher, mpi_args: List[str], env: Dict[str
         if process.returncode:
             failed.append(host)
     if failed:
-        _say(f"warning: could not remove the job's commit folder {folder} on "
-             f"{', '.join(failed)}; remove it there by hand")
+        _say(f"warning: could not remove the job's commit folders {' and '.join(folders)} on "
+             f"{', '.join(failed)}; remove them there by hand")
 
 
 def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
@@ -427,7 +427,10 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     blacklist = Blacklist(args.blacklist_cooldown_range)
     secret = secrets.token_hex(32)  # signs the commits and the notices; only the ranks get it
     generation = Generation(secret.encode(), args.nics or ())
-    job_dir = tempfile.mkdtemp(prefix="hvd_elastic.")
+    # Commits live in memory where this host has /dev/shm (the ranks fall back to the same
+    # name on disk where a commit does not fit, or a host lacks it: files.job_folders).
+    job_dir = tempfile.mkdtemp(prefix="hvd_elastic.", dir=files.memory_root())
+    folders = files.job_folders(job_dir)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
     used: List[str] = []  # the hosts that ran ranks, which may hold commits
@@ -491,6 +494,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         generation.close()
-        shutil.rmtree(job_dir, ignore_errors=True)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
         _remove_elsewhere(launcher, mpi_args, hvdrun.rank_environment(args, launcher.flavour),
-                          used, job_dir)
+                          used, folders)

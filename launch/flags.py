@@ -1,7 +1,7 @@
 """hvdrun's flags: every horovodrun 0.28.1 flag, accepted with its effect or refused with a reason.
 
 FLAGS lists the accepted flags (Horovod's spelling first, then hvdrun's older aliases) with
-their argparse options and the effect the README's table shows; REFUSED lists the others with
+their argparse options and the effect docs/configuration.md's table shows; REFUSED lists the others with
 the one-line reason hvdrun prints. rank_variables and launcher_arguments turn parsed flags
 into HVD_* (and library) variables for the ranks and into mpiexec arguments per MPI dialect.
 """
@@ -21,7 +21,7 @@ LOG_LEVELS = {"TRACE": "debug", "DEBUG": "debug", "INFO": "info", "WARNING": "wa
 
 
 class Flag(NamedTuple):
-    """An accepted flag: its spellings, its argparse options and its effect, as the README says it."""
+    """An accepted flag: its spellings, its argparse options and its effect, as the docs say it."""
 
     names: Tuple[str, ...]
     options: Dict[str, Any]

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvdrun",
         description="Run COMMAND on N ranks with the MPI launcher that matches mpi4py's MPI library. "
-                    "Takes horovodrun's flags; the README's hvdrun table says what each does.",
+                    "Takes horovodrun's flags; docs/configuration.md's flag table says what each does.",
         epilog="example: hvdrun -np 4 python train.py --epochs 10")
     flags.add_to(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")

@@ -57,8 +57,18 @@ def _worker_sources(text: str) -> str:
     return "".join(open(p).read() for p in paths if os.path.isfile(p))
 
 
+_FOLDER_MARKS = {"parallel": pytest.mark.parallel, "gpu": pytest.mark.gpu,
+                 "multihost": pytest.mark.multihost}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    """Mark each test by its folder (markers registered in setup.cfg), so ``-m`` selects them:
+    ``-m "not parallel and not multihost"`` runs the one-process tests alone."""
     for item in items:
+        mark = _FOLDER_MARKS.get(item.path.parent.name)
+        if mark is not None:
+            item.add_marker(mark)
         if not hasattr(item, "function") or "parallel" not in str(item.path):
             continue
         workers = _worker_sources(inspect.getsource(item.function))

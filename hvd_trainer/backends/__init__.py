@@ -55,12 +55,16 @@ class Communicator(Protocol):
         """Use these agreed settings: allreduce algorithm (ring, native, auto) and the size
         in bytes from which ``auto`` takes the ring."""
 
-    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None,
+                  kernels: Any = None) -> None:
         """Reduce ``buf`` elementwise across ranks with ``op`` (a REDUCE_UFUNCS key), in place,
-        or into ``out`` (same size and dtype), leaving ``buf`` as it was."""
+        or into ``out`` (same size and dtype), leaving ``buf`` as it was. Host backends sum
+        16-bit floats with ``kernels`` (a ``halves.Kernels``; NumPy's when omitted)."""
 
-    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
-        """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements)."""
+    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str,
+                       kernels: Any = None) -> np.ndarray:
+        """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements);
+        ``kernels`` as in :meth:`allreduce`."""
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         """Concatenate every rank's ``send`` (``counts[i]`` elements from rank i) into ``recv``."""

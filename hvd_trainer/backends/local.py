@@ -22,12 +22,14 @@ class LocalCommunicator:
     def configure(self, algorithm: str, ring_threshold: int) -> None:
         """A single rank has no algorithm to choose."""
 
-    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None,
+                  kernels: Any = None) -> None:
         # One rank: the reduction of a single contribution is that contribution.
         if out is not None and out is not buf:
             out[...] = buf
 
-    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
+    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str,
+                       kernels: Any = None) -> np.ndarray:
         return buf[: counts[0]]
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

@@ -37,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import REDUCE_UFUNCS, split_evenly, widened
+from .halves import NUMPY, Kernels, is_half
 
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD, "bor": MPI.BOR}
 # Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
@@ -120,7 +121,8 @@ class MPICommunicator:
         MPI.Request.Waitall(requests)
 
     # -- allreduce -------------------------------------------------------------------------
-    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+    def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None,
+                  kernels: Optional[Kernels] = None) -> None:
         out = buf if out is None else out
         if self.size == 1 or buf.size == 0:
             if out is not buf:
@@ -131,7 +133,7 @@ class MPICommunicator:
                 send = MPI.IN_PLACE if out is buf else buf[a:b]
                 self.comm.Allreduce(send, out[a:b], _MPI_OPS[op])
         else:
-            self.ring_allreduce(buf, op, out)
+            self.ring_allreduce(buf, op, out, kernels)
 
     def repeated_allgather(self, send: np.ndarray,
                            recv: np.ndarray) -> Callable[[], _Pending]:
@@ -166,18 +168,20 @@ class MPICommunicator:
         self.comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)
         return bool(flag[0])
 
-    def ring_allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None) -> None:
+    def ring_allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None,
+                       kernels: Optional[Kernels] = None) -> None:
         """Reduce-scatter then allgather around the ring; ``buf`` is flat and contiguous.
 
         With ``out`` the result goes there and ``buf`` is only read: no copy of it first.
+        16-bit float sums run on ``kernels`` (NumPy's when None).
         """
         out = buf if out is None else out
         bounds = split_evenly(buf.size, self.size)
-        self._ring_reduce_scatter(buf, bounds, op, out)
+        self._ring_reduce_scatter(buf, bounds, op, out, kernels)
         self._ring_allgather(out, bounds)
 
     def _ring_reduce_scatter(self, buf: np.ndarray, bounds: List[int], op: str,
-                             out: np.ndarray) -> None:
+                             out: np.ndarray, kernels: Optional[Kernels]) -> None:
         # After step s, rank r holds chunk (r - s - 2) mod p reduced over s + 2 ranks, so after
         # p - 1 steps it holds chunk r reduced over all ranks. Each chunk is received at most
         # once, so a partial sum is read from ``out`` only after it was written there.
@@ -185,6 +189,7 @@ class MPICommunicator:
         right, left = (r + 1) % p, (r - 1) % p
         ufunc = REDUCE_UFUNCS[op]
         widen = widened(buf.dtype)
+        add = (kernels or NUMPY).add if op == "sum" and is_half(buf.dtype) else None
         scratch = self._scratch_for(buf.dtype, max(b - a for a, b in zip(bounds, bounds[1:])))
         for step in range(p - 1):
             send_c, recv_c = (r - step - 1) % p, (r - step - 2) % p
@@ -193,7 +198,10 @@ class MPICommunicator:
             chunk = slice(bounds[recv_c], bounds[recv_c + 1])
             incoming = scratch[: chunk.stop - chunk.start]
             self._sendrecv(send, right, incoming, left, 0)
-            ufunc(buf[chunk], incoming, out=out[chunk], dtype=widen)
+            if add is None:
+                ufunc(buf[chunk], incoming, out=out[chunk], dtype=widen)
+            else:
+                add(buf[chunk], incoming, out[chunk])
 
     def _ring_allgather(self, buf: np.ndarray, bounds: List[int]) -> None:
         p, r = self.size, self.rank
@@ -212,13 +220,14 @@ class MPICommunicator:
         return held[:count]
 
     # -- other collectives -----------------------------------------------------------------
-    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str) -> np.ndarray:
+    def reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: str,
+                       kernels: Optional[Kernels] = None) -> np.ndarray:
         bounds = [0]
         for c in counts:
             bounds.append(bounds[-1] + c)
         if self.size > 1:
             # The ring's first phase leaves each rank's own chunk fully reduced.
-            self._ring_reduce_scatter(buf, bounds, op, buf)
+            self._ring_reduce_scatter(buf, bounds, op, buf, kernels)
         return buf[bounds[self.rank]:bounds[self.rank + 1]]
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

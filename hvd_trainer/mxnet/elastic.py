@@ -3,16 +3,46 @@
 ``hvd.elastic.GluonState(net, trainer, epoch=0)`` keeps the weights, the trainer's optimizer
 states and compression residuals, and any picklable attributes across a reset of the job.
 """
-from typing import Any, Dict, List
+import pickle
+from typing import Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
+import numpy as np
 
 from ..elastic import (ElasticSampler, HorovodInternalError, HostsUpdatedInterrupt, ObjectState,
-                       State, run)
+                       State, register_array_type, run)
+from . import bridge
 from .trainer import DistributedTrainer
 
 __all__ = ["ElasticSampler", "GluonState", "HorovodInternalError", "HostsUpdatedInterrupt",
            "ObjectState", "State", "run"]
+
+
+def _describe(array: mx.nd.NDArray) -> Optional[Tuple[int, Any]]:
+    # Empty NDArrays, and dtypes NumPy lacks, are pickled as usual (sparse ones are of
+    # other types).
+    try:
+        dtype = np.dtype(array.dtype)
+    except TypeError:
+        return None
+    if array.size == 0:
+        return None
+    context = array.context
+    return array.size * dtype.itemsize, (dtype, array.shape,
+                                         (context.device_type, context.device_id))
+
+
+def _copy(array: mx.nd.NDArray, meta: Any, out: np.ndarray) -> None:
+    """The NDArray's values into ``out``, once MXNet's pending writes to it have finished."""
+    np.copyto(out.view(meta[0]).reshape(meta[1]), bridge.read_view(array))
+
+
+def _rebuild(data: np.ndarray, meta: Any) -> mx.nd.NDArray:
+    dtype, shape, (device_type, device_id) = meta
+    return bridge.to_ndarray(data.view(dtype).reshape(shape), mx.Context(device_type, device_id))
+
+
+register_array_type(mx.nd.NDArray, "mxnet", _describe, _copy, _rebuild)
 
 
 def _parameters(net_or_params: Any) -> List[mx.gluon.Parameter]:
@@ -53,8 +83,10 @@ class GluonState(ObjectState):
             raise ValueError(f"GluonState: parameters {waiting} are not initialised yet; run "
                              "one forward pass before the first commit")
         snapshot = super().save()
-        snapshot["_weights"] = [p.list_data()[0].asnumpy() for p in self._params]
-        snapshot["_trainer"] = trainer._updaters[0].get_states(dump_optimizer=True)
+        # The live NDArrays: the commit copies them (updater.get_states would pickle them).
+        snapshot["_weights"] = [p.list_data()[0] for p in self._params]
+        updater = trainer._updaters[0]
+        snapshot["_trainer"] = (updater.states, updater.optimizer)
         snapshot["_residuals"] = (trainer._reducer.shared_state(
             f"{trainer._prefix}elastic.residuals") if trainer._member else None)
         return snapshot
@@ -68,9 +100,10 @@ class GluonState(ObjectState):
             if tuple(param.shape) != values.shape:
                 raise ValueError(f"GluonState: parameter {param.name!r} has shape "
                                  f"{param.shape}, the commit's has {values.shape}")
-            param.set_data(mx.nd.array(values, dtype=values.dtype))
+            param.set_data(values)
         trainer = self._trainer
-        trainer._set_states(snapshot["_trainer"])
+        # What updater.get_states(dump_optimizer=True) gives, the trainer's format.
+        trainer._set_states(pickle.dumps(snapshot["_trainer"], pickle.HIGHEST_PROTOCOL))
         if trainer._member:
             trainer._reducer.scatter_state(snapshot["_residuals"],
                                            f"{trainer._prefix}elastic.residuals")

@@ -12,7 +12,7 @@ import mxnet as mx
 
 from .. import ops, runtime
 from ..runtime import ProcessSet, global_process_set
-from . import bridge
+from . import bridge, sparse_weights
 from .errors import raises_mxnet_errors
 
 
@@ -125,3 +125,21 @@ def broadcast_parameters(params: Mapping[Any, Any], root_rank: int = 0,
     if process_set.size() == 1 or not process_set.included():
         return
     broadcast_named(items, root_rank, process_set)
+
+
+def parameter_list(params: Any) -> List[mx.gluon.Parameter]:
+    """Gluon's parameter order (sorted keys for a dict, given order for a list), checked."""
+    if isinstance(params, (dict, mx.gluon.ParameterDict)):
+        keyed = [(key, params[key]) for key in sorted(params.keys())]
+    elif isinstance(params, (list, tuple)):
+        keyed = list(enumerate(params))
+    else:
+        raise ValueError(f"params is a {type(params).__name__}; pass net.collect_params(), "
+                         "a dict of name -> Parameter or a list of Parameters")
+    for key, param in keyed:
+        if not isinstance(param, mx.gluon.Parameter):
+            raise ValueError(f"params[{key!r}] is a {type(param).__name__}, not a gluon "
+                             "Parameter; pass net.collect_params() or Parameters only")
+        if param._stype != "default":
+            sparse_weights.check(param)
+    return [param for _, param in keyed]

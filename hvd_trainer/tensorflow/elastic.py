@@ -21,7 +21,8 @@ __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "Stat
 
 
 def _values(variables: Sequence[Any]) -> List[np.ndarray]:
-    return [np.array(tf.convert_to_tensor(v)) for v in variables]
+    """The variables' values, as read-only views where TF gives them: a commit copies them."""
+    return [np.asarray(tf.convert_to_tensor(v)) for v in variables]
 
 
 def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -> None:

@@ -8,7 +8,7 @@ class deriving from both TensorFlow's class and the core's, with the same messag
 ``except tf.errors.OpError`` and ``except ValueError`` both catch it. In a graph TensorFlow
 itself turns a Python error raised by the op into an ``OpError``: ``ValueError`` and
 ``TypeError`` become ``InvalidArgumentError``, the rest ``UnknownError`` (with the core's
-message), which the README lists among the limitations.
+message), which docs/limitations.md lists.
 """
 import functools
 from typing import Callable, TypeVar

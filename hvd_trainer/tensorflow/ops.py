@@ -1,6 +1,6 @@
 """horovod.tensorflow's collectives on tf.Tensor and tf.Variable, over the core.
 
-Each collective runs on the core's communication thread (``hvd_trainer/handles.py``) in the
+Each collective runs on the core's communication thread (``hvd_trainer/scheduler.py``) in the
 order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
 the call; inside a ``tf.function`` (or a TF1 graph) it is an op that runs when the graph does
 (see bridge.py). Results are new tensors on the host.
@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import tensorflow as tf
 
-from .. import handles, sparse
+from .. import scheduler, sparse
 from .. import joined as core_join
 from .. import ops as core
 from ..ops import Average, Sum
@@ -39,9 +39,9 @@ def run(work: Callable[[], T], name: Optional[str] = None,
     """Run ``work`` on the communication thread, in order with every other collective of
     this process, and return its result; its error is raised as TensorFlow's (errors.py).
     With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
-    handles.start)."""
+    scheduler.start)."""
     try:
-        return handles.start(work, name, process_set).result()
+        return scheduler.start(work, name, process_set).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:

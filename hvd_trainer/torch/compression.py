@@ -3,12 +3,42 @@
 A compressor turns a tensor into what travels (``compress``) and back (``decompress``). The
 core's identity compressor serves any tensor; fp16 converts with torch's differentiable
 ``Tensor.to``, so gradients flow through a compressed :func:`allreduce`.
+
+:data:`KERNELS` are torch's vectorised casts and 16-bit sums, which this adapter hands down
+to the core for fp16 compression and the ring's float16 and bfloat16 sums.
 """
 from typing import Any, Tuple
 
+import numpy as np
 import torch
 
+from ..backends import halves
 from ..compression import Compressor, NoneCompressor
+from . import bridge
+
+
+class Kernels(halves.Kernels):
+    """torch's CPU kernels (vectorised, each 16-bit sum computed in float32 and rounded once),
+    run on tensors sharing the arrays' memory; read-only arrays, which torch cannot share,
+    take NumPy's."""
+
+    def narrow(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if not src.flags.writeable:
+            return super().narrow(src, dst)
+        bridge.adopt(dst).copy_(bridge.adopt(src))
+
+    def widen(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if not src.flags.writeable:
+            return super().widen(src, dst)
+        bridge.adopt(dst).copy_(bridge.adopt(src))
+
+    def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        if not (a.flags.writeable and b.flags.writeable):
+            return super().add(a, b, out)
+        torch.add(bridge.adopt(a), bridge.adopt(b), out=bridge.adopt(out))
+
+
+KERNELS = Kernels()
 
 
 class FP16Compressor(Compressor):

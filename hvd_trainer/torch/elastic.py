@@ -7,7 +7,9 @@ scheduler passed by keyword), the sampler's record and any picklable attributes 
 reset of the job (see :mod:`hvd_trainer.elastic`).
 """
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 import torch
 import torch.utils.data
@@ -20,6 +22,31 @@ from .optimizer import _Distributed
 
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
            "State", "TorchState", "run"]
+
+
+def _describe(tensor: torch.Tensor) -> Optional[Tuple[int, Any]]:
+    # Sparse, quantized and nested tensors, and empty ones, are pickled as usual.
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested \
+            or tensor.numel() == 0:
+        return None
+    return (tensor.numel() * tensor.element_size(),
+            (tensor.dtype, tuple(tensor.shape), str(tensor.device), tensor.requires_grad))
+
+
+def _copy(tensor: torch.Tensor, meta: Any, out: np.ndarray) -> None:
+    """The tensor's bytes into ``out``, whatever its dtype (bfloat16 too) and device."""
+    torch.from_numpy(out).view(meta[0]).view(meta[1]).copy_(tensor.detach())
+
+
+def _rebuild(data: np.ndarray, meta: Any) -> torch.Tensor:
+    dtype, shape, device, requires_grad = meta
+    tensor = torch.from_numpy(data).view(dtype).view(shape)
+    if device != "cpu":
+        tensor = tensor.to(device)
+    return tensor.requires_grad_(requires_grad)
+
+
+core.register_array_type(torch.Tensor, "torch", _describe, _copy, _rebuild)
 
 
 class ElasticSampler(torch.utils.data.Sampler, core.ElasticSampler):

@@ -1,6 +1,6 @@
 """horovod.torch's collectives on torch.Tensor, synchronous and asynchronous, over the core.
 
-Every collective runs on the core's communication thread (see ``hvd_trainer/handles.py``) in
+Every collective runs on the core's communication thread (see ``hvd_trainer/scheduler.py``) in
 the order of the calls, as Horovod's background thread runs them: an ``*_async`` function
 returns a handle at once, :func:`poll` says whether it has finished and :func:`synchronize`
 waits for it and returns its result (or raises its error). A synchronous function is its
@@ -27,15 +27,18 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import torch
 
-from .. import adasum, handles, sparse
+from .. import adasum, scheduler, sparse
 from .. import joined as core_join
 from .. import ops as core
+from ..backends.halves import is_half
 from ..handles import Handle
+from ..memory import KernelMemory
 from ..ops import Average, Sum
 from ..runtime import ProcessSet, global_process_set, rank
+from ..steps import table_shape
 from . import bridge
 from . import sparse as torch_sparse
-from .compression import Compression
+from .compression import KERNELS, Compression
 from .errors import as_horovod_error
 
 # Horovod's value of op=Adasum: allreduce and grouped_allreduce combine by adaptive summation
@@ -92,13 +95,13 @@ def _start(collective: Callable[..., Any], *args: Any,
     """
     ordered = None if on is None else bridge.ordered(on, gpu_core)
     if ordered is None:
-        return handle(handles.start(lambda: finish(collective(*args)), name, process_set))
+        return handle(scheduler.start(lambda: finish(collective(*args)), name, process_set))
 
     def run() -> Any:
         with ordered():
             return finish(collective(*args))
 
-    return handle(handles.start(run, name, process_set))
+    return handle(scheduler.start(run, name, process_set))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
@@ -148,6 +151,22 @@ def _not_differentiable(kind: str, op: Any) -> None:
 
 
 # -- allreduce ------------------------------------------------------------------------------
+_HOST = KernelMemory(KERNELS)  # CPU tensors: float16 and bfloat16 sums on torch's kernels
+
+
+def _reduce_group(kind: str, inplace: bool) -> Callable[..., List[Any]]:
+    """The core's allreduce of ``kind`` on a list of tensor views (op, name, scale factors and
+    process set follow): CPU float16 and bfloat16 views sum on torch's kernels, the others
+    go through the core's own function."""
+    def collective(arrays: List[Any], *args: Any) -> List[Any]:
+        if arrays and all(isinstance(a, np.ndarray) and is_half(a.dtype) for a in arrays):
+            return core.reduce_group(_HOST, arrays, *args, kind, inplace)
+        if kind == "allreduce":
+            return [(core.allreduce_ if inplace else core.allreduce)(arrays[0], *args)]
+        return (core.grouped_allreduce_ if inplace else core.grouped_allreduce)(arrays, *args)
+    return collective
+
+
 def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool],
                      name: Optional[str], op: Any, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> Handle:
@@ -160,10 +179,10 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
                       finish=(lambda _: bridge.write_back(staged, tensor)) if inplace
                       else lambda out: bridge.on_device(out[0], tensor), on=tensor,
                       name=name, process_set=process_set)
-    collective = core.allreduce_ if inplace else core.allreduce
-    return _start(collective, bridge.view(tensor), op, name, prescale_factor, postscale_factor,
-                  process_set, finish=(lambda _: tensor) if inplace else bridge.adopt, on=tensor,
-                  name=name, process_set=process_set)
+    return _start(_reduce_group("allreduce", inplace), [bridge.view(tensor)], op, name,
+                  prescale_factor, postscale_factor, process_set,
+                  finish=(lambda _: tensor) if inplace else lambda out: bridge.adopt(out[0]),
+                  on=tensor, name=name, process_set=process_set)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -249,10 +268,9 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                       else lambda out: [bridge.on_device(a, t) for a, t in zip(out, tensors)],
                       on=first, name=name, process_set=process_set)
     finish = (lambda _: list(tensors)) if inplace else (lambda out: [bridge.adopt(a) for a in out])
-    collective = core.grouped_allreduce_ if inplace else core.grouped_allreduce
-    return _start(collective, [bridge.view(t) for t in tensors], op, name, prescale_factor,
-                  postscale_factor, process_set, finish=finish, on=first, name=name,
-                  process_set=process_set)
+    return _start(_reduce_group("grouped_allreduce", inplace), [bridge.view(t) for t in tensors],
+                  op, name, prescale_factor, postscale_factor, process_set, finish=finish,
+                  on=first, name=name, process_set=process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -350,7 +368,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 def _sparse_allreduce(tensor: torch.Tensor, name: Optional[str], op: Any,
                       process_set: ProcessSet) -> torch.Tensor:
     ids, rows = torch_sparse.to_rows(tensor)
-    num_rows = torch_sparse.table_shape(tensor.shape, tensor.sparse_dim())[0]
+    num_rows = table_shape(tensor.shape, tensor.sparse_dim())[0]
     union, summed, _ = sparse.allreduce_rows(ids, rows, num_rows, name or _SPARSE,
                                              process_set=process_set)
     result = bridge.adopt(summed)
@@ -681,7 +699,10 @@ def join(device: int = -1) -> int:
     Adasum included), ``barrier`` and ``DistributedOptimizer`` steps run with zeros for this
     rank; ``Average`` divides by the full size, joined ranks included, as Horovod 0.28 does.
     Any other collective raises ``HorovodInternalError`` on every rank that called it while
-    a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter).
+    a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter), and
+    so do calls that differ between the other ranks once each waits for its own (after a
+    failure caught on some ranks only, say): this rank stays in join() until every rank has
+    called it, never leaving the others waiting (see :func:`hvd_trainer.joined.join`).
     ``device`` says where Horovod makes its zeros; it is accepted and not used: a joined
     rank serves host tensors only (a collective on CUDA tensors raises while a rank is
     joined), and its zeros are host arrays.

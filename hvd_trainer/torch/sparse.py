@@ -13,11 +13,6 @@ import torch
 from . import bridge
 
 
-def table_shape(shape: Sequence[int], sparse_dim: int) -> Tuple[int, ...]:
-    """The (rows, ...) shape of a tensor of ``shape`` with ``sparse_dim`` sparse dimensions."""
-    return (int(np.prod(shape[:sparse_dim], dtype=np.int64)),) + tuple(shape[sparse_dim:])
-
-
 def to_rows(tensor: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
     """The unique row ids and the rows of a sparse COO tensor (summing duplicate indices),
     as NumPy arrays that share the coalesced tensor's memory."""

@@ -44,6 +44,7 @@ SSHD = "/usr/sbin/sshd"
 MUNGED, SLURMCTLD, SLURMD = "/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"
 _STATE = "state.json"
 _READY_SECONDS = 30.0
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The first process of each host: reaps whatever is left to it (PID 1 of its namespace).
 _INIT = ("import os, time\nwhile True:\n    try:\n        os.waitpid(-1, 0)\n"
          "    except ChildProcessError:\n        time.sleep(1)\n")
@@ -100,6 +101,22 @@ def child_of(pid: int, seconds: float = _READY_SECONDS) -> int:
             return int(found[0])
         time.sleep(0.02)
     raise TestBedError(f"process {pid} did not fork within {seconds:g} s")
+
+
+def _private_tmp(outer: str) -> str:
+    """Shell commands that give a host a /tmp of its own (a tmpfs) in which the checkout and
+    the Python environment stay where they are when they live under /tmp (a clone in /tmp
+    for CI): the shared /tmp, mounted at ``outer`` for a moment, lends them back."""
+    kept = sorted({path for path in (REPO, sys.prefix)
+                   if os.path.commonpath([path, "/tmp"]) == "/tmp" and path != "/tmp"})
+    commands = [f"mkdir -p {outer}", f"mount --bind /tmp {outer}",
+                "mount -t tmpfs -o mode=1777 tmpfs /tmp"]
+    for path in kept:
+        inner = os.path.join(outer, os.path.relpath(path, "/tmp"))
+        commands += [f"mkdir -p {path}", f"mount --bind {inner} {path}"]
+    # The lent paths are mounts of their own; without the whole shared /tmp in sight, nothing
+    # run in the host can reach the rest of it through the bed's folder.
+    return " && ".join(commands + [f"umount {outer}"])
 
 
 def _set_death_signal() -> None:
@@ -486,7 +503,7 @@ def _build(bed: TestBed) -> None:
             _sh("ip", "-n", netns, "link", "set", link, "up")
         ready = os.path.join(folder, f"ready.{host}")
         setup = (f"hostname {host} && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
-                 f"mount -t tmpfs -o mode=1777 tmpfs /tmp && touch {ready} && "
+                 f"{_private_tmp(os.path.join(folder, f'tmp.{host}'))} && touch {ready} && "
                  f"exec {sys.executable} -c '{_INIT}'")
         unshare = subprocess.Popen(
             ["ip", "netns", "exec", netns, "unshare", "--uts", "--ipc", "--pid", "--fork",

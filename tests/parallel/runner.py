@@ -1,8 +1,11 @@
-"""Launch a worker script on several ranks for a test, bounded in time."""
+"""Launch a worker script on several ranks for a test, bounded in time; turn the per-case
+records of a worker (workers/case_runner.py) into one pytest result per case."""
+import ast
+import json
 import os
 import subprocess
 import sys
-from typing import Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from hvd_trainer_launch import mpi
 
@@ -36,3 +39,76 @@ def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 1
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
                              f"\n--- stderr\n{proc.stderr}")
     return proc
+
+
+def case_names(script: str) -> List[str]:
+    """The names of ``script``'s cases, read from its source without running it, for the
+    tests' parametrized ids: the keys of the dict literal its ``run_cases`` call is given;
+    an entry ``**{... for name in TABLE}`` there stands for the keys of the dict literal
+    assigned to ``TABLE``."""
+    path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    tables = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_cases":
+            names = []
+            for key, value in zip(node.args[0].keys, node.args[0].values):
+                if key is not None:
+                    names.append(key.value)
+                else:  # **{... for name in TABLE}
+                    table = tables[value.generators[0].iter.id]
+                    names += [k.value for k in table.keys]
+            return names
+    raise ValueError(f"{script} calls no run_cases({{...}}) with a dict of its cases")
+
+
+class Cases:
+    """The records that one job of a worker printed, by case and rank."""
+
+    def __init__(self, np: int, output: str, ending: str):
+        self.np = np
+        self.output = output
+        self.ending = ending  # how the job ended: its exit code, or its timeout
+        self.records: Dict[str, Dict[int, dict]] = {}
+        for line in output.splitlines():
+            at = line.find("#case ")
+            if at >= 0:
+                record = json.loads(line[at + len("#case "):])
+                self.records.setdefault(record["case"], {})[record["rank"]] = record
+
+    def check(self, case: str) -> None:
+        """Fail, naming the case, unless every rank reported ``case`` passed."""
+        found = self.records.get(case, {})
+        missing = [r for r in range(self.np) if r not in found]
+        failed = {r: rec["failures"] for r, rec in sorted(found.items()) if not rec["ok"]}
+        if failed:
+            detail = "\n".join(f"rank {r}: " + "\n  ".join(f) for r, f in failed.items())
+            raise AssertionError(f"case {case!r} failed on ranks {sorted(failed)}:\n{detail}")
+        if missing:
+            raise AssertionError(f"case {case!r}: no record from ranks {missing}; the job "
+                                 f"{self.ending}\n{self.output[-6000:]}")
+
+
+_jobs: Dict[Tuple, Cases] = {}
+
+
+def case_job(script: str, np: int, args: Sequence[str] = (), timeout: float = 120,
+             env: dict = None, hvdrun_args: Sequence[str] = ()) -> Cases:
+    """Run ``script``'s cases on ``np`` ranks once per set of arguments (later calls reuse the
+    job) and return its records; a job that fails or outlives ``timeout`` still gives the
+    records it printed."""
+    key = (script, np, tuple(args), timeout, tuple(sorted((env or {}).items())),
+           tuple(hvdrun_args))
+    if key not in _jobs:
+        try:
+            proc = run_ranks(script, np, args, timeout, env, check=False,
+                             hvdrun_args=hvdrun_args)
+            output, ending = proc.stdout + proc.stderr, f"exited {proc.returncode}"
+        except subprocess.TimeoutExpired as e:
+            output = "".join(part.decode() if isinstance(part, bytes) else (part or "")
+                             for part in (e.stdout, e.stderr))
+            ending = f"ran past its timeout of {timeout} s"
+        _jobs[key] = Cases(np, output, ending)
+    return _jobs[key]

@@ -11,17 +11,17 @@ import time
 
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names, run_ranks
 
 # A job that hangs ends itself (and says where it waited) rather than waiting for the timeout.
 # 45 s is far longer than any wait of these jobs, even on 2 loaded cores.
 BOUNDED = {"HVD_STALL_CHECK_TIME_SECONDS": "5", "HVD_STALL_SHUTDOWN_TIME_SECONDS": "45"}
 
 
+@pytest.mark.parametrize("case", case_names("bad_argument_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_a_bad_argument_on_one_rank_raises_on_every_rank_and_the_next_call_works(np_):
-    out = run_ranks("bad_argument_worker.py", np_, timeout=120, env=BOUNDED).stdout
-    assert out.count("bad arguments raised on every rank") == np_
+def test_a_bad_argument_on_one_rank_raises_on_every_rank_and_the_next_call_works(np_, case):
+    case_job("bad_argument_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
 def per_rank_env(np_):
@@ -56,23 +56,23 @@ def test_a_malformed_wire_setting_on_one_rank_fails_init_on_every_rank(np_, vari
                 f"{words}") in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("case", case_names("process_set_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_process_sets_agree_on_registration_names_and_root_ranks(np_):
-    out = run_ranks("process_set_worker.py", np_, timeout=120, env=BOUNDED).stdout
-    assert out.count("process sets agree") == np_
+def test_process_sets_agree_on_registration_names_and_root_ranks(np_, case):
+    case_job("process_set_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("threads_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_collectives_from_two_threads_match_numpy(np_):
-    out = run_ranks("threads_worker.py", np_, timeout=120, env=BOUNDED).stdout
-    assert out.count("collectives from threads match NumPy") == np_
+def test_collectives_from_two_threads_match_numpy(np_, case):
+    case_job("threads_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("count_limit_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_messages_over_the_count_limit_go_in_pieces(np_):
+def test_messages_over_the_count_limit_go_in_pieces(np_, case):
     env = dict(BOUNDED, HVD_ALLREDUCE_ALGO="auto", HVD_RING_THRESHOLD="20000")
-    out = run_ranks("count_limit_worker.py", np_, timeout=120, env=env).stdout
-    assert out.count("collectives in pieces match NumPy") == np_
+    case_job("count_limit_worker.py", np_, timeout=120, env=env).check(case)
 
 
 def test_a_stall_in_the_data_phase_names_the_late_rank():

@@ -3,7 +3,7 @@ rank 0's fastest sample, trains as one gluon.Trainer on the global batch, and ra
 row per sample (worker: workers/autotune_trainer.py)."""
 import pytest
 
-from runner import run_ranks
+from runner import case_job
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -11,14 +11,13 @@ def test_ranks_adopt_rank_0s_choice_and_train_as_one_process(tmp_path, np_):
     log = tmp_path / "autotune.csv"
     env = {"HVD_AUTOTUNE": "1", "HVD_AUTOTUNE_WARMUP_SAMPLES": "1",
            "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "2", "HVD_AUTOTUNE_LOG": str(log)}
-    out = run_ranks("autotune_trainer.py", np_, [str(log)], timeout=240, env=env).stdout
-    assert out.count("autotune case passed") == np_
-    assert out.count("OK autotune") == 1
+    case_job("autotune_trainer.py", np_, [str(log)], timeout=240, env=env).check(
+        "autotuned_training")
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_torch_optimizer_backs_the_buckets_each_autotuned_layout(np_):
     env = {"HVD_AUTOTUNE": "1", "HVD_AUTOTUNE_WARMUP_SAMPLES": "1",
            "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "2"}
-    out = run_ranks("torch_autotune_optimizer.py", np_, timeout=240, env=env).stdout
-    assert out.count("torch autotune case passed") == np_
+    case_job("torch_autotune_optimizer.py", np_, timeout=240, env=env).check(
+        "autotuned_training")

@@ -2,17 +2,17 @@
 that only works for even sizes)."""
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names
 
 
+@pytest.mark.parametrize("case", case_names("collectives_worker.py"))
 @pytest.mark.parametrize("algorithm", ["ring", "native", "auto"])
 @pytest.mark.parametrize("np_", [2, 3])
-def test_collectives_match_numpy(np_, algorithm):
-    out = run_ranks("collectives_worker.py", np_, [algorithm], timeout=120).stdout
-    assert out.count("all collectives match NumPy") == np_
+def test_collectives_match_numpy(np_, algorithm, case):
+    case_job("collectives_worker.py", np_, [algorithm], timeout=120).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("mismatch_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_disagreeing_ranks_all_raise(np_):
-    out = run_ranks("mismatch_worker.py", np_, timeout=60).stdout
-    assert out.count("every mismatch raised on every rank") == np_
+def test_disagreeing_ranks_all_raise(np_, case):
+    case_job("mismatch_worker.py", np_, timeout=60).check(case)

@@ -4,16 +4,20 @@ import re
 
 import pytest
 
-from runner import run_ranks
-
-CASES = 5
+from runner import case_job, case_names, run_ranks
 
 
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("compression")
+
+
+@pytest.mark.parametrize("case", case_names("compression_cases.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_compression_cases(np_, tmp_path):
-    out = run_ranks("compression_cases.py", np_, [str(tmp_path)], timeout=120).stdout
-    assert out.count("all compression cases passed") == np_
-    assert out.count("OK ") == CASES
+def test_compression_cases(np_, folder, case):
+    where = folder / str(np_)
+    where.mkdir(exist_ok=True)
+    case_job("compression_cases.py", np_, [str(where)], timeout=120).check(case)
 
 
 def test_digits_scaled_2bit_and_topk_match_uncompressed():

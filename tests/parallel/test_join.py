@@ -6,20 +6,19 @@ DistributedTrainer with hvd_trainer.join().
 """
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names
 
 
+@pytest.mark.parametrize("case", case_names("torch_join_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_torch_join_serves_reductions_and_optimizer_steps(np_):
+def test_torch_join_serves_reductions_and_optimizer_steps(np_, case):
     # Small fusion buckets and the ring algorithm: the joined ranks' zeros must travel in the
     # same pieces as the others' tensors; small gradient buckets: several per step.
     env = {"HVD_FUSION_THRESHOLD": "4096", "HVD_ALLREDUCE_ALGO": "ring",
            "HVD_BUCKET_THRESHOLD": "100"}
-    out = run_ranks("torch_join_worker.py", np_, timeout=120, env=env).stdout
-    assert out.count("torch join ok") == np_, out
+    case_job("torch_join_worker.py", np_, timeout=120, env=env).check(case)
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_distributed_trainer_with_unequal_batches_then_join(np_):
-    out = run_ranks("mxnet_join_worker.py", np_, timeout=120).stdout
-    assert out.count("mxnet join ok") == np_, out
+    case_job("mxnet_join_worker.py", np_, timeout=120).check("unequal_batches_then_join")

@@ -2,12 +2,14 @@
 import os
 import re
 
-from runner import REPO, run_ranks
+import pytest
+
+from runner import REPO, case_job, case_names, run_ranks
 
 
-def test_module_fit_matches_single_process_global_batch():
-    out = run_ranks("module_fit_worker.py", 2, timeout=120).stdout
-    assert out.count("module fit ok") == 2, out
+@pytest.mark.parametrize("case", case_names("module_fit_worker.py"))
+def test_module_fit_matches_single_process_global_batch(case):
+    case_job("module_fit_worker.py", 2, timeout=120).check(case)
 
 
 def test_horovod_style_example_trains():

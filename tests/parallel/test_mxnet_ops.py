@@ -5,16 +5,16 @@ import MXNet costs seconds, checking one more op costs milliseconds.
 """
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names
 
 
+@pytest.mark.parametrize("case", case_names("mxnet_ops_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_ndarray_collectives_match_numpy(np_):
-    out = run_ranks("mxnet_ops_worker.py", np_, timeout=120).stdout
-    assert out.count("mxnet ops ok") == np_, out
+def test_ndarray_collectives_match_numpy(np_, case):
+    case_job("mxnet_ops_worker.py", np_, timeout=120).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("mxnet_bad_arguments.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_one_ranks_bad_argument_raises_on_every_rank_and_the_job_goes_on(np_):
-    out = run_ranks("mxnet_bad_arguments.py", np_, timeout=120).stdout
-    assert out.count("mxnet bad arguments ok") == np_, out
+def test_one_ranks_bad_argument_raises_on_every_rank_and_the_job_goes_on(np_, case):
+    case_job("mxnet_bad_arguments.py", np_, timeout=120).check(case)

@@ -2,11 +2,11 @@
 MPI_Allreduce (native), against NumPy, every rank holding the same bits."""
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names
 
 
+@pytest.mark.parametrize("case", case_names("nan_min_max_worker.py"))
 @pytest.mark.parametrize("algorithm", ["ring", "native"])
 @pytest.mark.parametrize("np_", [2, 3])
-def test_nan_and_inf_in_min_max_match_numpy_on_every_rank(np_, algorithm):
-    out = run_ranks("nan_min_max_worker.py", np_, [algorithm], timeout=180).stdout
-    assert out.count("NaN, inf and signed zeros in Min/Max match NumPy") == np_
+def test_nan_and_inf_in_min_max_match_numpy_on_every_rank(np_, algorithm, case):
+    case_job("nan_min_max_worker.py", np_, [algorithm], timeout=180).check(case)

@@ -2,14 +2,11 @@
 gluon.Trainer on the global batch; with the overlap on, buckets are reduced on the thread."""
 import pytest
 
-from runner import run_ranks
-
-CASES = 3
+from runner import case_job, case_names
 
 
+@pytest.mark.parametrize("case", case_names("numpy_equivalence.py"))
 @pytest.mark.parametrize("np_,env", [(2, {}), (3, {}), (2, {"HVD_OVERLAP": "1"})],
                          ids=["2", "3", "2-overlap-on"])
-def test_numpy_mode_matches_one_process(np_, env):
-    out = run_ranks("numpy_equivalence.py", np_, timeout=180, env=env).stdout
-    assert out.count("all numpy-mode cases passed") == np_
-    assert out.count("OK ") == CASES
+def test_numpy_mode_matches_one_process(np_, env, case):
+    case_job("numpy_equivalence.py", np_, timeout=180, env=env).check(case)

@@ -8,16 +8,13 @@ import re
 
 import pytest
 
-from runner import REPO, run_ranks
-
-SPARSE_CASES = 7
+from runner import REPO, case_job, case_names, run_ranks
 
 
+@pytest.mark.parametrize("case", case_names("sparse_equivalence.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_sparse_gradients_match_one_process_on_the_global_batch(np_):
-    out = run_ranks("sparse_equivalence.py", np_, timeout=120).stdout
-    assert out.count("all sparse equivalence cases passed") == np_
-    assert out.count("OK ") == SPARSE_CASES
+def test_sparse_gradients_match_one_process_on_the_global_batch(np_, case):
+    case_job("sparse_equivalence.py", np_, timeout=120).check(case)
 
 
 def test_example_reports_both_paths_and_the_sparse_one_moves_fewer_bytes():

@@ -7,16 +7,13 @@ import re
 
 import pytest
 
-from runner import REPO, run_ranks
-
-SPARSE_WEIGHT_CASES = 13  # the CASES, and broadcast_parameters
+from runner import REPO, case_job, case_names, run_ranks
 
 
+@pytest.mark.parametrize("case", case_names("sparse_weights_equivalence.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_row_sparse_weights_match_gluon_trainer_on_the_global_batch(np_):
-    out = run_ranks("sparse_weights_equivalence.py", np_, timeout=180).stdout
-    assert out.count("all sparse weight cases passed") == np_
-    assert out.count("OK ") == SPARSE_WEIGHT_CASES
+def test_row_sparse_weights_match_gluon_trainer_on_the_global_batch(np_, case):
+    case_job("sparse_weights_equivalence.py", np_, timeout=180).check(case)
 
 
 def test_recommendation_example_learns_and_moves_less_than_its_tables():

@@ -5,16 +5,16 @@ single-process references (workers/torch_training_worker.py).
 """
 import pytest
 
-from runner import run_ranks
+from runner import case_job, case_names
 
 
+@pytest.mark.parametrize("case", case_names("torch_ops_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_tensor_collectives_match_numpy(np_):
-    out = run_ranks("torch_ops_worker.py", np_, timeout=180).stdout
-    assert out.count("torch ops ok") == np_, out
+def test_tensor_collectives_match_numpy(np_, case):
+    case_job("torch_ops_worker.py", np_, timeout=180).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("torch_training_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_autograd_parameters_optimizer_state_and_sync_batch_norm(np_):
-    out = run_ranks("torch_training_worker.py", np_, timeout=180).stdout
-    assert out.count("torch training ok") == np_, out
+def test_autograd_parameters_optimizer_state_and_sync_batch_norm(np_, case):
+    case_job("torch_training_worker.py", np_, timeout=180).check(case)

@@ -11,13 +11,13 @@ import os
 
 import pytest
 
-from runner import REPO, run_ranks
+from runner import REPO, case_job, case_names, run_ranks
 
 
+@pytest.mark.parametrize("case", case_names("torch_optimizer_equivalence.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_distributed_optimizer_matches_one_process(np_):
-    out = run_ranks("torch_optimizer_equivalence.py", np_, timeout=300).stdout
-    assert out.count("torch optimizer ok\n") == np_, out
+def test_distributed_optimizer_matches_one_process(np_, case):
+    case_job("torch_optimizer_equivalence.py", np_, timeout=300).check(case)
 
 
 def test_torch_digits_example_reaches_95_percent_on_two_ranks():
@@ -27,14 +27,13 @@ def test_torch_digits_example_reaches_95_percent_on_two_ranks():
     assert float(last[0].split("test acc")[1].split()[0]) >= 0.95, out
 
 
+@pytest.mark.parametrize("case", case_names("torch_compression_equivalence.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_packed_codecs_match_a_numpy_model_of_each(np_):
-    out = run_ranks("torch_compression_equivalence.py", np_, timeout=180).stdout
-    for case in ("2bit", "scaled 2bit", "1bit", "topk"):
-        assert out.count(f"torch codec ok: {case}") == np_, out
+def test_packed_codecs_match_a_numpy_model_of_each(np_, case):
+    case_job("torch_compression_equivalence.py", np_, timeout=180).check(case)
 
 
+@pytest.mark.parametrize("case", case_names("torch_step_order.py"))
 @pytest.mark.parametrize("np_", [2, 3])
-def test_async_collectives_between_backward_and_step_and_join_before_the_first_step(np_):
-    out = run_ranks("torch_step_order.py", np_, timeout=120).stdout
-    assert out.count("torch step order ok") == np_, out
+def test_collectives_between_backward_and_step_and_join_before_the_first_step(np_, case):
+    case_job("torch_step_order.py", np_, timeout=120).check(case)

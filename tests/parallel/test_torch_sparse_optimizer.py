@@ -8,28 +8,10 @@ or by the dense fallback when the ranks together touch more rows than the table 
 """
 import pytest
 
-from runner import run_ranks
-
-ROW_CASES = ["sgd", "sgd, idle ranks", "sum with lr / size", "predivide",
-             "backward_passes_per_step=2", "adagrad, idle ranks", "sparse adam, idle ranks",
-             "fp16 compression leaves sparse gradients exact"]
-DENSE_CASES = ["dense fallback: sgd", "dense fallback: adagrad, idle ranks"]
+from runner import case_job, case_names
 
 
-@pytest.fixture(scope="module", params=[2, 3])
-def job(request):
-    """One run of the worker per number of ranks: (ranks, output)."""
-    return request.param, run_ranks("torch_sparse_optimizer.py", request.param,
-                                    timeout=180).stdout
-
-
-def test_sparse_gradients_by_row_allgather_match_one_process(job):
-    np_, out = job
-    for case in ROW_CASES:
-        assert out.count(f"torch sparse ok: {case}\n") == np_, (case, out)
-
-
-def test_dense_fallback_matches_one_process(job):
-    np_, out = job
-    for case in DENSE_CASES:
-        assert out.count(f"torch sparse ok: {case}\n") == np_, (case, out)
+@pytest.mark.parametrize("case", case_names("torch_sparse_optimizer.py"))
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sparse_gradients_match_one_process(np_, case):
+    case_job("torch_sparse_optimizer.py", np_, timeout=180).check(case)

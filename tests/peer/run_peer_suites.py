@@ -36,7 +36,7 @@ SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",)}
 # Environment by suite. test_tensorflow.py runs each test in a TF1 graph too, where one
 # session.run starts up to 21 independent collectives; hvd_trainer's block a session thread
 # each while they wait for the other ranks, so the session needs that many threads (the
-# README's TensorFlow limitations), more than this machine's cores give by default.
+# TensorFlow limitations in docs/limitations.md), more than this machine's cores give by default.
 SUITE_ENV = {"test_tensorflow.py": {"TF_NUM_INTEROP_THREADS": "32"}}
 HELPER_MODULES = ("cloudpickle", "mock", "packaging")
 # Folders of Horovod's tree whose modules the suites import by bare name (sys.path additions).

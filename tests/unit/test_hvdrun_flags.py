@@ -4,6 +4,8 @@ mpiexec command line and the ranks' environment, or refused with one line naming
 These tests build the command without starting MPI: ``run_job`` is replaced by a recorder and
 the launcher by a fixed path of each dialect, so every flag is checked under Hydra and Open MPI.
 """
+import argparse
+import importlib.util
 import json
 import os
 import re
@@ -520,20 +522,43 @@ def test_start_timeout_ends_a_job_whose_ranks_never_start(tmp_path):
     assert "hvdrun: ranks 0, 1 did not start within --start-timeout 1 s; ending the job" in result.stderr
 
 
-def _spelled(names, metavar=None):
-    """A README table's first column: each spelling in backticks, with its value's name."""
-    if isinstance(metavar, tuple):
-        metavar = " ".join(metavar)
-    return ", ".join(f"`{name} {metavar}`" if metavar else f"`{name}`" for name in names)
+def _docs_flag_rows():
+    """docs/configuration.md's flag table as the docs build generates it: (spellings, effect)."""
+    path = os.path.join(REPO, "docs", "hooks", "generate.py")
+    spec = importlib.util.spec_from_file_location("docs_generate", path)
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    rows = []
+    for row in generate.flags_table().splitlines()[2:]:
+        first, effect = row.strip("|").split(" | ", 1)
+        rows.append((re.findall(r"`(-[^` ]+)", first), effect.strip()))
+    return rows
 
 
-def test_readme_flag_table_matches_the_module():
-    with open(os.path.join(REPO, "README.md")) as readme:
-        rows = [line for line in readme.read().splitlines() if line.startswith("| `-")]
-    expected = [f"| {_spelled(flag.names, flag.options.get('metavar'))} | {flag.effect} |"
-                for flag in flags.FLAGS]
-    expected += [f"| {_spelled(entry.names)} | refused: {entry.reason} |" for entry in flags.REFUSED]
-    assert rows == expected
+def test_the_docs_flag_table_names_every_option_hvdrun_accepts_with_its_help():
+    # The reference is the parser hvdrun runs: every option string it takes has a row, and an
+    # accepted flag's row says what `hvdrun --help` says.
+    parser = hvdrun.build_parser()
+    accepted = {option: action for action in parser._actions for option in action.option_strings
+                if option not in ("-h", "--help")}
+    rows = _docs_flag_rows()
+    assert sorted(name for names, _ in rows for name in names) == sorted(accepted)
+    for names, effect in rows:
+        help_text = accepted[names[0]].help
+        if help_text == argparse.SUPPRESS:
+            assert effect.startswith("refused: ")
+        else:
+            assert effect == help_text.replace("%%", "%"), names
+
+
+def test_the_docs_give_each_refused_flag_the_reason_hvdrun_prints(capsys):
+    for names, effect in _docs_flag_rows():
+        if not effect.startswith("refused: "):
+            continue
+        with pytest.raises(SystemExit):
+            hvdrun.main([names[0], "1", "-np", "2", *PROGRAM])
+        assert capsys.readouterr().err.strip() == \
+            f"hvdrun: error: {names[0]} is not supported: {effect[len('refused: '):]}"
 
 
 def test_slurm_allocations_node_list_and_tasks_give_the_hosts():

@@ -103,3 +103,44 @@ def test_the_core_never_imports_an_adapter(name):
 def test_the_reader_finds_imports_inside_functions():
     # runtime.py imports its MPI backend only when it makes the world: the reader must see it.
     assert "hvd_trainer.backends.mpi" in GRAPH["hvd_trainer.runtime"]
+
+
+# Each adapter's training machinery: the files of its optimizer or trainer. The step protocol
+# around the reducer is the core's (steps.py), so each stays a bridge of tensors and names.
+TRAINING_FILES = ["hvd_trainer.mxnet.trainer", "hvd_trainer.mxnet.gradients",
+                  "hvd_trainer.mxnet.optimizer", "hvd_trainer.mxnet.sparse_weights",
+                  "hvd_trainer.torch.optimizer", "hvd_trainer.torch.gradients",
+                  "hvd_trainer.torch.adasum_optimizer"]
+# Of those, the ones that drive a reducer's steps: a collective of theirs would run around it.
+STEP_FILES = ["hvd_trainer.mxnet.trainer", "hvd_trainer.mxnet.gradients",
+              "hvd_trainer.mxnet.optimizer", "hvd_trainer.torch.optimizer",
+              "hvd_trainer.torch.gradients"]
+
+
+@pytest.mark.parametrize("name", TRAINING_FILES)
+def test_an_adapters_training_file_has_under_300_lines(name):
+    with open(MODULES[name]) as f:
+        assert len(f.read().splitlines()) < 300
+
+
+def _core_modules_bound(name: str) -> Set[str]:
+    """The core modules that ``name`` binds as module objects (``from .. import ops``)."""
+    bound = set()
+    for node in ast.walk(ast.parse(open(MODULES[name]).read())):
+        if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module is None:
+            bound.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            bound.update(a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("hvd_trainer."))
+    return bound
+
+
+@pytest.mark.parametrize("name", STEP_FILES)
+def test_an_adapter_makes_no_core_collective_around_the_reducer(name):
+    # The core's collectives live in ops (and sparse, adasum); an adapter's step files reach
+    # them only through the reducer and steps.py.
+    assert not _core_modules_bound(name) & {"ops", "sparse", "adasum", "joined"}
+
+
+def test_the_reader_finds_module_bindings():
+    assert "ops" in _core_modules_bound("hvd_trainer.mxnet.parameters")

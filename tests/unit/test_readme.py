@@ -1,4 +1,6 @@
-"""The README's opening commands are what CI runs and what a new user types."""
+"""The README: short, and its opening commands are what CI runs and what a new user types.
+
+Everything else lives in docs/ (tests/unit/test_docs.py checks the site)."""
 import os
 import re
 
@@ -47,3 +49,18 @@ def test_test_files_have_unique_basenames():
             if name.startswith("test_") and name.endswith(".py"):
                 assert name not in seen, f"{name} is in {seen.get(name)} and {folder}"
                 seen[name] = folder
+
+
+def test_readme_stays_short():
+    with open(os.path.join(REPO, "README.md")) as f:
+        lines = f.read().splitlines()
+    assert len(lines) < 250, f"README.md has {len(lines)} lines; move sections to docs/"
+
+
+def test_readme_has_the_one_line_change_and_the_import_change():
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    assert "+    trainer = hvd_trainer.DistributedTrainer(" in text  # its diff: test_docs.py
+    for module in ("mxnet", "torch", "tensorflow", "tensorflow.keras", "keras"):
+        assert f"import hvd_trainer.{module} as hvd" in text and \
+            f"was: import horovod.{module} as hvd" in text

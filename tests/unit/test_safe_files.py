@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from hvd_trainer import files
@@ -71,6 +72,29 @@ def test_signatures_refuse_altered_truncated_foreign_and_unsigned_data():
             files.verify(b"secret", bad, "commit x")
     with pytest.raises(ValueError, match="signed by another job"):
         files.verify(b"other secret", signed, "commit x")
+
+
+def test_write_signed_writes_the_signature_of_the_joined_parts_through_no_symlink(tmp_path):
+    parts = [b"head", bytes(3), np.arange(300_000, dtype=np.float64), b"tail"]  # > 2 pieces
+    joined = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    target = tmp_path / "rank0.1.commit"
+    target.symlink_to(victim)
+    files.write_signed(str(target), b"secret", parts, sync=False, tag="life3")
+    assert victim.read_bytes() == b"precious" and not target.is_symlink()
+    assert target.read_bytes() == files.sign(b"secret", joined)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["rank0.1.commit", "victim"]
+
+
+def test_remove_temporaries_spares_the_tag_kept_and_other_names(tmp_path):
+    names = [".rank0.1.commit.life0.abc.tmp", ".rank0.1.commit.life1.abc.tmp",
+             ".states.abc.tmp", ".rank2.7.commit.life0.xyz.tmp"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"partial")
+    files.remove_temporaries(str(tmp_path), "rank*.commit", "life1")
+    assert sorted(os.listdir(tmp_path)) == [".rank0.1.commit.life1.abc.tmp", ".states.abc.tmp"]
 
 
 def test_mac_binds_the_parts_boundaries():

@@ -1,11 +1,13 @@
-"""The schedule's invariants, driven without MPI: rounds decide the same entries everywhere,
-decided entries take the turn in order, names are unique while pending."""
+"""The scheduler's invariants, driven without MPI: rounds decide the same entries everywhere,
+decided entries take the turn in order, names are unique while pending; handed work runs in
+order unless it parks, deferred work goes first and once, closers run on their own thread."""
 import threading
 import time
 
 import numpy as np
 import pytest
 
+import hvd_trainer as hvd
 from hvd_trainer import scheduler
 
 
@@ -14,7 +16,7 @@ def summary(key, shape=(2,), sync=True, automatic=False, name=None):
 
 
 def failure(every):
-    return RuntimeError([None if d is None else d["shape"] for d in every])
+    return RuntimeError([None if d is None else d.get("shape") for d in every])
 
 
 def test_match_runs_common_keys_in_the_lowest_ranks_order_and_leaves_the_rest():
@@ -40,6 +42,51 @@ def test_deadlock_runs_drifted_automatic_names_and_raises_differing_names():
     assert scheduler.deadlock(drifted, 1, failure)[0][:2] == ("run", "noname.5")
     named = [[summary("x")], [summary("y")]]
     assert scheduler.deadlock(named, 0, failure)[0][:2] == ("raise", "x")
+
+
+def barrier(key):
+    return key, {"kind": "barrier", "name": f"barrier.{key}"}, True, True
+
+
+def test_deadlock_keeps_a_barrier_waiting_and_raises_the_calls_of_the_others():
+    lists = [[barrier("noname.7")], [summary("x")], None, [barrier("noname.7")]]  # 2 joined
+    assert scheduler.deadlock(lists, 0, failure) == [("wait", "noname.7", None)]
+    assert scheduler.deadlock(lists, 3, failure) == [("wait", "noname.7", None)]
+    [(verdict, key, error)] = scheduler.deadlock(lists, 1, failure)
+    assert (verdict, key) == ("raise", "x")
+    assert "ranks 0, 3 wait in a barrier for this rank" in str(error)
+
+
+def test_match_keeps_a_barrier_waiting_when_another_call_has_its_key():
+    other = ("noname.2", {"kind": "allgather", "name": "allgather.noname.2"}, True, True)
+    lists = [[barrier("noname.2")], [other]]
+    assert scheduler.match(lists, failure, me=0) == [("wait", "noname.2", None)]
+    [(verdict, key, error)] = scheduler.match(lists, failure, me=1)
+    assert (verdict, key) == ("raise", "noname.2") and "rank 0 waits in a barrier" in str(error)
+    both = [[barrier("noname.2")], [barrier("noname.2")]]
+    assert [v for v, _, _ in scheduler.match(both, failure, me=0)] == ["run"]
+
+
+def test_deadlock_looks_at_each_ranks_oldest_waited_call_only():
+    unwaited = summary("early", sync=False)
+    lists = [[unwaited, summary("noname.1", automatic=True, name="allreduce.noname.1")],
+             [summary("noname.4", automatic=True, name="allreduce.noname.4")]]
+    assert scheduler.deadlock(lists, 0, failure)[0][:2] == ("run", "noname.1")
+    assert scheduler.deadlock_runs(lists) and not scheduler.deadlock_runs([[unwaited]])
+
+
+def test_an_entry_of_a_job_counts_as_waited_while_a_thread_waits_for_its_handle():
+    job = scheduler.Job()
+    scheduler.set_job(job, None)
+    try:
+        entry = scheduler.Entry("k", {"name": "k"}, None, 0)
+    finally:
+        scheduler.set_job(None, None)
+    assert not entry.waited() and not entry.summary()[2]
+    with scheduler.await_job(job):
+        assert entry.waited() and entry.summary()[2]
+    assert not entry.waited()
+    assert scheduler.Entry("s", {"name": "s"}, None, 0).waited()  # a synchronous call's
 
 
 def test_a_pending_name_is_unique_and_freed_afterwards():
@@ -147,3 +194,136 @@ def test_a_claimed_round_that_fails_frees_the_communicator():
     with pytest.raises(OSError, match="link down"):
         sched.settle(scheduler.Entry("a", {}, None, 0), broken, lambda s: 0.0, broken)
     assert not sched.pending and sched.use.free()
+
+
+def _recorder(seen):
+    def record(label):
+        def work():
+            seen.append((label, threading.current_thread().name))
+            return label
+        return work
+    return record
+
+
+def _idle():
+    scheduler.start(lambda: None).result(10)  # the thread has nothing left
+    while scheduler._busy:
+        pass
+
+
+def test_deferred_work_runs_where_it_is_needed_if_nothing_comes_first():
+    _idle()
+    seen = []
+    record = _recorder(seen)
+    future = scheduler.defer(record("step"))
+    assert not future.done() and seen == []  # queued, the thread not woken
+    scheduler.run_deferred(future)
+    assert future.result(0) == "step"
+    assert seen == [("step", threading.current_thread().name)]
+    scheduler.run_deferred(future)  # once only
+    assert len(seen) == 1
+
+
+def test_what_starts_after_deferred_work_goes_behind_it():
+    _idle()
+    seen = []
+    record = _recorder(seen)
+    step = scheduler.defer(record("step"))
+    later = scheduler.start(record("async collective"))
+    assert later.result(10) == "async collective" and step.result(10) == "step"
+    assert [label for label, _ in seen] == ["step", "async collective"]
+    assert len({name for _, name in seen}) == 1
+    assert seen[0][1].startswith("hvd_trainer-comm")
+    scheduler.run_deferred(step)  # already ran on the thread: nothing more
+    assert len(seen) == 2
+
+    _idle()
+    seen.clear()
+    step = scheduler.defer(record("step"))
+    scheduler.flush(here=True)  # a synchronous collective on this thread: the step first, here
+    assert step.result(0) == "step"
+    assert seen == [("step", threading.current_thread().name)]
+
+
+def test_deferring_while_the_thread_has_work_hands_it_over_in_order():
+    seen = []
+    record = _recorder(seen)
+    release = threading.Event()
+    busy = scheduler.start(lambda: release.wait(10))
+    step = scheduler.defer(record("step"))
+    assert scheduler._deferred is None  # handed to the thread behind the busy work
+    release.set()
+    busy.result(10)
+    assert step.result(10) == "step" and seen[0][1].startswith("hvd_trainer-comm")
+
+
+def test_a_synchronous_collective_runs_a_deferred_step_first():
+    _idle()
+    x = np.arange(3.0)
+    results = []
+    step = scheduler.defer(lambda: results.append(hvd.allreduce(x, op=hvd.Sum)))
+    assert hvd.allreduce(x, op=hvd.Max) is not None  # runs the step first, on this thread
+    assert step.done() and np.array_equal(results[0], x)
+
+
+def test_a_closer_runs_before_its_own_threads_next_collective_only():
+    _idle()
+    seen = []
+    answers = [False, True]  # declines once (as inside a backward), then closes
+
+    def closer():
+        seen.append("closer")
+        return answers.pop(0)
+
+    scheduler.on_own_collective(closer)
+    other = threading.Thread(target=lambda: scheduler.start(lambda: seen.append("other")).result(10))
+    other.start()
+    other.join()
+    assert seen == ["other"]  # another thread's collective does not run it
+    scheduler.start(lambda: seen.append("first")).result(10)
+    scheduler.start(lambda: seen.append("second")).result(10)
+    scheduler.start(lambda: seen.append("third")).result(10)
+    assert seen == ["other", "closer", "first", "closer", "second", "third"]
+
+    def forgotten():
+        seen.append("forgotten")
+        return True
+
+    scheduler.on_own_collective(forgotten)
+    scheduler.forget_closer(forgotten)
+    scheduler.flush(here=True)
+    assert "forgotten" not in seen
+
+
+def test_work_that_parks_lets_the_next_start_on_another_thread():
+    _idle()
+    seen = []
+    matched = threading.Event()
+
+    def waits_for_a_match():
+        scheduler._context.park()  # as a round that matched nothing parks its job
+        matched.wait(10)
+        seen.append(("first", threading.get_ident()))
+
+    def meets_it():
+        seen.append(("second", threading.get_ident()))
+        matched.set()
+
+    first = scheduler.start(waits_for_a_match)
+    second = scheduler.start(meets_it)
+    second.result(10)
+    first.result(10)
+    assert [label for label, _ in seen] == ["second", "first"]
+    assert seen[0][1] != seen[1][1]
+
+
+def test_a_second_deferred_work_hands_the_first_to_the_thread_ahead_of_it():
+    _idle()
+    seen = []
+    record = _recorder(seen)
+    first = scheduler.defer(record("first"))
+    second = scheduler.defer(record("second"))
+    assert scheduler._deferred is None  # both handed to the thread, in order
+    scheduler.run_deferred(second)  # not deferred any more: nothing to run here
+    assert first.result(10) == "first" and second.result(10) == "second"
+    assert [label for label, _ in seen] == ["first", "second"]

@@ -89,7 +89,7 @@ def test_shuffled_split_covers_what_is_left_once_after_a_change_of_size(
 def test_core_batch_sampler_evens_out_what_the_torch_sampler_cannot(monkeypatch):
     # 7 samples, 3 ranks, batches of 2: 7 = 1 * 3 * 2 + 1. The torch sampler (no repeats)
     # gives rank 0 a second batch of one sample; the core batch sampler, as a DataLoader's
-    # batch_sampler, puts that sample into rank 0's only batch (as the README says).
+    # batch_sampler, puts that sample into rank 0's only batch (as docs/elastic.md says).
     dataset = numbered(7)
     torch_batches, core_batches = [], []
     for rank in range(3):
@@ -217,3 +217,33 @@ def test_horovod_names_are_the_elastic_core_s():
     assert hvd.HorovodInternalError is hvd.elastic.HorovodInternalError \
         is core.HorovodInternalError
     assert isinstance(hvd.elastic.ElasticSampler(numbered(3)), torch.utils.data.Sampler)
+
+
+def test_tensors_of_every_dtype_come_back_exactly_from_memory_and_from_disk(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(core.DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(files.SECRET_VARIABLE, "the job's secret")
+    torch.manual_seed(4)
+    base = torch.randn(6, 8)
+    tensors = {"bfloat16": base.bfloat16(), "float16": base.half(), "float64": base.double(),
+               "int64": (base * 100).long(), "bool": base > 0, "complex": torch.complex(
+                   base[:3], base[3:]), "scalar": torch.tensor(3.5), "strided": base.t()[::3],
+               "leaf": torch.ones(3, requires_grad=True), "empty": torch.zeros(0, 2),
+               "sparse": base.relu().to_sparse()}
+    reference = {name: tensor.detach().clone() for name, tensor in tensors.items()}
+    state = hvd.elastic.TorchState(tensors=tensors)
+    state.recover()
+    state.commit()
+    with torch.no_grad():
+        for tensor in tensors.values():
+            tensor.zero_()  # work after the commit, lost by the restore
+    state.restore()
+    fresh = hvd.elastic.TorchState(tensors=None)
+    fresh.recover()
+    for got in (state.tensors, fresh.tensors):
+        assert got.keys() == reference.keys()
+        for name, want in reference.items():
+            assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+            assert torch.equal(got[name].to_dense(), want.to_dense()), name
+        assert got["leaf"].requires_grad and not got["int64"].requires_grad
+        assert got["sparse"].is_sparse

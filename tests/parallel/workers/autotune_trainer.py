@@ -12,6 +12,7 @@ import mxnet as mx
 from mxnet import gluon
 
 import hvd_trainer
+from case_runner import run_cases
 from hvd_trainer import runtime
 from trainer_common import (IN, OUT, close, first_context, forward_backward, global_batches,
                             my_rows, reference, same_on_all_ranks, seed_per_rank, snapshot)
@@ -30,8 +31,7 @@ def make_net() -> gluon.nn.HybridSequential:
     return net
 
 
-def main():
-    log_path = sys.argv[1]
+def autotuned_training(log_path):
     seed_per_rank()
     net = make_net()
     net.initialize(mx.init.Xavier())
@@ -75,9 +75,13 @@ def main():
         assert len(overlaps) == (2 if runtime.mpi_threads_supported() else 1), overlaps
         want_weights = reference(make_net, start, OPTIMIZER, dict(PARAMS), batches)
         worst = close(first_context(net), want_weights, 1e-5, 1e-5, "autotuned training")
-        print(f"OK autotune: {len(samples)} samples, chosen {final}, layouts {sorted(layouts)}, "
+        print(f"autotune: {len(samples)} samples, chosen {final}, layouts {sorted(layouts)}, "
               f"max |diff| vs single process {worst:.2g}", flush=True)
-    print(f"rank {hvd_trainer.rank()}: autotune case passed", flush=True)
+
+
+def main():
+    run_cases({"autotuned_training": lambda: autotuned_training(sys.argv[1])},
+              rank=hvd_trainer.rank(), selected=sys.argv[2:])
 
 
 if __name__ == "__main__":

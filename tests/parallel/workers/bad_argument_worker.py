@@ -4,14 +4,16 @@ For each case the bad rank (rank 0 or the last rank, alternately) calls the coll
 bad argument while the others call it correctly. Every rank must raise the case's exception
 type with the same message, which names the bad rank; then every rank calls the collective
 correctly and the result must equal a NumPy reference computed from all ranks' inputs.
-Last, two ranks pass different bad arguments. Run as: worker.py [label ...] (default: all).
+Last, two ranks pass different bad arguments. Run as: worker.py [label ...] (default: all);
+each label is a case of its own (case_runner.py).
 """
-import sys
+import functools
 import threading
 
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 
 R, N = hvd.rank(), hvd.size()
 
@@ -191,10 +193,11 @@ def same(got, want):
 
 
 failures = []
-labels = sys.argv[1:] or list(CASES)
-for i, label in enumerate(labels):
+
+
+def bad_argument(label):
     fn, good, bad_args, kind, words, want = CASES[label]
-    bad = 0 if label in ROOT_ONLY or i % 2 == 0 else N - 1
+    bad = 0 if label in ROOT_ONLY or list(CASES).index(label) % 2 == 0 else N - 1
     args = dict(good(R), **(bad_args() if R == bad else {}))
     first = args.pop(next(iter(args)))  # the tensor (or object) goes by position, as usual
     try:
@@ -216,10 +219,10 @@ for i, label in enumerate(labels):
     messages = hvd.allgather_object(message)
     if len(set(messages)) != 1:
         failures.append(f"{label}: ranks raised different errors {messages}")
-    print(f"rank {R} {label}: done", flush=True)
 
-if not sys.argv[1:]:
-    # Two ranks with different bad arguments: every rank raises the lowest rank's error.
+
+def two_bad_ranks():
+    """Two ranks with different bad arguments: every rank raises the lowest rank's error."""
     try:
         hvd.allreduce([1.0] if R == N - 1 else vec(R), op="mean" if R == 0 else hvd.Sum)
         failures.append(f"two bad ranks: rank {R} raised nothing")
@@ -231,7 +234,6 @@ if not sys.argv[1:]:
     if not np.array_equal(hvd.allreduce(vec(R), op=hvd.Sum), total(vec)):
         failures.append("two bad ranks: the next allreduce differs from NumPy")
 
-if failures:
-    print(f"rank {R}:", *failures, sep="\n  ")
-    sys.exit(1)
-print(f"rank {R}: {len(labels)} bad arguments raised on every rank")
+
+run_cases({**{label: functools.partial(bad_argument, label) for label in CASES},
+           "two bad ranks": two_bad_ranks}, failures, R)

@@ -20,6 +20,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer
+from case_runner import run_cases
 from hvd_trainer.compression import GatherCompressor
 
 FEATURES, HIDDEN, CLASSES, PER_RANK, STEPS = 20, 64, 16, 8, 6
@@ -29,7 +30,7 @@ loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 def say(message):
     if hvd_trainer.rank() == 0:
-        print(f"OK {message}", flush=True)
+        print(message, flush=True)
 
 
 def make_net(bias=False):
@@ -141,7 +142,7 @@ def topk_everything_is_uncompressed():
 
 
 class Int8(GatherCompressor):
-    """The README's example of a user compressor."""
+    """The user compressor of docs/compression.md's example."""
 
     def __init__(self, step=1e-3):
         self.step = np.float32(step)
@@ -216,9 +217,9 @@ def stats_count_bytes():
 
 
 if __name__ == "__main__":
-    equals_mxnet_2bit()
-    topk_everything_is_uncompressed()
-    every_type_same_on_all_ranks()
-    resume_keeps_residuals(sys.argv[1])
-    stats_count_bytes()
-    print("all compression cases passed", flush=True)
+    run_cases({"equals_mxnet_2bit": equals_mxnet_2bit,
+               "topk_everything_is_uncompressed": topk_everything_is_uncompressed,
+               "every_type_same_on_all_ranks": every_type_same_on_all_ranks,
+               "resume_keeps_residuals": lambda: resume_keeps_residuals(sys.argv[1]),
+               "stats_count_bytes": stats_count_bytes},
+              rank=hvd_trainer.rank(), selected=sys.argv[2:])

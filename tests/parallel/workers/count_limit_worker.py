@@ -6,13 +6,14 @@ communicator and on a process set's, and each one's mpi4py communicator is wrapp
 the largest count (or displacement) of every MPI call. Every collective is checked against
 NumPy, and no call may exceed LIMIT. Run with HVD_ALLREDUCE_ALGO=auto and
 HVD_RING_THRESHOLD=RING_THRESHOLD, so that small allreduces are native and large ones ring.
+The world and the process set are cases of their own (case_runner.py).
 """
-import sys
 from collections import Counter
 
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 from hvd_trainer import runtime
 
 LIMIT = 1000
@@ -138,28 +139,46 @@ def run_all(where, ranks, process_set):
 
 
 world = runtime.communicator(hvd.global_process_set)
-world.count_limit = LIMIT
-recorders = {"world": Recorder(world.comm)}
-world.comm = recorders["world"]
 tail = hvd.add_process_set(list(range(1, N)))
-run_all("world", list(range(N)), hvd.global_process_set)
-if tail.included():
-    inner = runtime.communicator(tail)
-    inner.count_limit = LIMIT
-    recorders["set"] = Recorder(inner.comm)
-    inner.comm = recorders["set"]
-    run_all("set", list(range(1, N)), tail)
-    inner.comm = recorders["set"].comm
-hvd.barrier()
-world.comm = recorders["world"].comm
-for where, recorder in recorders.items():
+
+
+def limited(comm):
+    """Lower ``comm``'s count limit and wrap its MPI communicator in a Recorder."""
+    comm.count_limit = LIMIT
+    recorder = Recorder(comm.comm)
+    comm.comm = recorder
+    return recorder
+
+
+def check_calls(where, recorder, both_algorithms):
     if recorder.over:
         failures.append(f"{where}: MPI calls over the limit: {sorted(set(recorder.over))}")
     # Both allreduce algorithms ran where there is more than one rank.
-    if where == "world" and not (recorder.calls["Allreduce"] and recorder.calls["Isend"]):
+    if both_algorithms and not (recorder.calls["Allreduce"] and recorder.calls["Isend"]):
         failures.append(f"{where}: native and ring allreduces did not both run: "
                         f"{dict(recorder.calls)}")
-if failures:
-    print(f"rank {R}:", *failures, sep="\n  ")
-    sys.exit(1)
-print(f"rank {R}: collectives in pieces match NumPy")
+
+
+def case_world():
+    recorder = limited(world)
+    try:
+        run_all("world", list(range(N)), hvd.global_process_set)
+        hvd.barrier()
+    finally:
+        world.comm = recorder.comm
+    check_calls("world", recorder, True)
+
+
+def case_process_set():
+    if tail.included():
+        inner = runtime.communicator(tail)
+        recorder = limited(inner)
+        try:
+            run_all("set", list(range(1, N)), tail)
+        finally:
+            inner.comm = recorder.comm
+        check_calls("set", recorder, False)
+    hvd.barrier()
+
+
+run_cases({"world": case_world, "process_set": case_process_set}, failures, R)

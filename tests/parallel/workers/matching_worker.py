@@ -13,19 +13,33 @@ drifted counts
 different names
               synchronous calls whose names differ on every rank raise MismatchError on every
               rank instead of waiting forever, and the next call works
+waited handles
+              asynchronous calls whose names differ on every rank, each waited for through
+              its handle (as horovod.torch's synchronous calls are), raise MismatchError on
+              every rank instead of waiting forever, and the next call works
+behind a barrier
+              while the other ranks wait in a barrier, the last rank's other calls raise
+              (naming the barrier) and the barrier goes on waiting until that rank reaches
+              it; then every rank is in step again
+diverged while joined
+              rank 0 joins; the others' calls that cannot match each other raise instead of
+              waiting forever (on 3 ranks), a call the joined rank cannot serve raises, a
+              reduction is served with rank 0's zeros; then every rank joins and the next
+              call works
 random        a long sequence, the same on every rank, of good calls mixed with bad ones
-              (one rank's bad argument, a shape mismatch, a duplicate name, reordered named
-              async calls); every good result equals NumPy's and every bad call raises on
-              the ranks it should
-Run as: worker.py [case ...] (default: all). Each case prints "rank R case: ok" when it
-passed on that rank.
+              (one rank's bad argument, a shape mismatch, a different kind of call on one
+              rank, a duplicate name, reordered named async calls, calls that can never
+              match and raise after a wait, a rank behind a barrier, a rank joined while the
+              others reduce); every good result equals NumPy's, every bad call raises on the
+              ranks it should, and the step after it works on every rank
+Run as: worker.py [case ...] (default: all). Each case reports on its own (case_runner.py).
 """
-import sys
 import zlib
 
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 from hvd_trainer import handles, runtime, scheduler
 
 R, N = hvd.rank(), hvd.size()
@@ -94,14 +108,87 @@ def case_drifted_counts():
                                                               for r in range(N)))
 
 
-def case_different_names():
+def differently_named(label, call):
+    """Every rank waits in ``call(name)`` with a name of its own: MismatchError on every
+    rank, naming the calls, and the next call works."""
     try:
-        hvd.allreduce(np.ones(2), name=f"only.on.{R}")
-        failures.append("differently named calls did not raise")
+        call(f"{label}.on.{R}")
+        failures.append(f"{label}: differently named calls did not raise")
     except hvd.MismatchError as e:
-        if "only.on.0" not in str(e) or "only.on.1" not in str(e):
-            failures.append(f"the mismatch does not name both calls: {e}")
-    check("after different names", hvd.allreduce(np.full(2, R + 1.0), op=hvd.Sum),
+        if f"{label}.on.0" not in str(e) or f"{label}.on.1" not in str(e):
+            failures.append(f"{label}: the mismatch does not name both calls: {e}")
+    check(f"after {label}", hvd.allreduce(np.full(2, R + 1.0), op=hvd.Sum),
+          np.full(2, N * (N + 1) / 2))
+
+
+def case_different_names():
+    differently_named("only", lambda name: hvd.allreduce(np.ones(2), name=name))
+
+
+def case_waited_handles():
+    differently_named("waited", lambda name: handles.submit(hvd.allreduce, np.ones(2),
+                                                             name=name).wait())
+
+
+def behind_a_barrier(label, late, through_handles):
+    """Ranks other than ``late`` wait in a barrier while ``late`` makes two other calls."""
+    def call(fn, *args, **kwargs):
+        if through_handles:
+            return handles.submit(fn, *args, **kwargs).wait()
+        return fn(*args, **kwargs)
+
+    if R != late:
+        call(hvd.barrier)
+    else:
+        for bad in (lambda: call(hvd.allreduce, np.ones(3), name=f"{label}.late"),
+                    lambda: call(hvd.allgather, np.ones(2))):
+            try:
+                bad()
+                failures.append(f"{label}: a call while the others wait in a barrier did "
+                                "not raise")
+            except hvd.MismatchError as e:
+                if "barrier" not in str(e):
+                    failures.append(f"{label}: the error does not name the barrier: {e}")
+        call(hvd.barrier)
+    x = data(label, R)
+    check(f"{label}: after the barrier", hvd.allreduce(x, op=hvd.Sum),
+          sum(data(label, r) for r in range(N)))
+
+
+def case_behind_a_barrier():
+    behind_a_barrier("behind", N - 1, False)
+    behind_a_barrier("behind through handles", 0, True)
+
+
+def joined_round(label, first, served, through_handles=True):
+    """Rank ``first`` joins; the others make ``served`` reductions (checked against NumPy,
+    with zeros for ``first``), a call the joined rank cannot serve, and (on 3 ranks or more)
+    calls that cannot match each other, then join. Returns join's value."""
+    if R == first:
+        return hvd.join()
+    active = [r for r in range(N) if r != first]
+    for i in range(served):
+        x = [data(f"{label}.{i}", r) if r != first else np.zeros(5) for r in range(N)]
+        check(f"{label}: served {i}", hvd.allreduce(x[R], op=hvd.Sum, name=f"{label}.{i}"),
+              sum(x))
+    expect(f"{label}: refused while joined", RuntimeError,
+           lambda: hvd.allgather(np.ones(2), name=f"{label}.refused"))
+    if len(active) > 1:
+        mine = f"{label}.only.on.{R}"
+        if through_handles:
+            call = lambda: handles.submit(hvd.allreduce, np.ones(2), name=mine).wait()
+        else:
+            call = lambda: hvd.allreduce(np.ones(2), name=mine)
+        expect(f"{label}: diverged while joined", hvd.MismatchError, call)
+    return hvd.join()
+
+
+def case_diverged_while_joined():
+    last = joined_round("joined", 0, 1)
+    every = hvd.allgather(np.array([last]))
+    if not (every == every[0]).all() or last == 0:
+        failures.append(f"join returned {every.tolist()} (rank 0 joined first)")
+    check("after join", hvd.allreduce(np.full(2, R + 1.0), op=hvd.Sum),
           np.full(2, N * (N + 1) / 2))
 
 
@@ -117,8 +204,9 @@ def case_random():
     rng = np.random.default_rng(2112)  # the same sequence on every rank
     for step in range(240):
         what = rng.choice(["allreduce", "allgather", "broadcast", "reducescatter",
-                           "bad argument", "mismatch", "duplicate", "reorder", "async"],
-                          p=[.2, .1, .1, .1, .1, .1, .1, .1, .1])
+                           "bad argument", "mismatch", "other kind", "duplicate", "reorder",
+                           "async", "never matches", "behind a barrier", "joined"],
+                          p=[.14, .08, .08, .08, .08, .08, .06, .08, .08, .06, .06, .06, .06])
         tag = f"s{step}"
         named = bool(rng.integers(2))
         name = tag if named else None
@@ -146,6 +234,26 @@ def case_random():
         elif what == "mismatch":
             mine = every[R] if R != odd else np.zeros(shape + (2,), dtype)
             expect(label, hvd.MismatchError, lambda: hvd.allreduce(mine, name=name))
+        elif what == "other kind":
+            if R == odd:
+                call = lambda: hvd.allgather(every[R], name=name)
+            else:
+                call = lambda: hvd.allreduce(every[R], op=hvd.Sum, name=name)
+            expect(label, hvd.MismatchError, call)
+        elif what == "never matches":  # raises once every rank has waited a moment
+            mine = f"{tag}.only.on.{R}"
+            if named:
+                call = lambda: handles.submit(hvd.allreduce, every[R], name=mine).wait()
+            else:
+                call = lambda: hvd.broadcast(every[R], root_rank=0, name=mine)
+            expect(label, hvd.MismatchError, call)
+        elif what == "behind a barrier":
+            behind_a_barrier(label, odd, named)
+        elif what == "joined":
+            last = joined_round(label, odd, int(rng.integers(3)), named)
+            every_last = hvd.allgather(np.array([last]))
+            if not (every_last == every_last[0]).all():
+                failures.append(f"{label}: join returned {every_last.tolist()}")
         elif what == "duplicate":
             first = handles.submit(hvd.allreduce, every[R], op=hvd.Sum, name=tag)
             if R == odd:
@@ -168,18 +276,10 @@ def case_random():
           np.full(3, N * (N + 1) / 2))
 
 
-CASES = {"reordered": case_reordered, "duplicate": case_duplicate,
-         "unnamed after duplicate": case_unnamed_after_duplicate,
-         "drifted counts": case_drifted_counts,
-         "different names": case_different_names, "random": case_random}
-
-for name in sys.argv[1:] or CASES:
-    before = len(failures)
-    try:
-        CASES[name]()
-    except Exception as e:  # noqa: BLE001 - reported as this case's failure
-        failures.append(f"{name}: {type(e).__name__}: {e}")
-    if len(failures) == before:
-        print(f"rank {R} {name}: ok", flush=True)
-    else:
-        print(f"rank {R} {name}: FAILED", *failures[before:], sep="\n  ", flush=True)
+run_cases({"reordered": case_reordered, "duplicate": case_duplicate,
+           "unnamed_after_duplicate": case_unnamed_after_duplicate,
+           "drifted_counts": case_drifted_counts,
+           "different_names": case_different_names, "waited_handles": case_waited_handles,
+           "behind_a_barrier": case_behind_a_barrier,
+           "diverged_while_joined": case_diverged_while_joined, "random": case_random},
+          failures, R)

@@ -1,9 +1,10 @@
-"""Ranks that disagree must all raise the same MismatchError, then carry on working."""
-import sys
+"""Ranks that disagree must all raise the same MismatchError, then carry on working; each
+case reports on its own (case_runner.py)."""
 
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 
 R, N = hvd.rank(), hvd.size()
 last = N - 1
@@ -26,7 +27,10 @@ cases = {
     "name": (lambda: hvd.allreduce(np.zeros(2), name=f"n{R == last}"), ["name", "'nTrue'"]),
 }
 failures = []
-for label, (call, words) in cases.items():
+
+
+def mismatch(label):
+    call, words = cases[label]
     try:
         call()
         failures.append(f"{label}: no error")
@@ -37,25 +41,36 @@ for label, (call, words) in cases.items():
         messages = hvd.allgather_object(str(e))
         if len(set(messages)) != 1:
             failures.append(f"{label}: ranks raised different messages {messages}")
-    print(f"rank {R} {label}: ok", flush=True)
-# The job still works after every mismatch.
-if hvd.allreduce(np.ones(3), op=hvd.Sum).tolist() != [N] * 3:
-    failures.append("allreduce after mismatches")
-# Bad arguments are caught locally, before any rank waits.
-bad = [(lambda: hvd.allreduce([1, 2]), TypeError, "tensor"),
-       (lambda: hvd.allreduce(np.array(["a"])), TypeError, "dtype"),
-       (lambda: hvd.allreduce(np.zeros(2), op="mean"), ValueError, "op="),
-       (lambda: hvd.broadcast(np.zeros(2), root_rank=N), ValueError, "root_rank"),
-       (lambda: hvd.allreduce_(np.zeros((4, 4))[:, 0]), ValueError, "C-contiguous"),
-       (lambda: hvd.alltoall(np.zeros(4), splits=[1] * (N + 1)), ValueError, "splits")]
-for call, kind, word in bad:
-    try:
-        call()
-        failures.append(f"no {kind.__name__} for {word}")
-    except kind as e:
-        if word not in str(e):
-            failures.append(f"{kind.__name__} {e!r} does not name {word}")
-if failures:
-    print(f"rank {R}:", *failures, sep="\n  ")
-    sys.exit(1)
-print(f"rank {R}: every mismatch raised on every rank")
+
+
+def case_works_after_mismatches():
+    """The job still works after every mismatch."""
+    if hvd.allreduce(np.ones(3), op=hvd.Sum).tolist() != [N] * 3:
+        failures.append("allreduce after mismatches")
+
+
+def case_bad_arguments():
+    """Bad arguments are caught locally, before any rank waits."""
+    bad = [(lambda: hvd.allreduce([1, 2]), TypeError, "tensor"),
+           (lambda: hvd.allreduce(np.array(["a"])), TypeError, "dtype"),
+           (lambda: hvd.allreduce(np.zeros(2), op="mean"), ValueError, "op="),
+           (lambda: hvd.broadcast(np.zeros(2), root_rank=N), ValueError, "root_rank"),
+           (lambda: hvd.allreduce_(np.zeros((4, 4))[:, 0]), ValueError, "C-contiguous"),
+           (lambda: hvd.alltoall(np.zeros(4), splits=[1] * (N + 1)), ValueError, "splits")]
+    for call, kind, word in bad:
+        try:
+            call()
+            failures.append(f"no {kind.__name__} for {word}")
+        except kind as e:
+            if word not in str(e):
+                failures.append(f"{kind.__name__} {e!r} does not name {word}")
+
+
+run_cases({"shape": lambda: mismatch("shape"), "dtype": lambda: mismatch("dtype"),
+           "op": lambda: mismatch("op"), "root": lambda: mismatch("root"),
+           "allgather_trailing_shape": lambda: mismatch("allgather trailing shape"),
+           "missing_tensor": lambda: mismatch("missing tensor"),
+           "tensor_in_group": lambda: mismatch("tensor in group"),
+           "name": lambda: mismatch("name"),
+           "works_after_mismatches": case_works_after_mismatches,
+           "bad_arguments": case_bad_arguments}, failures, R)

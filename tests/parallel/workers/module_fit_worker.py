@@ -3,7 +3,8 @@
 Every rank also runs the single-process reference itself (plain optimizer, no communication)
 on the whole data set, so the comparison needs nothing from the other ranks. Rank 0's initial
 weights reach the others through broadcast_parameters. The last case is Horovod's older Gluon
-recipe, gluon.Trainer(kvstore=None) with a DistributedOptimizer. Prints "module fit ok".
+recipe, gluon.Trainer(kvstore=None) with a DistributedOptimizer. Each is a case of its own
+(case_runner.py).
 """
 import logging
 import pickle
@@ -13,6 +14,7 @@ import mxnet as mx
 import numpy as np
 
 import hvd_trainer.mxnet as hvd
+from case_runner import run_cases
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -63,7 +65,10 @@ CASES = [  # (optimizer factory, DistributedOptimizer options, kvstore)
     (lambda rescale: mx.optimizer.SGD(learning_rate=0.1, momentum=0.5, rescale_grad=rescale),
      {"num_groups": 3}, "local"),
 ]
-for make, options, kvstore in CASES:
+
+
+def module_fit(index: int) -> None:
+    make, options, kvstore = CASES[index]
     reference = fit(X, Y, SIZE * BATCH, make(1.0 / (SIZE * BATCH)), initial_params(1),
                     kvstore)
 
@@ -80,7 +85,6 @@ for make, options, kvstore in CASES:
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5,
                                    err_msg=f"{type(inner).__name__} {options}: {name}")
     assert opt.idx2name == inner.idx2name and inner.idx2name, "idx2name must reach the optimizer"
-
 
 
 def gluon_steps(x: np.ndarray, y: np.ndarray, batch: int, optimizer) -> list:
@@ -102,19 +106,28 @@ def gluon_steps(x: np.ndarray, y: np.ndarray, batch: int, optimizer) -> list:
     return [p.data().asnumpy() for p in params.values()]  # weight, bias
 
 
-reference = gluon_steps(X, Y, SIZE * BATCH, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
-got = gluon_steps(X[mine], Y[mine], BATCH,
-                  hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)))
-for name, g, want in zip(("weight", "bias"), got, reference):
-    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=f"gluon.Trainer {name}")
+def gluon_trainer_with_distributed_optimizer() -> None:
+    reference = gluon_steps(X, Y, SIZE * BATCH, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+    got = gluon_steps(X[mine], Y[mine], BATCH,
+                      hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)))
+    for name, g, want in zip(("weight", "bias"), got, reference):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=f"gluon.Trainer {name}")
 
-# Delegation and pickling keep the wrapper transparent.
-opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
-opt.set_learning_rate(0.25)
-assert opt._optimizer.lr == 0.25 and opt.learning_rate == 0.25
-state = opt.create_state_multi_precision(0, mx.nd.ones((2, 2)))
-assert state is not None and state.shape == (2, 2), "momentum state comes from the wrapped SGD"
-restored = pickle.loads(pickle.dumps(opt))
-assert isinstance(restored, hvd.DistributedOptimizer)
-assert restored.rescale_grad == opt.rescale_grad and restored.momentum == 0.9
-print("module fit ok", flush=True)
+
+def delegation_and_pickling() -> None:
+    """Delegation and pickling keep the wrapper transparent."""
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
+    opt.set_learning_rate(0.25)
+    assert opt._optimizer.lr == 0.25 and opt.learning_rate == 0.25
+    state = opt.create_state_multi_precision(0, mx.nd.ones((2, 2)))
+    assert state is not None and state.shape == (2, 2), "momentum state comes from the wrapped SGD"
+    restored = pickle.loads(pickle.dumps(opt))
+    assert isinstance(restored, hvd.DistributedOptimizer)
+    assert restored.rescale_grad == opt.rescale_grad and restored.momentum == 0.9
+
+
+run_cases({"module_fit_sgd_clip_lr_scheduler": lambda: module_fit(0),
+           "module_fit_adam_predivide_num_groups_2": lambda: module_fit(1),
+           "module_fit_sgd_num_groups_3": lambda: module_fit(2),
+           "gluon_trainer_with_distributed_optimizer": gluon_trainer_with_distributed_optimizer,
+           "delegation_and_pickling": delegation_and_pickling}, rank=RANK)

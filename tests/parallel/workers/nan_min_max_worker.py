@@ -4,6 +4,7 @@ Run as: nan_min_max_worker.py <algorithm>. Every float dtype (float16, float32, 
 bfloat16), sizes that split unevenly over 3 ranks. The reference is np.minimum/np.maximum
 over all ranks' inputs, which every rank regenerates from a seed; NaN must come out where
 any rank had one. Every rank must also hold the same bytes (checked by an allgather of them).
+Each input pattern is a case of its own (case_runner.py).
 """
 import os
 import sys
@@ -12,8 +13,9 @@ import ml_dtypes
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 
-os.environ["HVD_ALLREDUCE_ALGO"] = sys.argv[1]
+os.environ["HVD_ALLREDUCE_ALGO"] = sys.argv.pop(1)  # the rest name cases
 hvd.init()
 R, N = hvd.rank(), hvd.size()
 DTYPES = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16]
@@ -54,10 +56,12 @@ CASES = {"NaN on one rank": nan_on_one_rank, "NaN on every rank": nan_on_every_r
          "±inf": infinities, "-0 and +0": signed_zeros}
 REFERENCE = {hvd.Min: np.minimum, hvd.Max: np.maximum}
 
-for dtype in DTYPES:
-    name = np.dtype(dtype).name
-    for n in SIZES:
-        for case, make in CASES.items():
+def check_pattern(case):
+    """Every dtype, size and op on the inputs of pattern ``case``."""
+    make = CASES[case]
+    for dtype in DTYPES:
+        name = np.dtype(dtype).name
+        for n in SIZES:
             xs = [make(r, n).astype(dtype) for r in range(N)]
             for op, ufunc in REFERENCE.items():
                 label = f"{case} {name} n={n} {op.name}"
@@ -74,7 +78,8 @@ for dtype in DTYPES:
                 if not (every == every[0]).all():
                     failures.append(f"{label}: ranks hold different bits")
 
-if failures:
-    print(f"rank {R}:", *failures[:20], sep="\n  ")
-    sys.exit(1)
-print(f"rank {R}: NaN, inf and signed zeros in Min/Max match NumPy")
+
+run_cases({"nan_on_one_rank": lambda: check_pattern("NaN on one rank"),
+           "nan_on_every_rank": lambda: check_pattern("NaN on every rank"),
+           "infinities": lambda: check_pattern("±inf"),
+           "signed_zeros": lambda: check_pattern("-0 and +0")}, failures, R)

@@ -3,12 +3,14 @@ batch N*B calling step(N*B), and every gradient stays an mx.np.ndarray.
 
 Each case starts the ranks from different random weights, trains a few steps with
 DistributedTrainer and compares with a plain gluon.Trainer reference on the global batch.
+Each case reports on its own (case_runner.py).
 """
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon, npx
 
 import hvd_trainer
+from case_runner import run_cases
 from trainer_common import close, global_batches, same_on_all_ranks
 
 npx.set_np()
@@ -50,38 +52,44 @@ def train(net, trainer, batches, ctxs, rows):
                 assert isinstance(g, mx.np.ndarray), f"{p.name}: grad is a {type(g).__name__}"
 
 
-def main():
+def run_case(index):
     rank, size = hvd_trainer.rank(), hvd_trainer.size()
 
     def mine(a):
         return a[rank * PER_RANK:(rank + 1) * PER_RANK]
 
-    for index, (name, optimizer, options, ctxs, kwargs) in enumerate(CASES):
-        batches = global_batches(STEPS, PER_RANK * size, seed=60 + index)
-        mx.random.seed(1000 + rank)
-        net = make_net()
-        net.initialize(mx.init.Xavier(), ctx=ctxs)
-        trainer = hvd_trainer.DistributedTrainer(net.collect_params(), optimizer, dict(options),
-                                                 prefix=f"np{index}.", **kwargs)
-        start = values(net)
-        same_on_all_ranks(start, f"{name}: weights after the broadcast")
-        train(net, trainer, batches, ctxs, mine)
-        for p in net.collect_params().values():
-            for d in p.list_data()[1:]:
-                assert np.array_equal(d.asnumpy(), p.list_data()[0].asnumpy()), \
-                    f"{name}: {p.name} differs between contexts"
-        same_on_all_ranks(values(net), f"{name}: weights after training")
-        if rank == 0:
-            ref = make_net()
-            ref.initialize(ctx=mx.cpu())
-            for p, v in zip(ref.collect_params().values(), start):
-                p.set_data(mx.np.array(v))
-            ref_trainer = gluon.Trainer(ref.collect_params(), optimizer, dict(options))
-            train(ref, ref_trainer, batches, [mx.cpu()], lambda a: a)
-            worst = close(values(net), values(ref), 1e-5, 1e-5, name)
-            print(f"OK numpy mode, {name}: max |diff| vs single process {worst:.2g}", flush=True)
-    collectives_keep_numpy_arrays(rank, size)
-    print(f"rank {rank}: all numpy-mode cases passed", flush=True)
+    name, optimizer, options, ctxs, kwargs = CASES[index]
+    batches = global_batches(STEPS, PER_RANK * size, seed=60 + index)
+    mx.random.seed(1000 + rank)
+    net = make_net()
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), optimizer, dict(options),
+                                             prefix=f"np{index}.", **kwargs)
+    start = values(net)
+    same_on_all_ranks(start, f"{name}: weights after the broadcast")
+    train(net, trainer, batches, ctxs, mine)
+    for p in net.collect_params().values():
+        for d in p.list_data()[1:]:
+            assert np.array_equal(d.asnumpy(), p.list_data()[0].asnumpy()), \
+                f"{name}: {p.name} differs between contexts"
+    same_on_all_ranks(values(net), f"{name}: weights after training")
+    if rank == 0:
+        ref = make_net()
+        ref.initialize(ctx=mx.cpu())
+        for p, v in zip(ref.collect_params().values(), start):
+            p.set_data(mx.np.array(v))
+        ref_trainer = gluon.Trainer(ref.collect_params(), optimizer, dict(options))
+        train(ref, ref_trainer, batches, [mx.cpu()], lambda a: a)
+        worst = close(values(net), values(ref), 1e-5, 1e-5, name)
+        print(f"numpy mode, {name}: max |diff| vs single process {worst:.2g}", flush=True)
+
+
+def main():
+    rank, size = hvd_trainer.rank(), hvd_trainer.size()
+    run_cases({"sgd_momentum_wd": lambda: run_case(0),
+               "adam_num_groups_2_two_contexts": lambda: run_case(1),
+               "collectives_keep_numpy_arrays": lambda: collectives_keep_numpy_arrays(rank, size)},
+              rank=rank)
 
 
 def collectives_keep_numpy_arrays(rank, size):
@@ -99,8 +107,6 @@ def collectives_keep_numpy_arrays(rank, size):
         assert isinstance(got, mx.np.ndarray), f"{what} returned a {type(got).__name__}"
         assert np.array_equal(got.asnumpy(), want), f"{what}: {got} != {want}"
         got + mx.np.ones(want.shape)  # usable in numpy-mode arithmetic
-    if rank == 0:
-        print("OK numpy mode: collectives return mx.np arrays", flush=True)
 
 
 if __name__ == "__main__":

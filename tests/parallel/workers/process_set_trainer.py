@@ -16,6 +16,7 @@ from mxnet import gluon
 
 import hvd_trainer
 import hvd_trainer.mxnet as hvd
+from case_runner import run_cases
 from trainer_common import close, first_context, forward_backward, global_batches, make_net, \
     reference, seed_per_rank
 
@@ -50,7 +51,7 @@ def run(case, make_trainer, ps, members, directory=None):
     else:
         want = reference(make_net, initial[rank], "sgd", dict(SGD), own)
     worst = close(first_context(net), want, 1e-5, 1e-5, f"case {case} on rank {rank}")
-    print(f"OK rank {rank} ({'member' if member else 'outside the set'}) case {case}: "
+    print(f"rank {rank} ({'member' if member else 'outside the set'}) case {case}: "
           f"max |diff| {worst:.2g}", flush=True)
     if directory is not None:
         checkpoint_round_trip(net, trainer, make_trainer, directory, member, members)
@@ -76,23 +77,25 @@ def main():
     members = list(range(size - 1))
     ps = hvd.add_process_set(members)
 
-    run(0, lambda net: hvd.DistributedTrainer(net.collect_params(), "sgd", dict(SGD),
-                                              process_set=ps, prefix="ps."), ps, members,
-        sys.argv[1])
-
     def optimizer_trainer(net):
         hvd.broadcast_parameters(net.collect_params(), root_rank=0, process_set=ps)
         optimizer = hvd.DistributedOptimizer(mx.optimizer.SGD(**SGD), process_set=ps)
         return gluon.Trainer(net.collect_params(), optimizer, kvstore=None)
 
-    run(1, optimizer_trainer, ps, members)
-    # The set's members still reduce together afterwards; the last rank takes no part.
-    if hvd.rank() in members:
-        total = hvd.allreduce(mx.nd.array([hvd.rank() + 1.0]), op=hvd.Sum, process_set=ps)
-        assert total.asscalar() == sum(r + 1 for r in members), total
-    hvd_trainer.barrier()
-    print(f"rank {hvd.rank()}: all process set cases passed", flush=True)
+    def members_reduce_afterwards():
+        """The set's members still reduce together afterwards; the last rank takes no part."""
+        if hvd.rank() in members:
+            total = hvd.allreduce(mx.nd.array([hvd.rank() + 1.0]), op=hvd.Sum, process_set=ps)
+            assert total.asscalar() == sum(r + 1 for r in members), total
+        hvd_trainer.barrier()
 
+    run_cases({"distributed_trainer_and_checkpoints": lambda: run(
+                   0, lambda net: hvd.DistributedTrainer(net.collect_params(), "sgd", dict(SGD),
+                                                         process_set=ps, prefix="ps."),
+                   ps, members, sys.argv[1]),
+               "distributed_optimizer": lambda: run(1, optimizer_trainer, ps, members),
+               "members_reduce_afterwards": members_reduce_afterwards},
+              rank=hvd.rank(), selected=sys.argv[2:])
 
 if __name__ == "__main__":
     main()

@@ -125,5 +125,4 @@ def stage_root():
     hvd.remove_process_set(tail)
 
 
-run_cases({"add": stage_add, "names": stage_names, "root": stage_root}, failures, R,
-          "process sets agree")
+run_cases({"add": stage_add, "names": stage_names, "root": stage_root}, failures, R)

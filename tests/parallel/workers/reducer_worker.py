@@ -5,7 +5,7 @@ Cases: eager readiness in a different order on every rank, from threads; step-ti
 with stale and fresh-nowhere gradients; predivision; row-sparse gradients; fp16 and 2-bit
 compression (2-bit against MXNet's rule by hand); an agreement mismatch raised on every rank,
 then a working step; residual state gathered to the first rank only and scattered back.
-Prints "reducer cases passed" on every rank.
+Each case reports on its own (case_runner.py).
 """
 import random
 import threading
@@ -13,6 +13,7 @@ import threading
 import numpy as np
 
 import hvd_trainer
+from case_runner import run_cases
 from hvd_trainer import agreement, ops, runtime
 from hvd_trainer.compression import Compression, TwoBit
 from hvd_trainer.reducer import Gradient, Reducer
@@ -205,15 +206,18 @@ def one_agreement_per_step(eager):
     assert agreement.agreements(comm) - before == 3, f"eager={eager}"
 
 
-eager_any_order()
-step_time_stale()
-sparse_rows()
-compression()
-mismatch_then_work(eager=False)
-mismatch_then_work(eager=True)
-one_agreement_per_step(eager=False)
-one_agreement_per_step(eager=True)
-got = ops.gather_object(("rank", R), root_rank=N - 1)
-assert got == ([("rank", r) for r in range(N)] if R == N - 1 else None), got
-assert ops.scatter_object([r * 10 for r in range(N)] if R == 1 else None, root_rank=1) == R * 10
-print(f"rank {R}: reducer cases passed")
+
+def gather_and_scatter_objects():
+    got = ops.gather_object(("rank", R), root_rank=N - 1)
+    assert got == ([("rank", r) for r in range(N)] if R == N - 1 else None), got
+    assert ops.scatter_object([r * 10 for r in range(N)] if R == 1 else None,
+                              root_rank=1) == R * 10
+
+
+run_cases({"eager_any_order": eager_any_order, "step_time_stale": step_time_stale,
+           "sparse_rows": sparse_rows, "compression": compression,
+           "mismatch_then_work_step_time": lambda: mismatch_then_work(eager=False),
+           "mismatch_then_work_eager": lambda: mismatch_then_work(eager=True),
+           "one_agreement_per_step_step_time": lambda: one_agreement_per_step(eager=False),
+           "one_agreement_per_step_eager": lambda: one_agreement_per_step(eager=True),
+           "gather_and_scatter_objects": gather_and_scatter_objects}, rank=R)

@@ -120,16 +120,18 @@ def one_exchange():
 
 def reference(op, inputs, dtype, pre=1.0, post=1.0):
     """NumPy's reduction of the ranks' ``inputs``, as documented: the sums are exact (small
-    integers), scale factors multiply in the dtype's precision, 16-bit floats are scaled in
-    float32 and rounded once, integers truncate toward zero."""
+    integers), scale factors multiply in the dtype's precision, 16-bit floats are prescaled
+    in their own, then summed and postscaled in float32 and rounded once, integers truncate
+    toward zero."""
     stacked = np.stack(inputs)
     if op in (hvd.Sum, hvd.Average):
         if np.dtype(dtype).kind == "b":
             return stacked.any(axis=0)
         factor = post / (N if op == hvd.Average else 1)
         if np.dtype(dtype).itemsize == 2 and np.dtype(dtype).kind in "fV":
-            total = (stacked.astype(np.float32) * np.float32(pre)).sum(axis=0, dtype=np.float32)
-            return (total * np.float32(factor)).astype(dtype)
+            # Prescaled in their own precision, then summed and postscaled in float32.
+            scaled = (stacked * np.dtype(dtype).type(pre)).astype(np.float32)
+            return (scaled.sum(axis=0, dtype=np.float32) * np.float32(factor)).astype(dtype)
         if np.dtype(dtype).kind in "iu":  # each rank's prescaled input truncates, then the sum
             total = np.trunc(stacked * pre).sum(axis=0) * factor
             return np.trunc(total).astype(dtype)

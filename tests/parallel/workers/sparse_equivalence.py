@@ -12,6 +12,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer
+from case_runner import run_cases
 from trainer_common import close, same_on_all_ranks, seed_per_rank
 
 STEPS, PER_RANK, TOKENS, DIM, CLASSES, SHARED_ROW = 3, 4, 5, 3, 2, 7
@@ -118,14 +119,20 @@ def run_case(index, name, vocab, high, optimizer, opt_params, skip_step=None, al
             forward_backward(ref, blocks, [mx.cpu()])
             ref_trainer.step(size * PER_RANK)
         worst = close(weights(net), weights(ref), tol, tol, name)
-        print(f"OK {name}: {'dense' if dense else 'sparse'} path, max |diff| vs single "
+        print(f"{name}: {'dense' if dense else 'sparse'} path, max |diff| vs single "
               f"process {worst:.2g}", flush=True)
 
 
+def case(index):
+    name, vocab, high, optimizer, opt_params, options = CASES[index]
+    return lambda: run_case(index, name, vocab, high, optimizer, opt_params, **options)
+
+
 def main():
-    for index, (name, vocab, high, optimizer, opt_params, options) in enumerate(CASES):
-        run_case(index, name, vocab, high, optimizer, opt_params, **options)
-    print(f"rank {hvd_trainer.rank()}: all sparse equivalence cases passed", flush=True)
+    run_cases({"sgd_lazy_last_rank_idle": case(0), "sgd_not_lazy_predivide": case(1),
+               "adam_lazy_last_rank_idle": case(2), "adam_not_lazy": case(3),
+               "dense_fallback_sgd_lazy": case(4), "sparse_as_dense_adam": case(5),
+               "two_contexts_fp16": case(6)}, rank=hvd_trainer.rank())
 
 
 if __name__ == "__main__":

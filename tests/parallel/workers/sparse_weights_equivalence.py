@@ -26,6 +26,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon.contrib.nn import SparseEmbedding
 
 import hvd_trainer
+from case_runner import run_cases
 from sparse_equivalence import DIM, PER_RANK, STEPS, batches
 from trainer_common import close, same_on_all_ranks, seed_per_rank
 
@@ -244,7 +245,7 @@ def run_case(index, name, model, rows, high, optimizer, opt_params, skip_step=No
                     f"{name}: a lazy update changed rows no rank touched"
     path = "allreduce" if model in REFERENCES else "dense" if dense else "sparse"
     reference = "a dense twin" if model in REFERENCES else "kvstore='device'"
-    print(f"OK {name}: {path} path, max |diff| vs gluon.Trainer ({reference}) on the global "
+    print(f"{name}: {path} path, max |diff| vs gluon.Trainer ({reference}) on the global "
           f"batch {worst:.2g}", flush=True)
 
 
@@ -268,15 +269,25 @@ def check_broadcast_parameters():
     trainer.step(2)
     same_on_all_ranks(values(net), "broadcast_parameters, then one step")
     if hvd_trainer.rank() == 0:
-        print("OK broadcast_parameters: row_sparse weights, before and after a trainer serves "
+        print("broadcast_parameters: row_sparse weights, before and after a trainer serves "
               "them", flush=True)
 
 
+def case(index):
+    name, model, rows, high, optimizer, opt_params, options = CASES[index]
+    return lambda: run_case(index, name, model, rows, high, optimizer, opt_params, **options)
+
+
 def main():
-    for index, (name, model, rows, high, optimizer, opt_params, options) in enumerate(CASES):
-        run_case(index, name, model, rows, high, optimizer, opt_params, **options)
-    check_broadcast_parameters()
-    print(f"rank {hvd_trainer.rank()}: all sparse weight cases passed", flush=True)
+    run_cases({"bag_sgd_lazy_last_rank_idle": case(0), "bag_sgd_not_lazy_predivide": case(1),
+               "bag_adam_lazy_last_rank_idle": case(2), "bag_adam_not_lazy": case(3),
+               "bag_dense_fallback_sgd_lazy": case(4), "bag_two_contexts_adam_lazy": case(5),
+               "factors_parameter_row_sparse_adam": case(6),
+               "factors_sparse_as_dense_sgd": case(7), "linear_csr_features_sgd": case(8),
+               "lookup_dense_gradient_sgd": case(9),
+               "lookup_dense_gradient_adam_two_contexts": case(10),
+               "lookup_dense_gradient_predivide_overlap": case(11),
+               "broadcast_parameters": check_broadcast_parameters}, rank=hvd_trainer.rank())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import mxnet as mx
 from mxnet import gluon
 
 import hvd_trainer
+from case_runner import run_cases
 from trainer_common import (close, first_context, forward_backward, global_batches, load,
                             make_net, my_rows, seed_per_rank)
 
@@ -71,7 +72,7 @@ def one_rank_saves(directory, saver):
             forward_backward(ref, x, y, [mx.cpu()])
             ref_trainer.step(x.shape[0])
         close(first_context(ref), uninterrupted, 1e-5, 1e-5, "gluon.Trainer from the file")
-        print(f"OK save_states on rank {saver} alone mid-training; load_states resumes exactly",
+        print(f"save_states on rank {saver} alone mid-training; load_states resumes exactly",
               flush=True)
 
 
@@ -93,15 +94,15 @@ def every_rank_own_path(directory):
     close(resume(fname, middle, batches[2:], "own.r."), first_context(net), 0, 0,
           f"rank {rank} resumed from its own file")
     if rank == 0:
-        print("OK every rank saves and loads its own path", flush=True)
+        print("every rank saves and loads its own path", flush=True)
 
 
 def main():
     directory = sys.argv[1]
-    one_rank_saves(directory, 0)
-    one_rank_saves(directory, hvd_trainer.size() - 1)
-    every_rank_own_path(directory)
-    print(f"rank {hvd_trainer.rank()}: all states cases passed", flush=True)
+    run_cases({"first_rank_saves": lambda: one_rank_saves(directory, 0),
+               "last_rank_saves": lambda: one_rank_saves(directory, hvd_trainer.size() - 1),
+               "every_rank_own_path": lambda: every_rank_own_path(directory)},
+              rank=hvd_trainer.rank(), selected=sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -84,5 +84,4 @@ def case_covered():
                         "inside the covered block")
 
 
-run_cases({"concurrent": case_concurrent, "covered": case_covered}, failures, R,
-          "collectives from threads match NumPy")
+run_cases({"concurrent": case_concurrent, "covered": case_covered}, failures, R)

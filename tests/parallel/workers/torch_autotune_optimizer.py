@@ -8,12 +8,13 @@ import numpy as np
 import torch
 
 import hvd_trainer.torch as hvd
+from case_runner import run_cases
 
 WIDE = 640  # a 640x640 float32 weight is 1.6 MB: 1 MiB and 4 MiB buckets lay out differently
 PER_RANK, AFTER = 4, 3
 
 
-def main() -> None:
+def autotuned_training() -> None:
     hvd.init()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, WIDE), torch.nn.Tanh(),
@@ -43,9 +44,8 @@ def main() -> None:
             np.testing.assert_allclose(p.detach().numpy(), want.detach().numpy(), rtol=1e-4,
                                        atol=1e-5, err_msg=f"step {step}: {name}")
     assert len(layouts) > 1, f"the autotuner never changed the bucket layout: {layouts}"
-    print(f"rank {hvd.rank()}: torch autotune case passed ({sorted(layouts)} buckets)",
-          flush=True)
+    print(f"rank {hvd.rank()}: {sorted(layouts)} buckets", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    run_cases({"autotuned_training": autotuned_training}, rank=hvd.rank())

@@ -3,7 +3,7 @@
 One process replays the job: each rank's gradient from a replica of the weights on that rank's
 rows, each rank's residual per tensor, the codec's rule written out here (not the library's),
 the decoded values summed and averaged, then plain torch SGD. Tensors under the codecs'
-min_size (the biases) are averaged uncompressed. Prints "torch codec ok: <case>" per case.
+min_size (the biases) are averaged uncompressed. Each case reports on its own (case_runner.py).
 """
 import copy
 import math
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import hvd_trainer.torch as hvd
+from case_runner import run_cases
 from hvd_trainer.compression import OneBit, ScaledTwoBit, TopK, TwoBit
 
 hvd.init()
@@ -94,8 +95,7 @@ def run(case: str) -> None:
                                    msg=f"{case}: {name}")
     moved = sum(float((p - q).abs().sum()) for p, q in zip(net.parameters(), start.parameters()))
     assert moved > 0, f"{case}: the weights did not move"
-    print(f"torch codec ok: {case}", flush=True)
 
 
-for case in CASES:
-    run(case)
+run_cases({"2bit": lambda: run("2bit"), "scaled_2bit": lambda: run("scaled 2bit"),
+           "1bit": lambda: run("1bit"), "topk": lambda: run("topk")})

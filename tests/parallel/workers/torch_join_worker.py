@@ -16,7 +16,8 @@ batches (rank 0 the most), then joins. After join, rank 0 (the last to join, as 
 return) broadcasts its weights, and every rank's weights must equal a single-process run of
 the same rule: at step s, SGD (momentum, weight decay) on the sum of the gradients of the
 ranks that still have batch s, over the full size. Small buckets (HVD_BUCKET_THRESHOLD, set by
-the test) give several reductions per step. Prints "torch join ok: <n> checks".
+the test) give several reductions per step. Each of the three parts is a case of its own
+(case_runner.py).
 """
 import numpy as np
 import torch
@@ -24,13 +25,13 @@ from torch import nn
 
 import hvd_trainer
 import hvd_trainer.torch as hvd
+from case_runner import run_cases
 from hvd_trainer.reducer import Gradient, Reducer
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 # A process set that a joined rank may belong to (on 2 ranks, the world).
 PAIR = hvd.add_process_set([0, SIZE - 1]) if SIZE > 2 else hvd.global_process_set
-checks = 0
 
 
 def data(seed: int, rank: int, shape) -> np.ndarray:
@@ -39,21 +40,17 @@ def data(seed: int, rank: int, shape) -> np.ndarray:
 
 
 def check(got: torch.Tensor, want: np.ndarray, what: str, rtol: float = 1e-6) -> None:
-    global checks
     assert tuple(got.shape) == np.shape(want), f"{what}: shape {tuple(got.shape)}"
     np.testing.assert_allclose(got.to(torch.float64).numpy(), want, rtol=rtol, atol=0,
                                err_msg=f"rank {RANK}: {what}")
-    checks += 1
 
 
 def raises(kind, fragments, fn, *args, **kwargs) -> None:
-    global checks
     try:
         fn(*args, **kwargs)
     except kind as e:
         for fragment in fragments:
             assert fragment in str(e), f"rank {RANK}: {kind.__name__} without {fragment!r}: {e}"
-        checks += 1
         return
     raise AssertionError(f"rank {RANK}: {fn.__name__} did not raise {kind.__name__}")
 
@@ -105,7 +102,6 @@ def reductions(seed: int, active) -> None:
 def checks_reducer(seed: int, active) -> None:
     """A step-time (flagged) step of the core's reducer: 400 gradients need more flags than
     the agreement record carries, so the joined ranks take part in the second exchange."""
-    global checks
     reducer = Reducer(prefix=f"join{seed}.")
     reducer.set_gradients([Gradient(k, (2,), "<f4") for k in range(400)])
     views = {}
@@ -128,7 +124,6 @@ def checks_reducer(seed: int, active) -> None:
         if key == 7 and len(active) == 1:
             want = data(seed + 20, RANK, (2,)) * 0  # fresh nowhere: left as it was
         np.testing.assert_allclose(views[key], want, rtol=1e-6, err_msg=f"reducer key {key}")
-        checks += 1
 
 
 def refused(active) -> None:
@@ -168,19 +163,21 @@ def join_in_turn(first: int, seed: int) -> None:
                   f"allreduce with {position + 1} ranks joined")
 
 
-for first in range(SIZE):
-    join_in_turn(first, 100 * first)
-    # After join every rank takes part again; unnamed calls name alike on every rank.
-    x = [data(77 + first, r, (4,)) for r in range(SIZE)]
-    check(hvd.allreduce(torch.tensor(x[RANK]), op=hvd.Sum), sum(x), "allreduce after join")
-    assert hvd.allgather_object(RANK) == list(range(SIZE))
+def each_rank_joins_first_in_turn() -> None:
+    for first in range(SIZE):
+        join_in_turn(first, 100 * first)
+        # After join every rank takes part again; unnamed calls name alike on every rank.
+        x = [data(77 + first, r, (4,)) for r in range(SIZE)]
+        check(hvd.allreduce(torch.tensor(x[RANK]), op=hvd.Sum), sum(x), "allreduce after join")
+        assert hvd.allgather_object(RANK) == list(range(SIZE))
+    if SIZE > 2:
+        hvd.remove_process_set(PAIR)
 
-if SIZE > 2:
-    hvd.remove_process_set(PAIR)
 
-# Ranks joining together: the highest of them is last.
-assert hvd.join() == SIZE - 1
-assert hvd.join(device=0) == SIZE - 1
+def ranks_joining_together() -> None:
+    """Ranks joining together: the highest of them is last."""
+    assert hvd.join() == SIZE - 1
+    assert hvd.join(device=0) == SIZE - 1
 
 
 # -- DistributedOptimizer with unequal numbers of batches ------------------------------------
@@ -203,37 +200,41 @@ def sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
 
 
-loss_fn = nn.CrossEntropyLoss()
+def optimizer_with_unequal_batches() -> None:
+    loss_fn = nn.CrossEntropyLoss()
 
-net = model()
-opt = hvd.DistributedOptimizer(sgd(net.parameters()), named_parameters=net.named_parameters())
-hvd.broadcast_parameters(net.state_dict(), root_rank=0)
-for step in range(BATCHES[RANK]):
-    opt.zero_grad()
-    x, y = batch(RANK, step)
-    loss_fn(net(x), y).backward()
-    opt.step()
-last = hvd.join()
-assert last == 0, f"rank {RANK}: join returned {last}, not 0 (the rank with most batches)"
-hvd.broadcast_parameters(net.state_dict(), root_rank=last)
+    net = model()
+    opt = hvd.DistributedOptimizer(sgd(net.parameters()), named_parameters=net.named_parameters())
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    for step in range(BATCHES[RANK]):
+        opt.zero_grad()
+        x, y = batch(RANK, step)
+        loss_fn(net(x), y).backward()
+        opt.step()
+    last = hvd.join()
+    assert last == 0, f"rank {RANK}: join returned {last}, not 0 (the rank with most batches)"
+    hvd.broadcast_parameters(net.state_dict(), root_rank=last)
 
-# The single-process reference.
-ref = model()
-ref_opt = sgd(ref.parameters())
-for step in range(max(BATCHES)):
-    total = [torch.zeros_like(p) for p in ref.parameters()]
-    for r in range(SIZE):
-        if step < BATCHES[r]:
-            ref.zero_grad()
-            x, y = batch(r, step)
-            loss_fn(ref(x), y).backward()
-            total = [t + p.grad for t, p in zip(total, ref.parameters())]
-    for p, t in zip(ref.parameters(), total):
-        p.grad = t / SIZE
-    ref_opt.step()
+    # The single-process reference.
+    ref = model()
+    ref_opt = sgd(ref.parameters())
+    for step in range(max(BATCHES)):
+        total = [torch.zeros_like(p) for p in ref.parameters()]
+        for r in range(SIZE):
+            if step < BATCHES[r]:
+                ref.zero_grad()
+                x, y = batch(r, step)
+                loss_fn(ref(x), y).backward()
+                total = [t + p.grad for t, p in zip(total, ref.parameters())]
+        for p, t in zip(ref.parameters(), total):
+            p.grad = t / SIZE
+        ref_opt.step()
 
-for (name, got), want in zip(net.named_parameters(), ref.parameters()):
-    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5,
-                               atol=1e-6, err_msg=f"rank {RANK}: {name}")
-    checks += 1
-print(f"torch join ok: {checks} checks", flush=True)
+    for (name, got), want in zip(net.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6, err_msg=f"rank {RANK}: {name}")
+
+
+run_cases({"each_rank_joins_first_in_turn": each_rank_joins_first_in_turn,
+           "ranks_joining_together": ranks_joining_together,
+           "optimizer_with_unequal_batches": optimizer_with_unequal_batches}, rank=RANK)

@@ -2,15 +2,15 @@
 batch: N ranks with batch B each must reach the weights that plain PyTorch reaches with batch
 N*B, for each case below. Every rank computes the reference itself, from the same seeds.
 
-Prints "torch optimizer ok: <case>" per case and "torch optimizer ok" at the end.
+Each case reports on its own (see case_runner.py).
 """
 import copy
-import sys
 
 import numpy as np
 import torch
 
 import hvd_trainer.torch as hvd
+from case_runner import run_cases
 from hvd_trainer.compression import TopK
 
 hvd.init()
@@ -96,34 +96,22 @@ def run(case: str, make_opt, *, passes: int = 1, clip: float = 0.0, sched: bool 
     moved = sum(float((a - b).abs().sum().detach()) for a, b in zip(model.parameters(),
                                                           Net(sparse, use_extra).parameters()))
     assert moved > 0, f"{case}: the weights did not move"
-    print(f"torch optimizer ok: {case}", flush=True)
 
 
 def sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 
-run("sgd momentum weight decay", sgd)
-run("adam", lambda p: torch.optim.Adam(p, lr=0.01))
-run("adamw", lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1))
-run("clipping", sgd, clip=0.05)
-run("lr scheduler", sgd, sched=True)
-run("backward_passes_per_step=2", sgd, passes=2)
-run("unused on rank 0", sgd, use_extra=True)
-run("sum with lr / size", lambda p: torch.optim.SGD(p, lr=0.1 / SIZE), op=hvd.Sum,
-    make_ref=lambda p: torch.optim.SGD(p, lr=0.1))
-run("predivide", sgd, gradient_predivide_factor=2.0)
-run("one parameter per bucket", sgd, num_groups=4)
-run("sparse as dense", lambda p: torch.optim.SGD(p, lr=0.1), sparse=True,
-    sparse_as_dense=True)
-run("fp16", sgd, compression=hvd.Compression.fp16, tol=2e-3)
-# The core's packed path (allgather with error feedback, float32 tensors only): top-k of
-# every entry is exact.
-every_entry = TopK(1.0)
-every_entry.min_size = 1
-torch.set_default_dtype(torch.float32)
-run("packed top-k, ratio 1", sgd, compression=every_entry, tol=1e-5)
-torch.set_default_dtype(torch.float64)
+def packed_top_k() -> None:
+    """The core's packed path (allgather with error feedback, float32 tensors only): top-k of
+    every entry is exact."""
+    every_entry = TopK(1.0)
+    every_entry.min_size = 1
+    torch.set_default_dtype(torch.float32)
+    try:
+        run("packed top-k, ratio 1", sgd, compression=every_entry, tol=1e-5)
+    finally:
+        torch.set_default_dtype(torch.float64)
 
 
 def sync_batch_norm() -> None:
@@ -148,9 +136,23 @@ def sync_batch_norm() -> None:
         opt.step()
     for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"SyncBatchNorm: {name}")
-    print("torch optimizer ok: SyncBatchNorm", flush=True)
 
 
-sync_batch_norm()
-print("torch optimizer ok", flush=True)
-sys.stdout.flush()
+run_cases({
+    "sgd_momentum_weight_decay": lambda: run("sgd momentum weight decay", sgd),
+    "adam": lambda: run("adam", lambda p: torch.optim.Adam(p, lr=0.01)),
+    "adamw": lambda: run("adamw", lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)),
+    "clipping": lambda: run("clipping", sgd, clip=0.05),
+    "lr_scheduler": lambda: run("lr scheduler", sgd, sched=True),
+    "backward_passes_per_step_2": lambda: run("backward_passes_per_step=2", sgd, passes=2),
+    "unused_on_rank_0": lambda: run("unused on rank 0", sgd, use_extra=True),
+    "sum_with_lr_over_size": lambda: run(
+        "sum with lr / size", lambda p: torch.optim.SGD(p, lr=0.1 / SIZE), op=hvd.Sum,
+        make_ref=lambda p: torch.optim.SGD(p, lr=0.1)),
+    "predivide": lambda: run("predivide", sgd, gradient_predivide_factor=2.0),
+    "one_parameter_per_bucket": lambda: run("one parameter per bucket", sgd, num_groups=4),
+    "sparse_as_dense": lambda: run("sparse as dense", lambda p: torch.optim.SGD(p, lr=0.1),
+                                   sparse=True, sparse_as_dense=True),
+    "fp16": lambda: run("fp16", sgd, compression=hvd.Compression.fp16, tol=2e-3),
+    "packed_top_k": packed_top_k,
+    "sync_batch_norm": sync_batch_norm})

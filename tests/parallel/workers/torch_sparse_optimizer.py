@@ -4,10 +4,10 @@ and after synchronize() the sparse gradients (values and touched rows), that pla
 reaches with batch N*B. Every rank computes the reference itself, from the same seeds.
 
 Each step also checks the path the rows took: the dense allreduce exactly when the ranks
-together touched more rows than the table has (the README's rule, counted here from the
+together touched more rows than the table has (docs/sparse.md's rule, counted here from the
 batches). Cases with a 40-row table take the row allgather; those with a 6-row table
-(which every rank nearly covers), the dense fallback. Prints "torch sparse ok: <case>" per
-case.
+(which every rank nearly covers), the dense fallback. Each case reports on its own
+(case_runner.py).
 """
 import copy
 
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import hvd_trainer.torch as hvd
+from case_runner import run_cases
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -108,24 +109,29 @@ def run(case: str, make_opt, *, passes: int = 1, idle: bool = False, frozen_dens
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"{case}: {name}")
     assert not torch.equal(model.embed.weight, Net(table).embed.weight), f"{case}: did not move"
     assert (dense_steps > 0) == (table < 40), f"{case}: {dense_steps} dense steps"
-    print(f"torch sparse ok: {case}", flush=True)
 
 
 def sgd(params):
     return torch.optim.SGD(params, lr=0.1)
 
 
-run("sgd", sgd)
-run("sgd, idle ranks", sgd, idle=True)
-run("sum with lr / size", lambda p: torch.optim.SGD(p, lr=0.1 / SIZE), op=hvd.Sum,
-    make_ref=sgd)
-run("predivide", sgd, gradient_predivide_factor=2.0)
-run("backward_passes_per_step=2", sgd, passes=2)
-run("adagrad, idle ranks", lambda p: torch.optim.Adagrad(p, lr=0.1), idle=True)
-run("sparse adam, idle ranks", lambda p: torch.optim.SparseAdam(p, lr=0.01), idle=True,
-    frozen_dense=True)
-run("fp16 compression leaves sparse gradients exact", sgd,
-    compression=hvd.Compression.fp16, frozen_dense=True)
-run("dense fallback: sgd", sgd, table=6)
-run("dense fallback: adagrad, idle ranks", lambda p: torch.optim.Adagrad(p, lr=0.1), idle=True,
-    table=6)
+run_cases({
+    "sgd": lambda: run("sgd", sgd),
+    "sgd_idle_ranks": lambda: run("sgd, idle ranks", sgd, idle=True),
+    "sum_with_lr_over_size": lambda: run(
+        "sum with lr / size", lambda p: torch.optim.SGD(p, lr=0.1 / SIZE), op=hvd.Sum,
+        make_ref=sgd),
+    "predivide": lambda: run("predivide", sgd, gradient_predivide_factor=2.0),
+    "backward_passes_per_step_2": lambda: run("backward_passes_per_step=2", sgd, passes=2),
+    "adagrad_idle_ranks": lambda: run("adagrad, idle ranks",
+                                      lambda p: torch.optim.Adagrad(p, lr=0.1), idle=True),
+    "sparse_adam_idle_ranks": lambda: run("sparse adam, idle ranks",
+                                          lambda p: torch.optim.SparseAdam(p, lr=0.01),
+                                          idle=True, frozen_dense=True),
+    "fp16_leaves_sparse_gradients_exact": lambda: run(
+        "fp16 compression leaves sparse gradients exact", sgd,
+        compression=hvd.Compression.fp16, frozen_dense=True),
+    "dense_fallback_sgd": lambda: run("dense fallback: sgd", sgd, table=6),
+    "dense_fallback_adagrad_idle_ranks": lambda: run(
+        "dense fallback: adagrad, idle ranks", lambda p: torch.optim.Adagrad(p, lr=0.1),
+        idle=True, table=6)})

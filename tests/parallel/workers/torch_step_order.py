@@ -10,12 +10,13 @@ so each used parameter's gradient is [0, 1, 2, 3] on each rank that uses it).
    parameters 0 and 2, in one bucket: it must close the step rather than wait behind it.
 4. Ranks other than 0 join before their first step (they have no batch in epoch 0), then
    everyone trains: the joined ranks must learn which gradients the others found dense.
-Prints "torch step order ok" at the end.
+Each is a case of its own (see case_runner.py).
 """
 import numpy as np
 import torch
 
 import hvd_trainer.torch as hvd
+from case_runner import run_cases
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -71,11 +72,11 @@ def join_before_first_step() -> None:
                                    rtol=1e-12, err_msg="join before the first step")
 
 
-between_backward_and_step(0, [0, 1, 2, 3], [SIZE] * 4)
-others = [0, 2]
-between_backward_and_step(4, [0, 1, 2, 3] if RANK == 0 else others,
-                          [SIZE, 1, SIZE, 1])
-between_backward_and_step(0, [0, 1, 2, 3] if RANK == 0 else others, [SIZE, 1, SIZE, 1],
-                          synchronous=True)
-join_before_first_step()
-print("torch step order ok", flush=True)
+OTHERS = [0, 1, 2, 3] if RANK == 0 else [0, 2]
+run_cases({
+    "async_one_bucket": lambda: between_backward_and_step(0, [0, 1, 2, 3], [SIZE] * 4),
+    "async_bucket_per_parameter": lambda: between_backward_and_step(4, OTHERS,
+                                                                    [SIZE, 1, SIZE, 1]),
+    "sync_closes_the_step": lambda: between_backward_and_step(0, OTHERS, [SIZE, 1, SIZE, 1],
+                                                              synchronous=True),
+    "join_before_first_step": join_before_first_step})

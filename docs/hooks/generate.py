@@ -1,0 +1,232 @@
+"""Build-time tables of the docs, generated from the code so that they cannot drift from it.
+
+mkdocs runs this file as a hook (mkdocs.yml, ``hooks:``). Before a page is converted, each
+marker comment in its Markdown is replaced:
+
+- ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``launch/flags.py`` (FLAGS and
+  REFUSED, the tables hvdrun's parser is built from);
+- ``<!-- generated: settings -->``: the variables a user may set, their defaults taken from
+  ``hvd_trainer/runtime.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
+- ``<!-- generated: hvdrun-variables -->``: the variables hvdrun and its wrappers set;
+- ``<!-- api: MODULE -->``: the mkdocstrings directive for MODULE's public names, read from
+  its source by griffe (no framework is imported).
+
+After conversion, the docstrings' Sphinx roles (``:func:`name```) lose their role prefix, so
+the name shows as code.
+
+Only the meaning of each variable is written here (the code has no words for it); which
+variables exist is found in the source (string literals ``"HVD_..."``/``"HVDRUN_..."`` and
+``env("...")`` calls), and a variable found there without a meaning here, or described here
+but gone from the code, fails the build.
+"""
+import os
+import re
+import sys
+from typing import Dict, Iterable, List, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:  # so that the build reads this checkout's code, installed or not
+    sys.path.insert(0, REPO)
+
+# What each variable a user may set does; the default comes from the code where it has one.
+SETTINGS: Dict[str, str] = {
+    "HVD_FUSION_THRESHOLD": "largest fused bucket of `grouped_allreduce`, bytes",
+    "HVD_BUCKET_THRESHOLD": "largest gradient bucket of the trainers' reducer, bytes",
+    "HVD_OVERLAP": "1: reduce gradient buckets on a communication thread while backward runs, "
+                   "updating each bucket as it arrives (MXNet; the PyTorch optimizer always "
+                   "overlaps)",
+    "HVD_AUTOTUNE": "1: the first steps try bucket thresholds and overlap; every rank keeps "
+                    "rank 0's fastest (see [Concepts](concepts.md#autotune))",
+    "HVD_AUTOTUNE_LOG": "CSV file that rank 0 appends each autotune sample and the choice to",
+    "HVD_AUTOTUNE_WARMUP_SAMPLES": "samples of the configured setting run first and not counted",
+    "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "steps per autotune sample (at least 2: a sample is timed "
+                                     "between its steps' launches)",
+    "HVD_ALLREDUCE_ALGO": "`ring`, `native` (`MPI_Allreduce`), or `auto`",
+    "HVD_RING_THRESHOLD": "`auto` uses native below it and the ring from it on, bytes",
+    "HVD_GPU_COMMUNICATOR": "GPU collectives: `nccl`, `mpi` (host-staged), or `auto` (NCCL "
+                            "where every rank has its own GPU)",
+    "HVD_STALL_CHECK_TIME_SECONDS": "warn, naming the missing ranks, after waiting this long "
+                                    "(0: never)",
+    "HVD_STALL_SHUTDOWN_TIME_SECONDS": "end the job after waiting this long (0: never)",
+    "HVD_TIMELINE": "write a Chrome trace (Perfetto, chrome://tracing) from rank 0 to this file",
+    "HVD_LOG_LEVEL": "`debug`, `info`, `warning`, `error` for the `hvd_trainer` logger",
+    "HVD_BACKEND": "`mpi` or `local`, to override launcher detection (`local` also skips the "
+                   "wrong-launcher check)",
+    "HVD_MPIEXEC": "hvdrun's launcher, as `--mpiexec` (default: the one of mpi4py's MPI)",
+    "HVD_START_TIMEOUT": "hvdrun's `--start-timeout` when the flag is not given",
+}
+# Defaults of the variables that the code reads without a table of defaults.
+OTHER_DEFAULTS: Dict[str, str] = {
+    "HVD_TIMELINE": "unset", "HVD_LOG_LEVEL": "unset (warnings)", "HVD_BACKEND": "detected",
+    "HVD_MPIEXEC": "unset", "HVD_START_TIMEOUT": "unset (no limit)",
+}
+# Variables that hvdrun, its rank wrappers or hvd_trainer.run set; not for users to set.
+SET_BY_HVDRUN: Dict[str, str] = {
+    "HVD_LAUNCHED": "tells `init` that a launcher started this process",
+    "HVD_JOB_SECRET": "the job's 32 random bytes; elastic commits and the notice port's "
+                      "answers are signed with it ([Security](security.md))",
+    "HVD_RUN_SECRET": "`hvd_trainer.run`'s key, which signs the function and the results",
+    "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",
+    "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
+    "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",
+    "HVD_ELASTIC_GENERATION": "the hosts' generation this life started with",
+    "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
+    "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
+    "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",
+}
+
+_LITERAL = re.compile(r"[\"']((?:HVD|HVDRUN)_[A-Z0-9_]+)[\"']")
+_ENV_CALL = re.compile(r"\benv\(\s*[\"']([A-Z0-9_]+)[\"']")
+
+
+def _sources() -> Iterable[str]:
+    for top in ("hvd_trainer", "launch"):
+        for folder, _, files in os.walk(os.path.join(REPO, top)):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), encoding="utf-8") as f:
+                        yield f.read()
+
+
+def variables_in_code() -> List[str]:
+    """Every HVD_*/HVDRUN_* variable the package or hvdrun names, and every setting it reads."""
+    from hvd_trainer import runtime
+    found = {"HVD_" + name for name in {**runtime.AGREED_SETTINGS, **runtime.OWN_SETTINGS}}
+    for source in _sources():
+        found.update(_LITERAL.findall(source))
+        found.update("HVD_" + name for name in _ENV_CALL.findall(source))
+    return sorted(found)
+
+
+def check_variables() -> None:
+    """Raise naming each variable that the code has and the docs do not describe, or back."""
+    in_code = set(variables_in_code())
+    described = set(SETTINGS) | set(SET_BY_HVDRUN)
+    missing, stale = sorted(in_code - described), sorted(described - in_code)
+    if missing or stale:
+        raise ValueError(f"docs/hooks/generate.py: describe {missing} (found in the code) and "
+                         f"drop {stale} (no longer in the code)")
+
+
+def _default(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value == "":
+        return "unset"
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value} ({value >> 20} MiB)"
+    return f"`{value}`" if isinstance(value, str) else str(value)
+
+
+def settings_table() -> str:
+    """The user's variables: name, default, whose value counts, meaning."""
+    from hvd_trainer import runtime
+    check_variables()
+    rows = ["| variable | default | whose value | meaning |", "|---|---|---|---|"]
+    for name, meaning in SETTINGS.items():
+        key = name[len("HVD_"):]
+        if key in runtime.AGREED_SETTINGS:
+            default, whose = _default(runtime.AGREED_SETTINGS[key][0]), "rank 0's"
+        elif key in runtime.OWN_SETTINGS:
+            default, whose = _default(runtime.OWN_SETTINGS[key][0]), "each rank's"
+        else:
+            default = OTHER_DEFAULTS[name]
+            whose = "hvdrun's" if name in ("HVD_MPIEXEC", "HVD_START_TIMEOUT") else "each rank's"
+        rows.append(f"| `{name}` | {default} | {whose} | {meaning} |")
+    return "\n".join(rows)
+
+
+def hvdrun_variables_table() -> str:
+    """The variables hvdrun's side sets for the ranks."""
+    check_variables()
+    rows = ["| variable | set to |", "|---|---|"]
+    rows += [f"| `{name}` | {meaning} |" for name, meaning in SET_BY_HVDRUN.items()]
+    return "\n".join(rows)
+
+
+def spelled(names: Tuple[str, ...], metavar: object = None) -> str:
+    """A flag table's first column: each spelling in backticks, with its value's name."""
+    if isinstance(metavar, tuple):
+        metavar = " ".join(metavar)
+    return ", ".join(f"`{name} {metavar}`" if metavar else f"`{name}`" for name in names)
+
+
+def flags_table() -> str:
+    """hvdrun's flags: what each accepted one does, and why each refused one is refused."""
+    from hvd_trainer_launch import flags
+    rows = ["| flag | effect |", "|---|---|"]
+    rows += [f"| {spelled(flag.names, flag.options.get('metavar'))} | {flag.effect} |"
+             for flag in flags.FLAGS]
+    rows += [f"| {spelled(entry.names)} | refused: {entry.reason} |" for entry in flags.REFUSED]
+    return "\n".join(rows)
+
+
+def public_names(module: str) -> Tuple[List[str], List[str], List[str]]:
+    """MODULE's public names, read statically: its ``__all__`` if it has one, else what it
+    defines or imports from hvd_trainer. Returned apart: the names griffe cannot follow to a
+    definition (values unpacked from a tuple, such as the reduction ops), and the public
+    submodules the module imports."""
+    import griffe
+    loaded = griffe.GriffeLoader(search_paths=[REPO]).load(module)
+    exported = loaded.exports  # __all__, when the module has one
+    names, plain, modules = [], [], []
+    for name, member in loaded.members.items():
+        if name.startswith("_") or (exported is not None and name not in exported):
+            continue
+        if member.is_alias:
+            if not member.target_path.startswith("hvd_trainer"):
+                continue  # typing, tensorflow, keras: not ours
+            try:
+                target = member.final_target
+            except griffe.AliasResolutionError:
+                plain.append(name)
+                continue
+            if target.is_module:
+                modules.append(member.target_path)
+                continue
+        elif member.is_module:
+            continue  # a submodule loaded beside the package, not one it imports
+        names.append(name)
+    return names, plain, modules
+
+
+def api_block(module: str) -> str:
+    """The mkdocstrings directives for MODULE's names and for the submodules it imports."""
+    names, plain, modules = public_names(module)
+    blocks = [f"::: {module}\n    options:\n      members: [{', '.join(names)}]"]
+    if plain:
+        blocks.append("Also: " + ", ".join(f"`{name}`" for name in plain) + ".")
+    for submodule in modules:
+        blocks.append(f"## `{submodule}`\n\n::: {submodule}\n    options:\n"
+                      "      show_root_heading: false")
+    return "\n\n".join(blocks)
+
+
+_MARKER = re.compile(r"<!-- (generated|api): ([\w.-]+) -->")
+_TABLES = {"hvdrun-flags": flags_table, "settings": settings_table,
+           "hvdrun-variables": hvdrun_variables_table}
+
+
+def expand(markdown: str) -> str:
+    """``markdown`` with each marker replaced by what it stands for."""
+    def replace(match: "re.Match[str]") -> str:
+        kind, what = match.groups()
+        if kind == "api":
+            return api_block(what)
+        if what not in _TABLES:
+            raise ValueError(f"unknown generated table {what!r}; known: {sorted(_TABLES)}")
+        return _TABLES[what]()
+    return _MARKER.sub(replace, markdown)
+
+
+def on_page_markdown(markdown: str, **_: object) -> str:
+    """mkdocs hook: expand the page's markers before it is converted."""
+    return expand(markdown)
+
+
+_ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, **_: object) -> str:
+    """mkdocs hook: drop the Sphinx role before each role-marked name in the page."""
+    return _ROLE.sub("", html)
