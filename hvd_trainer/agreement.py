@@ -319,7 +319,7 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
                 gathered = _record(comm, sched, digest, flags, payload)
                 if gathered.agreed and not sched.peers_joined:
                     if flags is not None and len(flags):
-                        flags = gathered.flags(comm, flags)
+                        flags = gathered.flags(comm, len(flags))
                     if not keep:
                         sched.give()
                     return flags, gathered.carried() if carries else None
@@ -343,7 +343,7 @@ class _Records:
     """A communicator's agreement buffers: this rank's record and every rank's, reused by
     each agreement (the communicator's user makes one at a time)."""
 
-    __slots__ = ("room", "send", "payload", "recv", "carried", "flagged", "start")
+    __slots__ = ("room", "send", "payload", "recv", "carried", "words", "start")
 
     def __init__(self, comm: Communicator):
         room = min(_ROOM_MAX, _ROOM_SHARED // comm.size) // 8 * 8
@@ -352,7 +352,7 @@ class _Records:
         self.payload = self.send[_HEADER_WORDS:].view(np.uint8)
         self.recv = np.zeros((comm.size, self.send.size), np.int64)
         self.carried = self.recv[:, _HEADER_WORDS:].view(np.uint8)
-        self.flagged = False  # the last record had inline flags
+        self.words: Optional[np.ndarray] = None  # this rank's flags of the last record, packed
         self.start = comm.repeated_allgather(self.send, self.recv)
 
 
@@ -394,12 +394,12 @@ class _Gathered:
     """Every rank's record of one exchange: whether the active ranks' digests agree, the
     or-ed state bits, and what else the ranks sent."""
 
-    __slots__ = ("records", "agreed", "state", "lengths")
+    __slots__ = ("records", "heads", "agreed", "state", "lengths")
 
     def __init__(self, records: _Records):
-        self.records = records
+        self.records, self.heads = records, records.recv[:, :_HEADER_WORDS].tolist()
         self.state, first, self.agreed, self.lengths = 0, None, True, []
-        for digest, state, length in records.recv[:, :_FLAGS_AT].tolist():
+        for digest, state, length, *_ in self.heads:
             self.state |= state
             self.lengths.append(length)
             if state & _ACTIVE:  # a joined rank has no digest: the others' are compared
@@ -412,16 +412,21 @@ class _Gathered:
         """Every rank's payload."""
         return Carried(self.records.carried, self.lengths)
 
-    def flags(self, comm: Communicator, own: np.ndarray) -> np.ndarray:
-        """The or-ed flags of an entry whose records every rank agreed on (``own``: this
-        rank's)."""
-        words = pack_flags(own)
+    def flags(self, comm: Communicator, count: int) -> np.ndarray:
+        """The or-ed flags (``count`` of them) of the entry whose record this rank sent last,
+        which every rank agreed on."""
+        words = self.records.words
+        if not count:
+            return np.zeros(0, bool)
         inline = min(words.size, INLINE_FLAG_WORDS)
-        words[:inline] = np.bitwise_or.reduce(
-            self.records.recv[:, _FLAGS_AT:_FLAGS_AT + inline], axis=0)
-        if words.size > inline:  # the ranks agree on len(own), so this exchange matches
+        ored = [0] * inline
+        for head in self.heads:
+            for i in range(inline):
+                ored[i] |= head[_FLAGS_AT + i]
+        words[:inline] = ored
+        if words.size > inline:  # the ranks agree on the count, so this exchange matches
             comm.allreduce(words[inline:], "bor")
-        return unpack_flags(words, len(own))
+        return unpack_flags(words, count)
 
 
 def _exchange(comm: Communicator, sched: scheduler.Schedule, digest: int, state: int,
@@ -442,10 +447,10 @@ def _exchange(comm: Communicator, sched: scheduler.Schedule, digest: int, state:
         inline = min(words.size, INLINE_FLAG_WORDS)
         send[_FLAGS_AT:_HEADER_WORDS] = 0
         send[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
-        records.flagged = True
-    elif records.flagged:
+        records.words = words
+    elif records.words is not None:
         send[_FLAGS_AT:_HEADER_WORDS] = 0
-        records.flagged = False
+        records.words = None
     sched.exchanges += 1
     return records, records.start()
 
@@ -466,7 +471,7 @@ def _outcome(comm: Communicator, entry: _Entry, gathered: _Gathered) -> Optional
     joined, and return the or-ed flags."""
     if entry.carries and not gathered.state & _JOINED:
         entry.carried = gathered.carried()
-    return None if entry.flags is None else gathered.flags(comm, entry.flags)
+    return None if entry.flags is None else gathered.flags(comm, len(entry.flags))
 
 
 def _in_step(comm: Communicator, sched: scheduler.Schedule, entry: _Entry,

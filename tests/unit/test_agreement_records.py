@@ -152,3 +152,17 @@ def test_the_mpi_repeated_allgather_gathers_again_on_the_same_buffers(monkeypatc
         assert recv.tolist() == [[value] * 4]
     comm.free()  # frees the persistent request, if any, before MPI_Finalize
     assert comm._persistent == []
+
+
+def test_inline_flags_are_or_ed_over_every_ranks_record():
+    rng = np.random.default_rng(5)
+    every = [rng.random(70) < 0.2 for _ in range(3)]  # two inline words each
+    records = agreement._Records(Ranks(3))
+    for r, flags in enumerate(every):
+        words = agreement.pack_flags(flags)
+        records.recv[r, :3] = 7, ACTIVE, -1
+        records.recv[r, agreement._FLAGS_AT:agreement._FLAGS_AT + words.size] = words
+    records.words = agreement.pack_flags(every[0])  # this rank's, as its exchange left them
+    got = agreement._Gathered(records).flags(None, 70)
+    assert got.tolist() == np.logical_or.reduce(every).tolist()
+    assert agreement._Gathered(records).flags(None, 0).size == 0
