@@ -394,12 +394,12 @@ class _Gathered:
     """Every rank's record of one exchange: whether the active ranks' digests agree, the
     or-ed state bits, and what else the ranks sent."""
 
-    __slots__ = ("records", "heads", "agreed", "state", "lengths")
+    __slots__ = ("records", "agreed", "state", "lengths")
 
     def __init__(self, records: _Records):
-        self.records, self.heads = records, records.recv[:, :_HEADER_WORDS].tolist()
+        self.records = records
         self.state, first, self.agreed, self.lengths = 0, None, True, []
-        for digest, state, length, *_ in self.heads:
+        for digest, state, length in records.recv[:, :_FLAGS_AT].tolist():
             self.state |= state
             self.lengths.append(length)
             if state & _ACTIVE:  # a joined rank has no digest: the others' are compared
@@ -420,9 +420,9 @@ class _Gathered:
             return np.zeros(0, bool)
         inline = min(words.size, INLINE_FLAG_WORDS)
         ored = [0] * inline
-        for head in self.heads:
-            for i in range(inline):
-                ored[i] |= head[_FLAGS_AT + i]
+        for row in self.records.recv[:, _FLAGS_AT:_FLAGS_AT + inline].tolist():
+            for i, word in enumerate(row):
+                ored[i] |= word
         words[:inline] = ored
         if words.size > inline:  # the ranks agree on the count, so this exchange matches
             comm.allreduce(words[inline:], "bor")
