@@ -13,6 +13,16 @@ Rounds are short (10 calls): on cores shared with other jobs a long round mostly
 how often the two ranks were descheduled, for the raw calls as for ours.
 The targets (issue 25): a 4 KiB allreduce and broadcast at most raw + 20 µs, and
 ``broadcast_object`` of a small dict at most 3x raw ``bcast``.
+
+Figures, 2026-12-02, 2 shared cores (Intel Xeon VM), MPICH 5.0.2, 2 ranks, load average 1.5,
+commit 38c7805, two runs (before: commit 234228d's tree imported by the same script, runs
+alternating): 4 KiB allreduce raw + 22.1 / 26.8 µs (before + 63.8 / 64.0), allreduce_
++ 20.8 / 25.5, broadcast_ + 16.9 / 17.0 (before + 34.8 / 36.8), allgather + 18.9 / 19.3
+(before + 58.4 / 65.0), broadcast_object of a small dict 4.80x / 4.84x raw bcast (before
+9.73x / 9.94x), barrier + 10.1 / 10.2 µs (before + 28.7 / 30.8). Over the day the 4 KiB
+allreduce ranged from raw + 19.3 to + 32 µs with the machine's state, the raw call from 4.0
+to 4.7 µs: the allreduce target is met in some runs, not reliably; broadcast's is met;
+broadcast_object's is not (the agreement alone, a barrier, is about 10 µs of Python).
 """
 import argparse
 import datetime
