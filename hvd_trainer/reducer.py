@@ -535,11 +535,13 @@ class Reducer:
                               stats)
             plain = [t for k, t in group if not (feedback and feedback.compressor.accepts(t))]
             if self.compression is Compression.fp16 and self.predivide == 1.0:
-                narrowed = [t for t in plain if t.dtype == np.float32 and t.flags.c_contiguous]
+                narrowed, rest = [], []
+                for t in plain:
+                    (narrowed if t.dtype == np.float32 and t.flags.c_contiguous else rest).append(t)
                 if narrowed:
                     self._sum_narrowed(narrowed, name, stats)
                     name = f"{name}.rest"
-                plain = [t for t in plain if not any(t is n for n in narrowed)]
+                plain = rest
             if not plain:
                 continue
             tic = time.perf_counter()

@@ -655,17 +655,19 @@ def _job(name: Optional[str], process_set: Any) -> Optional[Job]:
 
 
 def start(work: Callable[[], Any], name: Optional[str] = None,
-          process_set: Any = None) -> "Future[Any]":
+          process_set: Any = None, waited: bool = True) -> "Future[Any]":
     """Run ``work()`` on the communication thread, behind what was submitted or deferred
     before (after this thread's closers); its future holds the result.
 
     With ``process_set``, ``work`` is a collective named ``name`` on it: its name (or its
     automatic one) is taken now, in this thread's program order, and a name still pending
-    raises :class:`DuplicateNameError` here.
+    raises :class:`DuplicateNameError` here. With ``waited=False`` a thread waiting for the
+    future does not make the collective count as waited for (a graph op that TensorFlow runs
+    beside the graph's others, in any order): it waits for its match however long.
     """
     _close()
     job = _job(name, process_set)
-    future: "Future[Any]" = _Submitted(job)
+    future: "Future[Any]" = _Submitted(job) if waited else Future()
     with _lock:
         _flush_locked()
         _hand((future, work, job))

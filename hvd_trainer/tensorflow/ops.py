@@ -35,13 +35,15 @@ T = TypeVar("T")
 
 # -- running a collective -------------------------------------------------------------------
 def run(work: Callable[[], T], name: Optional[str] = None,
-        process_set: Optional[ProcessSet] = None) -> T:
+        process_set: Optional[ProcessSet] = None, waited: bool = True) -> T:
     """Run ``work`` on the communication thread, in order with every other collective of
     this process, and return its result; its error is raised as TensorFlow's (errors.py).
     With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
-    scheduler.start)."""
+    scheduler.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
+    its own threads in any order, so a rank may wait on one op while its next is not yet
+    submitted, and the op waits for its match, as in Horovod."""
     try:
-        return scheduler.start(work, name, process_set).result()
+        return scheduler.start(work, name, process_set, waited).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:
@@ -55,8 +57,9 @@ def _collective(work: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.T
     """``work(*arrays)``, the collective ``name`` on ``process_set``, on the inputs' values,
     on the communication thread, now or when the graph runs (bridge.call); its arrays as
     tensors."""
-    return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set), inputs,
-                       dtypes, shapes, name)
+    waited = tf.executing_eagerly()  # False while a graph or a tf.function is built
+    return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set, waited),
+                       inputs, dtypes, shapes, name)
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
