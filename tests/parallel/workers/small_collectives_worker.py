@@ -14,16 +14,16 @@ mismatches    ranks that disagree on a small call (shape, dtype, op, root, scale
 one rank's data too large
               an allgather or allgather_object whose data fits on every rank but one goes
               the slow way on every rank, with the right result
-Run as: worker.py [case ...] (default: all). Each case prints "rank R case: ok", or what
-failed; the job exits 1 if anything failed.
+Run as: worker.py [case ...] (default: all); each case reports one record per rank
+(case_runner.py).
 """
-import sys
 import zlib
 
 import ml_dtypes
 import numpy as np
 
 import hvd_trainer as hvd
+from case_runner import run_cases
 from hvd_trainer import agreement, runtime
 
 R, N = hvd.rank(), hvd.size()
@@ -239,7 +239,7 @@ def mismatches():
     # Small on some ranks and large on another: the shapes differ, named in the message.
     error = raised(lambda: hvd.allreduce(np.zeros(small if R != LAST else large, np.float32),
                                          name="m"))
-    want = ("MismatchError", f"allreduce 'm': ranks disagree on shape of tensor 0 'm' ("
+    want = ("MismatchError", "allreduce 'm': ranks disagree on shape of tensor 0 'm' ("
             + ", ".join(f"rank {r}: ({small if r != LAST else large},)" for r in range(N))
             + ")")
     if error != want:
@@ -262,11 +262,5 @@ def one_rank_too_large():
         failures.append("allgather_object of one large object")
 
 
-CASES = {"one exchange": one_exchange, "results": results, "mismatches": mismatches,
-         "one rank's data too large": one_rank_too_large}
-for name in sys.argv[1:] or CASES:
-    before = len(failures)
-    CASES[name]()
-    outcome = "ok" if len(failures) == before else "failed: " + "; ".join(failures[before:])
-    print(f"rank {R} {name}: {outcome}", flush=True)
-sys.exit(1 if failures else 0)
+run_cases({"one exchange": one_exchange, "results": results, "mismatches": mismatches,
+           "one rank's data too large": one_rank_too_large}, failures, R)
