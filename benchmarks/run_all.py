@@ -29,6 +29,8 @@ def scripts(quick: bool) -> List[List[str]]:
 
     return [
         HVDRUN + [sys.executable, path("allreduce.py")] + (["--quick"] if quick else []),
+        HVDRUN + [sys.executable, path("small_collectives.py")]
+        + (["--rounds", "50"] if quick else []),
         [sys.executable, path("train_step.py"), "--buckets"] + rounds,
         [sys.executable, path("train_step.py"), "--autotune"] + rounds,
         [sys.executable, path("synthetic.py")] + rounds,

@@ -1,12 +1,27 @@
 """Agreement between ranks before a collective runs.
 
 **Agreement.** Before a collective every rank contributes a record to one small nonblocking
-allreduce (bitwise or): an 8-byte digest of what it is about to do (kind, names, dtypes,
-shapes, op, root, scale factors), the digest's complement, a state word (active or joined,
-see below), and optional flags. The digests were all equal exactly when or(d) == ~or(~d).
-If they differ, the ranks exchange their full descriptions and every rank raises the same
-error. Every agreement uses the same record, so even ranks that reached different kinds of
-collective meet in it: a disagreement never hangs and never reads past a buffer.
+allgather: an 8-byte digest of what it is about to do (kind, names, dtypes, shapes, op, root,
+scale factors), a state word (active or joined, see below), optional flags, and room for a
+small payload. If the digests differ, the ranks exchange their full descriptions and every
+rank raises the same error. Every agreement on a communicator uses records of the same size,
+so even ranks that reached different kinds of collective meet in it: a disagreement never
+hangs and never reads past a buffer.
+
+**Small calls in one exchange.** A small collective puts its data in its record (its
+payload: the tensor to reduce or gather, the root's tensor or pickled object), so that when
+the ranks agree its data has travelled too: allreduce (under ``HVD_ALLREDUCE_ALGO=auto``)
+reduces the gathered payloads in rank order, identically on every rank; broadcast, allgather
+and the object collectives read them. When the records differ, or a rank has joined, the
+payloads are dropped and the call runs its own data phase after the usual outcome of the
+agreement (its error, or a match by name). The room is the same on every rank of a
+communicator (:func:`room`): 4 KiB up to 4 ranks, 16 KiB shared among more, none from 257
+ranks on, so an agreement moves at most 16 KiB plus 72 bytes per rank.
+
+**Digests from signatures.** A call that knows what fixes its description (kind, name, op,
+scale factors, dtypes, shapes, root: its *signature*, a tuple) has its digest made from that
+(:func:`_signed_digest`), and its description is made only if the records differ; the
+description and its text would cost more than the exchange of a small call.
 
 **Argument errors are collective.** A collective runs its argument checks inside
 :meth:`Call.checks`; a check that fails on one rank does not raise there at once but travels
@@ -19,8 +34,11 @@ round of the exchange above over every call pending on the rank, and the calls t
 decides run one after another, each on its own thread, holding the communicator's turn.
 When every rank's oldest pending call is the same, the round is the one small exchange;
 otherwise the ranks exchange their pending lists and match calls by name, as Horovod's
-coordinator does. A thread that already holds the turn (inside another call's data phase)
-agrees in step with the other ranks, without the schedule.
+coordinator does. A call that finds nothing pending and the communicator free (one thread,
+one call at a time: the common case) makes its round at once, holding the turn from the
+start (:meth:`scheduler.Schedule.claim`); only if that round does not run it does the call
+go the way of the schedule. A thread that already holds the turn (inside another call's
+data phase) agrees in step with the other ranks, without the schedule.
 
 **Joined ranks.** A rank that called :func:`hvd_trainer.joined.join` (it ran out of data)
 takes part in every agreement without a call of its own: its record carries a *joined*
@@ -41,6 +59,7 @@ Waits are watched by the stall inspector (stall.py); phases are timed on the tim
 import contextlib
 import functools
 import hashlib
+import weakref
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
 
@@ -53,10 +72,16 @@ from .timeline import span
 
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6
-# The record: digest, ~digest, state bits, inline flags.
-_RECORD_WORDS = 3 + INLINE_FLAG_WORDS
-_FLAGS_AT = 3
-# State bits, or-ed across ranks: a rank is active (it makes the call) or joined (it serves).
+# The record, in int64 words: digest, state bits, the payload's length in bytes (-1: none),
+# inline flags (72 bytes up to here), then room for the payload.
+_DIGEST, _STATE, _LENGTH, _FLAGS_AT = 0, 1, 2, 3
+_HEADER_WORDS = _FLAGS_AT + INLINE_FLAG_WORDS
+# Payload room per rank: 4 KiB up to 4 ranks, then 16 KiB shared among the ranks, and none
+# below 64 bytes. Every agreement moves the whole record: on 2 ranks an allgather of 4 KiB
+# records took 3.9-4.2 µs against 2.4-3.1 µs for 72-byte ones, and of 8 KiB ones 9.8-21 µs
+# (MPICH 5.0.2, 2 shared cores, 2026-12-02), so the room stops at 4 KiB, the issue's size.
+_ROOM_MAX, _ROOM_SHARED, _ROOM_MIN = 4096, 16384, 64
+# State bits of a rank: active (it makes the call) or joined (it serves).
 _ACTIVE, _JOINED = 1, 2
 # What a joined rank serves (with zeros, or nothing to send): the other kinds raise.
 _SERVED_WHILE_JOINED = ("allreduce", "grouped_allreduce", "adasum", "barrier", "trainer step")
@@ -173,6 +198,50 @@ def unpack_flags(words: np.ndarray, count: int) -> np.ndarray:
     return np.unpackbits(np.ascontiguousarray(words).view(np.uint8))[:count].astype(bool)
 
 
+class _Entry(scheduler.Entry):
+    """A scheduler entry whose description is made only when needed (a call whose digest
+    comes from a signature, see :func:`_signed_digest`, and that every rank agrees on at
+    once never needs it), with the payload its record carries."""
+
+    __slots__ = ("describe", "payload", "carries", "carried")
+    carried: Optional["Carried"]  # annotated here: in __init__ it would be evaluated each time
+
+    def __init__(self, key: str, describe: Callable[[], Dict[str, Any]],
+                 description: Optional[Dict[str, Any]], flags: Optional[np.ndarray],
+                 digest: int, automatic: bool, payload: Optional[np.ndarray], carries: bool):
+        super().__init__(key, description, flags, digest, automatic)  # type: ignore[arg-type]
+        self.describe, self.payload, self.carries = describe, payload, carries
+        self.carried = None
+
+    def described(self) -> Dict[str, Any]:
+        if self.description is None:
+            self.description = self.describe()
+        return self.description
+
+    def summary(self) -> scheduler.Summary:
+        self.described()
+        return super().summary()
+
+
+# Digests of signatures without the call's name (see _signed_digest), bounded.
+_signed: Dict[Any, bytes] = {}
+_SIGNED_KEPT = 4096
+
+
+def _signed_digest(kind: str, name: str, signature: Any) -> int:
+    """The digest of a call whose description is fixed by its kind, its name and
+    ``signature`` (a hashable tuple of plain values): the signature's digest, kept, with
+    the name's, so that neither the description nor its text is made for every call."""
+    key = (kind, signature)
+    base = _signed.get(key)
+    if base is None:
+        if len(_signed) >= _SIGNED_KEPT:
+            _signed.clear()
+        base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    raw = hashlib.blake2b(base + name.encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little", signed=True)
+
+
 def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
           flags: Optional[np.ndarray] = None, error: Optional[Exception] = None,
           key: Optional[str] = None, keep: bool = False,
@@ -194,82 +263,227 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     digest is reused: a caller may keep a description while nothing in it changes, but must
     not modify it.
     """
-    sched = scheduler.of(comm)
+    return _agree(comm, scheduler.of(comm), describe, flags, error, key, keep, automatic)[0]
+
+
+def _agree(comm: Communicator, sched: scheduler.Schedule,
+           describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
+           error: Optional[Exception], key: Optional[str], keep: bool, automatic: bool,
+           payload: Optional[np.ndarray] = None, carries: bool = False,
+           signed: Optional[Tuple[str, str, Any]] = None
+           ) -> Tuple[Optional[np.ndarray], Optional["Carried"]]:
+    """:func:`agree` on ``comm``, whose schedule is ``sched``, with ``payload`` (bytes, or
+    None) in the record when ``carries``; returns the or-ed flags and, where the payloads
+    travelled, every rank's. ``signed``: (kind, name, signature) of a call whose digest
+    comes from its signature (then ``key`` is given)."""
     holder = sched.holds()
     if flags is None and error is None and holder and sched.covered_depth():
-        return None
+        return None, None
     if error is not None and (comm.size == 1 or (holder and sched.covered_depth())):
         raise error  # nobody else takes part in an exchange here
     if comm.size == 1:
-        return None if flags is None else np.asarray(flags, bool).copy()
-    given = describe()
-    if error is not None:
-        # The rank makes the description unlike any other rank's, so every rank takes the
-        # full exchange and raises this error.
-        description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
-        digest = _digest(description)
+        return (None if flags is None else np.asarray(flags, bool).copy()), None
+    if signed is not None and error is None and (flags is None or not len(flags)):
+        description, digest = None, _signed_digest(*signed)
+        what = f"{signed[0]} {signed[1]!r}"
+        if flags is not None:  # no flags, but an exchange even in a covered block
+            described = describe
+            describe = lambda: dict(described(), flags=0)  # noqa: E731
     else:
-        count = -1 if flags is None else len(flags)
-        if sched.memo[0] is given and sched.memo[1] == count:
-            digest, description = sched.memo[2:]
-        else:
-            description = given if flags is None else dict(given, flags=count)
+        given = describe()
+        if error is not None:
+            # The rank makes the description unlike any other rank's, so every rank takes
+            # the full exchange and raises this error.
+            description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
             digest = _digest(description)
-            sched.memo = (given, count, digest, description)
-    key = description.get("name") if key is None else key
-    entry = scheduler.Entry(str(key), description, flags, digest, automatic)
+        else:
+            count = -1 if flags is None else len(flags)
+            if sched.memo[0] is given and sched.memo[1] == count:
+                digest, description = sched.memo[2:]
+            else:
+                description = given if flags is None else dict(given, flags=count)
+                digest = _digest(description)
+                sched.memo = (given, count, digest, description)
+        key = description.get("name") if key is None else key
+        what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     if holder:
-        return _in_step(comm, sched, entry)
-    what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
-    with waiting(comm, what, "agreement"):
-        flags = sched.settle(entry, functools.partial(_round, comm, sched), stall.pace)
+        entry = _Entry(str(key), describe, description, flags, digest, automatic, payload,
+                       carries)
+        return _in_step(comm, sched, entry, what), entry.carried
+    with waiting(comm, what, "agreement", sched.exchanges):
+        claimed = None
+        if sched.claim():
+            # Nothing else waits here: this thread makes the round over its call at once,
+            # and when every rank agrees (and none has joined) it runs without more ado.
+            try:
+                gathered = _record(comm, sched, digest, flags, payload)
+                if gathered.agreed and not sched.peers_joined:
+                    if flags is not None and len(flags):
+                        flags = gathered.flags(comm, len(flags))
+                    if not keep:
+                        sched.give()
+                    return flags, gathered.carried() if carries else None
+                claimed = functools.partial(_decide, comm, sched, gathered)
+            except BaseException as failure:  # the schedule fails the call, freeing the turn
+                claimed = functools.partial(_reraise, failure)
+        entry = _Entry(str(key), describe, description, flags, digest, automatic, payload,
+                       carries)
+        flags = sched.settle(entry, functools.partial(_round, comm, sched), stall.pace, claimed)
     if not keep:
         sched.give()
-    return flags
+    return flags, entry.carried
 
 
-def _record(comm: Communicator, sched: scheduler.Schedule,
-            entry: scheduler.Entry) -> Tuple[np.ndarray, np.ndarray, int]:
-    """Exchange the small record of ``entry``: (the or-ed record, the flag words, how many of
-    them travelled inline)."""
-    record = np.zeros(_RECORD_WORDS, np.int64)
-    record[0], record[1], record[2] = entry.digest, ~entry.digest, _ACTIVE
-    words = pack_flags(entry.flags) if entry.flags is not None else record[:0]
-    inline = min(words.size, INLINE_FLAG_WORDS)
-    record[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
+def _reraise(error: BaseException, entries: List[_Entry]) -> List[scheduler.Verdict]:
+    """A round whose exchange failed with ``error`` (the schedule makes it its entries')."""
+    raise error
+
+
+class _Records:
+    """A communicator's agreement buffers: this rank's record and every rank's, reused by
+    each agreement (the communicator's user makes one at a time)."""
+
+    __slots__ = ("room", "send", "payload", "recv", "carried", "words", "start")
+
+    def __init__(self, comm: Communicator):
+        room = min(_ROOM_MAX, _ROOM_SHARED // comm.size) // 8 * 8
+        self.room = room if room >= _ROOM_MIN else 0
+        self.send = np.zeros(_HEADER_WORDS + self.room // 8, np.int64)
+        self.payload = self.send[_HEADER_WORDS:].view(np.uint8)
+        self.recv = np.zeros((comm.size, self.send.size), np.int64)
+        self.carried = self.recv[:, _HEADER_WORDS:].view(np.uint8)
+        self.words: Optional[np.ndarray] = None  # this rank's flags of the last record, packed
+        self.start = comm.repeated_allgather(self.send, self.recv)
+
+
+_records: "weakref.WeakKeyDictionary[Communicator, _Records]" = weakref.WeakKeyDictionary()
+
+
+def _records_of(comm: Communicator) -> _Records:
+    found = _records.get(comm)
+    if found is None:
+        found = _records[comm] = _Records(comm)
+    return found
+
+
+def room(comm: Communicator) -> int:
+    """How many bytes of payload an agreement on ``comm`` can carry (0 for a single rank)."""
+    return 0 if comm.size == 1 else _records_of(comm).room
+
+
+class Carried:
+    """Every rank's payload from one agreement: rank r's is the first ``lengths[r]`` bytes
+    of ``rows[r]`` (-1: it sent none). Valid until the block of the call that made it ends."""
+
+    __slots__ = ("rows", "lengths")
+
+    def __init__(self, rows: np.ndarray, lengths: List[int]):
+        self.rows, self.lengths = rows, lengths
+
+    def of(self, rank: int) -> Optional[np.ndarray]:
+        """Rank ``rank``'s payload (None: it sent none)."""
+        length = self.lengths[rank]
+        return None if length < 0 else self.rows[rank, :length]
+
+    def every(self) -> bool:
+        """Whether every rank sent a payload."""
+        return min(self.lengths) >= 0
+
+
+class _Gathered:
+    """Every rank's record of one exchange: whether the active ranks' digests agree, the
+    or-ed state bits, and what else the ranks sent."""
+
+    __slots__ = ("records", "agreed", "state", "lengths")
+
+    def __init__(self, records: _Records):
+        self.records = records
+        self.state, first, self.agreed, self.lengths = 0, None, True, []
+        for digest, state, length in records.recv[:, :_FLAGS_AT].tolist():
+            self.state |= state
+            self.lengths.append(length)
+            if state & _ACTIVE:  # a joined rank has no digest: the others' are compared
+                if first is None:
+                    first = digest
+                elif digest != first:
+                    self.agreed = False
+
+    def carried(self) -> "Carried":
+        """Every rank's payload."""
+        return Carried(self.records.carried, self.lengths)
+
+    def flags(self, comm: Communicator, count: int) -> np.ndarray:
+        """The or-ed flags (``count`` of them) of the entry whose record this rank sent last,
+        which every rank agreed on."""
+        words = self.records.words
+        if not count:
+            return np.zeros(0, bool)
+        inline = min(words.size, INLINE_FLAG_WORDS)
+        ored = [0] * inline
+        for row in self.records.recv[:, _FLAGS_AT:_FLAGS_AT + inline].tolist():
+            for i, word in enumerate(row):
+                ored[i] |= word
+        words[:inline] = ored
+        if words.size > inline:  # the ranks agree on the count, so this exchange matches
+            comm.allreduce(words[inline:], "bor")
+        return unpack_flags(words, count)
+
+
+def _exchange(comm: Communicator, sched: scheduler.Schedule, digest: int, state: int,
+              flags: Optional[np.ndarray] = None,
+              payload: Optional[np.ndarray] = None) -> Tuple[_Records, Any]:
+    """Post this rank's record; returns the buffers and the request to poll."""
+    records = _records_of(comm)
+    send = records.send
+    send[_DIGEST] = digest
+    send[_STATE] = state
+    if payload is not None and payload.size <= records.room:
+        send[_LENGTH] = payload.size
+        records.payload[:payload.size] = payload
+    else:
+        send[_LENGTH] = -1
+    if flags is not None and len(flags):
+        words = pack_flags(flags)
+        inline = min(words.size, INLINE_FLAG_WORDS)
+        send[_FLAGS_AT:_HEADER_WORDS] = 0
+        send[_FLAGS_AT:_FLAGS_AT + inline] = words[:inline]
+        records.words = words
+    elif records.words is not None:
+        send[_FLAGS_AT:_HEADER_WORDS] = 0
+        records.words = None
     sched.exchanges += 1
-    stall.poll(comm.start_allreduce(record, "bor"))
+    return records, records.start()
+
+
+def _record(comm: Communicator, sched: scheduler.Schedule, digest: int,
+            flags: Optional[np.ndarray], payload: Optional[np.ndarray]) -> _Gathered:
+    """Exchange an active rank's record and return every rank's."""
+    records, request = _exchange(comm, sched, digest, _ACTIVE, flags, payload)
+    stall.poll(request)
     discard_posts(comm)
-    # A joined rank's record has no digest (zeros): the others' digests are compared alone.
-    sched.peers_joined = bool(record[2] & _JOINED)
-    return record, words, inline
+    gathered = _Gathered(records)
+    sched.peers_joined = bool(gathered.state & _JOINED)
+    return gathered
 
 
-def _inline_flags(comm: Communicator, entry: scheduler.Entry, record: np.ndarray,
-                  words: np.ndarray, inline: int) -> Optional[np.ndarray]:
-    """The or-ed flags of an entry whose record every rank agreed on."""
-    if entry.flags is None:
-        return None
-    words = words.copy()
-    words[:inline] = record[_FLAGS_AT:_FLAGS_AT + inline]
-    if words.size > inline:  # the ranks agree on len(flags), so this exchange matches
-        rest = words[inline:]
-        comm.allreduce(rest, "bor")
-        words[inline:] = rest
-    return unpack_flags(words, len(entry.flags))
+def _outcome(comm: Communicator, entry: _Entry, gathered: _Gathered) -> Optional[np.ndarray]:
+    """For an entry whose records agreed: keep the payloads for the caller where no rank has
+    joined, and return the or-ed flags."""
+    if entry.carries and not gathered.state & _JOINED:
+        entry.carried = gathered.carried()
+    return None if entry.flags is None else gathered.flags(comm, len(entry.flags))
 
 
-def _in_step(comm: Communicator, sched: scheduler.Schedule,
-             entry: scheduler.Entry) -> Optional[np.ndarray]:
+def _in_step(comm: Communicator, sched: scheduler.Schedule, entry: _Entry,
+             what: str) -> Optional[np.ndarray]:
     """An agreement made by the turn's holder, in step with the other ranks' holders."""
-    what = f"{entry.description.get('kind') or 'collective'} {entry.description.get('name')!r}"
     with waiting(comm, what, "agreement"):
-        record, words, inline = _record(comm, sched, entry)
-    if record[0] != ~record[1]:
-        _raise_disagreement(comm, entry.key, entry.description)
+        gathered = _record(comm, sched, entry.digest, entry.flags, entry.payload)
+    if not gathered.agreed:
+        _raise_disagreement(comm, entry.key, entry.described())
     if sched.peers_joined:
-        _meet_joined(comm, entry.description)
-    return _inline_flags(comm, entry, record, words, inline)
+        _meet_joined(comm, entry.described())
+    return _outcome(comm, entry, gathered)
 
 
 def _all_stuck(gathered: Sequence[Any]) -> bool:
@@ -278,31 +492,38 @@ def _all_stuck(gathered: Sequence[Any]) -> bool:
 
 
 def _round(comm: Communicator, sched: scheduler.Schedule,
-           entries: List[scheduler.Entry]) -> List[scheduler.Verdict]:
+           entries: List[_Entry]) -> List[scheduler.Verdict]:
     """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
     oldest entry is the same call, decide it; else exchange the lists and match by key."""
     head = entries[0]
-    record, words, inline = _record(comm, sched, head)
+    return _decide(comm, sched, _record(comm, sched, head.digest, head.flags, head.payload),
+                   entries)
+
+
+def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
+            entries: List[_Entry]) -> List[scheduler.Verdict]:
+    """The rest of a round whose first exchange, of ``entries[0]``'s record, ``gathered``."""
+    head = entries[0]
     joined = sched.peers_joined
-    if record[0] == ~record[1]:
+    if gathered.agreed:
         try:
             if joined:
-                _meet_joined(comm, head.description)
+                _meet_joined(comm, head.described())
         except Exception as error:
             return [("raise", head.key, error)]
-        return [("run", head.key, _inline_flags(comm, head, record, words, inline))]
+        return [("run", head.key, _outcome(comm, head, gathered))]
     summaries = [e.summary() for e in entries]
     stuck = sched.stuck(summaries, _MATCH_GRACE_SECONDS)
-    gathered = comm.allgather_object((stuck, summaries, sched.unnamed))
-    lists = [None if g is None else g[1] for g in gathered]
+    shared = comm.allgather_object((stuck, summaries, sched.unnamed))
+    lists = [None if g is None else g[1] for g in shared]
     failure = functools.partial(_failure, comm)
     verdicts = scheduler.match(lists, failure, single=joined, me=comm.rank)
-    if not verdicts and _all_stuck(gathered):
+    if not verdicts and _all_stuck(shared):
         verdicts = scheduler.deadlock(lists, comm.rank, failure)
         if verdicts and verdicts[0][0] == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
             # from here they count on from the same number.
-            sched.unnamed = max(g[2] for g in gathered if g is not None)
+            sched.unnamed = max(g[2] for g in shared if g is not None)
     by_key = {e.key: e for e in entries}
     decided: List[scheduler.Verdict] = []
     for verdict, key, value in verdicts:
@@ -332,10 +553,7 @@ class JoinedRecord:
 
     def __init__(self, comm: Communicator):
         self.comm = comm
-        self._record = np.zeros(_RECORD_WORDS, np.int64)
-        self._record[2] = _JOINED
-        scheduler.of(comm).exchanges += 1
-        self._request = comm.start_allreduce(self._record, "bor")
+        self._records, self._request = _exchange(comm, scheduler.of(comm), 0, _JOINED)
         self._done = False
 
     def done(self) -> bool:
@@ -348,12 +566,13 @@ class JoinedRecord:
         is to serve it; ``{}`` if there is nothing to serve (the call raised on the ranks that
         made it, or their oldest calls differ and none was matched); None if every rank of
         ``comm`` has joined."""
-        comm, record = self.comm, self._record
+        comm = self.comm
         discard_posts(comm)
-        if not record[2] & _ACTIVE:
+        gathered = _Gathered(self._records)
+        if not gathered.state & _ACTIVE:
             return None
         words_total = -1
-        if record[0] != ~record[1]:
+        if not gathered.agreed:
             # The active ranks exchange their pending lists; at most the first key pending on
             # all of them runs, and this rank serves it; when none is and every active rank
             # is stuck, their oldest waited calls run together or raise (see _round).
@@ -441,10 +660,13 @@ class Call:
     every collective pays for them.
     """
 
+    __slots__ = ("comm", "kind", "name", "key", "error", "_given", "_schedule", "_held")
+    error: Optional[Exception]  # annotated here: in __init__ it would be evaluated each call
+
     def __init__(self, comm: Communicator, kind: str, name: Optional[str]):
         self.comm, self.kind, self._given = comm, kind, name
         self.name = self.key = ""
-        self.error: Optional[Exception] = None
+        self.error = None
         self._schedule = scheduler.of(comm)
         self._held = False
 
@@ -459,10 +681,7 @@ class Call:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        sched = self._schedule
-        if not self._held and sched.holds():
-            sched.give()
-        sched.forget(self.key, self)
+        self._schedule.forget(self.key, self, not self._held)
 
     def checks(self) -> ContextManager[None]:
         """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which
@@ -470,24 +689,52 @@ class Call:
         return _Checks(self)
 
     def agree(self, describe: Callable[[], Dict[str, Any]],
-              flags: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-        """:func:`agree` with this call's kind, name and argument error."""
-        with span(self.name, "NEGOTIATE"):
-            if self.error is not None:
-                agree(self.comm, lambda: {"kind": self.kind, "name": self.name}, flags,
-                      self.error, self.key, True, self._given is None)
-            return agree(self.comm, lambda: {"kind": self.kind, "name": self.name, **describe()},
-                         flags, key=self.key, keep=True, automatic=self._given is None)
+              flags: Optional[np.ndarray] = None, signature: Any = None) -> Optional[np.ndarray]:
+        """:func:`agree` with this call's kind, name and argument error. ``signature``: a
+        hashable tuple of plain values that, with the kind and the name, fixes what
+        ``describe()`` returns; the digest is then made from it, and ``describe()`` is called
+        only if the ranks' records differ."""
+        return self._agree(describe, flags, None, False, signature)[0]
 
-    def agree_gather(self, describe: Callable[[], Dict[str, Any]],
-                     extra: Callable[[], int]) -> List[int]:
-        """:meth:`agree`, then return every rank's ``extra()`` (e.g. its first dimension)."""
-        self.agree(describe)
+    def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
+                 signature: Any = None) -> Optional[Carried]:
+        """:meth:`agree`, with this rank's ``payload`` (bytes, or None) in its record.
+
+        Returns every rank's payload when they travelled with the agreement (a rank's is
+        None if it sent none, or more than :func:`room`); None when the call must run its
+        own data phase (one rank, a covered block, records that differed at first, a joined
+        rank).
+        """
+        return self._agree(describe, None, payload, True, signature)[1]
+
+    def _agree(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
+               payload: Optional[np.ndarray], carries: bool, signature: Any
+               ) -> Tuple[Optional[np.ndarray], Optional[Carried]]:
+        if not timeline.running():
+            return self._agreed(describe, flags, payload, carries, signature)
+        with span(self.name, "NEGOTIATE"):
+            return self._agreed(describe, flags, payload, carries, signature)
+
+    def _agreed(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
+                payload: Optional[np.ndarray], carries: bool, signature: Any
+                ) -> Tuple[Optional[np.ndarray], Optional[Carried]]:
+        automatic = self._given is None
+        if self.error is not None:
+            _agree(self.comm, self._schedule, lambda: {"kind": self.kind, "name": self.name},
+                   flags, self.error, self.key, True, automatic)
+        return _agree(self.comm, self._schedule,
+                      lambda: {"kind": self.kind, "name": self.name, **describe()},
+                      flags, None, self.key, True, automatic, payload, carries,
+                      None if signature is None else (self.kind, self.name, signature))
+
+    def gather_counts(self, count: int) -> List[int]:
+        """Every rank's ``count`` (e.g. its first dimension), in the data phase of an agreed
+        call."""
         if self.comm.size == 1:
-            return [extra()]
+            return [count]
         gathered = np.empty(self.comm.size, np.int64)
         with self.communicate():
-            self.comm.allgatherv(np.array([extra()], np.int64), gathered, [1] * self.comm.size)
+            self.comm.allgatherv(np.array([count], np.int64), gathered, [1] * self.comm.size)
         return gathered.tolist()
 
     def communicate(self) -> ContextManager[Any]:

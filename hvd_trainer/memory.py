@@ -42,6 +42,9 @@ def check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
     return tensor
 
 
+_ANYWHERE = contextlib.nullcontext()  # reusable: host memory needs no device set
+
+
 class Memory:
     """Host memory (this class) or a device's (a subclass): the hooks through which one
     implementation of each collective serves both, so host and device ranks check and
@@ -57,7 +60,7 @@ class Memory:
 
     def active(self) -> ContextManager[Any]:
         """Where the collective's work runs (the rank's GPU, for GPU memory)."""
-        return contextlib.nullcontext()
+        return _ANYWHERE
 
     def mover(self, process_set: ProcessSet) -> Any:
         """The communicator that moves this memory's bytes for ``process_set``."""
@@ -114,6 +117,8 @@ def register(module: str, memory: Memory) -> None:
 def memory_of(tensor: Any) -> "Memory":
     """HOST for NumPy arrays; the GPU's memory (``hvd_trainer.cuda``) for CuPy arrays. A list
     goes by its first element."""
+    if type(tensor) is np.ndarray:  # the common case, at once
+        return HOST
     first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
     module = type(first).__module__.partition(".")[0]
     if module == "numpy":

@@ -17,16 +17,19 @@ same order on every rank, or the ranks raise :class:`MismatchError`.
 Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
 zero, as C's integer division does. Boolean ``Sum`` is a logical or.
 """
+from __future__ import annotations  # the nested functions' annotations cost each call else
+
 import enum
+import math
 import pickle
 import warnings
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import agreement, fusion, runtime, timeline
-from .backends import split_evenly
-from .memory import Memory, check_array, memory_of
+from .backends import REDUCE_UFUNCS, split_evenly, widened
+from .memory import HOST, Memory, check_array, memory_of
 from .runtime import ProcessSet, global_process_set
 
 
@@ -54,6 +57,8 @@ def _check_rows(tensor: Any, arg: str, kind: str) -> None:
 
 
 def _check_op(op: Any) -> ReduceOp:
+    if type(op) is ReduceOp:
+        return op
     try:
         return ReduceOp(op)
     except ValueError:
@@ -72,6 +77,8 @@ def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
 
 
 def _check_scale(value: Any, arg: str) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         raise TypeError(f"{arg}={value!r} must be a number")
     return float(value)
@@ -83,6 +90,15 @@ def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
     shape = t.shape if dim0 else t.shape[1:]
     memory = "gpu" if type(t).__module__.partition(".")[0] == "cupy" else "host"
     return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape), "memory": memory}
+
+
+def tensor_signature(memory: Memory, tensors: Sequence[Any], dim0: bool = True) -> tuple:
+    """What fixes the :func:`describe_tensor` of each of ``tensors`` (checked arrays of
+    ``memory``) but for the names: a part of a call's signature (see agreement.Call.agree),
+    which costs a fraction of the description."""
+    if dim0:
+        return memory is HOST, tuple([(t.dtype.str, t.shape) for t in tensors])
+    return memory is HOST, tuple([(t.dtype.str, t.shape[1:]) for t in tensors])
 
 
 def tensor_names(base: str, count: int) -> List[str]:
@@ -116,8 +132,8 @@ def half_in_float32(tensor: Any, op: ReduceOp, pre: float, post: float) -> bool:
     or postscale) is summed and postscaled in float32 and rounded to half once, the result
     Horovod's own tests expect on up to 3 ranks (scaling a sum already rounded to half would
     round twice). A prescale is applied first, rounded to half (see :func:`prescaled`)."""
-    return (tensor.dtype.name in ("float16", "bfloat16")
-            and op in (ReduceOp.SUM, ReduceOp.AVERAGE) and (pre, post) != (1.0, 1.0))
+    return ((pre, post) != (1.0, 1.0) and op in (ReduceOp.SUM, ReduceOp.AVERAGE)
+            and widened(tensor.dtype) is not None)
 
 
 def prescaled(memory: Memory, tensor: Any, factor: float) -> Any:
@@ -143,6 +159,12 @@ def describe_reduction(name: str, tensors: Sequence[Any], op: ReduceOp, prescale
     return {"op": op.name, "prescale_factor": float(prescale),
             "postscale_factor": float(postscale),
             "tensors": [describe_tensor(t, n) for t, n in zip(tensors, names)]}
+
+
+def reduction_signature(memory: Memory, tensors: Sequence[Any], op: ReduceOp, prescale: float,
+                        postscale: float) -> tuple:
+    """What fixes :func:`describe_reduction` but for the names (see :func:`tensor_signature`)."""
+    return op, float(prescale), float(postscale), tensor_signature(memory, tensors)
 
 
 def refuse(error: Exception, kind: str, name: Optional[str],
@@ -177,18 +199,31 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
             else:
                 tensors = _check_list(tensors, memory, inplace)
             op = check_reduction(op, prescale_factor, postscale_factor)
-        call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
-                                              postscale_factor))
+
+        def describe() -> Dict[str, Any]:
+            return describe_reduction(call.name, tensors, op, prescale_factor, postscale_factor)
+
+        if call.error is not None:
+            call.agree(describe)  # raises the error on every rank
+        signature = reduction_signature(memory, tensors, op, prescale_factor, postscale_factor)
+        pre, post = scales(op, comm, prescale_factor, postscale_factor)
+        wide = [half_in_float32(t, op, pre, post) for t in tensors]
+        wire = _carried_dtype(memory, tensors, wide, agreement.room(comm))
+        if wire is None:
+            call.agree(describe, signature=signature)
+        else:
+            done = _carried_reduction(call, describe, signature, tensors, wide, wire, op, pre,
+                                      post, inplace)
+            if done is not None:
+                return done
         if inplace:
             outputs = tensors
         else:
             tensors = [memory.xp.asarray(t, order="C") for t in tensors]  # keeps 0-d arrays
             outputs = [memory.xp.empty(t.shape, t.dtype) for t in tensors]
         data = memory.mover(process_set)
-        pre, post = scales(op, comm, prescale_factor, postscale_factor)
         backend_op = _BACKEND_OP[op]
         halves = outputs
-        wide = [half_in_float32(t, op, pre, post) for t in tensors]
         if any(wide):
             if pre != 1.0:
                 tensors = [prescaled(memory, t, pre).reshape(t.shape) for t in tensors]
@@ -208,6 +243,63 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
             if w:
                 half[...] = out  # the one rounding to half precision
         return list(halves)
+
+
+def _carried_dtype(memory: Memory, tensors: Sequence[Any], wide: Sequence[bool],
+                   room: int) -> Optional[np.dtype]:
+    """The dtype in which ``tensors`` can travel inside the agreement (see agreement.py), or
+    None: host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
+    ``room`` bytes, under HVD_ALLREDUCE_ALGO=auto. Decided from what the ranks agree on, so
+    every rank decides alike when they agree."""
+    if memory is not HOST or not room or runtime.setting("ALLREDUCE_ALGO") != "auto":
+        return None
+    wire, size = None, 0
+    for t, w in zip(tensors, wide):
+        dtype = _FLOAT32 if w else t.dtype
+        if wire is not None and dtype != wire:
+            return None
+        wire, size = dtype, size + t.size
+    return wire if wire is not None and size * wire.itemsize <= room else None
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, Any]],
+                       signature: Any, tensors: Sequence[np.ndarray], wide: Sequence[bool],
+                       wire: np.dtype, op: ReduceOp, pre: float, post: float,
+                       inplace: bool) -> Optional[List[np.ndarray]]:
+    """Reduce ``tensors`` with their data inside the agreement: every rank reduces the
+    gathered payloads in rank order, so every rank gets the same bits; 16-bit floats are
+    added in float32 and rounded after each addition, as the ring does (the ``wide`` ones,
+    prescaled in their own precision first, are rounded once, as in the data phase). None if
+    the payloads did not travel."""
+    sources = tensors
+    if pre != 1.0 and any(wide):  # as the data phase prescales them (see prescaled)
+        sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
+    lone = len(sources) == 1 and sources[0].dtype == wire and pre == 1.0
+    if lone:
+        payload = sources[0].ravel().view(np.uint8)  # a copy only if strided
+    else:
+        flat = np.empty(sum(t.size for t in sources), wire)
+        fusion.pack(sources, flat, pre)
+        payload = flat.view(np.uint8)
+    carried = call.exchange(describe, payload, signature)
+    if carried is None or not carried.every():
+        return None
+    outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
+    flat = outputs[0].reshape(-1) if lone else np.empty(payload.size // wire.itemsize, wire)
+    parts = carried.rows[:, :payload.size].view(wire)
+    reduce, widen = _REDUCE[op], widened(wire)
+    reduce(parts[0], parts[1], out=flat, dtype=widen)  # in rank order, as the ring adds
+    for rank in range(2, len(parts)):
+        reduce(flat, parts[rank], out=flat, dtype=widen)
+    if not lone or post != 1.0:
+        fusion.unpack(flat, outputs, post)
+    return outputs
+
+
+_REDUCE = {op: REDUCE_UFUNCS[name] for op, name in _BACKEND_OP.items()}
 
 
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -251,14 +343,40 @@ def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: Proces
             memory.check(tensor, "tensor")
             _check_rows(tensor, "tensor", "allgather")
             tensor = memory.xp.ascontiguousarray(tensor)
-        rows = call.agree_gather(lambda: {"tensors": [describe_tensor(tensor, call.name, False)]},
-                                 lambda: tensor.shape[0])
-        row = int(np.prod(tensor.shape[1:], dtype=np.int64))
+
+        def describe() -> Dict[str, Any]:
+            return {"tensors": [describe_tensor(tensor, call.name, False)]}
+
+        if call.error is not None:
+            call.agree(describe)  # raises the error on every rank
+        signature = tensor_signature(memory, [tensor], dim0=False)
+        row = math.prod(tensor.shape[1:])
+        if memory is HOST and row:  # the ranks agree on row, so the bytes tell the rows
+            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
+                                    if tensor.nbytes <= agreement.room(comm) else None,
+                                    signature)
+            if carried is not None and carried.every():
+                return _concatenated(carried, tensor, row)
+        else:
+            call.agree(describe, signature=signature)
+        rows = call.gather_counts(tensor.shape[0])
         out = memory.xp.empty((sum(rows),) + tensor.shape[1:], tensor.dtype)
         data = memory.mover(process_set)
         with call.communicate():
             data.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
         return out
+
+
+def _concatenated(carried: agreement.Carried, tensor: np.ndarray, row: int) -> np.ndarray:
+    """The ranks' carried rows of ``tensor``'s shape and dtype (``row`` elements each, which
+    the ranks agreed on), concatenated."""
+    out = np.empty((sum(carried.lengths) // (row * tensor.itemsize),) + tensor.shape[1:],
+                   tensor.dtype)
+    flat, offset = out.reshape(-1).view(np.uint8), 0
+    for rank, length in enumerate(carried.lengths):
+        flat[offset:offset + length] = carried.rows[rank, :length]
+        offset += length
+    return out
 
 
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
@@ -292,8 +410,25 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
         with call.checks():
             memory.check(tensor, "tensor", inplace)
             root = _check_root(root_rank, process_set)
-        call.agree(lambda: {"root_rank": int(root_rank),
-                            "tensors": [describe_tensor(tensor, call.name)]})
+
+        def describe() -> Dict[str, Any]:
+            return {"root_rank": int(root_rank), "tensors": [describe_tensor(tensor, call.name)]}
+
+        if call.error is not None:
+            call.agree(describe)  # raises the error on every rank
+        signature = (int(root_rank), tensor_signature(memory, [tensor]))
+        if memory is HOST and tensor.nbytes <= agreement.room(comm):
+            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
+                                    if comm.rank == root else None, signature)
+            sent = None if carried is None else carried.of(root)
+            if sent is not None:
+                if inplace and comm.rank == root:
+                    return tensor
+                out = tensor if inplace else np.empty(tensor.shape, tensor.dtype)
+                out.reshape(-1).view(np.uint8)[...] = sent
+                return out
+        else:
+            call.agree(describe, signature=signature)
         if not inplace:
             tensor = memory.xp.array(tensor, order="C", copy=True)
         data = memory.mover(process_set)
@@ -435,12 +570,18 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     """Return the root rank's picklable ``obj`` on every rank (``root_rank`` is global)."""
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "broadcast_object", name) as call:
+        payload = None
         with call.checks():
             root = _check_root(root_rank, process_set)
             # Pickled before the agreement, so that an object the root cannot pickle raises
             # on every rank instead of leaving the others in the data phase.
             payload = _pickled(obj) if comm.rank == root else None
-        call.agree(lambda: {"root_rank": int(root_rank)})
+        carried = call.exchange(lambda: {"root_rank": int(root_rank)},
+                                None if payload is None else np.frombuffer(payload, np.uint8),
+                                None if call.error else (int(root_rank),))
+        sent = None if carried is None else carried.of(root)
+        if sent is not None:
+            return obj if comm.rank == root else pickle.loads(sent)
         with call.communicate():
             payload = comm.broadcast_object(payload, root)
         return obj if comm.rank == root else pickle.loads(payload)
@@ -451,9 +592,13 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Return the list of every rank's picklable ``obj``, in rank order."""
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "allgather_object", name) as call:
+        payload = None
         with call.checks():
             payload = _pickled(obj)  # before the agreement, as in broadcast_object
-        call.agree(dict)
+        carried = call.exchange(dict, None if payload is None
+                                else np.frombuffer(payload, np.uint8), ())
+        if carried is not None and carried.every():
+            return [pickle.loads(carried.of(rank)) for rank in range(comm.size)]
         with call.communicate():
             every = comm.allgather_object(payload)
         return [pickle.loads(p) for p in every]
@@ -514,4 +659,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "barrier", None) as call:
-        call.agree(dict, flags=np.zeros(0, bool))
+        call.agree(dict, _NO_FLAGS, ())
+
+
+_NO_FLAGS = np.zeros(0, bool)

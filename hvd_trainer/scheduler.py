@@ -131,7 +131,15 @@ class Job:
         self.claims.clear()
 
 
-_context = threading.local()  # .job: the Job this thread runs; .park: see Schedule.settle
+class _Context(threading.local):
+    """Per thread: the Job it runs, and how it parks (see Schedule.settle). Defaults as class
+    attributes: a getattr default would cost a caught exception in every collective."""
+
+    job: Optional[Job] = None
+    park: Optional[Callable[[], None]] = None
+
+
+_context = _Context()
 _await_lock = threading.Lock()
 
 
@@ -153,7 +161,7 @@ def await_job(job: Optional[Job]) -> Iterator[None]:
 
 def running_job() -> Optional[Job]:
     """The asynchronous job the calling thread runs, if any."""
-    return getattr(_context, "job", None)
+    return _context.job
 
 
 def set_job(job: Optional[Job], park: Optional[Callable[[], None]]) -> None:
@@ -170,9 +178,23 @@ class _Use:
         self.holder: Optional[int] = None
         self.depth = 0
         self.driving = False
+        self.waiters = 0  # threads in wait(): nobody to wake when 0, the common case
 
     def free(self) -> bool:
         return self.holder is None and not self.driving
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """``cv.wait``, counted (hold ``cv``)."""
+        self.waiters += 1
+        try:
+            self.cv.wait(timeout)
+        finally:
+            self.waiters -= 1
+
+    def wake(self) -> None:
+        """``cv.notify_all`` where a thread waits (hold ``cv``)."""
+        if self.waiters:
+            self.cv.notify_all()
 
 
 # Verdicts of a round: ("run", entry_key, description), ("raise", key, exception), or
@@ -348,11 +370,18 @@ class Schedule:
                 "this one another name")
         self.keys[key] = owner
 
-    def forget(self, key: str, owner: Any) -> None:
-        """Release ``key`` if ``owner`` still holds it."""
-        with self.use.cv:
+    def forget(self, key: str, owner: Any, give: bool = False) -> None:
+        """Release ``key`` if ``owner`` still holds it; with ``give``, also the turn, if the
+        calling thread holds it (:meth:`give`), in the same step."""
+        use = self.use
+        with use.cv:
             if self.keys.get(key) is owner:
                 del self.keys[key]
+            if give and use.holder == threading.get_ident():
+                use.depth -= 1
+                if use.depth == 0:
+                    use.holder = None
+                    use.wake()
 
     # -- the turn ---------------------------------------------------------------------------
     def holds(self) -> bool:
@@ -367,7 +396,7 @@ class Schedule:
                 use.depth += 1
                 return
             while not (use.free() and not self.ready):
-                use.cv.wait()
+                use.wait()
             use.holder, use.depth = me, 1
 
     def give(self) -> None:
@@ -377,23 +406,41 @@ class Schedule:
             use.depth -= 1
             if use.depth == 0:
                 use.holder = None
-                use.cv.notify_all()
+                use.wake()
 
     # -- rounds -----------------------------------------------------------------------------
-    def settle(self, entry: Entry, run_round: Round,
-               pace: Callable[[float], float]) -> Optional[np.ndarray]:
+    def claim(self) -> bool:
+        """Take the turn at once if nothing is pending or decided here and the communicator
+        is free (the common case: one thread, one call at a time). The caller then makes the
+        round's exchange for its own call alone, in its turn: if that decides the call to
+        run, the caller goes on holding the turn (end it with :meth:`give`); else it hands
+        the round on to :meth:`settle`."""
+        use = self.use
+        with use.cv:
+            if self.pending or self.ready or not use.free():
+                return False
+            use.holder, use.depth = threading.get_ident(), 1
+            return True
+
+    def settle(self, entry: Entry, run_round: Round, pace: Callable[[float], float],
+               claimed: Optional[Round] = None) -> Optional[np.ndarray]:
         """Enqueue ``entry``, take part in rounds until it is decided, then return its or-ed
         flags holding the turn (end it with :meth:`give`), or raise its failure.
 
         ``run_round(entries)`` makes one round's exchange and returns its verdicts (the same
         on every rank); ``pace(since)`` is how long to wait before another round after rounds
-        that decided nothing since ``since``.
+        that decided nothing since ``since``. ``claimed``: this thread has claimed the
+        communicator (:meth:`claim`) and begun a round over ``entry`` alone, which
+        ``claimed([entry])`` ends.
         """
         use, me = self.use, threading.get_ident()
         with use.cv:
             self.pending.append(entry)
             self.undecided_since = self.next_round = None  # something new: a round at once
-            use.cv.notify_all()
+            use.wake()
+            if claimed is not None:  # the claim's turn becomes this round's drive
+                use.holder, use.depth = None, 0
+                self._drive(claimed, entry, pace, [entry])
             while True:
                 if entry.state == "raise":
                     raise entry.failure
@@ -407,15 +454,17 @@ class Schedule:
                     if wait <= 0:
                         self._drive(run_round, entry, pace)
                         continue
-                    use.cv.wait(wait)
+                    use.wait(wait)
                     continue
-                use.cv.wait()
+                use.wait()
 
-    def _drive(self, run_round: Round, mine: Entry, pace: Callable[[float], float]) -> None:
-        """One round, with ``use.cv`` held on entry and exit (released while exchanging)."""
+    def _drive(self, run_round: Round, mine: Entry, pace: Callable[[float], float],
+               entries: Optional[List[Entry]] = None) -> None:
+        """One round over ``entries`` (by default every pending one), with ``use.cv`` held
+        on entry and exit (released while exchanging)."""
         use = self.use
         use.driving = True
-        entries = list(self.pending)
+        entries = list(self.pending) if entries is None else entries
         use.cv.release()
         try:
             verdicts = run_round(entries)
@@ -440,9 +489,9 @@ class Schedule:
             if self.undecided_since is None:
                 self.undecided_since = time.monotonic()
             self.next_round = time.monotonic() + pace(self.undecided_since)
-        use.cv.notify_all()
+        use.wake()
         if mine.state == "pending":
-            park = getattr(_context, "park", None)
+            park = _context.park
             if park is not None:  # let the next asynchronous job start while this one waits
                 use.cv.release()
                 try:

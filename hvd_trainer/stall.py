@@ -23,14 +23,21 @@ _OFF = contextlib.nullcontext()
 
 # A wait first polls without sleeping, as MPI's blocking calls do (nearly every wait in a
 # training step is shorter), then sleeps between polls for at most 1/20 of the time waited so
-# far (so sleeping adds at most 5% to a wait), up to 20 ms.
+# far (so sleeping adds at most 5% to a wait), up to 20 ms. For its first 100 µs it keeps its
+# core between polls, as a blocking MPI call's busy wait does: on a busy host a yield hands
+# the core to another process for a time slice while the peer is about to answer, and a
+# small collective's wait is a few microseconds.
+_KEEP_SECONDS = 0.0001
 _SPIN_SECONDS = 0.1
 _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
 
 def pause(start: float) -> None:
-    """Give the core away between polls of a wait that began at ``start`` (monotonic): a
-    yield for the first moments, then sleeps of a small share of the time waited."""
+    """Between polls of a wait that began at ``start`` (monotonic): nothing for the first
+    100 µs, then give the core away, by a yield for the first moments, then by sleeps of a
+    small share of the time waited."""
     waited = time.monotonic() - start
+    if waited < _KEEP_SECONDS:
+        return
     if waited < _SPIN_SECONDS:
         os.sched_yield()
     else:
@@ -62,11 +69,12 @@ class _Wait:
     registered with the stall watchdog while its block lasts."""
 
     __slots__ = ("comm", "what", "phase", "exchange", "start", "inspector", "_me", "_outer")
+    inspector: Optional["StallInspector"]  # here: in __init__ it would be evaluated each wait
 
     def __init__(self, comm: Communicator, what: str, phase: str, exchange: int):
         self.comm, self.what, self.phase, self.exchange = comm, what, phase, exchange
         self.start = time.monotonic()
-        self.inspector: Optional["StallInspector"] = None
+        self.inspector = None
 
     def label(self) -> str:
         return self.what if self.phase == "agreement" else f"the data phase of {self.what}"
@@ -89,14 +97,16 @@ _waits: Dict[int, _Wait] = {}
 _waits_lock = threading.Lock()
 
 
-def waiting(comm: Communicator, what: str, phase: str) -> ContextManager[Any]:
+def waiting(comm: Communicator, what: str, phase: str,
+            exchange: Optional[int] = None) -> ContextManager[Any]:
     """A block in which this thread waits for the other ranks, watched for stalls.
 
     ``phase`` is "agreement" or "data"; a data-phase wait belongs to the last agreement.
+    ``exchange``: the communicator's count of agreement exchanges, where the caller has it.
     """
     if comm.size == 1:
         return _OFF
-    return _Wait(comm, what, phase, scheduler.of(comm).exchanges)
+    return _Wait(comm, what, phase, scheduler.of(comm).exchanges if exchange is None else exchange)
 
 
 class Watchdog(threading.Thread):

@@ -41,7 +41,9 @@ SETTINGS: Dict[str, str] = {
     "HVD_AUTOTUNE_WARMUP_SAMPLES": "samples of the configured setting run first and not counted",
     "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "steps per autotune sample (at least 2: a sample is timed "
                                      "between its steps' launches)",
-    "HVD_ALLREDUCE_ALGO": "`ring`, `native` (`MPI_Allreduce`), or `auto`",
+    "HVD_ALLREDUCE_ALGO": "`ring`, `native` (`MPI_Allreduce`), or `auto` (a host allreduce "
+                          "small enough to travel inside the agreement does, then native below "
+                          "`HVD_RING_THRESHOLD`, the ring above it)",
     "HVD_RING_THRESHOLD": "`auto` uses native below it and the ring from it on, bytes",
     "HVD_GPU_COMMUNICATOR": "GPU collectives: `nccl`, `mpi` (host-staged), or `auto` (NCCL "
                             "where every rank has its own GPU)",

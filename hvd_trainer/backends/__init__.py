@@ -3,12 +3,12 @@
 Every backend implements :class:`Communicator` on flat, C-contiguous NumPy buffers. Backends
 know nothing about tensor names, scaling or frameworks; ``ops.py`` builds on them.
 """
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 # Reduction operators a communicator understands, mapped to the NumPy ufunc that applies them.
-# "bor" (bitwise or) is for integer buffers only; the agreement exchange uses it.
+# "bor" (bitwise or) is for integer buffers only; the agreement ors flags with it.
 REDUCE_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply,
                  "bor": np.bitwise_or}
 
@@ -28,7 +28,14 @@ def widened(dtype: np.dtype) -> Optional[type]:
     """float32 for the 16-bit floats, which are reduced and scaled in float32 (rounded once per
     step); None for any other dtype. bfloat16 is ml_dtypes' NumPy dtype (the PyTorch adapter's),
     recognised by its name so that the core does not import ml_dtypes."""
-    return np.float32 if dtype == np.float16 or dtype.name == "bfloat16" else None
+    found = _widened.get(dtype, False)
+    if found is False:  # dtype.name costs microseconds: every small collective asks
+        found = _widened[dtype] = (np.float32 if dtype == np.float16 or dtype.name == "bfloat16"
+                                   else None)
+    return found
+
+
+_widened: Dict[np.dtype, Optional[type]] = {}
 
 
 class Request(Protocol):
@@ -69,8 +76,10 @@ class Communicator(Protocol):
                   recv: np.ndarray, recv_counts: Sequence[int]) -> None:
         """Send ``send_counts[i]`` consecutive elements to rank i; receive likewise into ``recv``."""
 
-    def start_allreduce(self, buf: np.ndarray, op: str) -> Request:
-        """Begin :meth:`allreduce` of a small buffer and return at once; poll the request."""
+    def repeated_allgather(self, send: np.ndarray, recv: np.ndarray) -> Callable[[], Request]:
+        """An allgather of every rank's ``send`` (the same size on every rank, a dtype MPI
+        knows) into ``recv``, in rank order, made again and again on the same buffers: each
+        call of the returned function begins one and returns at once; poll its request."""
 
     def post(self, dest: int, message: Any) -> None:
         """Send a small picklable message to rank ``dest``'s mailbox without waiting for it.

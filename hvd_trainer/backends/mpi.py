@@ -26,10 +26,12 @@ native reductions go in pieces under the limit, and gathers and all-to-alls whos
 displacements exceed it are done as broadcasts or pairwise exchanges of such pieces (an
 all-to-all takes one more small allreduce there, as each rank knows only its own counts).
 """
+import atexit
 import pickle
 import threading
+import weakref
 from itertools import accumulate
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -87,6 +89,8 @@ class MPICommunicator:
         self._scratch: Dict[np.dtype, np.ndarray] = {}
         self._posting: List["MPI.Request"] = []  # mailbox sends not yet known to be complete
         self._mailbox = threading.Lock()  # the stall watchdog posts from its own thread
+        self._persistent: List["MPI.Prequest"] = []  # freed before the communicator
+        _live.add(self)
 
     def configure(self, algorithm: str, ring_threshold: int) -> None:
         if algorithm not in ALGORITHMS:
@@ -131,11 +135,22 @@ class MPICommunicator:
         else:
             self.ring_allreduce(buf, op, out, kernels)
 
-    def start_allreduce(self, buf: np.ndarray, op: str) -> _Pending:
-        """``MPI_Iallreduce``: ``buf`` must have a dtype MPI reduces itself (integers for "bor")."""
-        if self.size == 1 or buf.size == 0:
-            return _Pending(None)
-        return _Pending(self.comm.Iallreduce(MPI.IN_PLACE, buf, _MPI_OPS[op]))
+    def repeated_allgather(self, send: np.ndarray,
+                           recv: np.ndarray) -> Callable[[], _Pending]:
+        """A persistent ``MPI_Allgather_init`` request where the library has MPI-4's persistent
+        collectives (starting it costs a fraction of an ``MPI_Iallgather`` call, which every
+        agreement makes), else ``MPI_Iallgather`` each time."""
+        comm = self.comm  # not self: the caller keeps the function in a weak mapping of it
+        if MPI.Get_version() < (4, 0) or not hasattr(comm, "Allgather_init"):
+            return lambda: _Pending(comm.Iallgather(send, recv))
+        request = comm.Allgather_init(send, recv)
+        self._persistent.append(request)
+        pending = _Pending(request)
+
+        def start() -> _Pending:
+            request.Start()
+            return pending
+        return start
 
     def _use_native(self, buf: np.ndarray, op: str) -> bool:
         if buf.dtype.kind not in _NATIVE_KINDS or buf.dtype == np.float16:
@@ -267,6 +282,8 @@ class MPICommunicator:
             self._posting.append(self.comm.isend(message, dest, _POST_TAG))
 
     def collect_posts(self) -> List[Tuple[int, Any]]:
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, _POST_TAG):  # the common case, at once
+            return []
         status = MPI.Status()
         arrived = []
         with self._mailbox:
@@ -314,8 +331,26 @@ class MPICommunicator:
         self.comm.Abort(code)
 
     def free(self) -> None:
+        self.free_requests()
         if self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
             self.comm.Free()
+
+    def free_requests(self) -> None:
+        """Free the persistent requests (MPICH complains of any left at MPI_Finalize)."""
+        for request in self._persistent:
+            request.Free()
+        self._persistent.clear()
+
+
+# Communicators whose persistent requests go before MPI_Finalize (mpi4py's, which runs after
+# every atexit function).
+_live: "weakref.WeakSet[MPICommunicator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _free_requests() -> None:
+    for comm in list(_live):
+        comm.free_requests()
 
 
 def world() -> MPICommunicator:

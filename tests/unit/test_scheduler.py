@@ -153,6 +153,49 @@ def test_a_failed_round_fails_its_entries():
     assert not sched.pending and sched.use.free()
 
 
+def test_a_claim_takes_the_turn_only_where_nothing_else_waits_or_runs():
+    sched = scheduler.Schedule(scheduler._Use())
+    assert sched.claim() and sched.holds()
+    sched.give()
+    assert sched.use.free()
+    sched.pending.append(scheduler.Entry("a", {}, None, 0))
+    assert not sched.claim() and sched.use.free()
+    sched.pending.clear()
+    other = threading.Thread(target=sched.take)
+    other.start()
+    other.join(10)
+    assert not sched.claim() and not sched.holds()  # the other thread holds the turn
+
+
+def test_a_claimed_round_that_decides_nothing_goes_on_as_rounds_do():
+    sched = scheduler.Schedule(scheduler._Use())
+    rounds = []
+
+    def later(entries):  # the next rounds, made by settle
+        rounds.append([e.key for e in entries])
+        return [("run", "a", "flags")]
+
+    assert sched.claim()
+    entry = scheduler.Entry("a", {}, None, 0)
+    # The claim's first exchange matched nothing: its round ends with no verdict.
+    assert sched.settle(entry, later, lambda since: 0.0, lambda entries: []) == "flags"
+    assert rounds == [["a"]] and sched.holds()
+    sched.give()
+    assert sched.use.free() and not sched.pending
+
+
+def test_a_claimed_round_that_fails_frees_the_communicator():
+    sched = scheduler.Schedule(scheduler._Use())
+
+    def broken(entries):
+        raise OSError("link down")
+
+    assert sched.claim()
+    with pytest.raises(OSError, match="link down"):
+        sched.settle(scheduler.Entry("a", {}, None, 0), broken, lambda s: 0.0, broken)
+    assert not sched.pending and sched.use.free()
+
+
 def _recorder(seen):
     def record(label):
         def work():
