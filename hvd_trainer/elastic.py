@@ -433,13 +433,13 @@ class State(abc.ABC):
         on any rank (which raises OSError naming the rank and the file, on every rank), then
         hand the snapshot to the background writer (to this rank's job folder). A collective.
 
-        Rank 0 asks hvdrun while the snapshot is taken, and does not wait for the answer: one
-        that comes after the snapshot counts at the next commit (so new hosts are found at
-        most one commit later than an answer at once would find them, and every rank still
-        raises at the same commit). The write starts after the check, once every rank has
-        its snapshot, so that it does not compete with the others' copies. A rank killed
-        before the write is whole leaves its previous commit in place; a rank that ends the
-        job on an exception first finishes the write."""
+        Rank 0 asks hvdrun while the snapshot is taken (unless its last question is still
+        unanswered) and does not wait for the answer: one that comes after the snapshot
+        counts at the first commit after it came, usually the next; every rank raises at the
+        same commit all the same. The write starts after the check, once every rank has its
+        snapshot, so that it does not compete with the others' copies. A rank killed before
+        the write is whole leaves its previous commit in place; a rank that ends the job on
+        an exception first finishes the write."""
         if runtime.rank() == 0 and self._notices.address and self._asking is None:
             self._asking = self._notices.ask()
         self._take(self.save())
