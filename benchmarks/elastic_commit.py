@@ -12,8 +12,9 @@ TensorFlowKerasState of one Keras Dense layer) with W MiB of weights
 and SGD momentum, a state of 2W = 4, 16 and 64 MiB. Each of 11 interleaved repetitions
 times, once the previous write has ended: ``commit()``; then the background write it
 started (hash, sign, write to /dev/shm: the spacing commits need for ``commit()`` to stay
-at this speed); the host check that ``commit()`` ends with (``check_host_updates()``, one
-small collective and rank 0's question to hvdrun); and a plain copy of the weights and
+at this speed); the host check (``check_host_updates()``: rank 0's question to hvdrun, then
+one small collective; ``commit()`` makes the same collective but does not wait for
+hvdrun's answer); and a plain copy of the weights and
 momentum into preallocated tensors of the framework (what an in-memory commit such as
 Horovod's costs at best). Best of the repetitions (the machines here are shared: the best
 is the least disturbed), slowest rank; the ratio is commit / copy.
@@ -302,7 +303,7 @@ def commit_table(framework: str) -> None:
     rows = json.loads(re.search(r"RESULT (.*)", run_hvdrun(
         ["--framework", framework, "--worker", "commit"]))[1])
     print("| state MiB | commit() ms | ms per MiB | plain copy ms | commit / copy "
-          "| of which host check ms | background write ms |")
+          "| host check ms | background write ms |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['mib']} | {row['commit'] * 1e3:.1f} | "
