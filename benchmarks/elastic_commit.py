@@ -2,6 +2,7 @@
 where the time goes from a rank's death to the first training step after recovery.
 
 Run:  python benchmarks/elastic_commit.py [--framework mxnet|torch|both] [--rounds 3]
+      python benchmarks/elastic_commit.py --against REV [--framework ...] [--rounds 3]
       python benchmarks/elastic_commit.py --framework tensorflow   (TensorFlow's environment)
       python benchmarks/elastic_commit.py --ulfm "$(which mpirun)"   (Open MPI's environment)
 
@@ -11,11 +12,17 @@ TensorFlowKerasState of one Keras Dense layer) with W MiB of weights
 and SGD momentum, a state of 2W = 4, 16 and 64 MiB. Each of 11 interleaved repetitions
 times, once the previous write has ended: ``commit()``; then the background write it
 started (hash, sign, write to /dev/shm: the spacing commits need for ``commit()`` to stay
-at this speed); the host check that ``commit()`` ends with (``check_host_updates()``, one
-small collective and rank 0's question to hvdrun); and a plain copy of the weights and
+at this speed); the host check (``check_host_updates()``: rank 0's question to hvdrun, then
+one small collective; ``commit()`` makes the same collective but does not wait for
+hvdrun's answer); and a plain copy of the weights and
 momentum into preallocated tensors of the framework (what an in-memory commit such as
 Horovod's costs at best). Best of the repetitions (the machines here are shared: the best
 is the least disturbed), slowest rank; the ratio is commit / copy.
+
+``--against REV`` (only this part runs) times the commit of this tree and of commit REV's
+``hvd_trainer`` (taken with ``git archive``, imported through PYTHONPATH), launches
+alternating, ``--rounds`` launches each; best of the launches, for the best and the median
+(slowest rank) of each launch's repetitions.
 
 Recovery: 2 ranks commit after every step; in the first life rank 1 writes the time and
 SIGKILLs itself. Times from the death: the new rank 0 runs the script's first line
@@ -49,6 +56,7 @@ from common import header, slowest_rank  # noqa: E402
 
 SIZES_MIB = (2, 8, 32)  # weights; the state has as much again of momentum
 REPETITIONS = 11
+REPO = os.path.dirname(HERE)
 KINDS = {"mxnet": "GluonState", "torch": "TorchState", "tensorflow": "TensorFlowKerasState"}
 
 
@@ -173,10 +181,12 @@ def commit_worker(framework: str) -> None:
             hvd_trainer.barrier()
             times["copy"].append(timed(copy))
         row = {name: slowest_rank(min(t), True) for name, t in times.items()}
+        row["commit_median"] = slowest_rank(sorted(times["commit"])[REPETITIONS // 2], True)
         row["mib"] = 2 * mib
         rows.append(row)
     if runtime.rank() == 0:
         print("RESULT " + json.dumps(rows), flush=True)
+        print("IMPORTED " + hvd_trainer.__file__, flush=True)
 
 
 def recovery_worker(framework: str, folder: str) -> None:
@@ -274,11 +284,12 @@ def ulfm_table(mpirun: str, rounds: int) -> None:
     print()
 
 
-def run_hvdrun(worker_args) -> str:
-    """Run the worker on 2 elastic ranks; return its output."""
+def run_hvdrun(worker_args, **variables: str) -> str:
+    """Run the worker on 2 elastic ranks (with these extra environment variables); return
+    its output."""
     cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--min-np", "2",
            "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
@@ -292,13 +303,53 @@ def commit_table(framework: str) -> None:
     rows = json.loads(re.search(r"RESULT (.*)", run_hvdrun(
         ["--framework", framework, "--worker", "commit"]))[1])
     print("| state MiB | commit() ms | ms per MiB | plain copy ms | commit / copy "
-          "| of which host check ms | background write ms |")
+          "| host check ms | background write ms |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['mib']} | {row['commit'] * 1e3:.1f} | "
               f"{row['commit'] * 1e3 / row['mib']:.2f} | {row['copy'] * 1e3:.1f} | "
               f"{row['commit'] / row['copy']:.1f} | {row['check'] * 1e3:.1f} | "
               f"{row['write'] * 1e3:.1f} |")
+    print()
+
+
+def commit_rows(framework: str, tree: str) -> list:
+    """One launch of the commit worker with ``tree``'s hvd_trainer: its rows."""
+    out = run_hvdrun(["--framework", framework, "--worker", "commit"], PYTHONPATH=tree)
+    imported = re.search(r"IMPORTED (.*)", out)[1]
+    if not imported.startswith(os.path.join(tree, "")):
+        raise RuntimeError(f"the worker imported {imported}, not the hvd_trainer of {tree}")
+    return json.loads(re.search(r"RESULT (.*)", out)[1])
+
+
+def against_table(framework: str, rev: str, rounds: int) -> None:
+    """Commit of this tree against commit ``rev``'s, launches alternating."""
+    best: dict = {}
+    with tempfile.TemporaryDirectory() as old:
+        archive = subprocess.run(["git", "-C", REPO, "archive", rev, "hvd_trainer"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        load = os.getloadavg()[0]
+        for _ in range(rounds):
+            for label, tree in (("before", old), ("after", REPO)):
+                for row in commit_rows(framework, tree):
+                    for name in ("commit", "commit_median", "copy"):
+                        key = (label, row["mib"], name)
+                        best[key] = min(best.get(key, float("inf")), row[name])
+    print(header(f"Elastic commit, {KINDS[framework]}, 2 ranks, commits in /dev/shm, before = "
+                 f"{rev}, after = this tree", f"load average {load:.1f} at the start, "
+                 f"{os.getloadavg()[0]:.1f} at the end; launches alternate, best of {rounds}"))
+    print("| state MiB | before commit ms | after commit ms | before ms per MiB "
+          "| after ms per MiB | after / before | before median ms | after median ms "
+          "| plain copy ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mib in (2 * m for m in SIZES_MIB):
+        b, a = best[("before", mib, "commit")], best[("after", mib, "commit")]
+        copy = min(best[("before", mib, "copy")], best[("after", mib, "copy")])
+        print(f"| {mib} | {b * 1e3:.1f} | {a * 1e3:.1f} | {b * 1e3 / mib:.2f} | "
+              f"{a * 1e3 / mib:.2f} | {a / b:.2f} | "
+              f"{best[('before', mib, 'commit_median')] * 1e3:.1f} | "
+              f"{best[('after', mib, 'commit_median')] * 1e3:.1f} | {copy * 1e3:.1f} |")
     print()
 
 
@@ -337,6 +388,8 @@ def main() -> None:
                         help="both: mxnet and torch")
     parser.add_argument("--ulfm", metavar="MPIRUN",
                         help="time ULFM's shrink under this Open MPI mpirun instead")
+    parser.add_argument("--against", metavar="REV",
+                        help="compare the commit with that of commit REV's hvd_trainer instead")
     parser.add_argument("--worker", nargs="*")
     options = parser.parse_args()
     if options.worker is not None:
@@ -351,6 +404,10 @@ def main() -> None:
         ulfm_table(options.ulfm, options.rounds)
         return
     frameworks = ["mxnet", "torch"] if options.framework == "both" else [options.framework]
+    if options.against:
+        for framework in frameworks:
+            against_table(framework, options.against, options.rounds)
+        return
     for framework in frameworks:
         commit_table(framework)
     for framework in frameworks:

@@ -402,6 +402,7 @@ class State(abc.ABC):
                                      int(os.environ.get(GENERATION_VARIABLE, "0") or 0))
         self._commit_number = 0
         self._committed: Optional[_Commit] = None
+        self._asking: Optional[concurrent.futures.Future] = None  # rank 0's question to hvdrun
         # Two buffers for the arrays of commits, used in turn and kept across commits: one
         # holds the last commit (for restore()) while the next is copied into the other.
         self._buffers: List[Tuple[np.ndarray, Optional[concurrent.futures.Future]]] = \
@@ -432,16 +433,29 @@ class State(abc.ABC):
         on any rank (which raises OSError naming the rank and the file, on every rank), then
         hand the snapshot to the background writer (to this rank's job folder). A collective.
 
-        Rank 0 asks hvdrun while the snapshot is taken; the write starts after the check,
-        once every rank has its snapshot, so that it does not compete with the others'
-        copies. A rank killed before the write is whole leaves its previous commit in place;
-        a rank that ends the job on an exception first finishes the write."""
-        asking = self._notices.ask() if runtime.rank() == 0 and self._notices.address else None
+        Rank 0 asks hvdrun while the snapshot is taken (unless its last question is still
+        unanswered) and does not wait for the answer: one that comes after the snapshot
+        counts at the first commit after it came, usually the next; every rank raises at the
+        same commit all the same. The write starts after the check, once every rank has its
+        snapshot, so that it does not compete with the others' copies. A rank killed before
+        the write is whole leaves its previous commit in place; a rank that ends the job on
+        an exception first finishes the write."""
+        if runtime.rank() == 0 and self._notices.address and self._asking is None:
+            self._asking = self._notices.ask()
         self._take(self.save())
         try:
-            self._check(asking.result() if asking is not None else False)
+            self._check(self._answered())
         finally:
             self._write_taken()
+
+    def _answered(self) -> bool:
+        """Whether hvdrun's answer to rank 0's question has come and tells of other hosts
+        (False while it is on its way: a later commit takes it)."""
+        asking = self._asking
+        if asking is None or not asking.done():
+            return False
+        self._asking = None
+        return asking.result()
 
     def _take(self, snapshot: Any) -> None:
         """Make ``snapshot`` the last commit: pickled with its arrays copied into the next
@@ -495,10 +509,11 @@ class State(abc.ABC):
     def _check(self, changed: bool) -> None:
         """check_host_updates() with rank 0's answer from hvdrun, ``changed``, at hand."""
         failure = self._store.failure()
-        if runtime.size() > 1:
-            every = ops.allgather_object((changed, failure), name="elastic.hosts")
-            changed = every[0][0]
-            failure = next((f for _, f in every if f), None)
+        if runtime.size() > 1:  # one small exchange; the failures' text only when there is one
+            changed, failed = ops.any_rank([changed, failure is not None], "elastic.hosts")
+            if failed:
+                every = ops.allgather_object(failure, name="elastic.failures")
+                failure = next(f for f in every if f)
         if failure:
             raise OSError(failure)
         if changed:

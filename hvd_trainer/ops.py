@@ -651,6 +651,15 @@ def scatter_object(objs: Optional[Sequence[Any]], root_rank: int = 0, name: Opti
         return pickle.loads(got[root])
 
 
+def any_rank(flags: Sequence[bool], name: str,
+             process_set: ProcessSet = global_process_set) -> List[bool]:
+    """Whether each of ``flags`` is set on some rank of the process set: or-ed in the one
+    small exchange of the call's agreement, without a data phase."""
+    comm = runtime.communicator(process_set)
+    with agreement.collective(comm, "any_rank", name) as call:
+        return call.agree(dict, flags=np.array(flags, bool)).tolist()
+
+
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set arrives.
 

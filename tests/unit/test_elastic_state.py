@@ -2,7 +2,9 @@
 expectations, commits on disk, restore, run()'s exit for new hosts, and the host notice."""
 import os
 import pickle
+import socket
 import stat
+import threading
 
 import numpy as np
 import pytest
@@ -146,6 +148,36 @@ def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(job, m
         (commit,) = job.glob("rank0.*.commit")
         data = files.verify(SECRET.encode(), commit.read_bytes(), "commit")
         assert pickle.loads(data) == {"step": 5}
+    finally:
+        server.close()
+
+
+def test_a_commit_does_not_wait_for_hvdrun_and_a_later_commit_takes_its_answer(job,
+                                                                                monkeypatch):
+    server = socket.create_server(("127.0.0.1", 0))
+    answer_now, told = threading.Event(), threading.Event()
+
+    def hvdrun():  # answers rank 0's first question (new hosts: generation 1) when let
+        conn, _ = server.accept()
+        with conn:
+            answer_now.wait(30)
+            if files.answer_notice(conn, SECRET.encode(), 1):
+                told.set()
+
+    threading.Thread(target=hvdrun, daemon=True).start()
+    try:
+        monkeypatch.setenv(elastic.NOTIFY_VARIABLE, f"127.0.0.1:{server.getsockname()[1]}")
+        monkeypatch.setenv(elastic.GENERATION_VARIABLE, "0")
+        state = elastic.ObjectState(step=0)
+        state.recover()
+        state.step = 1
+        state.commit()  # returns while hvdrun has not answered
+        answer_now.set()
+        assert told.wait(30), "the question of the first commit was not waiting for hvdrun"
+        with pytest.raises(elastic.HostsUpdatedInterrupt):
+            for state.step in range(2, 300):  # the answer counts at a commit after it came
+                state.commit()
+                told.wait(0.1)
     finally:
         server.close()
 

@@ -172,6 +172,17 @@ def case_objects():
         failures.append("allgather_object")
 
 
+def case_any_rank():
+    """Flags or-ed over the ranks, a few (inside the agreement's record) and 400 (more than
+    it holds)."""
+    from hvd_trainer import ops
+    if ops.any_rank([R == 0, R == N - 1, False], "any few") != [True, True, False]:
+        failures.append("any_rank, few flags")
+    every = [np.random.RandomState(r).rand(400) < 0.2 for r in range(N)]
+    if ops.any_rank(every[R].tolist(), "any many") != np.any(every, axis=0).tolist():
+        failures.append("any_rank, 400 flags")
+
+
 def case_process_sets():
     """Process sets: on 3 ranks {0, 2} leaves rank 1 outside; on 2 ranks {1} leaves rank 0
     outside."""
@@ -193,4 +204,4 @@ def case_process_sets():
         failures.append("remove_process_set")
 
 
-run_cases({"allreduce": case_allreduce, "allreduce_big": case_allreduce_big, "float16_accumulation": case_float16_accumulation, "zero_d_and_scaling": case_zero_d_and_scaling, "grouped_allreduce": case_grouped_allreduce, "allgather": case_allgather, "broadcast": case_broadcast, "alltoall": case_alltoall, "reducescatter": case_reducescatter, "objects": case_objects, "process_sets": case_process_sets}, failures, R)
+run_cases({"allreduce": case_allreduce, "allreduce_big": case_allreduce_big, "float16_accumulation": case_float16_accumulation, "zero_d_and_scaling": case_zero_d_and_scaling, "grouped_allreduce": case_grouped_allreduce, "allgather": case_allgather, "broadcast": case_broadcast, "alltoall": case_alltoall, "reducescatter": case_reducescatter, "objects": case_objects, "any_rank": case_any_rank, "process_sets": case_process_sets}, failures, R)
