@@ -16,43 +16,19 @@ import pytest
 pytest.importorskip("tensorflow", reason="TensorFlow is not installed here; its tests run in "
                     "the [test-tensorflow] environment (.venv-tf, see the README)")
 
-from runner import run_ranks  # noqa: E402
-
-OPS = ["allreduce_ops_dtypes", "variables_names_process_sets", "grouped_allreduce_with_slices",
-       "allgather_variable_rows", "broadcasts", "alltoall_splits", "reducescatters",
-       "gradients", "compression", "errors_on_every_rank", "scalars",
-       "slices_without_dense_shape_and_their_ops", "tf1_graph_sessions", "runtime_ops"]
-TRAINING = ["tape_sgd_momentum_eager", "tape_adam_in_tf_function",
-            "tape_indexed_slices_stay_sparse", "tape_sparse_as_dense_sum_predivide",
-            "tape_fp16_compression", "tape_gradient_missing_on_some_ranks",
-            "fit_sgd_momentum_and_adam", "fit_callbacks", "partial_optimizer_and_local_variables"]
+from runner import case_job, case_names, run_ranks  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=[2, 3])
-def np_(request):
-    return request.param
+@pytest.mark.parametrize("case", case_names("tf_ops_worker.py"))
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives(np_, case):
+    case_job("tf_ops_worker.py", np_, timeout=300).check(case)
 
 
-@pytest.fixture(scope="module")
-def jobs(np_):
-    """Each worker's output on ``np_`` ranks, run once for all its cases."""
-    return {worker: run_ranks(worker, np_, timeout=300).stdout
-            for worker in ("tf_ops_worker.py", "tf_training_worker.py")}
-
-
-def _check(out, prefix, case, np_):
-    failed = [line for line in out.splitlines() if f"FAILED: {case}:" in line]
-    assert out.count(f"{prefix} ok: {case}\n") == np_, "\n".join(failed) or out
-
-
-@pytest.mark.parametrize("case", OPS)
-def test_collectives(jobs, np_, case):
-    _check(jobs["tf_ops_worker.py"], "tf ops", case, np_)
-
-
-@pytest.mark.parametrize("case", TRAINING)
-def test_training_matches_one_process(jobs, np_, case):
-    _check(jobs["tf_training_worker.py"], "tf training", case, np_)
+@pytest.mark.parametrize("case", case_names("tf_training_worker.py"))
+@pytest.mark.parametrize("np_", [2, 3])
+def test_training_matches_one_process(np_, case):
+    case_job("tf_training_worker.py", np_, timeout=300).check(case)
 
 
 # The single-process twins reach 97.6% to 98.7% test accuracy (seeds 0 to 2; the default,

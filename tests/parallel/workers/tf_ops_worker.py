@@ -3,17 +3,16 @@ against NumPy computations of what every rank contributed (each rank can make ev
 inputs from the seed); gradients against hand-computed values of Horovod's rules; errors on
 every rank, then a working collective.
 
-Prints "tf ops ok: <case>" for each case that passed on this rank, "tf ops FAILED: <case>:
-<why>" otherwise; each case runs whatever the previous ones did.
+Each case reports one record per rank (case_runner.py); each case runs whatever the previous
+ones did.
 """
-import sys
-import traceback
 
 import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
 import hvd_trainer.tensorflow as hvd
+from case_runner import run_cases
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -328,16 +327,17 @@ def runtime_ops():
     assert int(hvd.process_set_included_op()) == 1
 
 
-CASES = [allreduce_ops_dtypes, variables_names_process_sets, grouped_allreduce_with_slices,
-         allgather_variable_rows, broadcasts, alltoall_splits, reducescatters, gradients,
-         compression, errors_on_every_rank, scalars, slices_without_dense_shape_and_their_ops,
-         tf1_graph_sessions, runtime_ops]
-
-for case in CASES:
-    try:
-        case()
-        print(f"tf ops ok: {case.__name__}", flush=True)
-    except Exception:  # reported per case; the job goes on with the next case
-        why = traceback.format_exc().strip().replace("\n", " | ")  # one line per failure
-        print(f"tf ops FAILED: {case.__name__}: {why}", flush=True)
-sys.stdout.flush()
+run_cases({"allreduce_ops_dtypes": allreduce_ops_dtypes,
+           "variables_names_process_sets": variables_names_process_sets,
+           "grouped_allreduce_with_slices": grouped_allreduce_with_slices,
+           "allgather_variable_rows": allgather_variable_rows,
+           "broadcasts": broadcasts,
+           "alltoall_splits": alltoall_splits,
+           "reducescatters": reducescatters,
+           "gradients": gradients,
+           "compression": compression,
+           "errors_on_every_rank": errors_on_every_rank,
+           "scalars": scalars,
+           "slices_without_dense_shape_and_their_ops": slices_without_dense_shape_and_their_ops,
+           "tf1_graph_sessions": tf1_graph_sessions,
+           "runtime_ops": runtime_ops}, rank=R)

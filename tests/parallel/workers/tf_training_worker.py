@@ -5,19 +5,17 @@ factor, fp16 compression, a variable without a gradient on some ranks) and the K
 DistributedOptimizer in model.fit (SGD with momentum, Adam) with its callbacks and
 load_model.
 
-Prints "tf training ok: <case>" per passing case, "tf training FAILED: <case>: <why>"
-otherwise.
+Each case reports one record per rank (case_runner.py).
 """
 import os
-import sys
 import tempfile
-import traceback
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 import hvd_trainer.tensorflow as hvd
+from case_runner import run_cases
 import hvd_trainer.keras as hvd_keras
 
 hvd.init()
@@ -244,16 +242,12 @@ def partial_optimizer_and_local_variables():
         assert np.allclose(got, root + N - 1), "the root's value did not arrive"
 
 
-CASES = [tape_sgd_momentum_eager, tape_adam_in_tf_function, tape_indexed_slices_stay_sparse,
-         tape_sparse_as_dense_sum_predivide, tape_fp16_compression,
-         tape_gradient_missing_on_some_ranks, fit_sgd_momentum_and_adam, fit_callbacks,
-         partial_optimizer_and_local_variables]
-
-for case in CASES:
-    try:
-        case()
-        print(f"tf training ok: {case.__name__}", flush=True)
-    except Exception:  # reported per case; the job goes on with the next case
-        why = traceback.format_exc().strip().replace("\n", " | ")  # one line per failure
-        print(f"tf training FAILED: {case.__name__}: {why}", flush=True)
-sys.stdout.flush()
+run_cases({"tape_sgd_momentum_eager": tape_sgd_momentum_eager,
+           "tape_adam_in_tf_function": tape_adam_in_tf_function,
+           "tape_indexed_slices_stay_sparse": tape_indexed_slices_stay_sparse,
+           "tape_sparse_as_dense_sum_predivide": tape_sparse_as_dense_sum_predivide,
+           "tape_fp16_compression": tape_fp16_compression,
+           "tape_gradient_missing_on_some_ranks": tape_gradient_missing_on_some_ranks,
+           "fit_sgd_momentum_and_adam": fit_sgd_momentum_and_adam,
+           "fit_callbacks": fit_callbacks,
+           "partial_optimizer_and_local_variables": partial_optimizer_and_local_variables}, rank=R)
