@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, ContextManager, Dict, Optional, Tuple
 
 from . import runtime, scheduler
@@ -45,12 +46,29 @@ def pause(start: float) -> None:
 
 
 def discard_posts(comm: Communicator) -> None:
-    """Drop stall posts that arrived after the wait they were about ended.
+    """Read the stall posts that have arrived into each peer's last one (see :func:`heard`).
 
     MPICH may kill a process that exits with unreceived messages, so every agreement (and
-    the runtime at exit) empties the mailbox; it costs one probe when it is empty.
+    the runtime at exit) empties the mailbox; it costs one probe when it is empty. The posts
+    are kept, not dropped: a wait on a call that other ranks match by name spans many
+    agreement rounds, and its inspector reads what arrived during them.
     """
-    comm.collect_posts()
+    arrived = comm.collect_posts()
+    if arrived:
+        with _heard_lock:
+            _heard.setdefault(comm, {}).update(arrived)
+
+
+def heard(comm: Communicator) -> Dict[int, Tuple[int, str]]:
+    """Each peer's last stall post on ``comm``: (its exchange count, what it waits for)."""
+    discard_posts(comm)
+    with _heard_lock:
+        return dict(_heard.get(comm, {}))
+
+
+_heard: "weakref.WeakKeyDictionary[Communicator, Dict[int, Tuple[int, str]]]" = \
+    weakref.WeakKeyDictionary()
+_heard_lock = threading.Lock()
 
 
 def poll(request: Request) -> None:
@@ -168,9 +186,9 @@ class StallInspector:
     def check(self, now: float) -> None:
         """Exchange posts and act on the deadlines; call it while the wait goes on."""
         waited = now - self.start
-        for source, (exchange, what) in self.comm.collect_posts() if self.post else ():
-            if exchange < self.exchange:
-                continue  # from a wait that has ended since
+        for source, (exchange, what) in heard(self.comm).items() if self.post else ():
+            if exchange < self.exchange or self.peers.get(source) == (exchange, what):
+                continue  # from a wait that has ended since, or known
             self.peers[source] = (exchange, what)
             if not self.announced:
                 self._announce()

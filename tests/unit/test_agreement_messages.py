@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_trainer.agreement import describe_mismatch, pack_flags, refusal_while_joined, unpack_flags
-from hvd_trainer.stall import StallInspector
+from hvd_trainer.stall import StallInspector, discard_posts
 
 
 def test_names_first_differing_top_level_field():
@@ -91,6 +91,19 @@ def test_stall_report_says_where_other_ranks_wait():
     assert inspector.report(1.0) == (
         "stall: rank 0 has waited 1.0 s for allreduce 'x'; rank 2 has not submitted it "
         "(still computing, stuck, or exited); rank 1 waits for broadcast 'y' instead")
+
+
+def test_posts_that_an_agreement_round_read_still_reach_the_inspector():
+    # Ranks matching calls by name make agreement rounds all through a long wait, and every
+    # round empties the mailbox: the posts it read must not be lost to the wait's inspector.
+    comm = FakeComm([(1, (5, "allreduce 'x'")), (2, (5, "broadcast 'y'"))])
+    inspector = StallInspector(comm, "allreduce 'x'", 5, start=0.0, check_seconds=1.0,
+                               shutdown_seconds=0.0)
+    discard_posts(comm)  # a round's exchange ends
+    inspector.check(0.2)
+    assert inspector.report(1.0) == (
+        "stall: rank 0 has waited 1.0 s for allreduce 'x'; rank 2 waits for broadcast 'y' "
+        "instead")
 
 
 def test_mismatch_skips_joined_ranks_and_keeps_rank_numbers():
