@@ -39,6 +39,13 @@ from mpi4py import MPI
 from . import REDUCE_UFUNCS, split_evenly, widened
 from .halves import NUMPY, Kernels, is_half
 
+if not MPI.Is_initialized():
+    # mpi4py was first imported with its rc.initialize off (hvdrun's launcher module reads
+    # the MPI library's version so, without starting MPI, and hvd_trainer.run imports it in
+    # the driver): start MPI as mpi4py would have, and end it at exit.
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD, "bor": MPI.BOR}
 # Dtypes whose reductions MPI defines for every op in _MPI_OPS (complex lacks min/max).
 _NATIVE_KINDS = {"i", "u", "f"}

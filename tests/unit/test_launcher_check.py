@@ -78,3 +78,19 @@ def test_pmix_states_a_rank_but_no_size(monkeypatch):
     assert runtime._launcher_claim() is None
     monkeypatch.setenv("PMIX_RANK", "5")
     assert runtime._launcher_claim() == "PMIX_RANK=5 says this process is rank 5 of a larger job"
+
+
+def test_the_mpi_backend_starts_mpi_after_the_launcher_module_read_its_version():
+    # hvdrun's launcher module imports mpi4py with rc.initialize off (hvd_trainer.run's driver
+    # imports it; so did CI's pytest process, through tests that read the launcher): MPI was
+    # never started, and the first call on a communicator aborted the process.
+    script = ("from hvd_trainer_launch import mpi; mpi.mpi_library()\n"
+              "import numpy as np\n"
+              "from hvd_trainer.backends.mpi import MPI, MPICommunicator\n"
+              "comm = MPICommunicator(MPI.COMM_SELF)\n"
+              "print('objects', comm.allgather_object('x'))\n"
+              "comm.free()")
+    proc = subprocess.run([sys.executable, "-c", script], env=_without_launcher(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "objects ['x']" in proc.stdout
