@@ -294,15 +294,15 @@ class ElasticRelay(hvdrun.OutputRelay):
 
     def blamed(self, layout: Hosts) -> Set[str]:
         """The hosts that this life's end counts against: the host of the rank that failed
-        first on its own, by exit time (across hosts the others fail after it, their peer
-        gone, through no fault of their hosts). When none failed but some ranks never
+        first on its own (hvdrun.first_failure: across hosts the others fail after it, their
+        peer gone, through no fault of their hosts). When none failed but some ranks never
         started, the launch failed on their hosts (ssh could not reach them, a name did not
         resolve): those other than this machine, or this one."""
         with self._lock:
             own = [failure for failure in self.reported if failure.rank in self.failed
                    and failure.how != hvdrun.ENDED and failure.code != RESET_EXIT_CODE]
         if own:
-            return {host_of(layout, min(own, key=lambda failure: failure.at).rank)}
+            return {host_of(layout, hvdrun.first_failure(own).rank)}
         missing = {host_of(layout, rank) for rank in range(self.np) if rank not in self.started}
         return {host for host in missing if not mpi.this_machine(host)} or missing
 

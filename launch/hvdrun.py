@@ -113,6 +113,14 @@ class Failure:
         self.seen_at = time.monotonic()
 
 
+def first_failure(failures: Sequence[Failure]) -> Failure:
+    """The earliest of ``failures`` by the clocks of their hosts, or a rank killed by a signal
+    within KILLED_WINDOW_SECONDS of it (see there)."""
+    earliest = min(f.at for f in failures)
+    killed = [f for f in failures if f.killed and f.at <= earliest + KILLED_WINDOW_SECONDS]
+    return min(killed or failures, key=lambda failure: failure.at)
+
+
 class OutputRelay:
     """Copies mpiexec's output to ours, strips or keeps rank prefixes, tees into per-rank files,
     hides the workers' exit markers and records the first failure they report.
@@ -213,10 +221,8 @@ class OutputRelay:
         with self._lock:
             if self.failure is not None or not self.reported:
                 return self.failure
-            own = [f for f in self.reported if f.how != ENDED] or self.reported
-            earliest = min(f.at for f in own)
-            killed = [f for f in own if f.killed and f.at <= earliest + KILLED_WINDOW_SECONDS]
-            self.failure = min(killed or own, key=lambda failure: failure.at)
+            self.failure = first_failure([f for f in self.reported if f.how != ENDED]
+                                         or self.reported)
         self.announce(self.failure)
         return self.failure
 

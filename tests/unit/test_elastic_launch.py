@@ -173,6 +173,15 @@ def test_a_life_counts_against_the_host_of_its_first_own_failure_by_exit_time():
     assert relay.blamed([("a", 2), ("b", 2)]) == {"b"}
 
 
+def test_a_life_counts_against_the_host_of_a_killed_rank_seen_just_after_a_survivors_abort():
+    # As hvdrun names the first failure: rank 3 on b was killed (-9), but its wrapper saw it
+    # 3 ms after rank 1's MPI on a had aborted on the lost connection.
+    relay = elastic.ElasticRelay(4, False, None)
+    relay.record(1, 14, "exited with code", at=20.100)
+    relay.record(3, 137, "exited with code", at=20.103, killed=True)
+    assert relay.blamed([("a", 2), ("b", 2)]) == {"b"}
+
+
 def test_a_life_whose_launch_failed_counts_against_the_hosts_that_started_nothing():
     # No rank failed on its own; ranks 2 and 3 (on b and c) never started: ssh could not reach
     # their hosts. Rank 1, here, did not start either, but only as the launch was dropped.
