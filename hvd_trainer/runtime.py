@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .backends import Communicator
@@ -391,7 +392,13 @@ def abort_job(message: str, code: int = 1) -> None:
     sys.stdout.flush()
     if os.environ.get("HVDRUN_WORKER") or _state is None:
         os._exit(code)
+    # MPI_Abort's kill can overtake the message on its way through the launcher's proxy (seen
+    # with MPICH's mpiexec under load): give the proxy a moment to forward it.
+    time.sleep(_ABORT_DRAIN_SECONDS)
     _state.world.abort(code)
+
+
+_ABORT_DRAIN_SECONDS = 0.2
 
 
 # [status, id of its _RankExit] of a sys.exit call on the main thread whose exception has
