@@ -147,14 +147,18 @@ def _timestamp() -> bytes:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} ".encode()
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent(signum: int = signal.SIGKILL,
+                    unblock: Sequence[int] = ()) -> Callable[[], None]:
     """Return a preexec_fn that makes the kernel send ``signum`` to the child when this
     process dies (hvdrun's mpiexec, the wrapper's child): no process outlives its starter.
-    No-op where prctl is missing."""
+    No-op where prctl is missing. ``unblock``: signals the starter blocks, which the child
+    must not inherit blocked."""
     prctl = getattr(ctypes.CDLL(None), "prctl", None)
     parent = os.getpid()
 
     def preexec():
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signum)
             if os.getppid() != parent:  # the parent died before prctl took effect
@@ -317,9 +321,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if HOSTS_VARIABLE in env:
         _write_all(2, _with_horovod_variables(env, rank))
     sys.stdout.flush()
+    # The launcher's signals and SIGCHLD wait, blocked, until their handlers below exist: a
+    # SIGTERM that came while the child started killed the wrapper without an exit report.
+    handled = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
+    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     try:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 close_fds=False, preexec_fn=die_with_parent())
+                                 close_fds=False, preexec_fn=die_with_parent(unblock=handled))
     except OSError as error:
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
@@ -350,6 +358,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGCHLD, notice_end)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     code = returncode if returncode >= 0 else 128 - returncode
