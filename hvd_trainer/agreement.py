@@ -459,7 +459,7 @@ def _record(comm: Communicator, sched: scheduler.Schedule, digest: int,
             flags: Optional[np.ndarray], payload: Optional[np.ndarray]) -> _Gathered:
     """Exchange an active rank's record and return every rank's."""
     records, request = _exchange(comm, sched, digest, _ACTIVE, flags, payload)
-    stall.poll(request)
+    stall.poll(request, sched)
     discard_posts(comm)
     gathered = _Gathered(records)
     sched.peers_joined = bool(gathered.state & _JOINED)

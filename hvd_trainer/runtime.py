@@ -341,6 +341,7 @@ def init(comm: Any = None) -> None:
 # runtime never imports them.
 _at_start: List[Callable[["_State"], None]] = []
 _at_abort: List[Callable[[], None]] = []
+_at_leave: List[Callable[[Communicator], bool]] = []
 
 
 def at_start(hook: Callable[["_State"], None]) -> None:
@@ -351,6 +352,13 @@ def at_start(hook: Callable[["_State"], None]) -> None:
 def at_abort(hook: Callable[[], None]) -> None:
     """Call ``hook()`` before a rank ends the job (:func:`abort_job`)."""
     _at_abort.append(hook)
+
+
+def at_leave(hook: Callable[[Communicator], bool]) -> None:
+    """Call ``hook(comm)`` for each process set's communicator at :func:`shutdown`; a hook
+    returns whether an operation of this rank alone may still be active on it (then the
+    communicator is left, not freed)."""
+    _at_leave.append(hook)
 
 
 def _configure_logging() -> None:
@@ -461,8 +469,13 @@ def shutdown() -> None:
         if _state.watchdog is not None:
             _state.watchdog.stop()
         for ps in list(_state.process_sets.values()):
-            if ps is not global_process_set and ps.comm is not None:
-                ps.comm.free()
+            if ps.comm is not None:
+                # Calls still pending here fail; a communicator whose round may stay active
+                # (this rank's alone) is left, not freed (see Schedule.abandon).
+                if [hook for hook in _at_leave if hook(ps.comm)]:
+                    ps.comm.leave()
+                elif ps is not global_process_set:
+                    ps.comm.free()
             ps.comm, ps.process_set_id = None, None
         _state = None
 

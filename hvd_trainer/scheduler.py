@@ -317,6 +317,25 @@ class Schedule:
         self.undecided_since: Optional[float] = None  # rounds have decided nothing since
         self.next_round: Optional[float] = None  # then: no round before this time
         self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
+        self.abandoned = False  # see abandon()
+
+    def abandon(self) -> bool:
+        """At shutdown: fail the calls still pending here (other ranks may never make them)
+        and start no more rounds; a round already in flight gives up (see
+        stall.poll). Returns whether one was in flight or calls were pending, so that the
+        communicator may still have an active request."""
+        use = self.use
+        with use.cv:
+            self.abandoned = True
+            busy = use.driving or bool(self.pending)
+            for entry in self.pending:
+                entry.state = "raise"
+                entry.failure = RuntimeError(
+                    f"collective {entry.key!r} was still pending on this rank when "
+                    "hvd_trainer shut down; wait for every handle before shutdown()")
+            self.pending.clear()
+            use.cv.notify_all()
+        return busy
 
     # -- names ------------------------------------------------------------------------------
     def name(self, kind: str, given: Optional[str], owner: Any) -> Tuple[str, str]:
@@ -417,7 +436,7 @@ class Schedule:
         the round on to :meth:`settle`."""
         use = self.use
         with use.cv:
-            if self.pending or self.ready or not use.free():
+            if self.pending or self.ready or not use.free() or self.abandoned:
                 return False
             use.holder, use.depth = threading.get_ident(), 1
             return True
@@ -435,6 +454,9 @@ class Schedule:
         """
         use, me = self.use, threading.get_ident()
         with use.cv:
+            if self.abandoned:
+                raise RuntimeError(f"collective {entry.key!r} on a process set left at "
+                                   "shutdown; call it after init()")
             self.pending.append(entry)
             self.undecided_since = self.next_round = None  # something new: a round at once
             use.wake()
@@ -477,6 +499,8 @@ class Schedule:
         by_key = {e.key: e for e in entries}
         for verdict, key, value in verdicts:
             entry = by_key[key]
+            if entry.state != "pending":  # failed by abandon() while the round ran
+                continue
             self.pending.remove(entry)
             if verdict == "run":
                 entry.state, entry.flags_out = "run", value
@@ -534,6 +558,15 @@ def of(comm: Communicator) -> Schedule:
                 multiple = comm.size == 1 or runtime.threads_multiple()
                 found = _schedules[comm] = Schedule(_Use() if multiple else _shared_use)
     return found
+
+
+def _leave(comm: Communicator) -> bool:
+    """At shutdown: abandon ``comm``'s schedule, if it has one (see Schedule.abandon)."""
+    found = _schedules.get(comm)
+    return found is not None and found.abandon()
+
+
+runtime.at_leave(_leave)
 
 
 # -- the rank's order of work: communication threads, deferred steps, closers --------------

@@ -71,14 +71,18 @@ _heard: "weakref.WeakKeyDictionary[Communicator, Dict[int, Tuple[int, str]]]" = 
 _heard_lock = threading.Lock()
 
 
-def poll(request: Request) -> None:
-    """Poll ``request`` until it completes, giving the core away between polls."""
+def poll(request: Request, schedule: Optional["scheduler.Schedule"] = None) -> None:
+    """Poll ``request`` until it completes, giving the core away between polls; raise if
+    ``schedule`` is abandoned meanwhile (shutdown: the request is left active)."""
     if request.test():
         return
     start = time.monotonic()
     # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
     # rank we wait for may need this core.
     while not request.test():
+        if schedule is not None and schedule.abandoned:
+            raise RuntimeError("hvd_trainer shut down on this rank while an agreement waited "
+                               "for the other ranks")
         pause(start)
 
 

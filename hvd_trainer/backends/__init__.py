@@ -111,3 +111,7 @@ class Communicator(Protocol):
 
     def free(self) -> None:
         """Release the communicator's resources; it may not be used afterwards."""
+
+    def leave(self) -> None:
+        """Stop using the communicator without freeing it: an operation of this rank alone
+        may stay active on it (see scheduler.Schedule.abandon)."""

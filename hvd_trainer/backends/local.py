@@ -74,3 +74,6 @@ class LocalCommunicator:
 
     def free(self) -> None:
         pass
+
+    def leave(self) -> None:
+        pass

@@ -86,8 +86,12 @@ class _Pending:
 class MPICommunicator:
     """Collectives over one mpi4py communicator."""
 
-    def __init__(self, comm: "MPI.Comm", algorithm: str = "auto", ring_threshold: int = 1 << 20):
+    def __init__(self, comm: "MPI.Comm", algorithm: str = "auto", ring_threshold: int = 1 << 20,
+                 aborts: Optional["MPI.Comm"] = None):
         self.comm = comm
+        # What abort() aborts: the launcher takes the exit code from an abort of COMM_WORLD
+        # (MPICH's mpiexec did not always from one of its duplicate).
+        self._aborts = comm if aborts is None else aborts
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.configure(algorithm, ring_threshold)
@@ -335,12 +339,18 @@ class MPICommunicator:
         self.comm.Barrier()
 
     def abort(self, code: int) -> None:
-        self.comm.Abort(code)
+        self._aborts.Abort(code)
 
     def free(self) -> None:
         self.free_requests()
         if self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
             self.comm.Free()
+
+    def leave(self) -> None:
+        """Drop this communicator without freeing it or its requests: one may stay active
+        (a round of this rank alone), and MPI forbids freeing an active collective request."""
+        _live.discard(self)
+        self._persistent.clear()
 
     def free_requests(self) -> None:
         """Free the persistent requests (MPICH complains of any left at MPI_Finalize)."""
@@ -361,8 +371,10 @@ def _free_requests() -> None:
 
 
 def world() -> MPICommunicator:
-    """The communicator of every process the MPI launcher started."""
-    return MPICommunicator(MPI.COMM_WORLD)
+    """The communicator of every process the MPI launcher started: a duplicate of
+    COMM_WORLD for each init, so that a round a rank left unfinished at shutdown (see
+    :meth:`MPICommunicator.leave`) never meets the next init's collectives."""
+    return MPICommunicator(MPI.COMM_WORLD.Dup(), aborts=MPI.COMM_WORLD)
 
 
 def threads_supported() -> bool:
