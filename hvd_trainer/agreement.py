@@ -67,7 +67,7 @@ import numpy as np
 
 from . import runtime, scheduler, stall, timeline
 from .backends import Communicator
-from .stall import discard_posts, waiting
+from .stall import drain_posts, waiting
 from .timeline import span
 
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
@@ -460,7 +460,7 @@ def _record(comm: Communicator, sched: scheduler.Schedule, digest: int,
     """Exchange an active rank's record and return every rank's."""
     records, request = _exchange(comm, sched, digest, _ACTIVE, flags, payload)
     stall.poll(request, sched)
-    discard_posts(comm)
+    drain_posts(comm)
     gathered = _Gathered(records)
     sched.peers_joined = bool(gathered.state & _JOINED)
     return gathered
@@ -567,7 +567,7 @@ class JoinedRecord:
         made it, or their oldest calls differ and none was matched); None if every rank of
         ``comm`` has joined."""
         comm = self.comm
-        discard_posts(comm)
+        drain_posts(comm)
         gathered = _Gathered(self._records)
         if not gathered.state & _ACTIVE:
             return None

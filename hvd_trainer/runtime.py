@@ -472,7 +472,8 @@ def shutdown() -> None:
             if ps.comm is not None:
                 # Calls still pending here fail; a communicator whose round may stay active
                 # (this rank's alone) is left, not freed (see Schedule.abandon).
-                if [hook for hook in _at_leave if hook(ps.comm)]:
+                busy = [hook(ps.comm) for hook in _at_leave]  # every hook runs
+                if any(busy):
                     ps.comm.leave()
                 elif ps is not global_process_set:
                     ps.comm.free()

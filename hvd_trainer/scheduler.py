@@ -334,7 +334,7 @@ class Schedule:
                     f"collective {entry.key!r} was still pending on this rank when "
                     "hvd_trainer shut down; wait for every handle before shutdown()")
             self.pending.clear()
-            use.cv.notify_all()
+            use.wake()
         return busy
 
     # -- names ------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def pause(start: float) -> None:
         time.sleep(min(_PAUSE_SHARE * waited, _MAX_PAUSE))
 
 
-def discard_posts(comm: Communicator) -> None:
+def drain_posts(comm: Communicator) -> None:
     """Read the stall posts that have arrived into each peer's last one (see :func:`heard`).
 
     MPICH may kill a process that exits with unreceived messages, so every agreement (and
@@ -61,7 +61,7 @@ def discard_posts(comm: Communicator) -> None:
 
 def heard(comm: Communicator) -> Dict[int, Tuple[int, str]]:
     """Each peer's last stall post on ``comm``: (its exchange count, what it waits for)."""
-    discard_posts(comm)
+    drain_posts(comm)
     with _heard_lock:
         return dict(_heard.get(comm, {}))
 
@@ -256,7 +256,7 @@ def _empty_mailboxes(st: Any) -> None:
         st.watchdog.stop()
     for ps in st.process_sets.values():
         if ps.comm is not None:
-            discard_posts(ps.comm)
+            drain_posts(ps.comm)
 
 
 runtime.at_start(_start)

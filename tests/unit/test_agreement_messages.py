@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_trainer.agreement import describe_mismatch, pack_flags, refusal_while_joined, unpack_flags
-from hvd_trainer.stall import StallInspector, discard_posts
+from hvd_trainer.stall import StallInspector, drain_posts
 
 
 def test_names_first_differing_top_level_field():
@@ -99,7 +99,7 @@ def test_posts_that_an_agreement_round_read_still_reach_the_inspector():
     comm = FakeComm([(1, (5, "allreduce 'x'")), (2, (5, "broadcast 'y'"))])
     inspector = StallInspector(comm, "allreduce 'x'", 5, start=0.0, check_seconds=1.0,
                                shutdown_seconds=0.0)
-    discard_posts(comm)  # a round's exchange ends
+    drain_posts(comm)  # a round's exchange ends
     inspector.check(0.2)
     assert inspector.report(1.0) == (
         "stall: rank 0 has waited 1.0 s for allreduce 'x'; rank 2 waits for broadcast 'y' "
