@@ -680,8 +680,8 @@ class Call:
         self._held = self._schedule.holds()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._schedule.forget(self.key, self, not self._held)
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        self._schedule.forget(self.key, self, not self._held, kind is None)
 
     def checks(self) -> ContextManager[None]:
         """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which

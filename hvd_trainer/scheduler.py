@@ -50,6 +50,11 @@ Invariants (unit tests drive them without MPI):
   the ranks settle it by :func:`deadlock`, joined ranks or not.
 - **Keys are unique while pending.** A second call with a key that is still pending raises
   :class:`DuplicateNameError` on the rank that made it, at the call, and changes nothing else.
+  A named asynchronous call that has run keeps its name *held* until its handle is polled
+  done or waited on, or until another collective here starts or ends: reusing a name back
+  to back, with nothing between, raises whether or not the peers were quick enough to
+  finish the first call already (Horovod's duplicate-name check; a small call can finish in
+  one exchange when the peers already wait).
 - **Automatic names never mismatch by themselves.** They are taken in program order on the
   thread that makes (or submits) the call; an asynchronous job takes its key at submission
   (:class:`Job`), and the further unnamed calls of the same job derive theirs from it. Calls
@@ -118,10 +123,19 @@ class Job:
     """The keys an asynchronous job reserved when it was submitted, one per schedule, for its
     first collective there; the job's later unnamed calls derive their keys from it."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: bool = False) -> None:
         self.claims: Dict["Schedule", List[Any]] = {}  # schedule -> [key, automatic, claimed]
         self.derived = 0
         self.awaited = 0  # threads that wait for this job's handle now (see await_job)
+        self.hold = hold  # its given name stays held after it ran (see Schedule.forget)
+        self.held: List["Schedule"] = []
+
+    def unhold(self) -> None:
+        """Its handle was polled done or waited on: the name it held is free again."""
+        with _await_lock:  # a handle may be polled on several threads
+            held, self.held = self.held, []
+        for schedule in held:
+            schedule.unhold(self)
 
     def release(self) -> None:
         """Give back the reservations the job never used (it ended without that call)."""
@@ -310,6 +324,7 @@ class Schedule:
         self.pending: List[Entry] = []
         self.ready: Deque[Entry] = deque()
         self.keys: Dict[str, Any] = {}  # pending or reserved keys -> their owner
+        self.held: Dict[str, Job] = {}  # names of asynchronous calls that ran (see forget)
         self.unnamed = 0  # automatic names are counted per communicator
         self.exchanges = 0
         self.peers_joined = False
@@ -351,6 +366,8 @@ class Schedule:
                 key = f"noname.{self.unnamed}"
                 self.unnamed += 1
                 return f"{kind}.{key}", key
+            if self.held:
+                self._release_held(given, job)
             claim = job.claims.get(self) if job is not None else None
             if claim is not None and not claim[2] and (given is None) == claim[1] and \
                     (given is None or given == claim[0]):
@@ -372,6 +389,8 @@ class Schedule:
     def reserve_for(self, job: Job, given: Optional[str]) -> None:
         """Reserve, at submission, the key of ``job``'s first call here (see :class:`Job`)."""
         with self.use.cv:
+            if self.held:
+                self._release_held(given, job)
             if given is None:
                 key = f"noname.{self.unnamed}"
                 self.unnamed += 1
@@ -382,20 +401,43 @@ class Schedule:
             job.claims[self] = [key, given is None, False]
 
     def _reserve(self, key: str, owner: Any) -> None:
-        if key in self.keys:
+        if key in self.keys or key in self.held:
+            state = "still pending" if key in self.keys else "just run, its handle not waited on,"
             raise DuplicateNameError(
-                f"a collective named {key!r} is still pending on this rank; wait for it "
+                f"a collective named {key!r} is {state} on this rank; wait for it "
                 "(synchronize its handle) before starting another with that name, or give "
                 "this one another name")
         self.keys[key] = owner
 
-    def forget(self, key: str, owner: Any, give: bool = False) -> None:
+    def _release_held(self, given: Optional[str], job: Optional[Job]) -> None:
+        """A call with key ``given`` (of ``job``) starts or ends: the names other jobs hold
+        are free."""
+        for key, holder in list(self.held.items()):
+            if key != given and holder is not job:
+                del self.held[key]
+
+    def unhold(self, job: Job) -> None:
+        """Free the name ``job`` holds here, if it still does."""
+        with self.use.cv:
+            for key, holder in list(self.held.items()):
+                if holder is job:
+                    del self.held[key]
+
+    def forget(self, key: str, owner: Any, give: bool = False, ran: bool = False) -> None:
         """Release ``key`` if ``owner`` still holds it; with ``give``, also the turn, if the
-        calling thread holds it (:meth:`give`), in the same step."""
+        calling thread holds it (:meth:`give`), in the same step. ``ran``: the call ran
+        without error; a holding job's given name is then held (see the module docstring)."""
         use = self.use
         with use.cv:
             if self.keys.get(key) is owner:
                 del self.keys[key]
+                job = running_job()
+                claim = job.claims.get(self) if job is not None else None
+                if claim is not None and ran and job.hold and claim[0] == key and not claim[1]:
+                    self.held[key] = job
+                    job.held.append(self)
+            if self.held:
+                self._release_held(key, running_job())
             if give and use.holder == threading.get_ident():
                 use.depth -= 1
                 if use.depth == 0:
@@ -658,7 +700,17 @@ class _Submitted(Future):
 
     def result(self, timeout: Optional[float] = None) -> Any:
         with await_job(self.job):
-            return super().result(timeout)
+            try:
+                return super().result(timeout)
+            finally:
+                if self.job is not None and super().done():
+                    self.job.unhold()
+
+    def done(self) -> bool:
+        finished = super().done()
+        if finished and self.job is not None:
+            self.job.unhold()
+        return finished
 
 
 def _complete(future: "Future[Any]", work: Callable[[], Any]) -> None:
@@ -678,11 +730,11 @@ def _hand(item: _Work) -> None:
     _dispatch_locked()
 
 
-def _job(name: Optional[str], process_set: Any) -> Optional[Job]:
+def _job(name: Optional[str], process_set: Any, hold: bool) -> Optional[Job]:
     """The key reservation of a collective submitted now (see Job)."""
     if process_set is None:
         return None
-    job = Job()
+    job = Job(hold)
     of(runtime.communicator(process_set)).reserve_for(job, name)
     return job
 
@@ -699,7 +751,7 @@ def start(work: Callable[[], Any], name: Optional[str] = None,
     beside the graph's others, in any order): it waits for its match however long.
     """
     _close()
-    job = _job(name, process_set)
+    job = _job(name, process_set, waited)
     future: "Future[Any]" = _Submitted(job) if waited else Future()
     with _lock:
         _flush_locked()

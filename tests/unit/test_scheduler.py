@@ -114,6 +114,93 @@ def test_a_job_takes_its_automatic_name_at_submission_and_derives_the_rest():
         scheduler.set_job(None, None)
 
 
+def _ran_as_job(sched, job, given):
+    """Submit ``job``'s call named ``given`` and run it to the end, as the communication
+    thread does (its name reserved at submission, claimed, forgotten after it ran)."""
+    sched.reserve_for(job, given)
+    scheduler.set_job(job, None)
+    try:
+        owner = object()
+        key = sched.name("allreduce", given, owner)[1]
+        sched.forget(key, owner, ran=True)
+    finally:
+        scheduler.set_job(None, None)
+    job.release()
+
+
+def test_a_named_async_call_that_ran_holds_its_name_until_waited_on():
+    """Horovod's duplicate-name check: reusing a name back to back raises even when the
+    first call already finished (the peers were waiting for it)."""
+    sched = scheduler.Schedule(scheduler._Use())
+    job = scheduler.Job(hold=True)
+    _ran_as_job(sched, job, "dup")
+    with pytest.raises(scheduler.DuplicateNameError, match="'dup'.*not waited on"):
+        sched.reserve_for(scheduler.Job(hold=True), "dup")
+    with pytest.raises(scheduler.DuplicateNameError, match="'dup'"):
+        sched.name("allreduce", "dup", object())  # a synchronous call too
+    job.unhold()  # its handle was waited on
+    owner = object()
+    assert sched.name("allreduce", "dup", owner)[1] == "dup"
+    sched.forget("dup", owner)
+
+
+def test_another_call_starting_or_ending_frees_a_held_name_but_the_same_jobs_do_not():
+    sched = scheduler.Schedule(scheduler._Use())
+    job = scheduler.Job(hold=True)
+    sched.reserve_for(job, "x")
+    scheduler.set_job(job, None)
+    try:
+        first = object()
+        sched.name("allgather", "x", first)
+        sched.forget("x", first, ran=True)
+        later = object()  # the job's own further (derived) call
+        key = sched.name("allgather", None, later)[1]
+        sched.forget(key, later, ran=True)
+    finally:
+        scheduler.set_job(None, None)
+    job.release()
+    with pytest.raises(scheduler.DuplicateNameError):
+        sched.reserve_for(scheduler.Job(hold=True), "x")
+    other = object()
+    sched.forget(sched.name("barrier", None, other)[1], other)  # another name: "x" is free
+    earlier = object()  # a synchronous call that started before "x" ran, and ends after
+    key = sched.name("allreduce", "y", earlier)[1]
+    _ran_as_job(sched, scheduler.Job(hold=True), "x")
+    assert "x" in sched.held
+    sched.forget(key, earlier)
+    assert not sched.held
+
+
+def test_only_a_named_call_that_ran_of_a_holding_job_holds_its_name():
+    sched = scheduler.Schedule(scheduler._Use())
+    _ran_as_job(sched, scheduler.Job(hold=False), "graph")  # a TF graph op's (waited=False)
+    _ran_as_job(sched, scheduler.Job(hold=False), "graph")
+    _ran_as_job(sched, scheduler.Job(hold=True), None)  # automatic names are never reused
+    assert not sched.held
+    job = scheduler.Job(hold=True)
+    sched.reserve_for(job, "failed")
+    scheduler.set_job(job, None)
+    try:
+        owner = object()
+        sched.name("allreduce", "failed", owner)
+        sched.forget("failed", owner, ran=False)  # it raised: nothing to wait for
+    finally:
+        scheduler.set_job(None, None)
+    assert "failed" not in sched.held
+
+
+def test_a_handle_polled_done_or_waited_on_frees_its_name():
+    for wait in (lambda f: f.done(), lambda f: f.result()):
+        sched = scheduler.Schedule(scheduler._Use())
+        job = scheduler.Job(hold=True)
+        _ran_as_job(sched, job, "h")
+        future = scheduler._Submitted(job)
+        assert not future.done() and "h" in sched.held  # not finished: still held
+        future.set_result(1)
+        wait(future)
+        assert not sched.held
+
+
 def test_decided_entries_take_the_turn_one_at_a_time_in_the_rounds_order():
     sched = scheduler.Schedule(scheduler._Use())
     order, rounds = [], []

@@ -4,6 +4,12 @@ reordered     named asynchronous allreduces submitted in a different order on ev
               are paired by name, not by position
 duplicate     a second pending call with the same name raises ValueError on the rank that
               made it alone; a barrier meanwhile runs; the first call still completes
+back to back  Horovod's duplicate-name test, 30 times: rank 0 starts a named async call
+              alone, then after a barrier each other rank starts the same name twice back
+              to back; the second raises DuplicateNameError every time, also when the peers
+              already waited and the first call finished at once. The name is free again
+              after its handle is waited on, after it is polled done, and after a call with
+              another name ran
 unnamed after duplicate
               after a duplicate-name error on one rank, unnamed calls (automatic names)
               still pair up: the error took no automatic name
@@ -34,6 +40,7 @@ random        a long sequence, the same on every rank, of good calls mixed with 
               ranks it should, and the step after it works on every rank
 Run as: worker.py [case ...] (default: all). Each case reports on its own (case_runner.py).
 """
+import concurrent.futures
 import zlib
 
 import numpy as np
@@ -81,6 +88,39 @@ def case_duplicate():
     if R > 0:
         first = handles.submit(hvd.allreduce, x, op=hvd.Sum, name="dup")
     check("dup", first.wait(), sum(data("dup", r) for r in range(N)))
+
+
+def case_back_to_back():
+    x = data("b2b", R)
+    want = sum(data("b2b", r) for r in range(N))
+    for i in range(30):
+        name = f"b2b.{i}"
+        first = handles.submit(hvd.allreduce, x, op=hvd.Sum, name=name) if R == 0 else None
+        hvd.barrier()
+        if R > 0:
+            first = handles.submit(hvd.allreduce, x, op=hvd.Sum, name=name)
+            if i % 2:  # the race made certain: the first call finished, its handle unpolled
+                concurrent.futures.wait([first._future])
+            try:
+                handles.submit(hvd.allreduce, x, op=hvd.Sum, name=name)
+                failures.append(f"round {i}: a back-to-back {name!r} did not raise")
+            except scheduler.DuplicateNameError:
+                pass
+        check(name, first.wait(), want)
+    # Reuse after the handle was waited on (above), after it was polled done, and after a
+    # call with another name: each goes through.
+    check("after wait", handles.submit(hvd.allreduce, x, op=hvd.Sum, name="b2b.0").wait(), want)
+    polled = handles.submit(hvd.allreduce, x, op=hvd.Sum, name="b2b.poll")
+    while not polled.poll():
+        pass
+    check("after poll", handles.submit(hvd.allreduce, x, op=hvd.Sum, name="b2b.poll").wait(),
+          want)
+    unwaited = handles.submit(hvd.allreduce, x, op=hvd.Sum, name="b2b.other")
+    concurrent.futures.wait([unwaited._future])  # it ran; its handle is not polled
+    check("another name", hvd.allreduce(x, op=hvd.Sum, name="b2b.between"), want)
+    again = handles.submit(hvd.allreduce, x, op=hvd.Sum, name="b2b.other")
+    check("after another name", again.wait(), want)
+    check("the unwaited one", unwaited.wait(), want)
 
 
 def case_unnamed_after_duplicate():
@@ -277,6 +317,7 @@ def case_random():
 
 
 run_cases({"reordered": case_reordered, "duplicate": case_duplicate,
+           "back_to_back": case_back_to_back,
            "unnamed_after_duplicate": case_unnamed_after_duplicate,
            "drifted_counts": case_drifted_counts,
            "different_names": case_different_names, "waited_handles": case_waited_handles,
