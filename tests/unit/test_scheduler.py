@@ -114,15 +114,17 @@ def test_a_job_takes_its_automatic_name_at_submission_and_derives_the_rest():
         scheduler.set_job(None, None)
 
 
-def _ran_as_job(sched, job, given):
-    """Submit ``job``'s call named ``given`` and run it to the end, as the communication
-    thread does (its name reserved at submission, claimed, forgotten after it ran)."""
-    sched.reserve_for(job, given)
+def _ran_as_job(sched, job, calls):
+    """Submit ``job`` and run its ``calls`` (name, ran without error) to the end, as the
+    communication thread does: the first name is reserved at submission and claimed, each
+    call's name is forgotten after it ran."""
+    sched.reserve_for(job, calls[0][0])
     scheduler.set_job(job, None)
     try:
-        owner = object()
-        key = sched.name("allreduce", given, owner)[1]
-        sched.forget(key, owner, ran=True)
+        for given, ran in calls:
+            owner = object()
+            key = sched.name("allreduce", given, owner)[1]
+            sched.forget(key, owner, ran=ran)
     finally:
         scheduler.set_job(None, None)
     job.release()
@@ -133,7 +135,7 @@ def test_a_named_async_call_that_ran_holds_its_name_until_waited_on():
     first call already finished (the peers were waiting for it)."""
     sched = scheduler.Schedule(scheduler._Use())
     job = scheduler.Job(hold=True)
-    _ran_as_job(sched, job, "dup")
+    _ran_as_job(sched, job, [("dup", True)])
     with pytest.raises(scheduler.DuplicateNameError, match="'dup'.*not waited on"):
         sched.reserve_for(scheduler.Job(hold=True), "dup")
     with pytest.raises(scheduler.DuplicateNameError, match="'dup'"):
@@ -146,26 +148,15 @@ def test_a_named_async_call_that_ran_holds_its_name_until_waited_on():
 
 def test_another_call_starting_or_ending_frees_a_held_name_but_the_same_jobs_do_not():
     sched = scheduler.Schedule(scheduler._Use())
-    job = scheduler.Job(hold=True)
-    sched.reserve_for(job, "x")
-    scheduler.set_job(job, None)
-    try:
-        first = object()
-        sched.name("allgather", "x", first)
-        sched.forget("x", first, ran=True)
-        later = object()  # the job's own further (derived) call
-        key = sched.name("allgather", None, later)[1]
-        sched.forget(key, later, ran=True)
-    finally:
-        scheduler.set_job(None, None)
-    job.release()
+    # The job's own further (derived) call does not free its name.
+    _ran_as_job(sched, scheduler.Job(hold=True), [("x", True), (None, True)])
     with pytest.raises(scheduler.DuplicateNameError):
         sched.reserve_for(scheduler.Job(hold=True), "x")
     other = object()
     sched.forget(sched.name("barrier", None, other)[1], other)  # another name: "x" is free
     earlier = object()  # a synchronous call that started before "x" ran, and ends after
     key = sched.name("allreduce", "y", earlier)[1]
-    _ran_as_job(sched, scheduler.Job(hold=True), "x")
+    _ran_as_job(sched, scheduler.Job(hold=True), [("x", True)])
     assert "x" in sched.held
     sched.forget(key, earlier)
     assert not sched.held
@@ -173,27 +164,18 @@ def test_another_call_starting_or_ending_frees_a_held_name_but_the_same_jobs_do_
 
 def test_only_a_named_call_that_ran_of_a_holding_job_holds_its_name():
     sched = scheduler.Schedule(scheduler._Use())
-    _ran_as_job(sched, scheduler.Job(hold=False), "graph")  # a TF graph op's (waited=False)
-    _ran_as_job(sched, scheduler.Job(hold=False), "graph")
-    _ran_as_job(sched, scheduler.Job(hold=True), None)  # automatic names are never reused
+    _ran_as_job(sched, scheduler.Job(hold=False), [("graph", True)])  # a TF graph op's
+    _ran_as_job(sched, scheduler.Job(hold=False), [("graph", True)])
+    _ran_as_job(sched, scheduler.Job(hold=True), [(None, True)])  # automatic names: never reused
+    _ran_as_job(sched, scheduler.Job(hold=True), [("failed", False)])  # it raised
     assert not sched.held
-    job = scheduler.Job(hold=True)
-    sched.reserve_for(job, "failed")
-    scheduler.set_job(job, None)
-    try:
-        owner = object()
-        sched.name("allreduce", "failed", owner)
-        sched.forget("failed", owner, ran=False)  # it raised: nothing to wait for
-    finally:
-        scheduler.set_job(None, None)
-    assert "failed" not in sched.held
 
 
 def test_a_handle_polled_done_or_waited_on_frees_its_name():
     for wait in (lambda f: f.done(), lambda f: f.result()):
         sched = scheduler.Schedule(scheduler._Use())
         job = scheduler.Job(hold=True)
-        _ran_as_job(sched, job, "h")
+        _ran_as_job(sched, job, [("h", True)])
         future = scheduler._Submitted(job)
         assert not future.done() and "h" in sched.held  # not finished: still held
         future.set_result(1)
