@@ -41,6 +41,9 @@ DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's folder for commits on each host (f
 RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
 NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"  # host:port where hvdrun tells the hosts' generation
 GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
+# hvdrun --ulfm: the survivors of a failed rank shrink and go on in their processes.
+ULFM_VARIABLE = "HVD_ULFM"
+MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"  # --min-np: fewer survivors end the life instead
 _SUFFIX = ".commit"
 _ALIGN = 64  # each array of a commit's region starts at a multiple of this many bytes
 # Seconds a rank that ends the job (an uncaught exception) waits for its commits in flight to
@@ -530,6 +533,23 @@ class State(abc.ABC):
             error = None
         except OSError as e:  # the folder is not the job's own: every rank raises it
             number, payload, error = 0, None, f"rank {runtime.rank()}: {e}"
+        self._load_newest(number, payload, error)
+        if int(os.environ.get(RESTART_VARIABLE, "0") or 0) > 0:
+            self.on_reset()
+
+    def resume(self) -> None:
+        """After a shrink (hvdrun --ulfm): load the newest commit that any survivor holds in
+        memory (a rank may have failed between the survivors' commits), then run the reset
+        callbacks. A collective of the survivors."""
+        committed = self._committed
+        payload = None if committed is None else memoryview(b"".join(committed.parts()))
+        self._load_newest(self._commit_number if payload is not None else 0, payload, None)
+        self.on_reset()
+
+    def _load_newest(self, number: int, payload: Optional[memoryview],
+                     error: Optional[str]) -> None:
+        """Every rank loads the newest of the commits the ranks hold (this rank's: commit
+        ``number``, ``payload``; ``error``: why it has none), or :meth:`sync` without one."""
         found = (number, payload.nbytes if payload is not None else 0, error)
         every = ([found] if runtime.size() == 1 else
                  ops.allgather_object(found, name="elastic.commits"))
@@ -550,8 +570,6 @@ class State(abc.ABC):
             self._commit_number = newest
             self.load(self._committed.load())
             log.info("rank %d restored commit %d from rank %d", runtime.rank(), newest, root)
-        if int(os.environ.get(RESTART_VARIABLE, "0") or 0) > 0:
-            self.on_reset()
 
     def leave_for_new_hosts(self) -> None:
         """Commit the state as it is (without checking the hosts), wait until it is written,
@@ -621,16 +639,39 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     Every rank first restores the newest commit that any rank holds (or rank 0's state on
     the first start), runs the reset callbacks after a restart, then calls ``func``. When
     ``func`` raises :class:`HostsUpdatedInterrupt`, the state is committed as it is and the
-    process exits with RESET_EXIT_CODE for hvdrun to restart the job on the new hosts.
+    process exits with RESET_EXIT_CODE for hvdrun to restart the job on the new hosts. Under
+    ``hvdrun --ulfm``, when ``func`` fails because a rank's process failed, the survivors
+    shrink the job to themselves, resume from the newest commit among them and call ``func``
+    again, in the same processes (at least ``--min-np`` of them; fewer end this life).
     """
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         state.recover()
-        try:
-            return func(state, *args, **kwargs)
-        except HostsUpdatedInterrupt:
-            state.leave_for_new_hosts()
+        while True:
+            try:
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:
+                state.leave_for_new_hosts()
+            except Exception as error:
+                if os.environ.get(ULFM_VARIABLE) != "1" or not runtime.lost_peer(error):
+                    raise
+                _shrink(error)
+                state.resume()
     return wrapper
+
+
+def _shrink(error: Exception) -> None:
+    """Shrink the job to the survivors of a failed rank (see :func:`run`); raise
+    :class:`HorovodInternalError` when fewer than ``--min-np`` survive."""
+    before = runtime.size()
+    size = runtime.shrink()
+    least = int(os.environ.get(MIN_NP_VARIABLE, "1") or 1)
+    log.warning("rank %d: %d of %d ranks survived a failed process (%s); going on with them "
+                "in the same processes", runtime.rank(), size, before, error)
+    if size < least:
+        raise HorovodInternalError(
+            f"{before - size} of {before} ranks failed and {size} survive, fewer than "
+            f"--min-np {least}; ending this life of the job") from error
 
 
 class ElasticSampler:

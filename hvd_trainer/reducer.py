@@ -199,7 +199,6 @@ class Reducer:
         self.num_groups = int(num_groups)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
-        self.size = process_set.size()
         self.eager = eager
         # Rank 0's settings, so that every rank lays out the same buckets.
         self.bucket_threshold = runtime.setting("BUCKET_THRESHOLD")
@@ -216,6 +215,11 @@ class Reducer:
         self._lock = threading.Lock()
         self._launched = 0  # steps launched so far
         self.autotuner = self._autotuner() if runtime.setting("AUTOTUNE") else None
+
+    @property
+    def size(self) -> int:
+        """The process set's number of ranks now (hvdrun --ulfm may shrink the job)."""
+        return self.process_set.size()
 
     def _autotuner(self) -> autotune.Autotuner:
         """The autotuner over what can vary here: thresholds only when they lay out the

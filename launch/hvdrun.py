@@ -301,7 +301,7 @@ def kill_processes(processes: Dict[int, bytes]) -> None:
 
 def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             np: int = 0, start_timeout: Optional[float] = None,
-            failure_grace: float = FAILURE_GRACE_SECONDS) -> int:
+            failure_grace: Optional[float] = FAILURE_GRACE_SECONDS) -> int:
     """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
 
     mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
@@ -309,7 +309,8 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     SIGKILLed by the kernel when hvdrun dies (even by SIGKILL), and the ranks' wrappers end
     their ranks when mpiexec goes. With
     ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
-    ``failure_grace`` is how long the other ranks get to report after the first failure.
+    ``failure_grace`` is how long the other ranks get to report after the first failure
+    (None: a failure does not end the job, whose survivors go on: hvdrun --ulfm).
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True, preexec_fn=die_with_parent())
@@ -345,8 +346,8 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
                 kill_at = now
         first = relay.first_report()
         # After a start timeout (the only failure chosen before this) nobody is left to report.
-        if first is not None and not ending and (now >= first + failure_grace
-                                                 or relay.failure is not None):
+        if first is not None and not ending and (relay.failure is not None or (
+                failure_grace is not None and now >= first + failure_grace)):
             relay.settle()
             relay.ending = True
             left.update(launched(process.pid))
@@ -420,7 +421,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         launcher = mpi.find_launcher(args.mpiexec)
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
         if elastic.requested(args):
-            elastic.check(args)
+            elastic.check(args, launcher.flavour)
+        elif args.ulfm:
+            raise ValueError("--ulfm is an elastic-mode flag: give --min-np (and -np) too")
         else:
             # Without hosts every rank runs here, as horovodrun's default localhost:np; inside
             # a Slurm allocation mpiexec puts them on its nodes by itself.

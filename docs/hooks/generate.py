@@ -72,6 +72,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
     "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",
     "HVD_ELASTIC_GENERATION": "the hosts' generation this life started with",
+    "HVD_ULFM": "set by `--ulfm`: the survivors of a killed rank shrink the job and go on",
+    "HVD_ELASTIC_MIN_NP": "`--min-np`, with `--ulfm`: fewer survivors end the life instead",
     "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
     "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
     "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",

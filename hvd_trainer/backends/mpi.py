@@ -352,6 +352,15 @@ class MPICommunicator:
         _live.discard(self)
         self._persistent.clear()
 
+    def shrink(self) -> "MPICommunicator":
+        """The surviving ranks of this communicator after a process failed (MPI's ULFM
+        extensions): it is revoked first, so that the survivors' calls on it fail too and
+        bring every survivor to the shrink, a collective of theirs."""
+        self.comm.Revoke()
+        survivors = self._child(self.comm.Shrink())
+        survivors._aborts = self._aborts
+        return survivors
+
     def free_requests(self) -> None:
         """Free the persistent requests (MPICH complains of any left at MPI_Finalize)."""
         for request in self._persistent:
@@ -375,6 +384,17 @@ def world() -> MPICommunicator:
     COMM_WORLD for each init, so that a round a rank left unfinished at shutdown (see
     :meth:`MPICommunicator.leave`) never meets the next init's collectives."""
     return MPICommunicator(MPI.COMM_WORLD.Dup(), aborts=MPI.COMM_WORLD)
+
+
+# ULFM's error classes: a peer process failed, or a peer revoked the communicator after one
+# did. Absent (never matched) where mpi4py's library lacks the extensions.
+_LOST_PEER = {getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
+                                              "ERR_REVOKED") if hasattr(MPI, name)}
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is MPI's report of a failed peer process (see ``shrink``)."""
+    return isinstance(error, MPI.Exception) and error.Get_error_class() in _LOST_PEER
 
 
 def threads_supported() -> bool:

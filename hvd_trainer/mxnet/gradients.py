@@ -57,14 +57,30 @@ class ReducedGradients:
 
     def step(self, batch_size, ignore_stale_grad=False):
         # Lets _allreduce_grads update bucket by bucket; _update then does the rest.
+        self._follow_size()
         self._step_ignore = ignore_stale_grad
         try:
             super().step(batch_size, ignore_stale_grad)
         finally:
             self._step_ignore = None
 
+    def update(self, batch_size, ignore_stale_grad=False):
+        self._follow_size()
+        super().update(batch_size, ignore_stale_grad)
+
+    def _follow_size(self) -> None:
+        """Average over the process set's ranks now: a job that hvdrun --ulfm shrank
+        averages over its survivors. Gluon reads ``_scale`` before it reduces."""
+        size = self._process_set.size() if self._member else 1
+        if size != self._size:
+            predivide = self._reducer.predivide
+            self._scale *= (((predivide if size > 1 else 1.0) / size)
+                            / ((predivide if self._size > 1 else 1.0) / self._size))
+            self._size = size
+
     @raises_mxnet_errors
     def _allreduce_grads(self):
+        self._follow_size()
         if self._size == 1 and len(self._contexts) == 1:
             return
         if not self._member:

@@ -61,6 +61,11 @@ class ReducedGradients:
     """The methods of DistributedOptimizer that reduce the gradients (it sets up the
     attributes they use, then calls :meth:`_set_up_reduction` on members of the set)."""
 
+    def _postscale(self) -> float:
+        """What reduced gradients are multiplied by: f/size for Average, else 1."""
+        factor = self._average_factor
+        return 1.0 if factor is None else factor / self._reducer.process_set.size()
+
     def _set_up_reduction(self, compression: Any, op: Any, gradient_predivide_factor: float,
                           num_groups: int, sparse_as_dense: bool,
                           process_set: ProcessSet) -> None:
@@ -80,9 +85,9 @@ class ReducedGradients:
         self._stream = torch.cuda.Stream(self._params[gpu[0]].device) if gpu else None
         self._produced = {k: torch.cuda.Event() for k in gpu}
         self._reduced: Dict[int, Any] = {}
-        size = process_set.size()
-        # The reducer sums with 1/f before; Average multiplies by f/size after.
-        self._postscale = gradient_predivide_factor / size if op == Average else 1.0
+        # The reducer sums with 1/f before; Average multiplies by f/size after (the size at
+        # each step: a job that hvdrun --ulfm shrank averages over its survivors).
+        self._average_factor = gradient_predivide_factor if op == Average else None
         self._reducer = Reducer(prefix="DistributedOptimizer.",
                                 compression=_core_compressor(compression),
                                 gradient_predivide_factor=gradient_predivide_factor,
@@ -222,8 +227,9 @@ class ReducedGradients:
             if kind != DENSE:
                 ids, rows = results[k]
                 rows = bridge.adopt(rows)
-                if self._postscale != 1.0:
-                    rows.mul_(self._postscale)
+                scale = self._postscale()
+                if scale != 1.0:
+                    rows.mul_(scale)
                 p.grad = torch_sparse.from_rows(ids, rows, p.shape)
                 continue
             view = self._views.get(k)
@@ -234,8 +240,9 @@ class ReducedGradients:
             result = results[k]
             if p.grad is None or result.ctypes.data != p.grad.data_ptr():
                 p.grad = bridge.adopt(result)
-            if self._postscale != 1.0:
-                p.grad.mul_(self._postscale)
+            scale = self._postscale()
+            if scale != 1.0:
+                p.grad.mul_(scale)
         for k, sparse_dim in self._densified.items():
             # Horovod's sparse_as_dense hands the reduced gradient back sparse, so optimizers
             # that take only sparse gradients (SparseAdam) still step; rows that sum to zero
@@ -249,8 +256,9 @@ class ReducedGradients:
         flat = self._flats[bucket.number]
         if bucket.number in self._reduced:
             torch.cuda.current_stream(flat.device).wait_event(self._reduced[bucket.number])
-        if self._postscale != 1.0:
-            flat.mul_(self._postscale)
+        scale = self._postscale()
+        if scale != 1.0:
+            flat.mul_(scale)
 
 
 def _gradient(k: int, p: torch.Tensor) -> Gradient:

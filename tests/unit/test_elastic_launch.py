@@ -8,7 +8,7 @@ import pytest
 
 from hvd_trainer import elastic as core
 from hvd_trainer import files
-from hvd_trainer_launch import elastic, hvdrun
+from hvd_trainer_launch import elastic, flags, hvdrun, mpi
 
 
 def test_discovery_lines_take_slots_per_host_when_they_give_none():
@@ -75,12 +75,21 @@ def parse(*argv):
     (["--min-np", "1", "--blacklist-cooldown-range", "5", "2"], "0 <= MIN <= MAX"),
     (["--min-np", "1", "--elastic-timeout", "0"], "--elastic-timeout must be > 0"),
     (["--min-np", "1", "--reset-limit", "-1"], "--reset-limit must be >= 0"),
+    (["--min-np", "2", "--ulfm"], "--ulfm needs Open MPI 5's mpirun .* MPICH"),
 ])
 def test_bad_elastic_flags_are_named(argv, message):
     args = parse(*argv)
     assert elastic.requested(args)
     with pytest.raises(ValueError, match=message):
-        elastic.check(args)
+        elastic.check(args, mpi.HYDRA)
+
+
+def test_ulfm_asks_open_mpi_for_its_fault_tolerance():
+    args = parse("--min-np", "2", "--ulfm")
+    elastic.check(args, mpi.OPENMPI)
+    assert flags.launcher_arguments(args, mpi.OPENMPI)[-5:] == [
+        "--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
+    assert "--with-ft" not in flags.launcher_arguments(parse("--min-np", "2"), mpi.OPENMPI)
 
 
 def test_plain_flags_are_not_elastic():

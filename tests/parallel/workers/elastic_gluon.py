@@ -4,9 +4,11 @@ rewriting the hosts file to one slot fewer (its slot goes with it).
 
 Usage: elastic_gluon.py HOSTS_FILE RESULT_FILE [--2bit] [--no-kill] [--keep-slot]: with
 --2bit the trainer compresses gradients with MXNet's 2-bit compression (error feedback);
---no-kill runs without the kill; --keep-slot leaves the hosts file alone. Rank 0 prints ``LIFE size=S step=K`` at each
-start and ``COMMITTED step=K`` after each commit; at the end it writes the final weights and
-the history of global batches (epoch, size, every rank's indices) to RESULT_FILE as JSON.
+--no-kill runs without the kill; --keep-slot leaves the hosts file alone (as under hvdrun
+--ulfm, where the survivors go on in their processes: the kill comes only while 3 ranks run).
+Rank 0 prints ``LIFE size=S step=K pid=P`` at each start (each call of the training
+function) and ``COMMITTED step=K`` after each commit; at the end it writes the final weights
+and the history of global batches (epoch, size, every rank's indices) to RESULT_FILE as JSON.
 """
 import json
 import os
@@ -26,10 +28,10 @@ X, Y = data()
 @hvd.elastic.run
 def train(state):
     if hvd.rank() == 0:
-        print(f"LIFE size={hvd.size()} step={state.step}", flush=True)
+        print(f"LIFE size={hvd.size()} step={state.step} pid={os.getpid()}", flush=True)
     while state.epoch < EPOCHS:
         for position, batch in enumerate(state.sampler):
-            if (os.environ["HVD_ELASTIC_RESTART"] == "0" and hvd.rank() == 1
+            if (os.environ["HVD_ELASTIC_RESTART"] == "0" and hvd.rank() == 1 and hvd.size() == 3
                     and state.step == KILL_AT_STEP and "--no-kill" not in options):
                 if "--keep-slot" not in options:
                     with open(hosts_file, "w") as f:

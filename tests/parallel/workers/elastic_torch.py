@@ -1,12 +1,14 @@
 """Elastic torch worker: a DistributedOptimizer with TorchState and the torch ElasticSampler
 behind a DataLoader, where the job changes size in the middle of an epoch on its first life.
 
-Usage: elastic_torch.py HOSTS_FILE RESULT_FILE (--kill | --grow). With --kill, rank 1
-rewrites the hosts file to one slot fewer and SIGKILLs itself at step KILL_AT_STEP; with
---grow, rank 0 rewrites it to 3 slots at step GROW_AT_STEP and the ranks commit until the
-host change arrives. Rank 0 prints ``LIFE size=S step=K`` at each start and ``COMMITTED
-step=K`` after each commit; at the end it writes the final weights and the history of global
-batches (epoch, size, every rank's indices) to RESULT_FILE as JSON.
+Usage: elastic_torch.py HOSTS_FILE RESULT_FILE (--kill | --grow | --ulfm-kill). With
+--kill, rank 1 rewrites the hosts file to one slot fewer and SIGKILLs itself at step
+KILL_AT_STEP; with --grow, rank 0 rewrites it to 3 slots at step GROW_AT_STEP and the ranks
+commit until the host change arrives; with --ulfm-kill (under hvdrun --ulfm), rank 2
+SIGKILLs itself at step KILL_AT_STEP and the hosts file stays. Rank 0 prints ``LIFE size=S
+step=K pid=P`` at each start (each call of the training function) and ``COMMITTED step=K``
+after each commit; at the end it writes the final weights and the history of global batches
+(epoch, size, every rank's indices) to RESULT_FILE as JSON.
 """
 import json
 import os
@@ -37,11 +39,13 @@ def write_hosts(slots: int) -> None:
 @hvd.elastic.run
 def train(state):
     if hvd.rank() == 0:
-        print(f"LIFE size={hvd.size()} step={state.step}", flush=True)
+        print(f"LIFE size={hvd.size()} step={state.step} pid={os.getpid()}", flush=True)
     while state.epoch < EPOCHS:
         for position, (x, y) in enumerate(loader):
             if first_life() and mode == "--kill" and hvd.rank() == 1 and state.step == KILL_AT_STEP:
                 write_hosts(hvd.size() - 1)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "--ulfm-kill" and hvd.rank() == 2 and state.step == KILL_AT_STEP:
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = state.sampler.get_indices(position, BATCH)
             assert torch.equal(x, X[batch]), (position, batch)  # the DataLoader's own batch

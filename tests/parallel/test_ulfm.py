@@ -1,0 +1,55 @@
+"""hvdrun --ulfm (Open MPI 5's fault-tolerance extensions): when a rank is killed, the
+others shrink the job to themselves and go on in their own processes, from the newest
+commit among them.
+
+The final weights are checked against a single-process replay (torch, Gluon) of the same
+global batches with the same world sizes, and each epoch's processed samples against
+range(num_samples). Runs under Open MPI only (the CI's Open MPI pass); MPICH has no ULFM.
+"""
+import json
+import re
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from runner import run_ranks
+from test_elastic import assert_each_sample_once_per_epoch, discovery, lives, reference_weights
+from test_torch_elastic import check_result
+
+pytestmark = pytest.mark.skipif("Open MPI" not in MPI.Get_library_version(),
+                                reason="ULFM needs Open MPI 5 (this mpi4py runs on another MPI)")
+
+
+def run_killed(tmp_path, worker, args):
+    """``worker`` on 3 ranks under hvdrun --ulfm, where a rank SIGKILLs itself at step 10:
+    the job's output, after checking that the survivors went on in their processes."""
+    script = discovery(tmp_path, "localhost:3")
+    proc = run_ranks(worker, 3, [str(tmp_path / "hosts"), str(tmp_path / "out.json"), *args],
+                     hvdrun_args=["--min-np", "2", "--max-np", "3", "--ulfm",
+                                  "--host-discovery-script", script], timeout=240)
+    output = proc.stdout + proc.stderr
+    assert "under --ulfm the other ranks go on without it" in proc.stderr, output[-4000:]
+    assert "restart" not in proc.stderr, output[-4000:]  # no new life: the same processes
+    # Killed at step 10, after committing step 8: the survivors resume at step 8 on 2 ranks,
+    # rank 0 in the process it started in.
+    assert lives(proc.stdout) == [(3, 0), (2, 8)], output[-4000:]
+    pids = re.findall(r"LIFE size=\d+ step=\d+ pid=(\d+)", proc.stdout)
+    assert len(pids) == 2 and len(set(pids)) == 1, pids
+    return proc
+
+
+def test_torch_survivors_of_a_killed_rank_go_on_in_their_processes(tmp_path):
+    run_killed(tmp_path, "elastic_torch.py", ["--ulfm-kill"])
+    check_result(tmp_path / "out.json", [3] * 8 + [2] * 6)
+
+
+def test_gluon_survivors_of_a_killed_rank_go_on_in_their_processes(tmp_path):
+    from elastic_model import EPOCHS, NUM_SAMPLES
+    run_killed(tmp_path, "elastic_gluon.py", ["--keep-slot"])
+    result = json.loads((tmp_path / "out.json").read_text())
+    history = result["history"]
+    assert [size for _, size, _ in history] == [3] * 8 + [2] * 6
+    assert_each_sample_once_per_epoch(history, NUM_SAMPLES, EPOCHS)
+    for got, want in zip(result["weights"], reference_weights(history)):
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-6)
