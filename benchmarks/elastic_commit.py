@@ -5,6 +5,7 @@ Run:  python benchmarks/elastic_commit.py [--framework mxnet|torch|both] [--roun
       python benchmarks/elastic_commit.py --against REV [--framework ...] [--rounds 3]
       python benchmarks/elastic_commit.py --framework tensorflow   (TensorFlow's environment)
       python benchmarks/elastic_commit.py --ulfm "$(which mpirun)"   (Open MPI's environment)
+      python benchmarks/elastic_commit.py --in-place [--framework ...]   (Open MPI's environment)
 
 Commit: 2 ranks under elastic hvdrun (commits in /dev/shm), a GluonState of one Dense layer
 (torch: a TorchState of one Linear layer and a DistributedOptimizer; tensorflow: a
@@ -38,6 +39,12 @@ hvd_trainer. 3 ranks under ``mpirun --with-ft ulfm`` allreduce 1 MiB in a loop; 
 writes the time and SIGKILLs itself. Times from the death, per survivor: its allreduce fails
 (MPI_ERR_PROC_FAILED, or MPI_ERR_REVOKED once a peer revoked), ``Comm.Revoke`` +
 ``Comm.Shrink`` return a world of 2, ``Comm.Agree`` returns, and an allreduce on it is done.
+
+In place (``--in-place``, Open MPI's environment; only this part runs): the recovery above
+on 3 ranks, rank 2 SIGKILLed, ``--rounds`` times each way, alternating: under plain elastic
+hvdrun (every rank restarts, on the 3 slots) and under ``hvdrun --ulfm`` (the 2 survivors
+shrink the job and go on in their processes). Times from the death until the training
+function runs again with the commit restored, and until the first step after it is done.
 """
 import argparse
 import json
@@ -204,17 +211,20 @@ def recovery_worker(framework: str, folder: str) -> None:
     state, step, _ = STATES[framework](0, "", step=0)
     marks["model"] = time.time()
 
+    started_with = hvd.size()
+
     @elastic.run
     def train(state):
         marks["restored"] = time.time()
+        recovered = life != "0" or hvd.size() < started_with  # restarted, or shrunk
         while state.step < 200:
-            if life == "0" and hvd.rank() == 1 and state.step == 10:
+            if not recovered and hvd.rank() == hvd.size() - 1 and state.step == 10:
                 with open(os.path.join(folder, "death"), "w") as f:
                     f.write(repr(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
             step()
             state.step += 1
-            if life != "0":
+            if recovered:
                 marks["first_step"] = time.time()
                 if hvd.rank() == 0:
                     with open(os.path.join(folder, "marks"), "w") as f:
@@ -284,11 +294,11 @@ def ulfm_table(mpirun: str, rounds: int) -> None:
     print()
 
 
-def run_hvdrun(worker_args, **variables: str) -> str:
-    """Run the worker on 2 elastic ranks (with these extra environment variables); return
-    its output."""
-    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--min-np", "2",
-           "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
+def run_hvdrun(worker_args, np: int = 2, flags=(), **variables: str) -> str:
+    """Run the worker on ``np`` elastic ranks (at least 2; with these further hvdrun
+    ``flags`` and environment variables); return its output."""
+    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(np), "--min-np", "2",
+           *flags, "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
@@ -381,6 +391,34 @@ def recovery_table(framework: str, rounds: int) -> None:
     print()
 
 
+def in_place_table(framework: str, rounds: int) -> None:
+    kind = KINDS[framework]
+    print(header(f"Elastic recovery, {kind}, 3 ranks, rank 2 SIGKILLed: restart (on 3) "
+                 "against hvdrun --ulfm (2 survivors go on)",
+                 f"load average {os.getloadavg()[0]:.1f} at the start"))
+    seconds = {"restart": [], "in place": []}
+    for _ in range(rounds):
+        for way, flags in (("restart", ()), ("in place", ("--ulfm",))):
+            with tempfile.TemporaryDirectory() as folder:
+                run_hvdrun(["--framework", framework, "--worker", "recover", folder], np=3,
+                           flags=flags)
+                with open(os.path.join(folder, "death")) as f:
+                    death = float(f.read())
+                with open(os.path.join(folder, "marks")) as f:
+                    marks = json.load(f)
+            seconds[way].append((marks["restored"] - death, marks["first_step"] - death))
+    print("| seconds after the kill, until | restart | in place | in place / restart |")
+    print("|---|---|---|---|")
+    for column, what in ((0, "the training function runs again, commit restored"),
+                         (1, "first step done")):
+        best = {way: min(times[column] for times in seconds[way]) for way in seconds}
+        print(f"| {what} (best of {rounds}) | {best['restart']:.2f} | {best['in place']:.3f} "
+              f"| {best['in place'] / best['restart']:.3f} |")
+    for way, times in seconds.items():
+        print(f"\n{way}, each round: " + ", ".join(f"{a:.3f} / {b:.3f}" for a, b in times))
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -388,6 +426,8 @@ def main() -> None:
                         help="both: mxnet and torch")
     parser.add_argument("--ulfm", metavar="MPIRUN",
                         help="time ULFM's shrink under this Open MPI mpirun instead")
+    parser.add_argument("--in-place", action="store_true",
+                        help="time recovery under hvdrun --ulfm against a restart instead")
     parser.add_argument("--against", metavar="REV",
                         help="compare the commit with that of commit REV's hvd_trainer instead")
     parser.add_argument("--worker", nargs="*")
@@ -404,6 +444,10 @@ def main() -> None:
         ulfm_table(options.ulfm, options.rounds)
         return
     frameworks = ["mxnet", "torch"] if options.framework == "both" else [options.framework]
+    if options.in_place:
+        for framework in frameworks:
+            in_place_table(framework, options.rounds)
+        return
     if options.against:
         for framework in frameworks:
             against_table(framework, options.against, options.rounds)

@@ -307,10 +307,7 @@ def launcher_arguments(args: argparse.Namespace, flavour: str) -> List[str]:
         if args.nics:
             arguments += ["--mca", "btl_tcp_if_include", ",".join(args.nics)]
         if getattr(args, "ulfm", False):
-            # The in-band detector: a rank runs under hvdrun's wrapper, whose exit PRRTE does
-            # not report as the failure of the MPI process, so without heartbeats the others
-            # wait for the dead rank until the stall shutdown.
-            arguments += ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
+            arguments += ["--with-ft", "ulfm"]
     elif args.nics and len(args.nics) == 1:
         arguments += ["-iface", args.nics[0]]
     return arguments + _split("--mpi-args", args.mpi_args)

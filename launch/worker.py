@@ -38,6 +38,8 @@ TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
 # non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills the relay mid-traceback.
 WORKER_VARIABLE = "HVDRUN_WORKER"
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# Set (to 1) by hvdrun --ulfm: the other ranks go on without a rank that a signal killed.
+ULFM_VARIABLE = "HVD_ULFM"
 # Set by hvdrun: the nodes in rank order with the number of ranks on each, as JSON
 # [[host, ranks], ...], from which each rank's Horovod variables follow.
 HOSTS_VARIABLE = "HVDRUN_HOSTS"
@@ -369,6 +371,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         _wait_relay(relay)
     if code:
         _write_all(2, marker)
+    if returncode < 0 and os.environ.get(ULFM_VARIABLE) == "1":
+        # Die as the rank died: Open MPI's runtime tells the other ranks at once of a process
+        # it started that a signal killed (ULFM), while a wrapper's exit code ends the job.
+        if returncode != -signal.SIGKILL:
+            signal.signal(-returncode, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {-returncode})
+        os.kill(os.getpid(), -returncode)
     return code
 
 

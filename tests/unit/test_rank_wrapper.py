@@ -102,3 +102,21 @@ def test_a_child_that_exits_on_its_own_is_reported_with_its_code():
     found = MARKER.search(err)
     assert found, err
     assert (found[1], found[3], found[4]) == ("137", None, None), found[0]
+
+
+@pytest.mark.parametrize("ulfm", [False, True])
+def test_under_ulfm_the_wrapper_of_a_killed_child_dies_of_the_same_signal(ulfm, monkeypatch):
+    """hvdrun --ulfm: Open MPI tells the other ranks at once of a process it started that a
+    signal killed, and ends the job when one exits with a code; so the wrapper, once it has
+    reported, dies as its child died."""
+    if ulfm:
+        monkeypatch.setenv("HVD_ULFM", "1")
+    wrapper, child = start_wrapper()
+    try:
+        os.kill(child, signal.SIGKILL)
+        _, err = wrapper.communicate(timeout=30)
+    finally:
+        wrapper.kill()
+    found = MARKER.search(err)
+    assert found and (found[1], found[3]) == ("137", " killed"), err
+    assert wrapper.returncode == (-signal.SIGKILL if ulfm else 137)
