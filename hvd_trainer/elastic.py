@@ -642,7 +642,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     process exits with RESET_EXIT_CODE for hvdrun to restart the job on the new hosts. Under
     ``hvdrun --ulfm``, when ``func`` fails because a rank's process failed, the survivors
     shrink the job to themselves, resume from the newest commit among them and call ``func``
-    again, in the same processes (at least ``--min-np`` of them; fewer end this life).
+    again, in the same processes (at least ``--min-np`` of them; fewer end this life, and
+    hvdrun restarts the job).
     """
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
@@ -661,17 +662,21 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _shrink(error: Exception) -> None:
-    """Shrink the job to the survivors of a failed rank (see :func:`run`); raise
-    :class:`HorovodInternalError` when fewer than ``--min-np`` survive."""
+    """Shrink the job to the survivors of a failed rank (see :func:`run`). When fewer than
+    ``--min-np`` survive, exit with RESET_EXIT_CODE instead: hvdrun then restarts the job
+    from the last commit, counting the failed rank's failure, not the survivors' exits."""
     before = runtime.size()
     size = runtime.shrink()
     least = int(os.environ.get(MIN_NP_VARIABLE, "1") or 1)
+    if size < least:
+        log.error("rank %d: %d of %d ranks survived a failed process (%s), fewer than "
+                  "--min-np %d; ending this life of the job for a restart", runtime.rank(),
+                  size, before, error, least)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(RESET_EXIT_CODE)
     log.warning("rank %d: %d of %d ranks survived a failed process (%s); going on with them "
                 "in the same processes", runtime.rank(), size, before, error)
-    if size < least:
-        raise HorovodInternalError(
-            f"{before - size} of {before} ranks failed and {size} survive, fewer than "
-            f"--min-np {least}; ending this life of the job") from error
 
 
 class ElasticSampler:

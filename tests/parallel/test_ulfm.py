@@ -21,13 +21,18 @@ pytestmark = pytest.mark.skipif("Open MPI" not in MPI.Get_library_version(),
                                 reason="ULFM needs Open MPI 5 (this mpi4py runs on another MPI)")
 
 
-def run_killed(tmp_path, worker, args):
-    """``worker`` on 3 ranks under hvdrun --ulfm, where a rank SIGKILLs itself at step 10:
-    the job's output, after checking that the survivors went on in their processes."""
+def ulfm_job(tmp_path, worker, args, min_np=2):
+    """``worker`` on 3 ranks under hvdrun --ulfm, where a rank SIGKILLs itself at step 10."""
     script = discovery(tmp_path, "localhost:3")
-    proc = run_ranks(worker, 3, [str(tmp_path / "hosts"), str(tmp_path / "out.json"), *args],
-                     hvdrun_args=["--min-np", "2", "--max-np", "3", "--ulfm",
+    return run_ranks(worker, 3, [str(tmp_path / "hosts"), str(tmp_path / "out.json"), *args],
+                     hvdrun_args=["--min-np", str(min_np), "--max-np", "3", "--ulfm",
                                   "--host-discovery-script", script], timeout=240)
+
+
+def run_killed(tmp_path, worker, args):
+    """:func:`ulfm_job`'s output, after checking that the survivors went on in their
+    processes."""
+    proc = ulfm_job(tmp_path, worker, args)
     output = proc.stdout + proc.stderr
     assert "under --ulfm the other ranks go on without it" in proc.stderr, output[-4000:]
     assert "restart" not in proc.stderr, output[-4000:]  # no new life: the same processes
@@ -53,3 +58,12 @@ def test_gluon_survivors_of_a_killed_rank_go_on_in_their_processes(tmp_path):
     assert_each_sample_once_per_epoch(history, NUM_SAMPLES, EPOCHS)
     for got, want in zip(result["weights"], reference_weights(history)):
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fewer_survivors_than_min_np_end_the_life_and_the_job_restarts(tmp_path):
+    proc = ulfm_job(tmp_path, "elastic_torch.py", ["--ulfm-kill"], min_np=3)
+    output = proc.stdout + proc.stderr
+    assert "fewer than --min-np 3; ending this life" in proc.stderr, output[-4000:]
+    # The restart, on the 3 slots, goes on from the last commit, step 8, to the end.
+    assert lives(proc.stdout) == [(3, 0), (3, 8)], output[-4000:]
+    check_result(tmp_path / "out.json", [3] * 12)

@@ -5,7 +5,7 @@ Usage: elastic_torch.py HOSTS_FILE RESULT_FILE (--kill | --grow | --ulfm-kill). 
 --kill, rank 1 rewrites the hosts file to one slot fewer and SIGKILLs itself at step
 KILL_AT_STEP; with --grow, rank 0 rewrites it to 3 slots at step GROW_AT_STEP and the ranks
 commit until the host change arrives; with --ulfm-kill (under hvdrun --ulfm), rank 2
-SIGKILLs itself at step KILL_AT_STEP and the hosts file stays. Rank 0 prints ``LIFE size=S
+SIGKILLs itself at step KILL_AT_STEP of the first life and the hosts file stays. Rank 0 prints ``LIFE size=S
 step=K pid=P`` at each start (each call of the training function) and ``COMMITTED step=K``
 after each commit; at the end it writes the final weights and the history of global batches
 (epoch, size, every rank's indices) to RESULT_FILE as JSON.
@@ -45,7 +45,8 @@ def train(state):
             if first_life() and mode == "--kill" and hvd.rank() == 1 and state.step == KILL_AT_STEP:
                 write_hosts(hvd.size() - 1)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if mode == "--ulfm-kill" and hvd.rank() == 2 and state.step == KILL_AT_STEP:
+            if (first_life() and mode == "--ulfm-kill" and hvd.rank() == 2
+                    and state.step == KILL_AT_STEP):
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = state.sampler.get_indices(position, BATCH)
             assert torch.equal(x, X[batch]), (position, batch)  # the DataLoader's own batch
