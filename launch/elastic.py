@@ -8,7 +8,8 @@ ranks restore their newest commit from their local disks (hvd_trainer.elastic), 
 job's secret. Hosts whose ranks failed in two lives in a row stay out for the blacklist
 cooldown; ``--reset-limit`` bounds the restarts; fewer than ``--min-np`` usable slots for
 ``--elastic-timeout`` seconds ends the job, and so does, at once, a life in which every rank
-failed or a blacklist that holds every discovered host.
+failed or a blacklist that holds every discovered host, and two failed lives in a row with
+no host to blame.
 
 With ``--ulfm`` (Open MPI 5's fault-tolerance extensions), a rank killed by a signal does
 not end the life: the other ranks shrink the job to themselves and go on in their processes
@@ -463,6 +464,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     folders = files.job_folders(job_dir)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
+    unblamed = 0  # failed lives in a row with no host to blame (see below)
     used: List[str] = []  # the hosts that ran ranks, which may hold commits
     previous = {signum: signal.signal(signum, _stop)
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -503,12 +505,22 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             if relay.survived(min_np):
                 _say(f"the job ended on the ranks that survived {relay.ranks(sorted(relay.failed))}")
                 return 0
+            launcher_code = code
             failure = relay.failure
             code = failure.code if failure is not None and failure.code != RESET_EXIT_CODE else 1
             if len(relay.failed) == np:  # as Horovod: nothing suggests another life fares better
                 _say(f"every rank failed in this life ({_codes(relay.failed)}); ending the job")
                 return code
             failed = relay.blamed(layout)
+            # A life can fail with nobody to blame (a rank called MPI_Abort itself, which
+            # kills every wrapper before it reports): no host is ever left out, so without
+            # this count such a job would restart at once, forever.
+            reset = failure is not None and failure.code == RESET_EXIT_CODE  # not a failure
+            unblamed = 0 if failed or reset else unblamed + 1
+            if unblamed == FAILED_LIVES_TO_BLACKLIST:
+                _say(f"{unblamed} lives in a row failed without a rank's own failure to blame "
+                     f"a host for (the launcher's code: {launcher_code}); ending the job")
+                return launcher_code or 1
             unsure = {host_of(layout, rank) for rank in relay.failed}
             restarts += 1
             if args.reset_limit is not None and restarts > args.reset_limit:
