@@ -26,6 +26,7 @@ from ..traffic import CommStats
 from . import bridge
 from . import sparse_weights
 from .errors import raises_mxnet_errors
+from .halves import KERNELS
 from .gradients import ReducedGradients
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named, parameter_list
@@ -151,7 +152,7 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
         self._reducer = Reducer(prefix=self._prefix, compression=self._compression,
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 num_groups=num_groups, sparse_as_dense=sparse_as_dense,
-                                process_set=process_set)
+                                process_set=process_set, kernels=KERNELS)
         # One rank reduces nothing, so there is no predivision to undo.
         self._scale *= (self._reducer.predivide if self._size > 1 else 1.0) / self._size
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}

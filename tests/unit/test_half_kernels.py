@@ -1,13 +1,20 @@
-"""The torch adapter's 16-bit kernels against NumPy's casts and float32 sums (ml_dtypes' for
-bfloat16), bit for bit except NaN payloads, on odd lengths and every kind of value."""
+"""The torch and MXNet adapters' 16-bit kernels against NumPy's casts and float32 sums
+(ml_dtypes' for bfloat16), bit for bit except NaN payloads, on odd lengths (below and above
+the MXNet kernels' NumPy threshold) and every kind of value."""
 import ml_dtypes
 import numpy as np
 import pytest
 
-from hvd_trainer.torch.compression import KERNELS
+from hvd_trainer.mxnet import halves as mxnet_halves
+from hvd_trainer.torch import compression as torch_compression
 
 DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
 LENGTHS = [1, 7, 4097, 100003]
+
+
+@pytest.fixture(params=["torch", "mxnet"])
+def kernels(request):
+    return {"torch": torch_compression.KERNELS, "mxnet": mxnet_halves.KERNELS}[request.param]
 
 
 def values(n, seed, dtype):
@@ -34,46 +41,48 @@ def assert_same(got, want):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_narrow_rounds_to_nearest_even(dtype, n):
+def test_narrow_rounds_to_nearest_even(kernels, dtype, n):
     x = values(n, n, dtype)
     out = np.empty(n, dtype)
-    KERNELS.narrow(x, out)
+    kernels.narrow(x, out)
     assert_same(out, x.astype(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_widen_is_exact(dtype, n):
+def test_widen_is_exact(kernels, dtype, n):
     h = values(n, n + 1, dtype).astype(dtype)
     out = np.empty(n, np.float32)
-    KERNELS.widen(h, out)
+    kernels.widen(h, out)
     assert_same(out, h.astype(np.float32))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_add_rounds_the_float32_sum_once(dtype, n):
+def test_add_rounds_the_float32_sum_once(kernels, dtype, n):
     a = values(n, n + 2, dtype).astype(dtype)
     b = values(n, n + 3, dtype).astype(dtype)
     out = np.empty(n, dtype)
     with np.errstate(all="ignore"):  # inf - inf and overflow, on purpose
         want = (a.astype(np.float32) + b.astype(np.float32)).astype(dtype)
-        KERNELS.add(a, b, out)
+        kernels.add(a, b, out)
         assert_same(out, want)
-        KERNELS.add(a, b, a)  # in place, as the ring sums into its own buffer
+        kernels.add(a, b, a)  # in place, as the ring sums into its own buffer
     assert_same(a, want)
 
 
-def test_read_only_arrays_take_numpys_kernels():
-    x = values(1001, 5, np.float16)
+def test_read_only_arrays_are_read_alike(kernels):
+    """torch cannot share a read-only array (NumPy's kernels take it); MXNet can."""
+    n = 100003
+    x = values(n, 5, np.float16)
     h = x.astype(np.float16)
     x.flags.writeable = h.flags.writeable = False
-    narrowed, widened, summed = np.empty(1001, np.float16), np.empty(1001, np.float32), \
-        np.empty(1001, np.float16)
-    KERNELS.narrow(x, narrowed)
-    KERNELS.widen(h, widened)
+    narrowed, widened, summed = np.empty(n, np.float16), np.empty(n, np.float32), \
+        np.empty(n, np.float16)
+    kernels.narrow(x, narrowed)
+    kernels.widen(h, widened)
     with np.errstate(all="ignore"):
-        KERNELS.add(h, h, summed)
+        kernels.add(h, h, summed)
         want = (h.astype(np.float32) * 2).astype(np.float16)
     assert_same(narrowed, h)
     assert_same(widened, h.astype(np.float32))
