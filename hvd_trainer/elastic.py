@@ -1,7 +1,9 @@
 """Elastic training (horovod.elastic's API): state that survives the loss of a rank.
 
 An MPI world cannot drop a dead process, so recovery restarts the processes: ``hvdrun
---min-np/--max-np`` ends every rank when one fails or the hosts change and starts them again.
+--min-np/--max-np`` ends every rank when one fails or the hosts change and starts them again
+(under ``hvdrun --ulfm``, Open MPI's fault-tolerance extensions let the survivors of a killed
+rank shrink the world and go on in their processes instead: see :func:`run`).
 ``State.commit()`` copies the state into memory that the state keeps for its commits, and a
 background thread writes that copy to a file in each rank's job folder (``HVD_ELASTIC_DIR``,
 set by hvdrun per job, in memory under /dev/shm where the host has it), signed with the
