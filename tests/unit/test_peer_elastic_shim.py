@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from test_peer_harness import _git, harness
+from test_peer_harness import _git, harness, tagged_mirror
 
 
 def test_export_of_an_elastic_scenario_takes_its_training_script_and_helpers(tmp_path):
@@ -16,13 +16,7 @@ def test_export_of_an_elastic_scenario_takes_its_training_script_and_helpers(tmp
              "test/integration/data/elastic_torch_main.py": "import horovod.torch as hvd\n",
              "test/utils/common.py": "temppath = None\n",
              "test/conftest.py": "import sys\n"}
-    for path, text in files.items():
-        (mirror / path).parent.mkdir(parents=True, exist_ok=True)
-        (mirror / path).write_text(text)
-    _git(mirror, "init", "-q")
-    _git(mirror, "add", ".")
-    _git(mirror, "commit", "-q", "-m", "scenarios")
-    _git(mirror, "tag", "v1")
+    tagged_mirror(mirror, files)
     exported = harness.export_suites(str(mirror), "v1", ["test_elastic_torch.py"], str(out))
     assert sorted(exported) == sorted(files)
     _git(mirror, "rm", "-q", "test/integration/data/elastic_torch_main.py")
@@ -38,13 +32,8 @@ def test_elastic_shim_runs_the_horovodrun_line_with_hvdrun_and_raises_on_failure
     the message the suites match when it fails, and the mirror's reset-limit message when
     hvdrun says --reset-limit ended it."""
     mirror = tmp_path / "mirror"
-    constants = mirror / "horovod/runner/elastic/constants.py"
-    constants.parent.mkdir(parents=True)
-    constants.write_text("RESET_LIMIT_EXCEEDED_MESSAGE = 'over the limit of {} resets'\n")
-    _git(mirror, "init", "-q")
-    _git(mirror, "add", ".")
-    _git(mirror, "commit", "-q", "-m", "constants")
-    _git(mirror, "tag", "v1")
+    tagged_mirror(mirror, {"horovod/runner/elastic/constants.py":
+                           "RESET_LIMIT_EXCEEDED_MESSAGE = 'over the limit of {} resets'\n"})
     shim = tmp_path / "shim"
     harness.write_shim(str(shim))
     harness.export_horovod_modules(str(mirror), "v1", str(shim))
