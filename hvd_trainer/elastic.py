@@ -392,6 +392,22 @@ class _CommitStore:
         return self._failures.pop(0) if self._failures else None
 
 
+class _HostMessages:
+    """Whether hvdrun has told of other hosts, under the private name and method of
+    horovod.elastic's State (``state._host_messages.empty()``, a queue of the driver's
+    notices there), which Horovod's own elastic test scripts poll on rank 0 while they wait
+    for a host change. A notice found here raises HostsUpdatedInterrupt at the next
+    ``commit()``."""
+
+    def __init__(self, state: "State"):
+        self._state = state
+
+    def empty(self) -> bool:
+        """False once hvdrun tells of other hosts than this life started with (rank 0 asks it
+        and waits for the answer)."""
+        return not self._state._notice_pending()
+
+
 class State(abc.ABC):
     """State to keep across a reset of the job (horovod.elastic's State).
 
@@ -408,6 +424,7 @@ class State(abc.ABC):
         self._commit_number = 0
         self._committed: Optional[_Commit] = None
         self._asking: Optional[concurrent.futures.Future] = None  # rank 0's question to hvdrun
+        self._host_messages = _HostMessages(self)
         # Two buffers for the arrays of commits, used in turn and kept across commits: one
         # holds the last commit (for restore()) while the next is copied into the other.
         self._buffers: List[Tuple[np.ndarray, Optional[concurrent.futures.Future]]] = \
@@ -452,6 +469,18 @@ class State(abc.ABC):
             self._check(self._answered())
         finally:
             self._write_taken()
+
+    def _notice_pending(self) -> bool:
+        """Ask hvdrun now (or wait for the question under way) whether the hosts changed; a
+        yes stays as the answer that the next commit() takes."""
+        if not self._notices.address:
+            return False
+        if self._asking is None:
+            self._asking = self._notices.ask()
+        if self._asking.result():
+            return True
+        self._asking = None
+        return False
 
     def _answered(self) -> bool:
         """Whether hvdrun's answer to rank 0's question has come and tells of other hosts

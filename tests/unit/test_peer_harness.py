@@ -77,19 +77,24 @@ def _git(cwd, *args):
                    check=True, capture_output=True)
 
 
+def tagged_mirror(mirror, files, tag="v1"):
+    """A git repository at ``mirror`` holding ``files`` (path: text), tagged ``tag``."""
+    for path, text in files.items():
+        (mirror / path).parent.mkdir(parents=True, exist_ok=True)
+        (mirror / path).write_text(text)
+    _git(mirror, "init", "-q")
+    _git(mirror, "add", ".")
+    _git(mirror, "commit", "-q", "-m", "files")
+    _git(mirror, "tag", tag)
+
+
 def test_export_takes_the_suite_and_the_helpers_it_imports_by_bare_name(tmp_path):
     mirror, out = tmp_path / "mirror", tmp_path / "out"
     files = {"test/parallel/test_a.py": "import os\nfrom base_a import *\n",
              "test/parallel/base_a.py": "import sys\n    from common import helper\n",
              "test/utils/common.py": "helper = 1\n",
              "test/parallel/base_b.py": "unused = 1\n"}
-    for path, text in files.items():
-        (mirror / path).parent.mkdir(parents=True, exist_ok=True)
-        (mirror / path).write_text(text)
-    _git(mirror, "init", "-q")
-    _git(mirror, "add", ".")
-    _git(mirror, "commit", "-q", "-m", "suites")
-    _git(mirror, "tag", "v1")
+    tagged_mirror(mirror, files)
     (mirror / "test/utils/common.py").write_text("helper = 2\n")  # not in the tag's tree
 
     exported = harness.export_suites(str(mirror), "v1", ["test_a.py"], str(out))
