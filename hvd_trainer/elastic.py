@@ -699,6 +699,7 @@ def _shrink(error: Exception) -> None:
     before = runtime.size()
     size = runtime.shrink()
     least = int(os.environ.get(MIN_NP_VARIABLE, "1") or 1)
+    error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if size < least:
         log.error("rank %d: %d of %d ranks survived a failed process (%s), fewer than "
                   "--min-np %d; ending this life of the job for a restart", runtime.rank(),

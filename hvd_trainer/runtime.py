@@ -344,7 +344,8 @@ def _start(world: Communicator, backend: str) -> None:
 
 def lost_peer(error: BaseException) -> bool:
     """Whether ``error``, or an error it was raised from or during, is MPI's report that a
-    peer process failed (ULFM; see :func:`shrink`)."""
+    peer process failed (ULFM; see :func:`shrink`), or MPI knows of a failed process of the
+    world: a framework may have turned MPI's error into its own (TensorFlow's graphs do)."""
     if _state is None or _state.backend != "mpi":
         return False
     from .backends import mpi
@@ -355,7 +356,7 @@ def lost_peer(error: BaseException) -> bool:
             return True
         seen.add(id(found))
         found = found.__cause__ or found.__context__
-    return False
+    return _state.world.failed_peers() > 0
 
 
 def shrink() -> int:

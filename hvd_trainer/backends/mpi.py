@@ -352,6 +352,18 @@ class MPICommunicator:
         _live.discard(self)
         self._persistent.clear()
 
+    def failed_peers(self) -> int:
+        """How many of this communicator's processes MPI knows to have failed (ULFM; 0 where
+        the library tracks no failures). Local: it asks, and waits for nobody."""
+        try:
+            group = self.comm.Get_failed()
+        except (NotImplementedError, MPI.Exception):
+            return 0
+        try:
+            return group.Get_size()
+        finally:
+            group.Free()
+
     def shrink(self) -> "MPICommunicator":
         """The surviving ranks of this communicator after a process failed (MPI's ULFM
         extensions): it is revoked first, so that the survivors' calls on it fail too and

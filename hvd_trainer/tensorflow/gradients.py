@@ -85,7 +85,6 @@ class Reduction:
         shapes, dtypes = zip(*(_described(g, v, i)
                                for i, (g, v) in enumerate(zip(grads, variables))))
         reducer = self._reducer(list(shapes), list(dtypes))
-        postscale = self.predivide / self.process_set.size() if self.op == Average else 1.0
         inputs: List[tf.Tensor] = []
         static: List[Any] = []  # the outputs' shapes as far as known before the reduction
         for g in grads:
@@ -109,6 +108,9 @@ class Reduction:
                 else:
                     values.append(arrays[at])
                     at += 1
+            # The set's size when the reduction runs, not when a graph was traced: a job that
+            # hvdrun --ulfm shrank averages over its survivors.
+            postscale = self.predivide / self.process_set.size() if self.op == Average else 1.0
             return reducer.reduce(values, postscale)
 
         work = raises_tensorflow_errors(work)

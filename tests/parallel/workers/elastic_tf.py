@@ -3,8 +3,9 @@ DistributedGradientTape, kept in TensorFlowKerasState with the core's ElasticSam
 first life rank 1 rewrites the hosts file to one slot fewer and SIGKILLs itself at step
 KILL_AT_STEP, in the middle of an epoch.
 
-Usage: elastic_tf.py HOSTS_FILE RESULT_FILE. Rank 0 prints ``LIFE size=S step=K`` at each
-start and ``COMMITTED step=K`` after each commit; at the end it writes the final weights and
+Usage: elastic_tf.py HOSTS_FILE RESULT_FILE [--keep-slot]: --keep-slot leaves the hosts
+file alone (as under hvdrun --ulfm, where the survivors go on in their processes: the kill
+comes only while 3 ranks run). Rank 0 prints ``LIFE size=S step=K pid=P`` at each start and ``COMMITTED step=K`` after each commit; at the end it writes the final weights and
 the history of global batches (epoch, size, every rank's indices) to RESULT_FILE as JSON.
 """
 import json
@@ -21,7 +22,7 @@ from elastic_model import BATCH, EPOCHS, NUM_SAMPLES, data, initial_weights
 from hvd_trainer.elastic import ElasticSampler
 
 COMMIT_EVERY, KILL_AT_STEP = 4, 10
-hosts_file, result_file = sys.argv[1], sys.argv[2]
+hosts_file, result_file, options = sys.argv[1], sys.argv[2], set(sys.argv[3:])
 X, Y = data()
 
 
@@ -42,12 +43,13 @@ def train_step(x, y):
 @hvd.elastic.run
 def train(state):
     if hvd.rank() == 0:
-        print(f"LIFE size={hvd.size()} step={state.step}", flush=True)
+        print(f"LIFE size={hvd.size()} step={state.step} pid={os.getpid()}", flush=True)
     while state.epoch < EPOCHS:
         for position, batch in enumerate(state.sampler):
             if (os.environ["HVD_ELASTIC_RESTART"] == "0" and hvd.rank() == 1
-                    and state.step == KILL_AT_STEP):
-                write_hosts(hvd.size() - 1)
+                    and hvd.size() == 3 and state.step == KILL_AT_STEP):
+                if "--keep-slot" not in options:
+                    write_hosts(hvd.size() - 1)
                 os.kill(os.getpid(), signal.SIGKILL)
             train_step(X[batch], Y[batch])
             state.history.append([state.epoch, hvd.size(),
