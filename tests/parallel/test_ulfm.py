@@ -76,6 +76,18 @@ def test_tensorflow_survivors_of_a_killed_rank_go_on_in_their_processes(tmp_path
     check_replay(tmp_path / "out.json", tf_reference)
 
 
+def test_when_rank_0_is_killed_the_next_survivor_becomes_rank_0(tmp_path):
+    proc = ulfm_job(tmp_path, "elastic_torch.py", ["--ulfm-kill", "0"])
+    output = proc.stdout + proc.stderr
+    assert "rank 0 exited with code 137; under --ulfm the other ranks go on" in proc.stderr, \
+        output[-4000:]
+    assert "restart" not in proc.stderr, output[-4000:]
+    assert lives(proc.stdout) == [(3, 0), (2, 8)], output[-4000:]
+    pids = re.findall(r"LIFE size=\d+ step=\d+ pid=(\d+)", proc.stdout)
+    assert len(set(pids)) == 2, pids  # the old rank 1 prints the second LIFE
+    check_result(tmp_path / "out.json", [3] * 8 + [2] * 6)
+
+
 def test_fewer_survivors_than_min_np_end_the_life_and_the_job_restarts(tmp_path):
     proc = ulfm_job(tmp_path, "elastic_torch.py", ["--ulfm-kill"], min_np=3)
     output = proc.stdout + proc.stderr

@@ -1,14 +1,14 @@
 """Elastic torch worker: a DistributedOptimizer with TorchState and the torch ElasticSampler
 behind a DataLoader, where the job changes size in the middle of an epoch on its first life.
 
-Usage: elastic_torch.py HOSTS_FILE RESULT_FILE (--kill | --grow | --ulfm-kill). With
+Usage: elastic_torch.py HOSTS_FILE RESULT_FILE (--kill | --grow | --ulfm-kill [RANK]). With
 --kill, rank 1 rewrites the hosts file to one slot fewer and SIGKILLs itself at step
 KILL_AT_STEP; with --grow, rank 0 rewrites it to 3 slots at step GROW_AT_STEP and the ranks
-commit until the host change arrives; with --ulfm-kill (under hvdrun --ulfm), rank 2
-SIGKILLs itself at step KILL_AT_STEP of the first life and the hosts file stays. Rank 0 prints ``LIFE size=S
-step=K pid=P`` at each start (each call of the training function) and ``COMMITTED step=K``
-after each commit; at the end it writes the final weights and the history of global batches
-(epoch, size, every rank's indices) to RESULT_FILE as JSON.
+commit until the host change arrives; with --ulfm-kill (under hvdrun --ulfm), RANK (2 by
+default) SIGKILLs itself at step KILL_AT_STEP while 3 ranks run, and the hosts file stays.
+Rank 0 prints ``LIFE size=S step=K pid=P`` at each start (each call of the training
+function) and ``COMMITTED step=K`` after each commit; at the end it writes the final weights
+and the history of global batches (epoch, size, every rank's indices) to RESULT_FILE as JSON.
 """
 import json
 import os
@@ -23,6 +23,7 @@ from elastic_model import BATCH, EPOCHS, data, make_torch_net
 
 COMMIT_EVERY, KILL_AT_STEP, GROW_AT_STEP = 4, 10, 3
 hosts_file, result_file, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+killed = int(sys.argv[4]) if len(sys.argv) > 4 else 2  # --ulfm-kill's rank
 X, Y = (torch.from_numpy(a) for a in data())
 
 
@@ -45,8 +46,8 @@ def train(state):
             if first_life() and mode == "--kill" and hvd.rank() == 1 and state.step == KILL_AT_STEP:
                 write_hosts(hvd.size() - 1)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if (first_life() and mode == "--ulfm-kill" and hvd.rank() == 2
-                    and state.step == KILL_AT_STEP):
+            if (first_life() and mode == "--ulfm-kill" and hvd.size() == 3
+                    and hvd.rank() == killed and state.step == KILL_AT_STEP):
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = state.sampler.get_indices(position, BATCH)
             assert torch.equal(x, X[batch]), (position, batch)  # the DataLoader's own batch
