@@ -699,16 +699,16 @@ def _shrink(error: Exception) -> None:
     before = runtime.size()
     size = runtime.shrink()
     least = int(os.environ.get(MIN_NP_VARIABLE, "1") or 1)
-    error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    what = (str(error).strip().splitlines() or [type(error).__name__])[0]  # TF's run long
     if size < least:
         log.error("rank %d: %d of %d ranks survived a failed process (%s), fewer than "
                   "--min-np %d; ending this life of the job for a restart", runtime.rank(),
-                  size, before, error, least)
+                  size, before, what, least)
         sys.stdout.flush()
         sys.stderr.flush()
         sys.exit(RESET_EXIT_CODE)
     log.warning("rank %d: %d of %d ranks survived a failed process (%s); going on with them "
-                "in the same processes", runtime.rank(), size, before, error)
+                "in the same processes", runtime.rank(), size, before, what)
 
 
 class ElasticSampler:

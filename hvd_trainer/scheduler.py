@@ -427,17 +427,16 @@ class Schedule:
         """Release ``key`` if ``owner`` still holds it; with ``give``, also the turn, if the
         calling thread holds it (:meth:`give`), in the same step. ``ran``: the call ran
         without error; a holding job's given name is then held (see the module docstring)."""
-        use = self.use
+        use, job = self.use, running_job()
         with use.cv:
             if self.keys.get(key) is owner:
                 del self.keys[key]
-                job = running_job()
                 claim = job.claims.get(self) if job is not None else None
                 if claim is not None and ran and job.hold and claim[0] == key and not claim[1]:
                     self.held[key] = job
                     job.held.append(self)
             if self.held:
-                self._release_held(key, running_job())
+                self._release_held(key, job)
             if give and use.holder == threading.get_ident():
                 use.depth -= 1
                 if use.depth == 0:

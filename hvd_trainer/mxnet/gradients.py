@@ -64,13 +64,18 @@ class ReducedGradients:
         finally:
             self._step_ignore = None
 
+    def allreduce_grads(self):
+        self._follow_size()
+        super().allreduce_grads()
+
     def update(self, batch_size, ignore_stale_grad=False):
         self._follow_size()
         super().update(batch_size, ignore_stale_grad)
 
     def _follow_size(self) -> None:
         """Average over the process set's ranks now: a job that hvdrun --ulfm shrank
-        averages over its survivors. Gluon reads ``_scale`` before it reduces."""
+        averages over its survivors. Gluon reads ``_scale`` before it reduces, so each
+        public entry (step, allreduce_grads, update) follows first."""
         size = self._process_set.size() if self._member else 1
         if size != self._size:
             predivide = self._reducer.predivide
@@ -80,7 +85,6 @@ class ReducedGradients:
 
     @raises_mxnet_errors
     def _allreduce_grads(self):
-        self._follow_size()
         if self._size == 1 and len(self._contexts) == 1:
             return
         if not self._member:

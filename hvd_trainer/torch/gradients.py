@@ -219,6 +219,7 @@ class ReducedGradients:
             self._left = [self._passes] * len(self._params)
         # A gradient the hooks marked in a bucket is already its view (see _mark).
         keys = (self._loose if every_marked and not relaid else range(len(self._params)))
+        scale = self._postscale()
         for k in keys:
             p = self._params[k]
             kind = self._steps.kinds[k]
@@ -227,7 +228,6 @@ class ReducedGradients:
             if kind != DENSE:
                 ids, rows = results[k]
                 rows = bridge.adopt(rows)
-                scale = self._postscale()
                 if scale != 1.0:
                     rows.mul_(scale)
                 p.grad = torch_sparse.from_rows(ids, rows, p.shape)
@@ -240,7 +240,6 @@ class ReducedGradients:
             result = results[k]
             if p.grad is None or result.ctypes.data != p.grad.data_ptr():
                 p.grad = bridge.adopt(result)
-            scale = self._postscale()
             if scale != 1.0:
                 p.grad.mul_(scale)
         for k, sparse_dim in self._densified.items():
