@@ -80,7 +80,7 @@ def _hvdrun_flags(num_proc: int, given: Dict[str, Any]) -> List[str]:
         if given.get(name) is not None:
             flags += [flag, str(given[name])]
     for name, flag in (("disable_cache", "--disable-cache"), ("verbose", "--verbose"),
-                       ("use_mpi", "--mpi")):
+                       ("use_mpi", "--mpi"), ("horovod", "--horovod")):
         if given.get(name):
             flags.append(flag)
     if given.get("mpi_args"):
@@ -103,7 +103,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         mpi_args: Optional[str] = None, network_interface: Optional[str] = None,
         network_interfaces: Optional[Sequence[str]] = None, executable: Optional[str] = None,
         np: Optional[int] = None, min_np: Optional[int] = None,
-        max_np: Optional[int] = None) -> List[Any]:
+        max_np: Optional[int] = None, *, horovod: bool = False) -> List[Any]:
     """Run ``func(*args, **kwargs)`` on ``num_proc`` ranks started by hvdrun; return the
     results as a list indexed by rank.
 
@@ -111,7 +111,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     ``ssh_identity_file``, ``disable_cache``, ``output_filename``, ``verbose``, ``use_mpi``,
     ``mpi_args`` and ``network_interfaces`` act as hvdrun's flags of those names;
     ``executable`` is the Python that runs ``func`` on the ranks (default: this one). ``np``
-    and ``network_interface`` are deprecated spellings, as in Horovod. The elastic arguments
+    and ``network_interface`` are deprecated spellings, as in Horovod. ``horovod=True`` (ours,
+    keyword-only) is ``hvdrun --horovod``: ``func`` may ``import horovod.torch`` and the other
+    horovod modules, which are hvd_trainer's on the ranks. The elastic arguments
     and ``use_gloo`` raise ValueError naming the argument. An exception in ``func`` on some
     rank raises RuntimeError here naming the rank (the exception itself is its cause when it
     could be pickled); so does a rank that ends without a result. It blocks until the job ends.

@@ -11,6 +11,7 @@ import shlex
 import sys
 from typing import Any, Dict, List, NamedTuple, Tuple
 
+from hvd_trainer_launch import horovod_shim
 from hvd_trainer_launch.mpi import HYDRA, OPENMPI
 from hvd_trainer_launch.worker import TIMESTAMP_VARIABLE
 
@@ -187,6 +188,11 @@ FLAGS: List[Flag] = [
          "hvdrun's own, elastic mode, Open MPI 5: when a rank's process dies, the other ranks "
          "shrink the job to themselves and go on in their processes (MPI's ULFM extensions) "
          "instead of a restart of every rank; fewer than `--min-np` survivors restart as usual"),
+    Flag(("--horovod",), dict(action="store_true"),
+         "hvdrun's own: runs a script written for Horovod with no edit: in the ranks (and the "
+         "processes they start) `import horovod.torch`, `horovod.tensorflow`, "
+         "`horovod.tensorflow.keras`, `horovod.keras`, `horovod.mxnet` and `horovod.run` are "
+         "hvd_trainer's; refused when a real Horovod is importable"),
     Flag(("--mpiexec",), dict(metavar="PATH"),
          "hvdrun's own: the launcher (default `$HVD_MPIEXEC`, else the one of mpi4py's MPI)"),
     Flag(("--no-prefix",), dict(action="store_true"),
@@ -288,6 +294,8 @@ def rank_variables(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
         env["MPI4PY_RC_THREAD_LEVEL"] = "single"
     if args.prefix_output_with_timestamp:
         env[TIMESTAMP_VARIABLE] = "1"
+    if args.horovod:
+        env[horovod_shim.VARIABLE] = "1"
     ssh = _ssh_options(args)
     if ssh and flavour == HYDRA:
         env["HYDRA_LAUNCHER_EXTRA_ARGS"] = env["I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS"] = ssh

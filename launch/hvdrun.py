@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import config_file, flags, mpi
+from hvd_trainer_launch import config_file, flags, horovod_shim, mpi
 from hvd_trainer_launch.worker import EXIT_MARKER, HOSTS_VARIABLE, START_MARKER, die_with_parent
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
@@ -415,6 +415,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 break
     if args.start_timeout is not None and args.start_timeout <= 0:
         parser.error("--start-timeout (or HVD_START_TIMEOUT) must be > 0 seconds")
+    if args.horovod:
+        try:
+            horovod_shim.check()
+        except horovod_shim.RealHorovodError as error:
+            _say(f"error: {error}")
+            return 2
     try:
         hosts = (mpi.parse_hosts(args.hosts) if args.hosts else
                  mpi.read_hostfile(args.hostfile) if args.hostfile else [])

@@ -7,7 +7,8 @@ first rank that failed: it carries the time of the exit, since reports from othe
 late. A start marker on stderr tells hvdrun that the rank has started (for
 ``--start-timeout``), and on which host. From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
 per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
-_HOSTNAME) for the child.
+_HOSTNAME) for the child. Under ``hvdrun --horovod`` it gives the child a horovod shim of
+its own (launch/horovod_shim.py) on PYTHONPATH, and removes it when the child ends.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
@@ -29,6 +30,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hvd_trainer_launch import horovod_shim
 
 EXIT_MARKER = "#hvdrun-exit"
 START_MARKER = "#hvdrun-start"
@@ -322,6 +325,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     env[WORKER_VARIABLE] = "1"
     if HOSTS_VARIABLE in env:
         _write_all(2, _with_horovod_variables(env, rank))
+    try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
+        shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None
+    except (horovod_shim.RealHorovodError, OSError) as error:
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: {error}\n".encode() + exit_marker(rank, 2))
+        return 2
     sys.stdout.flush()
     # The launcher's signals and SIGCHLD wait, blocked, until their handlers below exist: a
     # SIGTERM that came while the child started killed the wrapper without an exit report.
@@ -331,6 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  close_fds=False, preexec_fn=die_with_parent(unblock=handled))
     except OSError as error:
+        horovod_shim.remove(shim)
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
         _write_all(2, message.encode() + exit_marker(rank, code))
@@ -363,6 +372,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
     relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
+    horovod_shim.remove(shim)
     code = returncode if returncode >= 0 else 128 - returncode
     notice_end()
     marker = exit_marker(rank, code, ended=bool(signalled), at=ended[0][0],  # not the drain's time
