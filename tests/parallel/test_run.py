@@ -45,6 +45,14 @@ def test_an_exception_on_one_rank_raises_in_the_caller_naming_the_rank(np_):
     assert "| CAUSE ValueError('rank 1 found a bad batch')" in out
 
 
+def test_horovod_true_gives_the_function_horovod_and_without_it_there_is_none():
+    # 1 + 2 + 3 summed over 3 ranks; hvd_trainer.run is horovod.run inside.
+    assert result(drive("horovod", 3)) == [("0.28.1", True, 6.0)] * 3
+    out = drive("no_horovod", 3)
+    assert "RAISED RuntimeError: hvd_trainer.run: horovod_root raised on rank" in out
+    assert "ModuleNotFoundError: No module named 'horovod'" in out
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_a_rank_that_exits_without_a_result_is_named(np_):
     out = drive("exits", np_)
