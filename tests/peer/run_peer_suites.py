@@ -10,8 +10,10 @@ pytest -v <suite>.py`` (hvdrun finds the harness's shim on PYTHONPATH and uses i
 every rank's results to its own file as they happen, so a job that hangs or dies still says
 which tests passed, failed, or were running at the end.
 
-    python tests/peer/run_peer_suites.py --horovod /work/.mirror/horovod+horovod/repo \
+    python tests/peer/run_peer_suites.py [--horovod MIRROR] \
         --suite test_torch.py --np 2 [--only SUBSTRING] [--alone] [--mpi openmpi]
+
+The mirror defaults to ``$HVD_HOROVOD_MIRROR``, else DEFAULT_MIRROR.
 
 TensorFlow's suites (TF_SUITES) run in the TensorFlow environment: ``--venv .venv-tf
 --suite test_tensorflow.py --suite test_tensorflow2_keras.py``.
@@ -36,6 +38,10 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from hvd_trainer_launch import horovod_shim
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A local git mirror of github.com/horovod/horovod, and the variable that names another.
+MIRROR_VARIABLE = "HVD_HOROVOD_MIRROR"
+DEFAULT_MIRROR = "/work/.mirror/horovod+horovod/repo"
+DEFAULT_TAG = "v0.28.1"
 DEFAULT_SUITES = ("test_torch.py", "test_mxnet1.py", "test_adasum_pytorch.py")
 # TensorFlow needs NumPy 2, MXNet NumPy 1: these run in the [test-tensorflow] environment.
 TF_SUITES = ("test_tensorflow.py", "test_tensorflow2_keras.py")
@@ -436,8 +442,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Export, run and report; exit status 0 only when every job ended cleanly with no
     failing test."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--horovod", required=True, help="a local Horovod git mirror")
-    parser.add_argument("--tag", default="v0.28.1", help="the Horovod tag to read (v0.28.1)")
+    parser.add_argument("--horovod", default=os.environ.get(MIRROR_VARIABLE, DEFAULT_MIRROR),
+                        help=f"a local Horovod git mirror (default ${MIRROR_VARIABLE}, else "
+                             f"{DEFAULT_MIRROR})")
+    parser.add_argument("--tag", default=DEFAULT_TAG,
+                        help=f"the Horovod tag to read ({DEFAULT_TAG})")
     parser.add_argument("--suite", action="append", help="a file of test/parallel, or an "
                         f"elastic scenario of test/integration ({', '.join(ELASTIC_SUITES)}), "
                         f"repeatable (default: {', '.join(DEFAULT_SUITES)}; with --venv "
