@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from . import installs
 from .backends import Communicator
 
 # Variables that MPI launchers and Slurm set in every rank's environment.
@@ -302,8 +303,7 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     except ImportError as e:
         raise RuntimeError(
             "this process was started by an MPI launcher but mpi4py cannot be imported "
-            f"({e}); install it with `pip install mpi4py mpich` (or mpi4py against your "
-            "system MPI)") from e
+            f"({e}); add it with: {installs.MPI4PY.command}") from e
     if comm is None:
         return mpi.world(), "mpi"
     return mpi.MPICommunicator(comm), "mpi"

@@ -79,7 +79,9 @@ FLAGS: List[Flag] = [
          "number of ranks (`mpiexec -n N`); required, except in elastic mode (default: every "
          "usable slot up to `--max-np`)"),
     Flag(("-cb", "--check-build"), dict(action="store_true"),
-         "prints the MPI library, launcher, NCCL/CuPy, MXNet and numpy it would use, and exits"),
+         "prints the MPI library and launcher it would use, the frameworks (MXNet, PyTorch, "
+         "TensorFlow, Keras) and optional pieces (CuPy/NCCL, Spark, Ray, Slurm, sshd) it finds, "
+         "and the command that adds each missing one; exits"),
     Flag(("--disable-cache",), dict(action="store_true"),
          ALREADY + "hvdrun caches no check results; every run finds its launcher afresh"),
     Flag(("--start-timeout",), dict(type=float, metavar="S"),

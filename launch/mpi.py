@@ -43,12 +43,21 @@ class Launcher(NamedTuple):
 
 def flavour_of(path: str) -> Optional[str]:
     """Tell Hydra from Open MPI by what ``path --version`` prints; None if it is neither."""
+    return flavour_in(version_text(path))
+
+
+def version_text(path: str) -> str:
+    """What ``path --version`` prints ('' when it cannot run)."""
     try:
         result = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = result.stdout.decode(errors="replace")
+        return ""
+    return result.stdout.decode(errors="replace")
+
+
+def flavour_in(text: str) -> Optional[str]:
+    """The launcher flavour whose ``--version`` prints ``text``; None if it is neither."""
     if "Open MPI" in text or "OpenRTE" in text:
         return OPENMPI
     if "HYDRA" in text or "Intel(R) MPI" in text or "MPICH" in text:
@@ -92,7 +101,7 @@ def library_flavour(version: Optional[str]) -> Optional[str]:
     return None
 
 
-def _candidate_folders(library_folders: Sequence[str]) -> List[str]:
+def candidate_folders(library_folders: Sequence[str]) -> List[str]:
     """Folders that may hold the launcher: next to libmpi first, then the interpreter's, then PATH."""
     folders = []
     for lib in library_folders:
@@ -126,7 +135,7 @@ def find_launcher(requested: Optional[str] = None) -> Launcher:
     version, library_folders = mpi_library()
     wanted = library_flavour(version)
     others = []
-    for folder in _candidate_folders(library_folders):
+    for folder in candidate_folders(library_folders):
         for name in ("mpiexec", "mpirun"):
             path = os.path.join(folder, name)
             if not (os.path.isfile(path) and os.access(path, os.X_OK)):
