@@ -74,6 +74,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ELASTIC_GENERATION": "the hosts' generation this life started with",
     "HVD_ULFM": "set by `--ulfm`: the survivors of a killed rank shrink the job and go on",
     "HVD_ELASTIC_MIN_NP": "`--min-np`, with `--ulfm`: fewer survivors end the life instead",
+    "HVD_HOROVOD_SHIM": "set by `--horovod`: each rank's wrapper puts a `horovod` shim first "
+                        "on the rank's `PYTHONPATH` ([hvdrun](hvdrun.md#horovod))",
     "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
     "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
     "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",
