@@ -17,7 +17,7 @@ class Piece(NamedTuple):
 
 
 MXNET = Piece("MXNet", 'pip install mxnet==1.9.1 "numpy<1.24" (MXNet 1.9.1 does not import '
-                       "with NumPy 1.24 or later)")
+                       "with NumPy 1.24 or later, so not beside a TensorFlow that needs NumPy 2)")
 PYTORCH = Piece("PyTorch", "pip install torch")
 TENSORFLOW = Piece("TensorFlow", "pip install tensorflow-cpu (tensorflow for GPUs); it needs "
                                  "NumPy 2, so give it an environment without MXNet 1.9.1")
