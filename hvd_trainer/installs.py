@@ -39,11 +39,6 @@ SSHD = Piece("sshd (multi-host jobs)", "apt-get install openssh-server")
 SSH = Piece("ssh (multi-host jobs)", "apt-get install openssh-client")
 
 
-def missing(piece: Piece, why: str = "") -> str:
-    """'<name> is not installed (<why>); add it with: <command>'."""
-    return f"{piece.name} is not installed{f' ({why})' if why else ''}; add it with: {piece.command}"
-
-
 def require(module: str, piece: Piece, user: str) -> ModuleType:
     """Import ``module`` for ``user``; an ImportError that says how to add ``piece`` if it
     cannot be imported."""

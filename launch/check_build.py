@@ -43,11 +43,13 @@ def _module_version(module_name: str) -> Line:
 
 
 def _framework(label: str, module_name: str, piece: installs.Piece) -> Line:
+    """The line of a Python package: its version, or why it is missing and how to add it."""
     found = _module_version(module_name)
     return found._replace(label=label, piece=piece)
 
 
 def _distribution(name: str) -> Optional[str]:
+    """The installed version of distribution ``name`` (read without importing it), or None."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -143,6 +145,7 @@ def _program(label: str, name: str, piece: installs.Piece, version_flag: str = "
 
 
 def _spark() -> List[Line]:
+    """pyspark, and the Java it runs on."""
     return [_framework("pyspark", "pyspark", installs.PYSPARK),
             _program("Java", "java", installs.JAVA, "-version")]
 
