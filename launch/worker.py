@@ -328,7 +328,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
         shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None
     except (horovod_shim.RealHorovodError, OSError) as error:
-        _write_all(2, f"[{rank}]<stderr>:hvdrun: {error}\n".encode() + exit_marker(rank, 2))
+        why = error if isinstance(error, horovod_shim.RealHorovodError) else (
+            f"--horovod: cannot write the rank's horovod shim ({error}); set TMPDIR to a "
+            "writable folder")
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: {why}\n".encode() + exit_marker(rank, 2))
         return 2
     sys.stdout.flush()
     # The launcher's signals and SIGCHLD wait, blocked, until their handlers below exist: a

@@ -76,3 +76,4 @@ def test_the_wrapper_refuses_a_real_horovod_on_its_rank(tmp_path):
     assert proc.returncode == 2 and "RAN" not in proc.stdout
     assert "[1]<stderr>:hvdrun: --horovod: Horovod is installed" in proc.stderr
     assert f"{worker.EXIT_MARKER} rank=1 code=2" in proc.stderr
+
