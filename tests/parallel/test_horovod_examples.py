@@ -36,7 +36,8 @@ class Example(NamedTuple):
     needs: Tuple[Tuple[str, str], ...]  # (module, how to add it)
 
 
-KERAS2 = (("tensorflow", "the [test-tensorflow] environment (.venv-tf), see the README"),
+KERAS2 = (("tensorflow", "this test runs in the [test-tensorflow] environment (.venv-tf), "
+                         "see the README"),
           ("tf_keras", "pip install tf-keras==2.21.0 (Keras 2, which this script is written "
                        "for) in .venv-tf"))
 EXAMPLES = {
