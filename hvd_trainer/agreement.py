@@ -750,8 +750,9 @@ class Call:
 
 def collective(comm: Communicator, kind: str, name: Optional[str]) -> Call:
     """One collective on ``comm``, to run as ``with collective(...) as call:``, which takes
-    ``comm``'s turn and names the call (``kind.noname.N`` per communicator when ``name`` is
-    None; a name that is not a string is an argument error)."""
+    ``comm``'s turn and names the call (``kind.noname.N`` per communicator and thread, see
+    automatic_names.py, when ``name`` is None; a name that is not a string is an argument
+    error)."""
     return Call(comm, kind, name)
 
 

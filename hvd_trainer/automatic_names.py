@@ -67,11 +67,12 @@ class ThreadCounts:
         self.counts[tag] = count + 1
         return f"{_PREFIX}{tag}].{count}"
 
-    def count(self, tag: str) -> int:
-        """How many automatic keys the thread ``tag`` has taken here."""
-        return self.counts.get(tag, 0)
+    def copy(self) -> Dict[str, int]:
+        """Each thread's count, by name."""
+        return dict(self.counts)
 
     def set_count(self, tag: str, count: int) -> None:
+        """Count on from ``count`` on the thread ``tag``."""
         self.counts[tag] = count
 
 

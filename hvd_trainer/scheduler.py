@@ -2,12 +2,12 @@
 
 Every collective on a process set's communicator is an :class:`Entry` in that
 communicator's :class:`Schedule`: its matching key (the name the user gave, or an automatic
-one, see automatic_names.py), its description and its flags. A thread that makes a collective enqueues its
-entry and waits; one waiting thread at a time *drives* a round of agreement (the exchange
-itself is the caller's function, see agreement.py) over the entries pending at that moment,
-and the round decides, identically on every rank, which entries run, in which order, and
-which raise. Then each decided entry's own thread takes the *turn* in that order and runs its
-data phase; the next round waits for the turn to be free.
+one, see automatic_names.py), its description and its flags. A thread that makes a
+collective enqueues its entry and waits; one waiting thread at a time *drives* a round of
+agreement (the exchange itself is the caller's function, see agreement.py) over the entries
+pending at that moment, and the round decides, identically on every rank, which entries
+run, in which order, and which raise. Then each decided entry's own thread takes the *turn*
+in that order and runs its data phase; the next round waits for the turn to be free.
 
 Before a call reaches a schedule, the rank's *order of work* decides when it is made, and on
 which thread; it is one per process, since a rank's program order spans its process sets
@@ -221,6 +221,7 @@ Round = Callable[[List[Entry]], List[Verdict]]
 
 
 Summary = Tuple[str, Dict[str, Any], bool, bool]  # key, description, waited, automatic
+Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
 
 
 class Counts(NamedTuple):
@@ -229,7 +230,6 @@ class Counts(NamedTuple):
 
     shared: int
     threads: Dict[str, int]
-Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
 
 
 def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
@@ -436,7 +436,7 @@ class Schedule:
 
     def counts(self) -> "Counts":
         """This rank's counts of automatic names, for :meth:`align_counts`."""
-        return Counts(self.unnamed, dict(self.threads.counts))
+        return Counts(self.unnamed, self.threads.copy())
 
     def align_counts(self, key: str, every: Sequence["Counts"]) -> None:
         """The calls with automatic key ``key`` here ran together with calls whose counts
