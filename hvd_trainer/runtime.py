@@ -8,6 +8,7 @@ import atexit
 import functools
 import logging
 import math
+import operator
 import os
 import sys
 import threading
@@ -65,7 +66,7 @@ class ProcessSet:
     """
 
     def __init__(self, ranks: Optional[Iterable[int]] = None):
-        self.ranks: Optional[List[int]] = None if ranks is None else sorted(int(r) for r in ranks)
+        self.ranks: Optional[List[int]] = None if ranks is None else _sorted_ranks(ranks)
         self.process_set_id: Optional[int] = None
         self.comm: Optional[Communicator] = None
 
@@ -85,6 +86,18 @@ class ProcessSet:
 
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+def _sorted_ranks(ranks: Iterable[Any]) -> List[Any]:
+    """``ranks`` sorted, as ints; as given if one is no integer (1.0 and True included), which
+    add_process_set then refuses on every rank."""
+    given = list(ranks)
+    if not any(isinstance(r, bool) for r in given):
+        try:
+            return sorted(operator.index(r) for r in given)  # ints, NumPy's integers
+        except TypeError:
+            pass
+    return given
 
 
 global_process_set = ProcessSet()

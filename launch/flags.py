@@ -166,7 +166,8 @@ FLAGS: List[Flag] = [
          "`[0]<stdout>:2026-01-31 12:00:00.123 text`"),
     Flag(("-H", "--hosts"), dict(metavar="HOST:SLOTS,..."), "hosts and slots, e.g. `a:4,b:4`"),
     Flag(("-hostfile", "--hostfile"), dict(metavar="FILE"),
-         "hosts from FILE, one `host slots=N` or `host:N` a line"),
+         "hosts from FILE, one `host slots=N` (Open MPI's `max_slots=M` may follow: accepted, "
+         "not used) or `host:N` a line"),
     Flag(("--mpi",), dict(action="store_true"), ALREADY + "hvdrun always runs on MPI"),
     Flag(("--min-np", "--min-num-proc"), dict(type=int, dest="min_np", metavar="N"),
          "elastic mode: the fewest ranks to train on; with fewer slots the job waits up to "

@@ -584,3 +584,34 @@ def test_inside_a_slurm_allocation_the_horovod_variables_follow_its_nodes(monkey
     command, _, seen = build(monkeypatch, mpi.HYDRA, "-np", "4", env=allocation)
     assert "-hosts" not in command
     assert json.loads(seen["env"][HOSTS_VARIABLE]) == [["n1", 2], ["n2", 2]]
+
+
+@pytest.mark.parametrize("variable", ["HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"])
+def test_a_start_timeout_of_nan_is_refused_naming_the_variable(monkeypatch, capsys, variable):
+    monkeypatch.setattr(mpi, "find_launcher", lambda requested=None: mpi.Launcher("/x/mpiexec", mpi.HYDRA))
+    monkeypatch.delenv("HVD_START_TIMEOUT", raising=False)
+    monkeypatch.setenv(variable, "nan")
+    with pytest.raises(SystemExit) as stop:
+        hvdrun.main(["-np", "2", *PROGRAM])
+    assert stop.value.code == 2
+    assert f"{variable}='nan' is not a number of seconds (nan)" in capsys.readouterr().err
+
+
+def test_open_mpi_hostfile_lines_with_max_slots_are_read(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4 max_slots=8\nnode2 max_slots=2\nnode3:2\nnode4 slots=1\n")
+    assert mpi.read_hostfile(str(hostfile)) == [("node1", 4), ("node2", 1), ("node3", 2),
+                                                ("node4", 1)]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x7fELF\x02\x01\x01\x00\xff\xfe", "is not a text file (byte 8 is not UTF-8)"),
+    (b"node1 slots=2\nnode2 slots=4 max_slots=3\n", "line 2: bad host entry"),
+    (b"node1 cpus=2\n", "line 1: bad host entry 'node1 cpus=2'"),
+])
+def test_a_bad_hostfile_is_refused_naming_the_file(tmp_path, content, message):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(f"hostfile {str(hostfile)!r}")) as found:
+        mpi.read_hostfile(str(hostfile))
+    assert message in str(found.value)
