@@ -145,10 +145,12 @@ def test_the_flag_list_is_horovodrun_0_28_1s_and_hvdrun_knows_every_spelling():
     assert len(HOROVODRUN_0_28_1) == 59 and len(horovod) == 69
     assert horovod <= accepted | REFUSED
     assert not accepted & REFUSED
-    # hvdrun's own additions: its older stall spellings, two launcher options and --ulfm.
+    # hvdrun's own additions: its older stall spellings, two launcher options, --ulfm and
+    # --elastic-allow-fresh-start.
     assert (accepted | REFUSED) - horovod == {"--stall-check-time-seconds",
                                                "--stall-shutdown-time-seconds", "--mpiexec",
-                                               "--no-prefix", "--ulfm"}
+                                               "--no-prefix", "--ulfm",
+                                               "--elastic-allow-fresh-start"}
 
 
 @pytest.mark.parametrize("name, nargs", [spelling for spelling in ALL_SPELLINGS
