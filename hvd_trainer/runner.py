@@ -138,14 +138,19 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
 
     secret = secrets.token_bytes(32)
     folder = tempfile.mkdtemp(prefix="hvd_run.")
+    # hvdrun runs under a guard that ends the job and removes the folder if this process
+    # dies (hvd_trainer_launch.guard): it watches a pipe whose write end only we hold.
+    watched, watching = os.pipe()
     try:
         _write_signed(folder, _FUNCTION, cloudpickle.dumps((func, tuple(args), kwargs or {})),
                       secret)
-        command = [sys.executable, "-m", "hvd_trainer_launch.hvdrun",
+        command = [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), folder,
                    *_hvdrun_flags(num_proc, given), "--",
                    executable or sys.executable, "-m", "hvd_trainer.runner", folder]
         env = dict(os.environ, **{SECRET_VARIABLE: secret.hex()})
-        process = subprocess.Popen(command, env=env)
+        process = subprocess.Popen(command, env=env, pass_fds=(watched,))
+        os.close(watched)
+        watched = -1
         try:
             code = process.wait()
         except BaseException:  # Ctrl-C here: hvdrun ends the job, then we go
@@ -155,6 +160,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
             raise
         return _collect(folder, secret, num_proc, code, getattr(func, "__name__", repr(func)))
     finally:
+        for end in (watched, watching):
+            if end >= 0:
+                os.close(end)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -338,8 +338,9 @@ def init(comm: Any = None) -> None:
 
 def _start(world: Communicator, backend: str) -> None:
     """Start the job on ``world`` (hold ``_lock``)."""
-    global _state
+    global _state, _last_rank
     _state = _State(world, backend)
+    _last_rank = world.rank
     log.debug("rank %d of %d on the %s backend (%s), fusion threshold %d bytes",
               world.rank, world.size, backend, getattr(world, "algorithm", "-"),
               _state.fusion_threshold)
@@ -427,8 +428,12 @@ _hooks: List[bool] = []  # [True] once the hooks below are installed (once per p
 
 
 def _rank_now() -> Any:
-    """This rank's number in the job now (it changes after a shrink), for messages."""
-    return "?" if _state is None else _state.world.rank
+    """This rank's number in the job now (it changes after a shrink), for messages; between
+    a shutdown and the next start (a shrink that failed), the number it had last."""
+    return _last_rank if _state is None else _state.world.rank
+
+
+_last_rank: Any = "?"  # the rank of the last start, for messages once the job is shut down
 
 
 def _install_abort_hook() -> None:

@@ -187,6 +187,10 @@ FLAGS: List[Flag] = [
     Flag(("--blacklist-cooldown-range",), dict(type=float, nargs=2, metavar=("MIN", "MAX")),
          "elastic mode: a host whose ranks failed in two lives in a row stays out for a random "
          "MIN..MAX seconds (default: for the rest of the job)"),
+    Flag(("--elastic-allow-fresh-start",), dict(action="store_true"),
+         "hvdrun's own, elastic mode: a restart that finds no commit, though an earlier life "
+         "wrote one (its folders were removed or lost), trains again from the initial state "
+         "with an error line, instead of ending the job (also `HVD_ELASTIC_ALLOW_FRESH_START=1`)"),
     Flag(("--ulfm",), dict(action="store_true"),
          "hvdrun's own, elastic mode, Open MPI 5: when a rank's process dies, the other ranks "
          "shrink the job to themselves and go on in their processes (MPI's ULFM extensions) "

@@ -161,7 +161,7 @@ def test_a_commit_does_not_wait_for_hvdrun_and_a_later_commit_takes_its_answer(j
         conn, _ = server.accept()
         with conn:
             answer_now.wait(30)
-            if files.answer_notice(conn, SECRET.encode(), 1):
+            if files.answer_notice(conn, SECRET.encode(), 1) is not None:
                 told.set()
 
     threading.Thread(target=hvdrun, daemon=True).start()

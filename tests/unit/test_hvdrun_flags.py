@@ -146,10 +146,11 @@ def test_the_flag_list_is_horovodrun_0_28_1s_and_hvdrun_knows_every_spelling():
     assert horovod <= accepted | REFUSED
     assert not accepted & REFUSED
     # hvdrun's own additions: its older stall spellings, two launcher options, --ulfm and
-    # --horovod.
+    # --horovod, --elastic-allow-fresh-start.
     assert (accepted | REFUSED) - horovod == {"--stall-check-time-seconds",
                                                "--stall-shutdown-time-seconds", "--mpiexec",
-                                               "--no-prefix", "--ulfm", "--horovod"}
+                                               "--no-prefix", "--ulfm", "--horovod",
+                                               "--elastic-allow-fresh-start"}
 
 
 @pytest.mark.parametrize("name, nargs", [spelling for spelling in ALL_SPELLINGS
