@@ -5,6 +5,7 @@ stands for one), and as a user other than root. Each case runs tests/multihost i
 its own; the other tests here check the reason given for each missing daemon and command."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,43 +19,56 @@ OTHER_REASONS = ("ULFM needs Open MPI 5", "not installed here")
 NOBODY = 65534
 
 
-def _wrapper(case):
-    """The command that runs a pytest in ``case``'s conditions, or why it cannot run here."""
-    if case == "container":
-        probe = subprocess.run(["unshare", "--user", "--map-root-user", "true"],
-                               capture_output=True, text=True)
-        if probe.returncode:
-            return None, f"no user namespace here to stand for a container: {probe.stderr.strip()}"
-        return ["unshare", "--user", "--map-root-user"], None
-    if case == "not root" and os.geteuid() == 0:
-        wrapper = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-        probe = subprocess.run([*wrapper, sys.executable, "-c", "import pytest, hvd_trainer"],
-                               capture_output=True, text=True, cwd=HERE)
-        if probe.returncode:
-            return None, ("user nobody cannot run this checkout's Python (make it and its venv "
-                          f"readable by others): {probe.stderr.strip()[-300:]}")
-        return wrapper, None
-    return [], None
+def _user_namespace():
+    """The command that runs a program as root of a user namespace of its own, where root may
+    not make network namespaces (as in a container); skip where there is none."""
+    wrapper = ["unshare", "--user", "--map-root-user"]
+    if shutil.which("unshare") is None:
+        pytest.skip("no `unshare` here (apt-get install util-linux)")
+    probe = subprocess.run([*wrapper, "true"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"no user namespace here to stand for a container: {probe.stderr.strip()}")
+    return wrapper
+
+
+def _nobody():
+    """The command that runs a program as user nobody (from root)."""
+    wrapper = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    if shutil.which("setpriv") is None:
+        pytest.skip("no `setpriv` here (apt-get install util-linux)")
+    probe = subprocess.run([*wrapper, sys.executable, "-c", "import pytest, hvd_trainer"],
+                           capture_output=True, text=True, cwd=HERE)
+    if probe.returncode:
+        pytest.skip("user nobody cannot run this checkout's Python (make it and its venv "
+                    f"readable by others): {probe.stderr.strip()[-300:]}")
+    return wrapper
+
+
+def _conditions(case):
+    """How to run a pytest in ``case``'s conditions: (wrapper command, variables)."""
+    root = os.geteuid() == 0
+    if case == "no sshd":  # a user other than root is told first that root is needed
+        return ([] if root else _user_namespace()), {"HVD_TESTBED_SSHD": "/nonexistent/sshd"}
+    if case == "container":  # whatever the machine lacks besides, the namespace is refused
+        for tool, package in testbed.TOOLS.items():
+            if shutil.which(tool) is None:
+                pytest.skip(f"`{tool}` is not installed here (apt-get install {package})")
+        return _user_namespace(), {"HVD_TESTBED_SSHD": sys.executable}
+    return (_nobody() if root else []), {}
 
 
 CASES = {
-    # case: (variables, the reason every test that needs the bed must give)
-    "no sshd": ({"HVD_TESTBED_SSHD": "/nonexistent/sshd"},
-                "the multi-host test bed needs /nonexistent/sshd (apt-get install "
-                "openssh-server, or point HVD_TESTBED_SSHD at it)"),
-    "container": ({}, "cannot make a network namespace here"),
-    "not root": ({}, "the multi-host test bed needs root"),
+    # case: the reason every test that needs the bed must give
+    "no sshd": "the multi-host test bed needs /nonexistent/sshd (apt-get install "
+               "openssh-server, or point HVD_TESTBED_SSHD at it)",
+    "container": "cannot make a network namespace here",
+    "not root": "the multi-host test bed needs root",
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_multihost_test_skips_naming_what_is_missing(case):
-    variables, reason = CASES[case]
-    wrapper, why_not = _wrapper(case)
-    if why_not:
-        pytest.skip(why_not)
-    if case == "not root" and not wrapper and testbed.unavailable() is None:
-        pytest.skip("this user may build the test bed (not the case this test checks)")
+    wrapper, variables = _conditions(case)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **variables)
     proc = subprocess.run([*wrapper, sys.executable, "-m", "pytest", HERE, "-q", "-rsfE",
                            "-p", "no:cacheprovider", "--ignore", os.path.abspath(__file__)],
@@ -62,6 +76,7 @@ def test_every_multihost_test_skips_naming_what_is_missing(case):
     out = proc.stdout + proc.stderr
     summary = out.strip().splitlines()[-1]
     assert proc.returncode == 0 and re.fullmatch(r"\d+ skipped in .*", summary), out
+    reason = CASES[case]
     reasons = re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", proc.stdout, re.M)
     assert any(r.startswith(reason) for r in reasons), out
     assert all(r.startswith(reason) or any(o in r for o in OTHER_REASONS) for r in reasons), out

@@ -17,7 +17,9 @@ Nothing gets an address outside 10.213.0.0/16, and only on links inside the bed'
 time), deletes the namespaces and the /etc/netns entries, and may be called again.
 
 With ``start_slurm()`` (CLI: ``up --slurm``) it also runs Slurm: slurmctld on h1, slurmd on
-every host, one munged.
+every host, one munged. The daemons are taken from where Debian installs them unless
+HVD_TESTBED_SSHD, HVD_TESTBED_MUNGED, HVD_TESTBED_SLURMCTLD or HVD_TESTBED_SLURMD names
+another path.
 
 Module:  bed = testbed.up(3); bed.run("h1", ["hostname"]); bed.down()
 CLI:     python tests/multihost/testbed.py up 3 [--slurm] [--dir DIR]
@@ -51,6 +53,7 @@ class Daemon(NamedTuple):
 
     @property
     def path(self) -> str:
+        """Where the bed takes it from now: the variable's path if set, else Debian's."""
         return os.environ.get(self.variable) or self.default
 
 
@@ -101,7 +104,7 @@ def unavailable() -> Optional[str]:
     if probe.returncode:
         return (f"cannot make a network namespace here (`ip netns add`: "
                 f"{probe.stderr.strip()}); the test bed needs a machine or VM whose root may "
-                "(a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN, e.g. docker run --privileged)")
+                "(a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN: docker run --privileged)")
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
 
