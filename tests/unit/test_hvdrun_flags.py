@@ -344,8 +344,8 @@ def test_open_mpi_forwards_the_new_variables(monkeypatch):
 
 
 def test_version_prints_the_installed_version(capsys):
-    with open(os.path.join(REPO, "setup.py")) as setup:
-        version = re.search(r'version="([^"]+)"', setup.read())[1]
+    with open(os.path.join(REPO, "hvd_trainer", "__init__.py")) as init:
+        version = re.search(r'^__version__ = "([^"]+)"$', init.read(), re.M)[1]
     for spelling in ("-v", "--version"):
         with pytest.raises(SystemExit) as stop:
             hvdrun.main([spelling])
