@@ -43,7 +43,7 @@ setup(
         "examples": MXNET + MPI + EXAMPLES,
         "test": MXNET + TORCH + MPI + EXAMPLES + DOCS + ["pytest"],
         "tensorflow": TENSORFLOW,
-        "test-tensorflow": TENSORFLOW + MPI + EXAMPLES + DOCS + ["pytest"],
+        "test-tensorflow": TENSORFLOW + ["tf-keras==2.21.0"] + MPI + EXAMPLES + DOCS + ["pytest"],
         "test-openmpi": MXNET + TORCH + OPENMPI + EXAMPLES + ["pytest"],
     },
     entry_points={"console_scripts": ["hvdrun = hvd_trainer_launch.hvdrun:main"]},
