@@ -56,7 +56,7 @@ class BroadcastGlobalVariablesCallback(Callback):
         self.broadcast_done = True
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        if _variables(self.model):
+        if getattr(self.model, "built", True):  # Keras 2 builds some models at the first batch
             self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:

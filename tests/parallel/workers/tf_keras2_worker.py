@@ -120,6 +120,19 @@ def fit_callbacks_and_load_model():
     close_models(loaded, model, "loaded")
 
 
+def broadcast_after_the_first_batch_builds_the_model():
+    """A Sequential without an input shape has no weights until its first batch: the
+    broadcast comes after that batch (Horovod's time), and every rank ends with the same
+    weights although each started from its own."""
+    K.utils.set_random_seed(11 + R)
+    model = K.Sequential([K.layers.Dense(3), K.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(K.optimizers.SGD(0.1)), loss="mse")
+    model.fit(X[MINE], Y[MINE], batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    every_weights = hvd.allgather_object([w.tolist() for w in model.get_weights()])
+    assert all(w == every_weights[0] for w in every_weights), "weights differ across ranks"
+
+
 def hvd_keras_distributed():
     from hvd_trainer.tensorflow.keras2 import Keras2Distributed
     return Keras2Distributed
@@ -174,5 +187,7 @@ def keras3_beside():
 run_cases({"fit_sgd_momentum_and_legacy_adam": fit_sgd_momentum_and_legacy_adam,
            "backward_passes_average_two_batches": backward_passes_average_two_batches,
            "fit_callbacks_and_load_model": fit_callbacks_and_load_model,
+           "broadcast_after_the_first_batch_builds_the_model":
+               broadcast_after_the_first_batch_builds_the_model,
            "elastic_keras_state": elastic_keras_state,
            "keras3_beside": keras3_beside}, rank=R)
