@@ -32,6 +32,17 @@ class _DistributedTape:
                                                self._local_sources, self._scale_local_gradients)
         return tf.nest.pack_sequence_as(sources, result)
 
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> Any:
+        """:meth:`gradient`'s results as two lists of (source, gradient) pairs, in the
+        sources' order: those of the sources registered as local, and the others (Horovod's;
+        ``use_generic_names`` has no effect)."""
+        local, shared = [], []
+        for source, grad in zip(sources, self.gradient(target, sources, output_gradients)):
+            (local if id(source) in self._local_sources else shared).append((source, grad))
+        return local, shared
+
     def register_local_source(self, source: Any) -> None:
         """Keep ``source``'s gradient local: it is not reduced (see :meth:`gradient`)."""
         self._local_sources.add(id(source))
