@@ -2,8 +2,8 @@
 framework-free core's ``run``, ``State``, ``ObjectState`` and errors.
 
 ``hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)`` keeps a Keras 3 or
-Keras 2 (tf_keras) model's variables (weights and non-trainable state), its optimizer's variables (step count,
-moments) and any picklable attributes across a reset of the job;
+Keras 2 (tf_keras) model's variables (weights and non-trainable state), its optimizer's
+variables (step count, moments) and any picklable attributes across a reset of the job;
 ``TensorFlowState(variables, ...)`` keeps a list of ``tf.Variable``. A commit holds their
 values as NumPy arrays; a restore assigns them back into the script's own objects, so
 ``tf.function`` steps traced on them stay valid (see :mod:`hvd_trainer.elastic` for commits,
