@@ -22,6 +22,13 @@ from .runtime import ProcessSet, global_process_set
 _TINY = float(np.sqrt(np.finfo(np.float64).tiny))  # squared norms below keep coefficient 1
 
 
+# Horovod raises NotImplementedError for this size; the ValueError base keeps our own callers'.
+@agreement.carried
+class AdasumSizeError(ValueError, NotImplementedError):
+    """op=Adasum on a process set whose size is not a power of two: a ValueError, and the
+    NotImplementedError Horovod raises, so a drop-in script's ``except`` catches it."""
+
+
 def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The adaptive sum of two float64 vectors."""
     dot, a2, b2 = float(a @ b), float(a @ a), float(b @ b)
@@ -40,9 +47,9 @@ def tree(vectors: Sequence[np.ndarray]) -> np.ndarray:
 
 def _check(tensors: Sequence[Any], size: int) -> None:
     if size & (size - 1):
-        raise ValueError(f"op=Adasum needs a power-of-two number of ranks, as in Horovod; the "
-                         f"process set has {size}: use op=Average, or a process set of "
-                         f"{1 << (size.bit_length() - 1)} ranks")
+        raise AdasumSizeError(f"op=Adasum needs a power-of-two number of ranks, as in Horovod; "
+                              f"the process set has {size}: use op=Average, or a process set "
+                              f"of {1 << (size.bit_length() - 1)} ranks")
     for i, t in enumerate(tensors):
         if t.dtype.kind != "f" and t.dtype.name != "bfloat16":
             raise TypeError(f"tensors[{i}] has dtype {t.dtype}; op=Adasum takes floating-point "

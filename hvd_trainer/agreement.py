@@ -92,6 +92,13 @@ _MATCH_GRACE_SECONDS = 0.5
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError}
 
 
+def carried(cls: type) -> type:
+    """Class decorator: an argument error of ``cls`` (a ValueError or TypeError subclass)
+    that one rank finds is raised as ``cls`` on every rank, not as its base class."""
+    _ERROR_TYPES[cls.__name__] = cls
+    return cls
+
+
 class MismatchError(RuntimeError):
     """Ranks called a collective with different arguments; raised on every rank alike."""
 

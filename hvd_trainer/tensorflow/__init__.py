@@ -64,7 +64,7 @@ def _process_set(process_set_id: int) -> ProcessSet:
 
 
 def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-    """horovod.tensorflow's DistributedOptimizer for a Keras 3 optimizer: that of
+    """horovod.tensorflow's DistributedOptimizer for a Keras 3 or Keras 2 optimizer: that of
     :mod:`hvd_trainer.tensorflow.keras` (TF1's ``tf.compat.v1.train.Optimizer`` is not
     supported)."""
     from .keras import DistributedOptimizer as keras_optimizer

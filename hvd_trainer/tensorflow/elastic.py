@@ -1,9 +1,9 @@
 """horovod.tensorflow.elastic's API: ``TensorFlowKerasState``, ``TensorFlowState``, and the
 framework-free core's ``run``, ``State``, ``ObjectState`` and errors.
 
-``hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)`` keeps a Keras 3
-model's variables (weights and non-trainable state), its optimizer's variables (step count,
-moments) and any picklable attributes across a reset of the job;
+``hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)`` keeps a Keras 3 or
+Keras 2 (tf_keras) model's variables (weights and non-trainable state), its optimizer's
+variables (step count, moments) and any picklable attributes across a reset of the job;
 ``TensorFlowState(variables, ...)`` keeps a list of ``tf.Variable``. A commit holds their
 values as NumPy arrays; a restore assigns them back into the script's own objects, so
 ``tf.function`` steps traced on them stay valid (see :mod:`hvd_trainer.elastic` for commits,
@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run
+from .keras2 import build_optimizer, optimizer_variables
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State",
            "TensorFlowKerasState", "TensorFlowState", "run"]
@@ -39,7 +40,7 @@ def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -
 
 
 class TensorFlowKerasState(ObjectState):
-    """The state of a Keras 3 model and its optimizer (horovod.tensorflow.elastic's).
+    """The state of a Keras 3 or Keras 2 model and its optimizer (horovod.tensorflow.elastic's).
 
     ``model`` must be built. ``optimizer`` defaults to the model's compiled one; it may be
     unbuilt (no step taken yet), in which case a restore of a commit made after the first
@@ -58,9 +59,7 @@ class TensorFlowKerasState(ObjectState):
         super().__init__(**kwargs)
 
     def _optimizer_variables(self) -> List[Any]:
-        if self.optimizer is None or not getattr(self.optimizer, "built", True):
-            return []
-        return list(self.optimizer.variables)
+        return optimizer_variables(self.optimizer)
 
     def save(self) -> Dict[str, Any]:
         snapshot = super().save()
@@ -72,8 +71,8 @@ class TensorFlowKerasState(ObjectState):
         super().load(snapshot)
         _assign(self.model.variables, snapshot["_model"], "TensorFlowKerasState's model")
         saved = snapshot["_optimizer"]
-        if saved and self.optimizer is not None and not self.optimizer.built:
-            self.optimizer.build(self.model.trainable_variables)
+        if saved and self.optimizer is not None and not self._optimizer_variables():
+            build_optimizer(self.optimizer, self.model.trainable_variables)
         if saved or self._optimizer_variables():
             _assign(self._optimizer_variables(), saved, "TensorFlowKerasState's optimizer")
 

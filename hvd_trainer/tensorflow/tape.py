@@ -10,6 +10,7 @@ from ..runtime import ProcessSet, global_process_set
 from . import bridge
 from .compression import Compression
 from .gradients import Reduction
+from .keras2 import is_keras2
 
 
 class _DistributedTape:
@@ -30,6 +31,17 @@ class _DistributedTape:
         result = self._reduction.reduce_shared(tf.nest.flatten(grads), tf.nest.flatten(sources),
                                                self._local_sources, self._scale_local_gradients)
         return tf.nest.pack_sequence_as(sources, result)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> Any:
+        """:meth:`gradient`'s results as two lists of (source, gradient) pairs, in the
+        sources' order: those of the sources registered as local, and the others (Horovod's;
+        ``use_generic_names`` has no effect)."""
+        local, shared = [], []
+        for source, grad in zip(sources, self.gradient(target, sources, output_gradients)):
+            (local if id(source) in self._local_sources else shared).append((source, grad))
+        return local, shared
 
     def register_local_source(self, source: Any) -> None:
         """Keep ``source``'s gradient local: it is not reduced (see :meth:`gradient`)."""
@@ -108,13 +120,20 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
 
 
 def local_layers_of(local_layers: Any) -> List[Any]:
-    """``local_layers`` (None, a Keras layer or a list of them) as a list of layers."""
+    """``local_layers`` (None, a Keras layer or a list of them; Keras 3's or Keras 2's) as a
+    list of layers."""
     import keras
+
+    def is_layer(layer: Any) -> bool:
+        return isinstance(layer, keras.layers.Layer) or (
+            is_keras2(layer) and hasattr(layer, "trainable_weights"))
+
     if local_layers is None:
         return []
-    if isinstance(local_layers, keras.layers.Layer):
+    if is_layer(local_layers):
         return [local_layers]
     local_layers = list(local_layers)
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("local_layers must be Keras layers (keras.layers.Layer)")
+    if not all(is_layer(layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers (keras.layers.Layer, or "
+                         "tf_keras.layers.Layer)")
     return local_layers

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from ..adasum import AdasumSizeError
 from ..runtime import ProcessSet
 from . import ops
 from .compression import Compression
@@ -27,9 +28,10 @@ def check_adasum(compression: Any, process_set: ProcessSet) -> None:
     compressors other than Horovod's (the deltas travel through an Adasum allreduce)."""
     size = process_set.size()
     if size & (size - 1):
-        raise ValueError(f"DistributedOptimizer(op=Adasum) needs a power-of-two number of "
-                         f"ranks, as in Horovod; the process set has {size}: use op=Average, or "
-                         f"a process set of {1 << (size.bit_length() - 1)} ranks")
+        raise AdasumSizeError(f"DistributedOptimizer(op=Adasum) needs a power-of-two number "
+                              f"of ranks, as in Horovod; the process set has {size}: use "
+                              f"op=Average, or a process set of {1 << (size.bit_length() - 1)} "
+                              "ranks")
     if compression not in (Compression.none, Compression.fp16):
         raise ValueError("DistributedOptimizer(op=Adasum) takes compression=Compression.none "
                          "or Compression.fp16; packed codecs reduce by sums, not by Adasum")

@@ -3,7 +3,8 @@
 **CPU tensors.** A CPU tensor's memory is viewed as a NumPy array (``Tensor.numpy()`` shares
 it), so an in-place collective writes straight into the tensor and a result array becomes a
 tensor that adopts its memory. NumPy has no bfloat16; ``ml_dtypes`` adds it, and a bfloat16
-tensor is viewed through its 16-bit pattern, which both types share.
+tensor is viewed through its 16-bit pattern, which both types share. ``ml_dtypes`` is imported
+when the first bfloat16 tensor arrives, so users of the other dtypes need not install it.
 
 **CUDA tensors.** A CUDA tensor becomes a CuPy array sharing its memory (``cupy.from_dlpack``),
 which the core's collectives run on (``hvd_trainer.cuda``), and a CuPy result becomes a CUDA
@@ -27,13 +28,11 @@ import contextlib
 import functools
 from typing import Any, Callable, ContextManager, Iterator, Optional
 
-import ml_dtypes
 import numpy as np
 import torch
 
 from .. import installs
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # The CUDA tensor dtypes CuPy has a type for.
 _CUPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                 torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.float32,
@@ -110,15 +109,27 @@ def view(tensor: torch.Tensor) -> Any:
         with _cupy_current(cupy, torch.cuda.current_stream(data.device)):
             return cupy.from_dlpack(data)  # same stream on both sides: nothing to wait for
     if data.dtype == torch.bfloat16:
-        return data.view(torch.int16).numpy().view(BFLOAT16)
+        return data.view(torch.int16).numpy().view(bfloat16())
     return data.numpy()
+
+
+def bfloat16() -> np.dtype:
+    """ml_dtypes' bfloat16 NumPy dtype, imported now; a TypeError naming the install command
+    without it."""
+    try:
+        import ml_dtypes
+    except ImportError as error:
+        raise TypeError(f"a bfloat16 tensor reaches NumPy as ml_dtypes' bfloat16, and ml_dtypes "
+                        f"cannot be imported here ({error}); pip install ml_dtypes, or pass "
+                        "tensor.float()") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def adopt(array: Any) -> torch.Tensor:
     """A tensor that takes over ``array``'s memory (the caller must not reuse the array):
     a CPU tensor for a NumPy array, a CUDA tensor for a CuPy one."""
     if isinstance(array, np.ndarray):
-        if array.dtype == BFLOAT16:
+        if array.dtype.name == "bfloat16":  # ml_dtypes' (imported by whoever made it)
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
     return torch.from_dlpack(array)

@@ -2,7 +2,9 @@
 count, each case its own result: the collectives against NumPy, eagerly and in a
 tf.function, their gradients, errors on every rank (workers/tf_ops_worker.py); the
 DistributedGradientTape and the Keras DistributedOptimizer against one process on the global
-batch, the callbacks and load_model (workers/tf_training_worker.py). And the two examples on
+batch, the callbacks and load_model (workers/tf_training_worker.py); the same for Keras 2
+(tf_keras), with TF_USE_LEGACY_KERAS=1 in the job's environment and where the script imports
+tf_keras itself (workers/tf_keras2_worker.py). And the two examples on
 2 ranks, in one job (workers/tf_examples.py), against the test accuracy their
 single-process twins reach. And graphs (TF1 sessions, tf.functions) whose collectives never
 match on 3 ranks: the stall inspector names them and ends the job (workers/tf_stall_worker.py).
@@ -30,6 +32,27 @@ def test_collectives(np_, case):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_training_matches_one_process(np_, case):
     case_job("tf_training_worker.py", np_, timeout=300).check(case)
+
+
+def _tf_keras_or_skip():
+    pytest.importorskip("tf_keras", reason="tf-keras (Keras 2) is not installed here: pip "
+                        "install tf-keras==2.21.0 (the [test-tensorflow] extra brings it)")
+
+
+@pytest.mark.parametrize("case", case_names("tf_keras2_worker.py"))
+@pytest.mark.parametrize("np_", [2, 3])
+def test_keras2_training_matches_one_process(np_, case):
+    # tf.keras is Keras 2 in the job's environment only; this process's stays Keras 3.
+    _tf_keras_or_skip()
+    case_job("tf_keras2_worker.py", np_, timeout=400,
+             env={"TF_USE_LEGACY_KERAS": "1"}).check(case)
+
+
+@pytest.mark.parametrize("case", case_names("tf_keras2_worker.py"))
+def test_keras2_imported_by_the_script_on_three_ranks(case):
+    _tf_keras_or_skip()
+    case_job("tf_keras2_worker.py", 3, ["--import"], timeout=400,
+             env={"TF_USE_LEGACY_KERAS": ""}).check(case)
 
 
 @pytest.mark.parametrize("graph", ["session", "function"])

@@ -16,7 +16,9 @@ which tests passed, failed, or were running at the end.
 The mirror defaults to ``$HVD_HOROVOD_MIRROR``, else DEFAULT_MIRROR.
 
 TensorFlow's suites (TF_SUITES) run in the TensorFlow environment: ``--venv .venv-tf
---suite test_tensorflow.py --suite test_tensorflow2_keras.py``.
+--suite test_tensorflow.py --suite test_tensorflow2_keras.py``. The jobs inherit this
+process's environment: ``TF_USE_LEGACY_KERAS=1 python tests/peer/run_peer_suites.py ...``
+runs them with Keras 2 as ``tf.keras`` (tf-keras installed).
 
 Horovod's elastic scenarios (ELASTIC_SUITES, test/integration) are single-process pytest files
 whose tests each launch a job: they run as ``python -m pytest -v <suite>.py`` (no hvdrun

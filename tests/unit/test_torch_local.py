@@ -175,3 +175,28 @@ def test_join_alone_returns_this_rank():
     assert hvd.join() == 0 and hvd.join(device=3) == 0
     assert hvd_trainer.join() == 0
     assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.ones(2))
+
+
+# Run in a fresh interpreter where ml_dtypes cannot be imported (as for a user who installed
+# their own torch without the [torch] extra).
+WITHOUT_ML_DTYPES = """
+import sys
+sys.modules["ml_dtypes"] = None
+import torch
+import hvd_trainer.torch as hvd
+hvd.init()
+assert hvd.allreduce(torch.tensor([1.5, 2.0]), op=hvd.Sum).tolist() == [1.5, 2.0]
+try:
+    hvd.allreduce(torch.ones(2, dtype=torch.bfloat16))
+except TypeError as error:
+    print("REFUSED", error)
+"""
+
+
+def test_without_ml_dtypes_only_bfloat16_tensors_are_refused_naming_the_install():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_ML_DTYPES], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED" in proc.stdout and "pip install ml_dtypes" in proc.stdout, proc.stdout

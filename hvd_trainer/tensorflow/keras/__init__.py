@@ -1,12 +1,14 @@
-"""horovod.tensorflow.keras's API on Keras 3 (TensorFlow backend): ``DistributedOptimizer``
-for ``model.fit`` and custom loops, the callbacks, ``load_model``, and the collectives of
-:mod:`hvd_trainer.tensorflow`.
+"""horovod.tensorflow.keras's API on Keras 3 (TensorFlow backend) and on Keras 2 (tf_keras,
+see ``hvd_trainer/tensorflow/keras2.py``): ``DistributedOptimizer`` for ``model.fit`` and
+custom loops, the callbacks, ``load_model``, and the collectives of :mod:`hvd_trainer.tensorflow`.
 
 ``DistributedOptimizer(opt)`` returns an optimizer of a subclass of ``opt``'s class, built
 from ``opt.get_config()``, whose ``apply`` (which ``apply_gradients`` and ``model.fit`` call)
 first reduces the gradients across the process set with the core's reducer (see
 ``hvd_trainer/tensorflow/gradients.py``): Average by default, so N ranks with per-rank batch
-B take the step one process takes with batch N·B.
+B take the step one process takes with batch N·B. A Keras 2 optimizer (its class from
+``tf_keras``) gets Keras 2's ``DistributedOptimizer``, which reduces in ``compute_gradients``
+as Horovod's does.
 """
 from typing import Any, Dict, Optional, Sequence
 
@@ -22,6 +24,7 @@ from ...timeline import start_timeline, stop_timeline
 from ..bridge import plain_python
 from ..compression import Compression
 from ..gradients import Reduction
+from .. import keras2
 from ..tape import local_layers_of
 from ..ops import (allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_object,
                    broadcast_variables, grouped_allreduce, reducescatter)
@@ -98,13 +101,19 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     accumulates the reduced gradients instead. ``name``, ``device_dense``,
     ``device_sparse`` and ``average_aggregated_gradients`` are accepted and have no effect.
     Build it before the optimizer has taken a step: the new optimizer starts without state.
+
+    A Keras 2 optimizer (tf_keras's, its legacy ones included) is wrapped as Horovod wraps
+    it: gradients reduced in ``compute_gradients``, ``backward_passes_per_step`` passes
+    summed locally (averaged with ``average_aggregated_gradients``) between reductions.
     """
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"optimizer must be a Keras 3 optimizer (keras.optimizers.Optimizer), "
-                        f"got {type(optimizer).__name__}")
-    if isinstance(optimizer, _Distributed):
+    keras2_optimizer = keras2.is_keras2_optimizer(optimizer)
+    if not keras2_optimizer and not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"optimizer must be a Keras 3 optimizer (keras.optimizers.Optimizer) "
+                        f"or a Keras 2 one (tf_keras.optimizers.Optimizer, or a legacy one), "
+                        f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
+    if isinstance(optimizer, (_Distributed, keras2.Keras2Distributed)):
         raise ValueError("optimizer is already a DistributedOptimizer; wrap it only once")
-    if backward_passes_per_step != 1:
+    if backward_passes_per_step != 1 and not keras2_optimizer:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: pass 1 and "
                          "give the Keras optimizer gradient_accumulation_steps="
                          f"{backward_passes_per_step} instead")
@@ -117,6 +126,15 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                     gradient_predivide_factor=float(gradient_predivide_factor),
                     num_groups=int(num_groups), process_set=process_set)
     Reduction("DistributedOptimizer.", **settings)  # refuses bad settings here
+    if keras2_optimizer:
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: pass 1 "
+                             "or more")
+        cls = keras2.distributed_class(type(optimizer), settings, int(backward_passes_per_step),
+                                       bool(average_aggregated_gradients), _classes)
+        distributed = cls.from_config(optimizer.get_config())
+        distributed._hvd_scale_local = bool(scale_local_gradients)
+        return distributed
     cls = _distributed_class(type(optimizer), settings)
     distributed = cls.from_config(optimizer.get_config())
     distributed.__dict__["_hvd_scale_local"] = bool(scale_local_gradients)
@@ -149,16 +167,26 @@ def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None
                compression: Any = Compression.none, **kwargs: Any) -> keras.Model:
     """``keras.models.load_model(filepath)`` with its optimizer wrapped in a
     DistributedOptimizer (with ``compression``), as Horovod's ``load_model``: Keras's own
-    optimizers and ``custom_optimizers`` are rebuilt as distributed ones."""
+    optimizers and ``custom_optimizers`` are rebuilt as distributed ones. Keras 2's
+    ``load_model`` where ``tf.keras`` is Keras 2 (``TF_USE_LEGACY_KERAS=1``) or a custom
+    optimizer is a Keras 2 class; Keras 3's otherwise."""
     settings = dict(compression=compression, sparse_as_dense=False, op=Average,
                     gradient_predivide_factor=1.0, num_groups=0,
                     process_set=global_process_set)
-    bases = [c for c in vars(keras.optimizers).values()
-             if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)]
-    bases += list(custom_optimizers or [])
-    objects = {c.__name__: _distributed_class(c, settings) for c in bases}
+    custom = list(custom_optimizers or [])
+    models = keras2.keras2_models(custom)
+    if models is not None:
+        # Keras 2 looks its built-in optimizers up by their lower-case names.
+        objects = {name: keras2.distributed_class(c, settings, 1, False, _classes)
+                   for c in keras2.optimizer_classes(custom)
+                   for name in (c.__name__, c.__name__.lower())}
+    else:
+        bases = [c for c in vars(keras.optimizers).values()
+                 if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)] + custom
+        objects = {c.__name__: _distributed_class(c, settings) for c in bases}
+        models = keras.models
     objects.update(custom_objects or {})
-    return keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    return models.load_model(filepath, custom_objects=objects, **kwargs)
 
 
 __all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression", "DistributedOptimizer",

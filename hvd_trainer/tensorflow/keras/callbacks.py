@@ -1,4 +1,4 @@
-"""horovod.keras's callbacks for Keras 3's ``model.fit``.
+"""horovod.keras's callbacks for ``model.fit``, Keras 3's and Keras 2's (tf_keras) alike.
 
 - :class:`BroadcastGlobalVariablesCallback`: every rank starts from the root's weights and
   optimizer state.
@@ -16,17 +16,23 @@ import numpy as np
 
 from ...runtime import rank, size
 from .. import ops
+from ..keras2 import Keras2Hooks, legacy_momentum, optimizer_variables, set_legacy_momentum
 
 
 def _variables(owner: Any) -> list:
     return list(getattr(owner, "variables", []) or [])
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class Callback(Keras2Hooks, keras.callbacks.Callback):
+    """A Keras 3 callback that Keras 2's ``fit`` takes too."""
+
+
+class BroadcastGlobalVariablesCallback(Callback):
     """At the start of training, overwrite every rank's model weights and optimizer
     variables with ``root_rank``'s (a global rank). Horovod broadcasts after the first batch;
     Keras 3 builds the model and optimizer before training, so here no rank takes a step from
-    its own weights. ``local_variables`` (a variable or a list of them) and those given to
+    its own weights. A Keras 2 model built by its first batch is broadcast after that batch,
+    as in Horovod. ``local_variables`` (a variable or a list of them) and those given to
     :meth:`register_local_var` keep each rank's value. ``device`` has no effect."""
 
     def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None):
@@ -45,17 +51,20 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast(self) -> None:
         variables = [v for v in _variables(self.model) if id(v) not in self._local]
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            variables += _variables(optimizer)
+        variables += optimizer_variables(getattr(self.model, "optimizer", None))
         ops.broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        self._broadcast()
+        if getattr(self.model, "built", True):  # Keras 2 builds some models at the first batch
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(Callback):
     """At the end of each epoch, replace every metric in the logs by its average over the
     ranks (in sorted order of the names, the same on every rank). Put it before callbacks
     that read the metrics (checkpoints, early stopping). ``device`` has no effect."""
@@ -73,15 +82,16 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[n] = float(v)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` until
     ``end_epoch`` (exclusive): at each epoch's first batch with ``staircase``, otherwise at
     every batch with a fractional epoch (``steps_per_epoch`` from ``fit``'s if not given).
     A number ``multiplier`` m means ``m ** (epoch - start_epoch)``.
 
     ``momentum_correction`` (Horovod scales momentum by the change of learning rate for one
-    batch) applies where the optimizer's momentum is a variable; Keras 3's SGD keeps it as a
-    number compiled into the training step, so there it is skipped, with a warning.
+    batch) applies where the optimizer reads its momentum at each step (Keras 2's legacy
+    optimizers); Keras 3's and Keras 2's SGD keep it as a number compiled into the training
+    step, so there it is skipped, with a warning.
     """
 
     def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]],
@@ -96,13 +106,21 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
+        self.restore_momentum: Optional[float] = None
         if callable(multiplier):
             self.multiplier = multiplier
         else:
             self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def _set_lr(self, epoch: float) -> None:
-        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+        optimizer = self.model.optimizer
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        momentum = legacy_momentum(optimizer) if self.momentum_correction else None
+        old_lr = float(np.asarray(optimizer.learning_rate)) if momentum is not None else 0.0
+        if old_lr:
+            self.restore_momentum = momentum
+            set_legacy_momentum(optimizer, momentum * new_lr / old_lr)
+        optimizer.learning_rate = new_lr
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if not self.staircase and not self.steps_per_epoch:
@@ -111,7 +129,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                 raise ValueError(f"{type(self).__name__}: fit() does not say its steps per "
                                  "epoch; pass steps_per_epoch=")
         momentum = getattr(self.model.optimizer, "momentum", None)
-        if self.momentum_correction and isinstance(momentum, (int, float)) and momentum:
+        if (self.momentum_correction and isinstance(momentum, (int, float)) and momentum
+                and legacy_momentum(self.model.optimizer) is None):
             warnings.warn(f"{type(self).__name__}: momentum_correction is skipped: the "
                           "optimizer's momentum is a number compiled into the training step")
 
@@ -126,6 +145,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._set_lr(epoch)
         elif not self.staircase:
             self._set_lr(epoch + batch / self.steps_per_epoch)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self.restore_momentum is not None:
+            set_legacy_momentum(self.model.optimizer, self.restore_momentum)
+            self.restore_momentum = None
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if logs is not None:

@@ -10,22 +10,21 @@ state's epoch at the start).
 """
 from typing import Any, Dict, Optional
 
-import keras
-
 from ..elastic import TensorFlowKerasState, run
+from .callbacks import Callback
 
 __all__ = ["CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "run"]
 
 
 class KerasState(TensorFlowKerasState):
-    """The state of a Keras 3 model and optimizer (see :class:`TensorFlowKerasState`)."""
+    """The state of a Keras model and optimizer (see :class:`TensorFlowKerasState`)."""
 
     def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any):
         super().__init__(model, optimizer=optimizer, **kwargs)
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(Callback):
     """Commit ``state`` after every ``batches_per_commit`` batches and at each epoch's end
     (a collective: every rank runs ``fit`` with it)."""
 
@@ -50,7 +49,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.state.commit()
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(Callback):
     """Keep ``state.batch`` at the index of the last finished batch of the epoch (0 again at
     its end). Horovod's also shortens the first epoch after a reset by rewriting ``fit``'s
     ``params["steps"]``, which Keras 3's ``fit`` does not read back: a script that resumes in
@@ -67,7 +66,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(Callback):
     """Keep ``state.epoch`` at the number of epochs finished across resets: the state's
     epoch when ``fit`` began plus ``fit``'s own count (from 0; no ``initial_epoch``)."""
 

@@ -230,6 +230,18 @@ def partial_optimizer_and_local_variables():
         want = own[i] / N if i < 2 else sum(g[i] for g in every) / N  # [local, shared] weights
         assert np.allclose(before - got, want, atol=1e-6), (i, before - got, want)
 
+    # The tape's split into local and shared (source, gradient) pairs (Horovod's).
+    model, local = make(R)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(X[mine_of(R)]) - Y[mine_of(R)]))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=local)
+    local_pairs, shared_pairs = tape.get_local_and_global_gradients(
+        loss, model.trainable_variables)
+    assert [id(v) for v, _ in local_pairs] == [id(w) for w in local.trainable_weights]
+    for i, (_, g) in enumerate(local_pairs + shared_pairs):
+        want = own[i] / N if i < 2 else sum(e[i] for e in every) / N
+        assert np.allclose(g, want, atol=1e-6), ("split", i)
+
     model, local = make(R)
     model.layers[-1].set_weights([w + R for w in model.layers[-1].get_weights()])
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
