@@ -32,7 +32,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import hvdrun, mpi
+from hvd_trainer_launch import hvdrun, mpi, reports
+from hvd_trainer_launch.reports import interface_address
 
 # The values hvd_trainer.elastic reads (the launcher does not import hvd_trainer).
 RESET_EXIT_CODE = 75
@@ -186,19 +187,6 @@ def host_of(layout: Hosts, rank: int) -> Optional[str]:
             return host
         rank -= count
     return None
-
-
-def interface_address(name: str) -> str:
-    """The IPv4 address of network interface ``name``; ValueError when it has none."""
-    import fcntl
-    import struct
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            answer = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
-                                 struct.pack("256s", name.encode()[:15]))
-        except OSError as error:
-            raise ValueError(f"--network-interface {name}: no IPv4 address ({error.strerror})") from None
-    return socket.inet_ntoa(answer[20:24])
 
 
 _LOCAL_NAMES = ("localhost", "127.0.0.1")
@@ -479,10 +467,14 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             np = min(np, args.max_np) if args.max_np is not None else np
             layout = allocate(hosts, np)
             used.extend(host for host, _ in layout if host not in used)
+            output = (os.path.join(args.output_filename, f"restart.{restarts}")
+                      if args.output_filename else None)
+            relay = ElasticRelay(np, args.no_prefix, output, layout, args.ulfm)
+            server = reports.serve(secret.encode(), layout, args.nics, relay.deliver)
             env = hvdrun.rank_environment(args, launcher.flavour)
             env.update(hvdrun.hosts_variable(launcher.flavour, layout, np))
+            env.update(hvdrun.report_variables(server, secret))
             env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
-                        files.SECRET_VARIABLE: secret,
                         NOTIFY_VARIABLE: generation.address(layout),
                         GENERATION_VARIABLE: str(generation.number)})
             if args.ulfm:
@@ -492,13 +484,13 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                  + (f" (restart {restarts})" if restarts else ""))
             if args.verbose:
                 _say(f"running: {shlex.join(mpiexec_command)}")
-            output = (os.path.join(args.output_filename, f"restart.{restarts}")
-                      if args.output_filename else None)
-            relay = ElasticRelay(np, args.no_prefix, output, layout, args.ulfm)
             watcher = HostWatcher(discovery, blacklist, hosts, generation)
             watcher.start()
-            code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
-                                  failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS)
+            try:
+                code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
+                                      failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS)
+            finally:
+                server.close()
             watcher.stop()
             if relay.interrupted or (code == 0 and relay.failure is None):
                 return code

@@ -1,16 +1,18 @@
 """``hvdrun``: start a command on N ranks through the MPI's own mpiexec, Horovod-style.
 
 mpiexec runs ``python -m hvd_trainer_launch.worker -- command ...`` on every rank; the worker
-prefixes output lines with the rank and reports a non-zero exit. hvdrun relays the output (with
-or without prefixes, optionally into per-rank files), names the first rank that failed, ends
-the whole job promptly after a failure or a Ctrl-C/SIGTERM, and exits with that rank's code.
+prefixes output lines with the rank, and reports its rank's start and a non-zero exit to
+hvdrun's report port (launch/protocol.py, launch/reports.py), never through the output. hvdrun
+relays the output (with or without prefixes, optionally into per-rank files), names the first
+rank that failed, ends the whole job promptly after a failure or a Ctrl-C/SIGTERM, and exits
+with that rank's code.
 It takes horovodrun's flags; launch/flags.py says what each one does, or why it is refused.
 With --min-np, --max-np or --host-discovery-script it runs elastically (launch/elastic.py).
 """
 import argparse
 import json
 import os
-import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -19,8 +21,8 @@ import threading
 import time
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import config_file, flags, mpi
-from hvd_trainer_launch.worker import EXIT_MARKER, HOSTS_VARIABLE, START_MARKER, die_with_parent
+from hvd_trainer_launch import config_file, flags, mpi, protocol, reports
+from hvd_trainer_launch.worker import die_with_parent
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
@@ -28,9 +30,6 @@ FAILURE_GRACE_SECONDS = 3.0
 # After asking mpiexec to end the job (failure or signal), how long before it is SIGKILLed.
 KILL_GRACE_SECONDS = 5.0
 
-_PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
-_MARKER = re.compile(re.escape(EXIT_MARKER).encode()
-                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( killed)?( ended)?")
 # How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
 ENDED = "was ended by the launcher, with code"
 # A rank killed by a signal (kill -9, the OOM killer, a crash) that the launcher did not send
@@ -38,7 +37,6 @@ ENDED = "was ended by the launcher, with code"
 # aborts on the lost connection exits within milliseconds, sooner than the killed rank's
 # wrapper may be scheduled to see its child end.
 KILLED_WINDOW_SECONDS = 1.0
-_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +97,12 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
 def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[str, str]:
     """The variable from which each rank's wrapper sets Horovod's per-rank variables: the nodes
     the launcher makes of ``hosts`` with their ranks (ValueError when ``np`` exceeds the slots)."""
-    return {HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
+    return {protocol.HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
+
+
+def report_variables(server: reports.ReportServer, secret: str) -> Dict[str, str]:
+    """The variables that tell each rank's wrapper where and how to report to ``server``."""
+    return {protocol.REPORTS_VARIABLE: server.address, protocol.SECRET_VARIABLE: secret}
 
 
 class Failure:
@@ -122,15 +125,17 @@ def first_failure(failures: Sequence[Failure]) -> Failure:
 
 
 class OutputRelay:
-    """Copies mpiexec's output to ours, strips or keeps rank prefixes, tees into per-rank files,
-    hides the workers' exit markers and records the first failure they report.
+    """Copies mpiexec's output to ours, strips or keeps rank prefixes, joins the pieces of
+    long lines, tees into per-rank files, and records what the wrappers report.
 
-    Only unprefixed lines (the wrappers' own and mpiexec's) are read for markers: what a rank
-    prints always arrives prefixed, so no output of a rank can end or fail the job. (A rank
-    that calls MPI_Abort is named by nobody: mpiexec's exit code tells it.) A per-rank file
-    that cannot be written warns once and stops; the relay goes on. ``hosts`` is the job's
-    (host, slots) list: with more than one host, messages name each rank's host (the one it
-    reported starting on, else its slot's).
+    Output is only shown, never read for reports (those come to deliver()): no output of a
+    rank can end or fail the job. Each line arrives whole with its rank's prefix, or as
+    pieces whose prefix says that the line goes on (launch/protocol.py); pieces are joined
+    per rank and stream, so a line stays whole and prefixed however mpiexec interleaves the
+    ranks. (A rank that calls MPI_Abort is named by nobody: mpiexec's exit code tells it.) A
+    per-rank file that cannot be written warns once and stops; the relay goes on. ``hosts``
+    is the job's (host, slots) list: with more than one host, messages name each rank's host
+    (the one it reported starting on, else its slot's).
     """
 
     def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
@@ -145,6 +150,7 @@ class OutputRelay:
         self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
         self.ending = False  # set when hvdrun ends the job after a failure: later exits follow it
         self._lock = threading.Lock()
+        self._gone: Set[int] = set()  # the outputs whose reader went away, by id()
         self._files: Dict[Tuple[int, bytes], Any] = {}
         if output_dir:
             from hvd_trainer import files  # the launcher imports the core only where it needs it
@@ -163,36 +169,52 @@ class OutputRelay:
 
     def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
         """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""
+        pending: Dict[Tuple[int, bytes], bytes] = {}  # the pieces so far of a line that goes on
         for line in iter(pipe.readline, b""):
-            prefixed = _PREFIXED.match(line)
-            # A marker may follow what mpiexec printed without a newline (Open MPI ends its
-            # MPI_Abort notice with a NUL), so it is searched for, but only in unprefixed lines.
-            marker = None if prefixed else _MARKER.search(line) or _START.search(line)
-            if marker:
-                if marker.re is _MARKER:
-                    self.record(int(marker[1]), int(marker[2]),
-                                ENDED if marker[5] else "exited with code",
-                                float(marker[3]) if marker[3] else None, bool(marker[4]))
-                else:
-                    self.started.add(int(marker[1]))
-                    if marker[2]:
-                        self.hosts[int(marker[1])] = marker[2].decode(errors="replace")
-                line = line[:marker.start()].strip(b"\0")
-                if not line:
-                    continue
-                line += b"\n"
-            text = line[prefixed.end():] if prefixed else line
-            if prefixed:
-                target = self._files.get((int(prefixed[1]), prefixed[2]))
-                if target is not None:
-                    target.write(text)
-                    target.flush()
-            if out is not None:
-                try:
-                    out.write(text if prefixed and self.no_prefix else line)
-                    out.flush()
-                except BrokenPipeError:  # our reader went away: keep draining so mpiexec never blocks
-                    out = None
+            prefixed = protocol.LINE_PREFIX.match(line)
+            if prefixed is None:  # mpiexec's own message
+                self._show(out, line)
+                continue
+            source = (int(prefixed[1]), prefixed[2])
+            text = pending.pop(source, b"") + line[prefixed.end():]
+            # A wrapper sends at most MAX_LINE bytes (and a time stamp) in pieces: a longer
+            # run of them is shown rather than held.
+            if protocol.is_continued(prefixed[3]) and len(text) <= 2 * protocol.MAX_LINE:
+                pending[source] = text[:-1] if text.endswith(b"\n") else text
+                continue
+            self._line(out, source, text if text.endswith(b"\n") else text + b"\n")
+        for source, text in pending.items():  # a wrapper killed amid a long line
+            self._line(out, source, text + b"\n")
+
+    def _line(self, out: Optional[BinaryIO], source: Tuple[int, bytes], text: bytes) -> None:
+        """Show one whole line of rank ``source[0]``'s stream ``source[1]`` and tee it."""
+        target = self._files.get(source)
+        if target is not None:
+            target.write(text)
+            target.flush()
+        prefix = protocol.line_prefix(source[0], source[1].decode())
+        self._show(out, text if self.no_prefix else prefix + text)
+
+    def _show(self, out: Optional[BinaryIO], data: bytes) -> None:
+        """Write ``data`` to ``out``; a reader that went away stops the showing, not the
+        draining (mpiexec must never block on its output)."""
+        if out is None or id(out) in self._gone:
+            return
+        try:
+            out.write(data)
+            out.flush()
+        except BrokenPipeError:
+            self._gone.add(id(out))
+
+    def deliver(self, report: protocol.Report) -> None:
+        """Record what a rank's wrapper reported (from the report port)."""
+        if isinstance(report, protocol.Started):
+            with self._lock:
+                self.started.add(report.rank)
+                self.hosts[report.rank] = report.host
+        else:
+            self.record(report.rank, report.code, ENDED if report.ended else "exited with code",
+                        report.at, report.killed)
 
     def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
                killed: bool = False) -> None:
@@ -380,6 +402,11 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     elif code:
         _say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
              "calls MPI_Abort is killed before it can)")
+    elif np and len(missing) == np:
+        _say(f"{command[0]} exited with code 0 but no rank reported its start: it started "
+             "none (is it an MPI launcher? see --mpiexec and HVD_MPIEXEC), or the ranks could "
+             "not reach hvdrun's report port (their warnings above say so)")
+        return 1
     return code
 
 
@@ -436,13 +463,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
-    env = dict(rank_environment(args, launcher.flavour), **placed)
+    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
+    secret = secrets.token_hex(32)  # signs the wrappers' reports; only the ranks get it
+    try:
+        server = reports.serve(secret.encode(), nodes, args.nics, relay.deliver)
+    except (ValueError, OSError) as error:
+        parser.error(f"cannot open hvdrun's report port: {error}")
+    env = dict(rank_environment(args, launcher.flavour), **placed,
+               **report_variables(server, secret))
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
         _say(f"running: {shlex.join(mpiexec_command)}")
-    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
-    return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
+    try:
+        return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":

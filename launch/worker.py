@@ -1,19 +1,21 @@
 """Per-rank wrapper that hvdrun starts through mpiexec: ``python -m hvd_trainer_launch.worker -- cmd ...``.
 
 The wrapper runs the user's command as a child that inherits the environment and every file
-descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
-exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
-first rank that failed: it carries the time of the exit, since reports from other hosts arrive
-late. A start marker on stderr tells hvdrun that the rank has started (for
-``--start-timeout``), and on which host. From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
-per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
-_HOSTNAME) for the child.
+descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. It reports
+to hvdrun's report port (launch/protocol.py) that the rank has started, and on which host
+(for ``--start-timeout`` and messages), and, after the child's output, a non-zero exit with its
+time (reports from other hosts arrive late, so hvdrun orders them by it): never through the
+output, which a rank could fill with anything. From the hosts hvdrun hands it
+(``HVDRUN_HOSTS``) it sets Horovod's per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK,
+_LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) for the child.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
-prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
-wrapper at once: a relay inside the wrapper would lose the traceback that explains the abort,
-while a relay that the launcher does not know about can still copy it out. A relay that dies
-before the child ends the rank with a message, rather than losing its output silently.
+prefixes each line with the rank and writes whole lines only (protocol.pieces), so that MPICH's
+Hydra, which interleaves the ranks' output by reads, never splices two ranks' lines. It is
+separate because on MPI_Abort the launcher SIGKILLs the wrapper at once: a relay inside the
+wrapper would lose the traceback that explains the abort, while a relay that the launcher does
+not know about can still copy it out. A relay that dies before the child ends the rank with a
+message, rather than losing its output silently.
 
 No rank outlives hvdrun: hvdrun's mpiexec dies with it (hvdrun.run_job), and the wrapper ends
 its child (SIGTERM, then SIGKILL) once the launcher process that started it is gone, which
@@ -30,19 +32,10 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-EXIT_MARKER = "#hvdrun-exit"
-START_MARKER = "#hvdrun-start"
-# Set (to 1) by hvdrun --prefix-output-with-timestamp: each line gets its time after the prefix.
-TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
-# Set for the child: it runs under this wrapper, so on an uncaught exception it may simply exit
-# non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills the relay mid-traceback.
-WORKER_VARIABLE = "HVDRUN_WORKER"
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.protocol import HOSTS_VARIABLE
+
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-# Set (to 1) by hvdrun --ulfm: the other ranks go on without a rank that a signal killed.
-ULFM_VARIABLE = "HVD_ULFM"
-# Set by hvdrun: the nodes in rank order with the number of ranks on each, as JSON
-# [[host, ranks], ...], from which each rank's Horovod variables follow.
-HOSTS_VARIABLE = "HVDRUN_HOSTS"
 # What the launchers tell a rank of its place on its node, and the Horovod variable each must
 # equal. (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK does not follow the rank order, MPI's does.)
 _LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
@@ -57,8 +50,6 @@ _KILL_GRACE_SECONDS = 2.0  # after SIGTERM, how long the child has before SIGKIL
 # Once the child has exited (or the wrapper has died), how long the relay may keep copying output
 # from processes the child left behind before it gives up.
 _DRAIN_SECONDS = 2.0
-# A line longer than this is passed on in pieces rather than held back whole.
-_MAX_LINE = 1 << 16
 
 
 def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
@@ -116,16 +107,6 @@ def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
             "the others ask MPI)\n").encode()
 
 
-def exit_marker(rank: int, code: int, ended: bool = False, at: Optional[float] = None,
-                killed: bool = False) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code`` at ``at`` (by this
-    host's clock; default now); ``killed``: by a signal; ``ended``: after the launcher
-    signalled it (it was ended, not failed on its own)."""
-    at = time.time() if at is None else at
-    return (f"{EXIT_MARKER} rank={rank} code={code} at={at:.6f}{' killed' if killed else ''}"
-            f"{' ended' if ended else ''}\n").encode()
-
-
 def _end_of(pid: int) -> Optional[Tuple[bool, int]]:
     """How child ``pid`` ended, without reaping it: (killed by a signal, the signal or exit
     code); (False, -1) once reaped; None while it runs."""
@@ -138,9 +119,19 @@ def _end_of(pid: int) -> Optional[Tuple[bool, int]]:
     return found.si_code in (os.CLD_KILLED, os.CLD_DUMPED), found.si_status
 
 
-def start_marker(rank: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` has started, and on which host."""
-    return f"{START_MARKER} rank={rank} host={socket.gethostname()}\n".encode()
+def report(rank: int, message: protocol.Report) -> None:
+    """Send ``message`` to hvdrun's report port; when that fails, say so on stderr (the job
+    goes on, but hvdrun may not name this rank's failure)."""
+    address = os.environ.get(protocol.REPORTS_VARIABLE)
+    secret = protocol.job_secret()
+    if not address or secret is None:
+        return  # started by a bare mpiexec: nobody to tell
+    try:
+        protocol.send_report(address, secret, message)
+    except (OSError, ValueError) as error:
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: warning: rank {rank} cannot report to hvdrun "
+                      f"at {address} ({error}); check that this host reaches hvdrun's host "
+                      "(--network-interface)\n".encode())
 
 
 def _timestamp() -> bytes:
@@ -182,6 +173,18 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
+def _write_lines(fd: int, pieces: List[bytes]) -> None:
+    """Write ``pieces`` (each at most protocol.PIECE_BYTES) to ``fd``, several at a time
+    but never more than PIECE_BYTES in one write(), so that each write reaches a pipe whole."""
+    batch = b""
+    for piece in pieces:
+        if len(batch) + len(piece) > protocol.PIECE_BYTES:
+            _write_all(fd, batch)
+            batch = b""
+        batch += piece
+    _write_all(fd, batch)
+
+
 def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool) -> None:
     """Copy each source fd to its target fd line by line, prefixed with the rank (and with the
     time when ``stamp``), until all close.
@@ -189,8 +192,10 @@ def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool) -> Non
     ``sources`` maps the child's stdout/stderr pipes to our stdout/stderr. Stops early when the
     wrapper has been gone for _DRAIN_SECONDS (the child's own children may hold the pipes open).
     """
-    prefixes = {source: f"[{rank}]<{'stdout' if target == 1 else 'stderr'}>:".encode()
+    prefixes = {source: protocol.line_prefix(rank, protocol.STREAMS[target - 1])
                 for source, target in sources.items()}
+    continued = {source: protocol.line_prefix(rank, protocol.STREAMS[target - 1], continued=True)
+                 for source, target in sources.items()}
     pending = {source: b"" for source in sources}
     selector = selectors.DefaultSelector()
     for source in sources:
@@ -205,12 +210,13 @@ def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool) -> Non
                 data = b"\n" if pending[source] else b""
             lines = (pending[source] + data).split(b"\n")
             pending[source] = lines.pop()
-            if len(pending[source]) > _MAX_LINE:
-                lines.append(pending[source])
-                pending[source] = b""
+            while len(pending[source]) > protocol.MAX_LINE:
+                lines.append(pending[source][:protocol.MAX_LINE])
+                pending[source] = pending[source][protocol.MAX_LINE:]
             if lines:
                 prefix = prefixes[source] + (_timestamp() if stamp else b"")
-                _write_all(sources[source], b"".join(prefix + line + b"\n" for line in lines))
+                _write_lines(sources[source], [piece for line in lines
+                                               for piece in protocol.pieces(prefix, continued[source], line)])
         if deadline is None and os.getppid() != wrapper:
             deadline = time.monotonic() + _DRAIN_SECONDS
         if deadline is not None and time.monotonic() > deadline:
@@ -316,10 +322,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
-    _write_all(2, start_marker(rank))
+    report(rank, protocol.Started(rank, socket.gethostname()))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
-    env[WORKER_VARIABLE] = "1"
+    env[protocol.WORKER_VARIABLE] = "1"
+    env.pop(protocol.REPORTS_VARIABLE, None)  # the wrapper's, not for the command's own launches
     if HOSTS_VARIABLE in env:
         _write_all(2, _with_horovod_variables(env, rank))
     sys.stdout.flush()
@@ -331,9 +338,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  close_fds=False, preexec_fn=die_with_parent(unblock=handled))
     except OSError as error:
-        code = 127 if isinstance(error, FileNotFoundError) else 126
-        message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
-        _write_all(2, message.encode() + exit_marker(rank, code))
+        code = (protocol.NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError)
+                else protocol.CANNOT_EXECUTE_EXIT_CODE)
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
+                   .encode())
+        report(rank, protocol.Exited(rank, code, time.time()))
         return code
     signalled = []  # the launcher's signals, passed on to the child
     ended: List[Tuple[float, Tuple[bool, int]]] = []  # when (SIGCHLD, this host's clock) and how
@@ -361,17 +370,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
-    relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
+    relay = _start_relay(child, rank, os.environ.get(protocol.TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     code = returncode if returncode >= 0 else 128 - returncode
     notice_end()
-    marker = exit_marker(rank, code, ended=bool(signalled), at=ended[0][0],  # not the drain's time
-                         killed=returncode < 0)
+    exited = protocol.Exited(rank, code, at=ended[0][0],  # not the drain's time
+                             killed=returncode < 0, ended=bool(signalled))
     if not relay_ended:
         _wait_relay(relay)
     if code:
-        _write_all(2, marker)
-    if returncode < 0 and os.environ.get(ULFM_VARIABLE) == "1":
+        report(rank, exited)
+    if returncode < 0 and os.environ.get(protocol.ULFM_VARIABLE) == "1":
         # Die as the rank died: Open MPI's runtime tells the other ranks at once of a process
         # it started that a signal killed (ULFM), while a wrapper's exit code ends the job.
         if returncode != -signal.SIGKILL:

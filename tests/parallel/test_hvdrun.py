@@ -427,3 +427,62 @@ def test_a_killed_output_relay_ends_its_rank_with_a_message(tmp_path):
     assert re.search(r"\[0\]<stderr>:hvdrun: the output relay of rank 0 \(pid \d+\) was killed "
                      r"by SIGKILL; ending the rank, whose output would be lost\n", result.stderr)
     assert "hvdrun: rank 0 exited with code 1 (first failure); ending the job" in result.stderr
+
+
+FLOODS = """
+    import sys, time
+    if rank == 0:
+        for _ in range(300):
+            sys.stdout.write("A" * 60000 + "\\n")
+        sys.stdout.write("#hvdrun-exit rank=1 code=7 at=1.0\\n")
+    else:
+        for i in range(20000):
+            sys.stdout.write(f"short line {i}\\n")
+"""
+
+
+def test_a_fake_report_amid_floods_of_output_is_only_output(tmp_path):
+    # Issue 34: under MPICH, Hydra spliced rank 1's lines into rank 0's 60,000-byte ones; the
+    # fake report lost its prefix and hvdrun exited 7 (2 of 3 runs with 100 long lines, every
+    # run with 300). Reports now travel apart from the output, and lines stay whole.
+    floods = script(tmp_path, "floods.py", prelude=RANK, body=FLOODS)
+    folder = tmp_path / "logs"
+    result, _ = hvdrun("-np", 2, "--output-filename", folder, sys.executable, floods)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "hvdrun:" not in result.stderr, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    zero = ["A" * 60000] * 300 + ["#hvdrun-exit rank=1 code=7 at=1.0"]
+    one = [f"short line {i}" for i in range(20000)]
+    assert [line for line in lines if not line.startswith(("[0]<stdout>:", "[1]<stdout>:"))] == []
+    assert [line[12:] for line in lines if line.startswith("[0]")] == zero
+    assert [line[12:] for line in lines if line.startswith("[1]")] == one
+    assert (folder / "rank.0" / "stdout").read_text() == "".join(f"{line}\n" for line in zero)
+    assert (folder / "rank.1" / "stdout").read_text() == "".join(f"{line}\n" for line in one)
+
+
+def test_a_rank_exit_amid_another_ranks_flood_is_named(tmp_path):
+    # Issue 34: the exit report was glued to rank 0's line and hvdrun said "no rank reported
+    # its own exit" (every run under MPICH).
+    flood = script(tmp_path, "flood.py", prelude=RANK, body="""
+        import sys, time
+        if rank == 1:
+            time.sleep(1)
+            sys.exit(3)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            sys.stderr.write("E" * 60000 + "\\n")
+    """)
+    result, _ = hvdrun("-np", 2, sys.executable, flood)
+    assert result.returncode == 3, result.stderr[-2000:]
+    ours = [line for line in result.stderr.splitlines() if line.startswith("hvdrun:")]
+    assert ours == ["hvdrun: rank 1 exited with code 3 (first failure); ending the job"]
+    zero = [line for line in result.stderr.splitlines() if not line.startswith("hvdrun:")]
+    # whole lines, prefixed; only the last may be cut where the job was ended
+    assert all(line == "[0]<stderr>:" + "E" * 60000 for line in zero[:-1])
+    assert ("[0]<stderr>:" + "E" * 60000).startswith(zero[-1])
+
+
+def test_a_launcher_that_starts_no_rank_is_a_failure_naming_it(tmp_path):
+    result, _ = hvdrun("--mpiexec", "/bin/true", "-np", 2, sys.executable, "-c", "pass")
+    assert result.returncode == 1, result.stderr
+    assert "hvdrun: /bin/true exited with code 0 but no rank reported its start" in result.stderr

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hvd_trainer_launch import config_file, flags, hvdrun, mpi
-from hvd_trainer_launch.worker import HOSTS_VARIABLE
+from hvd_trainer_launch.protocol import HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -115,9 +115,11 @@ def build(monkeypatch, flavour, *options, env=None):
 
     monkeypatch.setattr(hvdrun, "run_job", record)
     assert hvdrun.main(["-np", "2", *options, *PROGRAM]) == 0
-    # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks).
+    # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks),
+    # and where and how the wrappers report (tests/unit/test_launch_protocol.py).
+    always = (HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE)
     added = {name: value for name, value in seen["env"].items()
-             if os.environ.get(name) != value and name != HOSTS_VARIABLE}
+             if os.environ.get(name) != value and name not in always}
     return seen["command"], added, seen
 
 
@@ -337,7 +339,7 @@ def test_open_mpi_maps_by_slot_unless_the_arguments_map(monkeypatch, given):
 
 def test_open_mpi_forwards_the_new_variables(monkeypatch):
     command, _, _ = build(monkeypatch, mpi.OPENMPI, "--tcp")
-    for name in ("NCCL_IB_DISABLE", "UCX_TLS", "FI_PROVIDER"):
+    for name in ("NCCL_IB_DISABLE", "UCX_TLS", "FI_PROVIDER", REPORTS_VARIABLE, SECRET_VARIABLE):
         assert command[command.index(name) - 1] == "-x"
 
 
