@@ -105,6 +105,11 @@ def report_variables(server: reports.ReportServer, secret: str) -> Dict[str, str
     return {protocol.REPORTS_VARIABLE: server.address, protocol.SECRET_VARIABLE: secret}
 
 
+# What keeps the ranks' network transport on the loopback in a one-host job (unless the caller
+# set it): MPICH's UCX ranks would otherwise listen on every interface.
+LOOPBACK_VARIABLES = {"UCX_NET_DEVICES": "lo"}
+
+
 class Failure:
     """A rank's failure: its number, exit code, how it failed (ENDED: after the launcher
     signalled it) and when (by its host's clock, or by ours when it reported no time)."""
@@ -463,6 +468,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
+    one_host = all(mpi.this_machine(host) for host, _ in nodes)
+    if one_host:
+        advice = mpi.shared_memory_advice(launcher.flavour, args.np)
+        if advice:
+            _say(f"warning: {advice}")
+        if not args.nics:
+            placed.update({name: value for name, value in LOOPBACK_VARIABLES.items()
+                           if name not in os.environ})
     relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
     secret = secrets.token_hex(32)  # signs the wrappers' reports; only the ranks get it
     try:

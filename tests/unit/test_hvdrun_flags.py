@@ -117,9 +117,12 @@ def build(monkeypatch, flavour, *options, env=None):
     assert hvdrun.main(["-np", "2", *options, *PROGRAM]) == 0
     # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks),
     # and where and how the wrappers report (tests/unit/test_launch_protocol.py).
+    # A one-host job's UCX stays on the loopback unless --network-interface says otherwise
+    # (test_a_one_host_job_keeps_ucx_on_the_loopback).
     always = (HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE)
     added = {name: value for name, value in seen["env"].items()
-             if os.environ.get(name) != value and name not in always}
+             if os.environ.get(name) != value and name not in always
+             and hvdrun.LOOPBACK_VARIABLES.get(name) != value}
     return seen["command"], added, seen
 
 
@@ -585,3 +588,14 @@ def test_inside_a_slurm_allocation_the_horovod_variables_follow_its_nodes(monkey
     command, _, seen = build(monkeypatch, mpi.HYDRA, "-np", "4", env=allocation)
     assert "-hosts" not in command
     assert json.loads(seen["env"][HOSTS_VARIABLE]) == [["n1", 2], ["n2", 2]]
+
+
+def test_a_one_host_job_keeps_ucx_on_the_loopback(monkeypatch):
+    _, _, seen = build(monkeypatch, mpi.HYDRA)
+    assert seen["env"]["UCX_NET_DEVICES"] == "lo"
+    _, _, seen = build(monkeypatch, mpi.HYDRA, "--network-interface", "eth1")
+    assert seen["env"]["UCX_NET_DEVICES"] == "eth1"
+    _, _, seen = build(monkeypatch, mpi.HYDRA, env={"UCX_NET_DEVICES": "mlx5_0:1"})
+    assert seen["env"]["UCX_NET_DEVICES"] == "mlx5_0:1"
+    _, _, seen = build(monkeypatch, mpi.HYDRA, "-H", "h1:1,h2:1")
+    assert "UCX_NET_DEVICES" not in seen["env"]
