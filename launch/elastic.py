@@ -340,8 +340,7 @@ class ElasticRelay(hvdrun.OutputRelay):
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"hvdrun: elastic: {message}\n")
-    sys.stderr.flush()
+    hvdrun.say(f"elastic: {message}")
 
 
 def _text(hosts: Hosts) -> str:

@@ -164,13 +164,13 @@ class OutputRelay:
                 try:
                     os.makedirs(folder, mode=0o700, exist_ok=True)
                 except OSError as error:
-                    _say(f"warning: cannot create {folder!r} ({error}); rank {rank}'s output "
+                    say(f"warning: cannot create {folder!r} ({error}); rank {rank}'s output "
                          "is not written to files")
                     continue
                 for stream in (b"stdout", b"stderr"):
                     self._files[rank, stream] = files.Output(
                         os.path.join(folder, stream.decode()), what=f"rank {rank}'s {stream.decode()} copy",
-                        warn=lambda message: _say(f"warning: {message}"))
+                        warn=lambda message: say(f"warning: {message}"))
 
     def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
         """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""
@@ -206,8 +206,9 @@ class OutputRelay:
         if out is None or id(out) in self._gone:
             return
         try:
-            out.write(data)
-            out.flush()
+            with _WRITING:
+                out.write(data)
+                out.flush()
         except BrokenPipeError:
             self._gone.add(id(out))
 
@@ -255,7 +256,7 @@ class OutputRelay:
 
     def announce(self, failure: Failure) -> None:
         """Say which rank failed first."""
-        _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code} "
+        say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code} "
              "(first failure); ending the job")
 
     def where(self, ranks: Sequence[int]) -> str:
@@ -279,7 +280,7 @@ class OutputRelay:
                 return
             self.failure = Failure(missing[0], 1, "did not start")
             self.reported.append(self.failure)
-        _say(f"{self.ranks(missing)} did not start within --start-timeout {seconds:g} s; "
+        say(f"{self.ranks(missing)} did not start within --start-timeout {seconds:g} s; "
              "ending the job")
 
     def close(self) -> None:
@@ -288,10 +289,16 @@ class OutputRelay:
             target.close()
 
 
-def _say(message: str) -> None:
+# hvdrun's messages and the ranks' lines reach our stdout and stderr from several threads; one
+# write at a time, or a pipe that takes a long line in parts would get a message in between.
+_WRITING = threading.Lock()
+
+
+def say(message: str) -> None:
     """Print one hvdrun message on stderr."""
-    sys.stderr.write(f"hvdrun: {message}\n")
-    sys.stderr.flush()
+    with _WRITING:
+        sys.stderr.write(f"hvdrun: {message}\n")
+        sys.stderr.flush()
 
 
 def launched(leader: int) -> Dict[int, bytes]:
@@ -365,7 +372,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             handled = len(received)
             if handled == 1:
                 relay.interrupted = True
-                _say(f"received {signal.Signals(received[0]).name}; ending the job")
+                say(f"received {signal.Signals(received[0]).name}; ending the job")
                 left.update(launched(process.pid))  # mpiexec may orphan them as it ends
                 process.send_signal(received[0])
                 ending, kill_at = True, now + KILL_GRACE_SECONDS
@@ -402,13 +409,13 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
     missing = sorted(set(range(np)) - relay.started)
     if code and missing:
-        _say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
+        say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
              "its messages above say why (e.g. ssh could not reach a host)")
     elif code:
-        _say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
+        say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
              "calls MPI_Abort is killed before it can)")
     elif np and len(missing) == np:
-        _say(f"{command[0]} exited with code 0 but no rank reported its start: it started "
+        say(f"{command[0]} exited with code 0 but no rank reported its start: it started "
              "none (is it an MPI launcher? see --mpiexec and HVD_MPIEXEC), or the ranks could "
              "not reach hvdrun's report port (their warnings above say so)")
         return 1
@@ -464,7 +471,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
-        _say(f"error: {error}")
+        say(f"error: {error}")
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
@@ -472,7 +479,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if one_host:
         advice = mpi.shared_memory_advice(launcher.flavour, args.np)
         if advice:
-            _say(f"warning: {advice}")
+            say(f"warning: {advice}")
         if not args.nics:
             placed.update({name: value for name, value in LOOPBACK_VARIABLES.items()
                            if name not in os.environ})
@@ -487,7 +494,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
-        _say(f"running: {shlex.join(mpiexec_command)}")
+        say(f"running: {shlex.join(mpiexec_command)}")
     try:
         return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
     finally:
