@@ -33,6 +33,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch import hvdrun, mpi, reports
+from hvd_trainer_launch.relay import ENDED, Failure, OutputRelay, first_failure, say
 from hvd_trainer_launch.reports import interface_address
 
 # The values hvd_trainer.elastic reads (the launcher does not import hvd_trainer).
@@ -282,7 +283,7 @@ class HostWatcher(threading.Thread):
         self.join()
 
 
-class ElasticRelay(hvdrun.OutputRelay):
+class ElasticRelay(OutputRelay):
     """hvdrun's output relay, whose first failure ends a life of the job, not the job: its
     message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure. It
     keeps every rank that failed on its own before hvdrun began to end the life (``failed``:
@@ -307,15 +308,15 @@ class ElasticRelay(hvdrun.OutputRelay):
 
     def blamed(self, layout: Hosts) -> Set[str]:
         """The hosts that this life's end counts against: the host of the rank that failed
-        first on its own (hvdrun.first_failure: across hosts the others fail after it, their
+        first on its own (first_failure: across hosts the others fail after it, their
         peer gone, through no fault of their hosts). When none failed but some ranks never
         started, the launch failed on their hosts (ssh could not reach them, a name did not
         resolve): those other than this machine, or this one."""
         with self._lock:
             own = [failure for failure in self.reported if failure.rank in self.failed
-                   and failure.how != hvdrun.ENDED and failure.code != RESET_EXIT_CODE]
+                   and failure.how != ENDED and failure.code != RESET_EXIT_CODE]
         if own:
-            return {host_of(layout, hvdrun.first_failure(own).rank)}
+            return {host_of(layout, first_failure(own).rank)}
         missing = {host_of(layout, rank) for rank in range(self.np) if rank not in self.started}
         return {host for host in missing if not mpi.this_machine(host)} or missing
 
@@ -324,14 +325,14 @@ class ElasticRelay(hvdrun.OutputRelay):
         with self._lock:
             if self.interrupted or self.ending:
                 return
-            if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
+            if code != RESET_EXIT_CODE and how != ENDED:
                 self.failed.setdefault(rank, code)
         if self.in_place and killed:
             _say(f"rank {rank}{self.where([rank])} {how} {code}; under --ulfm the other ranks "
                  "go on without it")
         super().record(rank, code, how, at, killed)
 
-    def announce(self, failure: hvdrun.Failure) -> None:
+    def announce(self, failure: Failure) -> None:
         if self.in_place and failure.killed:  # said when it was recorded
             return
         if failure.code != RESET_EXIT_CODE:
@@ -340,7 +341,7 @@ class ElasticRelay(hvdrun.OutputRelay):
 
 
 def _say(message: str) -> None:
-    hvdrun.say(f"elastic: {message}")
+    say(f"elastic: {message}")
 
 
 def _text(hosts: Hosts) -> str:

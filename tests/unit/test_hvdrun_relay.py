@@ -3,14 +3,14 @@ reports: lines joined per rank however mpiexec interleaves them, output never re
 report, the first failure chosen by exit time rather than by arrival, hosts named."""
 import io
 
-from hvd_trainer_launch import hvdrun, protocol
+from hvd_trainer_launch import protocol, relay as output
 from hvd_trainer_launch.protocol import Exited, Started
 
 
 def relayed(lines, hosts=(), reports=(), no_prefix=False, output_dir=None):
     """Relay ``lines`` (bytes) as mpiexec's stderr after delivering ``reports``; return (the
     relay, what the user sees)."""
-    relay = hvdrun.OutputRelay(4, no_prefix, output_dir, hosts)
+    relay = output.OutputRelay(4, no_prefix, output_dir, hosts)
     for report in reports:
         relay.deliver(report)
     out = io.BytesIO()

@@ -1,7 +1,6 @@
 """The launcher–rank protocol (hvd_trainer_launch.protocol) and hvdrun's report port: reports
 round-trip only between holders of the job's secret, a silent peer holds up nobody, and the
 wrappers' side imports nothing of hvd_trainer's core."""
-import os
 import socket
 import subprocess
 import sys
