@@ -23,9 +23,10 @@ import stat
 import tempfile
 from typing import Any, BinaryIO, Callable, Optional, Sequence, Tuple, Union
 
+from hvd_trainer_launch.protocol import SECRET_VARIABLE
+
 log = logging.getLogger("hvd_trainer")
 
-SECRET_VARIABLE = "HVD_JOB_SECRET"
 _SIGNED = b"hvd_trainer signed 1\n"
 _MAC_BYTES = hashlib.sha256().digest_size
 _NONCE_BYTES = 16
