@@ -90,11 +90,15 @@ class OutputRelay:
             if prefixed is None:  # mpiexec's own message
                 self._show(out, line)
                 continue
+            continued = protocol.is_continued(prefixed[3])
+            if not (continued or pending or self._files):  # the common case: shown as it came
+                self._show(out, line[prefixed.end():] if self.no_prefix else line)
+                continue
             source = (int(prefixed[1]), prefixed[2])
             text = pending.pop(source, b"") + line[prefixed.end():]
             # A wrapper sends at most MAX_LINE bytes (and a time stamp) in pieces: a longer
             # run of them is shown rather than held.
-            if protocol.is_continued(prefixed[3]) and len(text) <= 2 * protocol.MAX_LINE:
+            if continued and len(text) <= 2 * protocol.MAX_LINE:
                 pending[source] = text[:-1] if text.endswith(b"\n") else text
                 continue
             self._line(out, source, text if text.endswith(b"\n") else text + b"\n")
