@@ -514,7 +514,7 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
         return [("run", head.key, _outcome(comm, head, gathered))]
     summaries = [e.summary() for e in entries]
     stuck = sched.stuck(summaries, _MATCH_GRACE_SECONDS)
-    shared = comm.allgather_object((stuck, summaries, sched.unnamed))
+    shared = comm.allgather_object((stuck, summaries, sched.counts()))
     lists = [None if g is None else g[1] for g in shared]
     failure = functools.partial(_failure, comm)
     verdicts = scheduler.match(lists, failure, single=joined, me=comm.rank)
@@ -523,7 +523,7 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
         if verdicts and verdicts[0][0] == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
             # from here they count on from the same number.
-            sched.unnamed = max(g[2] for g in shared if g is not None)
+            sched.align_counts(verdicts[0][1], [g[2] for g in shared if g is not None])
     by_key = {e.key: e for e in entries}
     decided: List[scheduler.Verdict] = []
     for verdict, key, value in verdicts:
@@ -750,8 +750,9 @@ class Call:
 
 def collective(comm: Communicator, kind: str, name: Optional[str]) -> Call:
     """One collective on ``comm``, to run as ``with collective(...) as call:``, which takes
-    ``comm``'s turn and names the call (``kind.noname.N`` per communicator when ``name`` is
-    None; a name that is not a string is an argument error)."""
+    ``comm``'s turn and names the call (``kind.noname.N`` per communicator and thread, see
+    automatic_names.py, when ``name`` is None; a name that is not a string is an argument
+    error)."""
     return Call(comm, kind, name)
 
 

@@ -14,8 +14,10 @@ its own compression residuals; the weights and optimizer states come from and go
 adapter through callables.
 """
 import hashlib
+import os
 import pickle
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+import stat
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,12 +28,22 @@ _MAGIC = b"hvd_trainer residuals 1\n"
 _HEADER = b"hvd_trainer checkpoint\n"
 FORMAT_VERSION = 2  # 1 was a bare pickle
 _FORMAT = "hvd_trainer checkpoint 1"  # the payload's own mark, inside the file format
+# The header and room for the version's line: read and checked before the rest of a file.
+_HEAD_BYTES = len(_HEADER) + 21
+# Errors that keep their class when a checkpoint's outcome reaches the other ranks; anything
+# else arrives as a RuntimeError naming the original class.
+_CARRIED_TYPES = {cls.__name__: cls for cls in (OSError, ValueError, TypeError, MemoryError)}
 
 
 def pack(checkpoint: Any) -> bytes:
     """The file's bytes for ``checkpoint``: header, format version, SHA-256 of the pickle,
     the pickle."""
-    body = pickle.dumps(checkpoint, pickle.HIGHEST_PROTOCOL)
+    try:
+        body = pickle.dumps(checkpoint, pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - a lambda, a local class, an open file...
+        raise ValueError(f"the checkpoint cannot be pickled ({type(e).__name__}: {e}); pass "
+                         "an extra= that pickle can save (module-level classes and "
+                         "functions, no lambdas or open files)") from e
     return _HEADER + b"%d\n" % FORMAT_VERSION + hashlib.sha256(body).digest() + body
 
 
@@ -40,22 +52,67 @@ def is_checkpoint(data: bytes) -> bool:
     return data.startswith(_HEADER)
 
 
-def unpack(data: bytes, fname: str) -> Any:
-    """What :func:`pack` packed, once the header, the version and the digest are right;
-    ValueError naming ``fname`` and what is wrong otherwise, before anything is unpickled."""
+def read_file(fname: str) -> bytes:
+    """The bytes of the regular file ``fname``, read up to the size it had when opened (a
+    device such as /dev/zero, or a pipe, has no end to read to: ValueError)."""
+    with open(fname, "rb") as f:
+        return _read_rest(f, fname, b"")
+
+
+def _read_rest(f: Any, fname: str, head: bytes) -> bytes:
+    """``head`` (read from ``f`` already) and the rest of the regular file ``f``."""
+    info = os.fstat(f.fileno())
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{fname!r} is not a regular file; give the path of a file that "
+                         "save_checkpoint() or save_states() wrote")
+    return head + f.read(max(info.st_size - len(head), 0))
+
+
+def read_checkpoint(fname: str) -> bytes:
+    """The bytes of the checkpoint ``fname``: its header is read and checked first
+    (:func:`check_header`), then the rest, up to the file's size."""
+    with open(fname, "rb") as f:
+        head = f.read(_HEAD_BYTES)
+        check_header(head, fname)
+        return _read_rest(f, fname, head)
+
+
+def check_header(data: bytes, fname: str) -> None:
+    """ValueError naming ``fname`` unless ``data`` starts with a whole header of this
+    format's version."""
     if not is_checkpoint(data):
+        if data and _HEADER.startswith(data):
+            raise ValueError(f"{fname!r} is a truncated checkpoint: it ends inside its header "
+                             f"({len(data)} bytes); load an intact copy")
         raise ValueError(f"{fname!r} is not a DistributedTrainer checkpoint (it has no "
                          "checkpoint header); write one with trainer.save_checkpoint()")
-    version, newline, rest = data[len(_HEADER):].partition(b"\n")
+    version, newline, _ = data[len(_HEADER):_HEAD_BYTES].partition(b"\n")
+    if not newline and len(data) < _HEAD_BYTES:
+        raise ValueError(f"{fname!r} is a truncated checkpoint: it ends inside its header "
+                         f"({len(data)} bytes); load an intact copy")
     if not newline or version != b"%d" % FORMAT_VERSION:
         raise ValueError(f"{fname!r} is a checkpoint of format {version[:20]!r}, this "
                          f"hvd_trainer reads format {FORMAT_VERSION}; write it again with "
                          "this version's trainer.save_checkpoint()")
-    digest, body = rest[:hashlib.sha256().digest_size], rest[hashlib.sha256().digest_size:]
+
+
+def unpack(data: bytes, fname: str) -> Any:
+    """What :func:`pack` packed, once the header, the version and the digest are right;
+    ValueError naming ``fname`` and what is wrong otherwise, before anything is unpickled."""
+    check_header(data, fname)
+    rest = data[len(_HEADER):].partition(b"\n")[2]
+    size = hashlib.sha256().digest_size
+    digest, body = rest[:size], rest[size:]
     if hashlib.sha256(body).digest() != digest:
         raise ValueError(f"{fname!r} is damaged: its digest does not match its contents "
                          "(truncated or altered); load an intact copy")
-    return pickle.loads(body)
+    try:
+        return pickle.loads(body)
+    except Exception as e:  # noqa: BLE001 - e.g. a class the saving script defined
+        raise ValueError(f"{fname!r} holds a value that cannot be unpickled here "
+                         f"({type(e).__name__}: {e}); load it where the classes and functions "
+                         "in its extra= value can be imported (one defined in the saving "
+                         "script's __main__ must be defined in the loading script too)") from e
 
 
 def attach_residuals(states: bytes, residuals: Any) -> bytes:
@@ -118,45 +175,71 @@ def _writes(process_set: Any) -> bool:
     return not process_set.included() or process_set.rank() == 0
 
 
+class _Failure(NamedTuple):
+    """An error of the rank that touched a checkpoint's file, as the other members get it."""
+
+    kind: str  # the error's class name
+    message: str
+
+    @classmethod
+    def of(cls, error: Exception, fname: str, doing: str) -> "_Failure":
+        """``error`` as it travels: OSError names the rank and what it could not do."""
+        if isinstance(error, OSError):
+            return cls("OSError", f"rank {runtime.rank()} could not {doing} {fname!r}: {error}")
+        return cls(type(error).__name__, str(error))
+
+    def error(self) -> Exception:
+        """The error every member raises: of the original class where it is one of
+        ``_CARRIED_TYPES``, else a RuntimeError naming it."""
+        cls = _CARRIED_TYPES.get(self.kind)
+        if cls is None:
+            return RuntimeError(f"{self.kind}: {self.message}")
+        return cls(self.message)
+
+
+def _raise(failure: Optional[_Failure], original: Optional[Exception]) -> None:
+    """Raise ``failure`` (if any) on this member, chained to ``original`` where this rank
+    had it."""
+    if failure is not None:
+        raise failure.error() from original
+
+
 def _write_on_root(fname: str, build: Callable[[], bytes], process_set: Any, name: str) -> None:
     """The set's first rank writes ``build()`` atomically to ``fname``; every member returns
-    after that, or raises OSError naming the file and the rank if it failed.
+    after that, or raises the error if it failed (any error: OSError naming the file and
+    the rank, ValueError for what cannot be pickled...).
 
     The outcome travels by allgather, which does not depend on how a root is numbered.
     """
-    error = None
+    failure, original = None, None
     if _writes(process_set):
         try:
             files.write_atomically(fname, build())
-        except OSError as e:
-            error = f"rank {runtime.rank()} could not write {fname!r}: {e}"
+        except Exception as e:  # noqa: BLE001 - every member raises it
+            failure, original = _Failure.of(e, fname, "write"), e
     if process_set.included():
-        outcomes = ops.allgather_object(error, name, process_set)
-        error = next((e for e in outcomes if e), None)
-    if error:
-        raise OSError(error)
+        outcomes = ops.allgather_object(failure, name, process_set)
+        failure = next((f for f in outcomes if f is not None), None)
+    _raise(failure, original)
 
 
 def _read_on_root(fname: str, process_set: Any, name: str) -> Tuple[Dict[str, Any], Any]:
-    """The set's first rank reads ``fname``, checks it (digest before unpickling) and every
-    member gets the checkpoint less the residuals, which stay on the reading rank (returned
-    there, None elsewhere). A file that cannot be read raises OSError on all members, one
-    that is no intact checkpoint ValueError."""
-    checkpoint, error, residuals = None, None, None
+    """The set's first rank reads ``fname``, checks it (header first, digest before
+    unpickling) and every member gets the checkpoint less the residuals, which stay on the
+    reading rank (returned there, None elsewhere). Any error raises on all members: OSError
+    for a file that cannot be read, ValueError for one that is no intact checkpoint or holds
+    what cannot be unpickled here."""
+    checkpoint, failure, original, residuals = None, None, None, None
     writes = _writes(process_set)
     if writes:
         try:
-            with open(fname, "rb") as f:
-                checkpoint, residuals = _without_residuals(f.read(), fname)
-        except OSError as e:
-            error = ("OSError", f"rank {runtime.rank()} could not read {fname!r}: {e}")
-        except ValueError as e:
-            error = ("ValueError", str(e))
+            checkpoint, residuals = _without_residuals(read_checkpoint(fname), fname)
+        except Exception as e:  # noqa: BLE001 - every member raises it
+            failure, original = _Failure.of(e, fname, "read"), e
     if process_set.included():
-        checkpoint, error = ops.allgather_object((checkpoint, error) if writes else None, name,
-                                                 process_set)[0]
-    if error:
-        raise (OSError if error[0] == "OSError" else ValueError)(error[1])
+        checkpoint, failure = ops.allgather_object((checkpoint, failure) if writes else None,
+                                                   name, process_set)[0]
+    _raise(failure, original)
     return checkpoint, residuals
 
 

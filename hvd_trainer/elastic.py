@@ -26,12 +26,16 @@ import shutil
 import socket
 import sys
 import threading
+import time
 from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set,
                     Tuple)
 
 import numpy as np
 
 from . import files, ops, runtime
+from .elastic_lives import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE, GENERATION_VARIABLE,
+                            MIN_NP_VARIABLE, RESTART_VARIABLE, CommitsLostError, count_variable,
+                            no_commit_found)
 
 log = logging.getLogger("hvd_trainer")
 
@@ -40,12 +44,12 @@ log = logging.getLogger("hvd_trainer")
 RESET_EXIT_CODE = 75
 # Variables that hvdrun sets for the ranks in elastic mode.
 DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's folder for commits on each host (files.job_folders)
-RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
+DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"  # its folder on disk, for commits memory cannot hold
 NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"  # host:port where hvdrun tells the hosts' generation
-GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
 # hvdrun --ulfm: the survivors of a failed rank shrink and go on in their processes.
 ULFM_VARIABLE = "HVD_ULFM"
-MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"  # --min-np: fewer survivors end the life instead
+# Seconds rank 0's whole question to hvdrun may take (connection, exchange).
+NOTICE_TIMEOUT = 10.0
 _SUFFIX = ".commit"
 _ALIGN = 64  # each array of a commit's region starts at a multiple of this many bytes
 # Seconds a rank that ends the job (an uncaught exception) waits for its commits in flight to
@@ -239,8 +243,8 @@ class _HostNotices:
     that runs hvdrun.
     """
 
-    def __init__(self, address: Optional[str], generation: int):
-        self.address, self.generation = address, generation
+    def __init__(self, address: Optional[str], generation: int, store: "_CommitStore"):
+        self.address, self.generation, self.store = address, generation, store
         self.secret = files.job_secret()
         self.warned = False
         self._asker: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -260,8 +264,10 @@ class _HostNotices:
         try:
             if self.secret is None:
                 raise ValueError(f"{files.SECRET_VARIABLE} is not set")
-            with socket.create_connection((host, int(port)), timeout=10) as conn:
-                return files.ask_notice(conn, self.secret) > self.generation
+            deadline = time.monotonic() + NOTICE_TIMEOUT
+            with socket.create_connection((host, int(port)), timeout=NOTICE_TIMEOUT) as conn:
+                told = files.ask_notice(conn, self.secret, self.store.written, deadline)
+                return told > self.generation
         except (OSError, ValueError) as error:
             if not self.warned:
                 log.warning("cannot ask hvdrun at %s whether the hosts changed (%s); this "
@@ -287,7 +293,8 @@ class _CommitStore:
     """
 
     def __init__(self, folder: Optional[str]):
-        self.folders = files.job_folders(folder) if folder else ()
+        self.folders = (files.job_folders(folder, os.environ.get(DISK_DIR_VARIABLE) or None)
+                        if folder else ())
         if len(self.folders) > 1 and files.memory_root() is None:  # this host lacks /dev/shm
             self.folders = self.folders[1:]
         self.secret = files.job_secret()
@@ -296,21 +303,51 @@ class _CommitStore:
                              "commits on disk are signed with the job's secret, which hvdrun "
                              "sets; start the job with hvdrun")
         # Temporary files carry the life's number: those of earlier lives are abandoned.
-        self.tag = f"life{int(os.environ.get(RESTART_VARIABLE, '0') or 0)}"
+        self.tag = f"life{count_variable(RESTART_VARIABLE)}"
+        self.written = 0  # the newest commit this rank has written (rank 0 tells hvdrun)
         self._checked: Set[str] = set()
         self._failures: List[str] = []
         self._on_disk_said = False
 
     def _ready(self, folder: str) -> str:
+        """``folder``, made when missing and checked; when another user owns it or may write
+        into it, the job's other folder instead (a warning says so, once, and ``folder`` is
+        left out from then on), or PermissionError when there is none. A folder removed while
+        the job ran is made again, with a warning: the commits it held are gone."""
+        if folder in self._checked and not os.path.lexists(folder):
+            log.warning("rank %d: the job's commit folder %s was removed while the job ran "
+                        "(its commits are lost); making it again", runtime.rank(), folder)
+            self._checked.discard(folder)
         if folder not in self._checked:
-            files.private_folder(folder)
+            try:
+                files.private_folder(folder)
+            except PermissionError as error:
+                others = [other for other in self.folders if other != folder]
+                if not others:
+                    raise
+                log.warning("rank %d: %s; leaving it out and keeping this job's commits in "
+                            "%s", runtime.rank(), error, others[0])
+                self.folders = tuple(others)
+                return self._ready(others[0])
             self._checked.add(folder)
         return folder
 
+    def _write_in(self, folder: str, name: str, parts: List[Any]) -> None:
+        """Write a commit's ``parts`` as ``folder/name``, in a folder made again when it was
+        removed meanwhile (:meth:`_ready`)."""
+        try:
+            files.write_signed(os.path.join(self._ready(folder), name), self.secret, parts,
+                               sync=False, tag=self.tag)
+        except FileNotFoundError:
+            if os.path.lexists(folder):
+                raise
+            files.write_signed(os.path.join(self._ready(folder), name), self.secret, parts,
+                               sync=False, tag=self.tag)
+
     def _existing(self) -> List[str]:
         """The job's folders on this host, checked (the first is made when missing)."""
-        return [self._ready(folder) for i, folder in enumerate(self.folders)
-                if i == 0 or os.path.lexists(folder)]
+        return list(dict.fromkeys(self._ready(folder) for i, folder in enumerate(self.folders)
+                                  if i == 0 or os.path.lexists(folder)))
 
     def newest(self) -> Tuple[int, Optional[memoryview]]:
         """The highest intact commit held on this host (by any rank): its number and payload;
@@ -351,14 +388,13 @@ class _CommitStore:
         try:
             folder = self._folder_for(sum(memoryview(p).nbytes for p in parts))
             try:
-                files.write_signed(os.path.join(self._ready(folder), name), self.secret, parts,
-                                   sync=False, tag=self.tag)
+                self._write_in(folder, name, parts)
             except OSError as error:
                 if error.errno != errno.ENOSPC or folder == self.folders[-1]:
                     raise
                 folder = self._on_disk(f"{folder} is full")
-                files.write_signed(os.path.join(self._ready(folder), name), self.secret, parts,
-                                   sync=False, tag=self.tag)
+                self._write_in(folder, name, parts)
+            self.written = max(self.written, number)
             for kept in self._existing():
                 for old in glob.glob(os.path.join(kept, f"rank{rank}.*{_SUFFIX}")):
                     older = os.path.basename(old)[:-len(_SUFFIX)].rpartition(".")[2]
@@ -420,7 +456,7 @@ class State(abc.ABC):
         self._reset_callbacks: List[Callable[[], None]] = []
         self._store = _CommitStore(os.environ.get(DIR_VARIABLE) or None)
         self._notices = _HostNotices(os.environ.get(NOTIFY_VARIABLE) or None,
-                                     int(os.environ.get(GENERATION_VARIABLE, "0") or 0))
+                                     count_variable(GENERATION_VARIABLE), self._store)
         self._commit_number = 0
         self._committed: Optional[_Commit] = None
         self._asking: Optional[concurrent.futures.Future] = None  # rank 0's question to hvdrun
@@ -564,8 +600,9 @@ class State(abc.ABC):
             error = None
         except OSError as e:  # the folder is not the job's own: every rank raises it
             number, payload, error = 0, None, f"rank {runtime.rank()}: {e}"
-        self._load_newest(number, payload, error)
-        if int(os.environ.get(RESTART_VARIABLE, "0") or 0) > 0:
+        self._load_newest(number, payload, error, on_none=lambda: no_commit_found(
+            runtime.rank(), self._store.folders))
+        if count_variable(RESTART_VARIABLE) > 0:
             self.on_reset()
 
     def resume(self) -> None:
@@ -577,10 +614,11 @@ class State(abc.ABC):
         self._load_newest(self._commit_number if payload is not None else 0, payload, None)
         self.on_reset()
 
-    def _load_newest(self, number: int, payload: Optional[memoryview],
-                     error: Optional[str]) -> None:
+    def _load_newest(self, number: int, payload: Optional[memoryview], error: Optional[str],
+                     on_none: Optional[Callable[[], None]] = None) -> None:
         """Every rank loads the newest of the commits the ranks hold (this rank's: commit
-        ``number``, ``payload``; ``error``: why it has none), or :meth:`sync` without one."""
+        ``number``, ``payload``; ``error``: why it has none), or :meth:`sync` without one,
+        after ``on_none()`` (which may raise, on every rank)."""
         found = (number, payload.nbytes if payload is not None else 0, error)
         every = ([found] if runtime.size() == 1 else
                  ops.allgather_object(found, name="elastic.commits"))
@@ -590,6 +628,8 @@ class State(abc.ABC):
         holders = [n for n, _, _ in every]
         newest = max(holders)
         if newest == 0:
+            if on_none is not None:
+                on_none()
             self.sync()
         else:
             root = holders.index(newest)
@@ -698,7 +738,7 @@ def _shrink(error: Exception) -> None:
     from the last commit, counting the failed rank's failure, not the survivors' exits."""
     before = runtime.size()
     size = runtime.shrink()
-    least = int(os.environ.get(MIN_NP_VARIABLE, "1") or 1)
+    least = count_variable(MIN_NP_VARIABLE, 1)
     what = (str(error).strip().splitlines() or [type(error).__name__])[0]  # TF's run long
     if size < least:
         log.error("rank %d: %d of %d ranks survived a failed process (%s), fewer than "

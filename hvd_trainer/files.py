@@ -9,7 +9,7 @@ or appended to only when the file is our own regular file; folders that hold the
 are 0700 and refused when another user owns them or may write into them. Bytes that the job
 reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun
 generates and hands to the ranks in ``HVD_JOB_SECRET``, and verified before they are unpickled;
-both ends of hvdrun's notice port prove that they hold it (:func:`answer_notice`).
+both ends of hvdrun's notice port prove that they hold it (:func:`notice_reply`).
 
 Standard library only: hvdrun imports it without the rest of the package's dependencies.
 """
@@ -21,7 +21,8 @@ import os
 import socket
 import stat
 import tempfile
-from typing import Any, BinaryIO, Callable, Optional, Sequence, Tuple, Union
+import time
+from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 from hvd_trainer_launch.protocol import SECRET_VARIABLE
 
@@ -138,14 +139,15 @@ def memory_root() -> Optional[str]:
     return MEMORY_ROOT if usable else None
 
 
-def job_folders(folder: str) -> Tuple[str, ...]:
+def job_folders(folder: str, on_disk: Optional[str] = None) -> Tuple[str, ...]:
     """The folders that may hold the elastic commits of a job whose folder (hvdrun's
-    ``HVD_ELASTIC_DIR``) is ``folder``: ``folder`` itself and, when it is in memory
-    (under :data:`MEMORY_ROOT`), the folder of the same name in the temporary folder on disk,
-    for commits that do not fit in memory."""
-    if os.path.dirname(os.path.abspath(folder)) != MEMORY_ROOT:
+    ``HVD_ELASTIC_DIR``) is ``folder``: ``folder`` itself and, when it is in memory (under
+    :data:`MEMORY_ROOT`), ``on_disk`` (``HVD_ELASTIC_DISK_DIR``) for commits that do not fit
+    in memory. hvdrun names the two at random, each on its own, so that the name in memory,
+    which every user can list, does not give away the one on disk."""
+    if os.path.dirname(os.path.abspath(folder)) != MEMORY_ROOT or not on_disk:
         return (folder,)
-    return folder, os.path.join(tempfile.gettempdir(), os.path.basename(folder))
+    return folder, on_disk
 
 
 def job_secret() -> Optional[bytes]:
@@ -183,10 +185,17 @@ def verify(secret: bytes, signed: Any, what: str) -> memoryview:
     return signed[start:]
 
 
-def _receive(conn: socket.socket, count: int) -> bytes:
-    """Exactly ``count`` bytes from ``conn``; ConnectionError if it closes before."""
+def _receive(conn: socket.socket, count: int, deadline: Optional[float]) -> bytes:
+    """Exactly ``count`` bytes from ``conn``, by ``deadline`` (time.monotonic()) when given:
+    socket.timeout after it, however the peer trickles its bytes; ConnectionError if it
+    closes before."""
     data = b""
     while len(data) < count:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"{len(data)} of {count} bytes came before the deadline")
+            conn.settimeout(left)
         chunk = conn.recv(count - len(data))
         if not chunk:
             raise ConnectionError(f"the peer closed the connection after {len(data)} of "
@@ -195,28 +204,64 @@ def _receive(conn: socket.socket, count: int) -> bytes:
     return data
 
 
-def answer_notice(conn: socket.socket, secret: bytes, number: int) -> bool:
-    """hvdrun's side of the notice exchange: send a fresh challenge, and tell ``number`` (the
-    hosts' generation) only to a peer whose answer proves it holds ``secret``; the reply is
-    bound to both challenges, so it cannot be replayed or forged. Returns whether it told."""
-    mine = os.urandom(_NONCE_BYTES)
-    conn.sendall(mine)
-    theirs = _receive(conn, _NONCE_BYTES)
-    if not hmac.compare_digest(_receive(conn, _MAC_BYTES), mac(secret, b"ask", mine, theirs)):
-        return False
+def notice_challenge() -> bytes:
+    """hvdrun's first message of a notice exchange: a fresh random challenge."""
+    return os.urandom(_NONCE_BYTES)
+
+
+# What a rank sends back: its own challenge, the newest commit it has written, the MAC.
+NOTICE_QUESTION_BYTES = _NONCE_BYTES + 8 + _MAC_BYTES
+
+
+class NoticeReply(NamedTuple):
+    """hvdrun's answer to a proved question (:func:`notice_reply`)."""
+    data: bytes  # what to send back
+    written: int  # the newest commit that rank 0 had written when it asked
+
+
+def notice_reply(secret: bytes, challenge: bytes, question: bytes,
+                 number: int) -> Optional[NoticeReply]:
+    """hvdrun's side of the notice exchange, without the socket: given the ``challenge`` it
+    sent and the rank's ``question`` (NOTICE_QUESTION_BYTES), the reply that tells ``number``
+    (the hosts' generation), bound to both challenges so that it cannot be replayed or forged;
+    None when the question does not prove that its sender holds ``secret``."""
+    theirs = question[:_NONCE_BYTES]
+    written = question[_NONCE_BYTES:_NONCE_BYTES + 8]
+    if not hmac.compare_digest(question[_NONCE_BYTES + 8:],
+                               mac(secret, b"ask", challenge, theirs, written)):
+        return None
     told = number.to_bytes(8, "big")
-    conn.sendall(told + mac(secret, b"tell", mine, theirs, told))
-    return True
+    return NoticeReply(told + mac(secret, b"tell", challenge, theirs, told),
+                       int.from_bytes(written, "big"))
 
 
-def ask_notice(conn: socket.socket, secret: bytes) -> int:
-    """A rank's side of :func:`answer_notice`: the number hvdrun told; ValueError when the
+def answer_notice(conn: socket.socket, secret: bytes, number: int,
+                  deadline: Optional[float] = None) -> Optional[int]:
+    """:func:`notice_reply` over a blocking ``conn``, the whole exchange by ``deadline``:
+    the newest commit the rank reported, or None when it did not prove that it holds
+    ``secret`` (then it is told nothing)."""
+    mine = notice_challenge()
+    conn.sendall(mine)
+    reply = notice_reply(secret, mine, _receive(conn, NOTICE_QUESTION_BYTES, deadline), number)
+    if reply is None:
+        return None
+    conn.sendall(reply.data)
+    return reply.written
+
+
+def ask_notice(conn: socket.socket, secret: bytes, written: int = 0,
+               deadline: Optional[float] = None) -> int:
+    """A rank's side of :func:`notice_reply`, telling hvdrun the newest commit this rank has
+    ``written`` (so that a restart that finds none knows that commits were lost), the whole
+    exchange by ``deadline`` (time.monotonic()): the number hvdrun told; ValueError when the
     reply does not prove that it comes from the holder of ``secret``."""
-    theirs = _receive(conn, _NONCE_BYTES)
+    theirs = _receive(conn, _NONCE_BYTES, deadline)
     mine = os.urandom(_NONCE_BYTES)
-    conn.sendall(mine + mac(secret, b"ask", theirs, mine))
-    told = _receive(conn, 8)
-    if not hmac.compare_digest(_receive(conn, _MAC_BYTES), mac(secret, b"tell", theirs, mine, told)):
+    reported = written.to_bytes(8, "big")
+    conn.sendall(mine + reported + mac(secret, b"ask", theirs, mine, reported))
+    told = _receive(conn, 8, deadline)
+    if not hmac.compare_digest(_receive(conn, _MAC_BYTES, deadline),
+                               mac(secret, b"tell", theirs, mine, told)):
         raise ValueError("the reply is not signed with this job's secret")
     return int.from_bytes(told, "big")
 

@@ -11,11 +11,13 @@ or ``TypeError`` on every rank of the process set, naming the rank, and the next
 works. ``root_rank`` is a global rank, as in Horovod, also on a process set.
 
 Any thread may call a collective; calls on one process set run one at a time (see
-agreement.py), so threads that call collectives on the same process set must do so in the
-same order on every rank, or the ranks raise :class:`MismatchError`.
+agreement.py). Unnamed calls pair thread by thread across ranks, by the thread's name (see
+automatic_names.py); named ones pair by name.
 
-Integer tensors reduce exactly; ``Average`` and fractional scale factors then truncate toward
-zero, as C's integer division does. Boolean ``Sum`` is a logical or.
+Integer tensors reduce in their own type, wrapping on overflow as MPI's sum does; ``Average``
+and fractional scale factors then truncate toward zero, as C's integer division does: the
+results of Horovod, which sums in the tensor's type and then scales. Boolean ``Sum`` is a
+logical or.
 """
 from __future__ import annotations  # the nested functions' annotations cost each call else
 

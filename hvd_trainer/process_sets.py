@@ -27,6 +27,11 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
             if ps.ranks is None or not ps.ranks:
                 raise ValueError("add_process_set: the process set needs a non-empty list of "
                                  "ranks")
+            odd = [r for r in ps.ranks if isinstance(r, bool) or not isinstance(r, int)]
+            if odd:
+                raise TypeError(f"add_process_set: ranks must be integers, got {odd[0]!r} "
+                                f"({type(odd[0]).__name__}) in {ps.ranks!r}; give whole rank "
+                                "numbers")
             bad = [r for r in ps.ranks if not 0 <= r < st.world.size]
             if bad or len(set(ps.ranks)) != len(ps.ranks):
                 raise ValueError(f"add_process_set: ranks {ps.ranks} must be distinct and "

@@ -80,7 +80,7 @@ def _hvdrun_flags(num_proc: int, given: Dict[str, Any]) -> List[str]:
         if given.get(name) is not None:
             flags += [flag, str(given[name])]
     for name, flag in (("disable_cache", "--disable-cache"), ("verbose", "--verbose"),
-                       ("use_mpi", "--mpi")):
+                       ("use_mpi", "--mpi"), ("horovod", "--horovod")):
         if given.get(name):
             flags.append(flag)
     if given.get("mpi_args"):
@@ -103,7 +103,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         mpi_args: Optional[str] = None, network_interface: Optional[str] = None,
         network_interfaces: Optional[Sequence[str]] = None, executable: Optional[str] = None,
         np: Optional[int] = None, min_np: Optional[int] = None,
-        max_np: Optional[int] = None) -> List[Any]:
+        max_np: Optional[int] = None, *, horovod: bool = False) -> List[Any]:
     """Run ``func(*args, **kwargs)`` on ``num_proc`` ranks started by hvdrun; return the
     results as a list indexed by rank.
 
@@ -111,7 +111,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     ``ssh_identity_file``, ``disable_cache``, ``output_filename``, ``verbose``, ``use_mpi``,
     ``mpi_args`` and ``network_interfaces`` act as hvdrun's flags of those names;
     ``executable`` is the Python that runs ``func`` on the ranks (default: this one). ``np``
-    and ``network_interface`` are deprecated spellings, as in Horovod. The elastic arguments
+    and ``network_interface`` are deprecated spellings, as in Horovod. ``horovod=True`` (ours,
+    keyword-only) is ``hvdrun --horovod``: ``func`` may ``import horovod.torch`` and the other
+    horovod modules, which are hvd_trainer's on the ranks. The elastic arguments
     and ``use_gloo`` raise ValueError naming the argument. An exception in ``func`` on some
     rank raises RuntimeError here naming the rank (the exception itself is its cause when it
     could be pickled); so does a rank that ends without a result. It blocks until the job ends.
@@ -136,14 +138,19 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
 
     secret = secrets.token_bytes(32)
     folder = tempfile.mkdtemp(prefix="hvd_run.")
+    # hvdrun runs under a guard that ends the job and removes the folder if this process
+    # dies (hvd_trainer_launch.guard): it watches a pipe whose write end only we hold.
+    watched, watching = os.pipe()
     try:
         _write_signed(folder, _FUNCTION, cloudpickle.dumps((func, tuple(args), kwargs or {})),
                       secret)
-        command = [sys.executable, "-m", "hvd_trainer_launch.hvdrun",
+        command = [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), folder,
                    *_hvdrun_flags(num_proc, given), "--",
                    executable or sys.executable, "-m", "hvd_trainer.runner", folder]
         env = dict(os.environ, **{SECRET_VARIABLE: secret.hex()})
-        process = subprocess.Popen(command, env=env)
+        process = subprocess.Popen(command, env=env, pass_fds=(watched,))
+        os.close(watched)
+        watched = -1
         try:
             code = process.wait()
         except BaseException:  # Ctrl-C here: hvdrun ends the job, then we go
@@ -153,6 +160,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
             raise
         return _collect(folder, secret, num_proc, code, getattr(func, "__name__", repr(func)))
     finally:
+        for end in (watched, watching):
+            if end >= 0:
+                os.close(end)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ import atexit
 import functools
 import logging
 import math
+import operator
 import os
 import sys
 import threading
@@ -15,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch.protocol import WORKER_VARIABLE
-
+from . import installs
 from .backends import Communicator
 
 # Variables that MPI launchers and Slurm set in every rank's environment.
@@ -66,7 +67,7 @@ class ProcessSet:
     """
 
     def __init__(self, ranks: Optional[Iterable[int]] = None):
-        self.ranks: Optional[List[int]] = None if ranks is None else sorted(int(r) for r in ranks)
+        self.ranks: Optional[List[int]] = None if ranks is None else _sorted_ranks(ranks)
         self.process_set_id: Optional[int] = None
         self.comm: Optional[Communicator] = None
 
@@ -86,6 +87,18 @@ class ProcessSet:
 
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+def _sorted_ranks(ranks: Iterable[Any]) -> List[Any]:
+    """``ranks`` sorted, as ints; as given if one is no integer (1.0 and True included), which
+    add_process_set then refuses on every rank."""
+    given = list(ranks)
+    if not any(isinstance(r, bool) for r in given):
+        try:
+            return sorted(operator.index(r) for r in given)  # ints, NumPy's integers
+        except TypeError:
+            pass
+    return given
 
 
 global_process_set = ProcessSet()
@@ -304,8 +317,7 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     except ImportError as e:
         raise RuntimeError(
             "this process was started by an MPI launcher but mpi4py cannot be imported "
-            f"({e}); install it with `pip install mpi4py mpich` (or mpi4py against your "
-            "system MPI)") from e
+            f"({e}); add it with: {installs.MPI4PY.command}") from e
     if comm is None:
         return mpi.world(), "mpi"
     return mpi.MPICommunicator(comm), "mpi"
@@ -327,8 +339,9 @@ def init(comm: Any = None) -> None:
 
 def _start(world: Communicator, backend: str) -> None:
     """Start the job on ``world`` (hold ``_lock``)."""
-    global _state
+    global _state, _last_rank
     _state = _State(world, backend)
+    _last_rank = world.rank
     log.debug("rank %d of %d on the %s backend (%s), fusion threshold %d bytes",
               world.rank, world.size, backend, getattr(world, "algorithm", "-"),
               _state.fusion_threshold)
@@ -416,8 +429,12 @@ _hooks: List[bool] = []  # [True] once the hooks below are installed (once per p
 
 
 def _rank_now() -> Any:
-    """This rank's number in the job now (it changes after a shrink), for messages."""
-    return "?" if _state is None else _state.world.rank
+    """This rank's number in the job now (it changes after a shrink), for messages; between
+    a shutdown and the next start (a shrink that failed), the number it had last."""
+    return _last_rank if _state is None else _state.world.rank
+
+
+_last_rank: Any = "?"  # the rank of the last start, for messages once the job is shut down
 
 
 def _install_abort_hook() -> None:

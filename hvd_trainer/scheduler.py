@@ -2,12 +2,12 @@
 
 Every collective on a process set's communicator is an :class:`Entry` in that
 communicator's :class:`Schedule`: its matching key (the name the user gave, or an automatic
-``noname.N``), its description and its flags. A thread that makes a collective enqueues its
-entry and waits; one waiting thread at a time *drives* a round of agreement (the exchange
-itself is the caller's function, see agreement.py) over the entries pending at that moment,
-and the round decides, identically on every rank, which entries run, in which order, and
-which raise. Then each decided entry's own thread takes the *turn* in that order and runs its
-data phase; the next round waits for the turn to be free.
+one, see automatic_names.py), its description and its flags. A thread that makes a
+collective enqueues its entry and waits; one waiting thread at a time *drives* a round of
+agreement (the exchange itself is the caller's function, see agreement.py) over the entries
+pending at that moment, and the round decides, identically on every rank, which entries
+run, in which order, and which raise. Then each decided entry's own thread takes the *turn*
+in that order and runs its data phase; the next round waits for the turn to be free.
 
 Before a call reaches a schedule, the rank's *order of work* decides when it is made, and on
 which thread; it is one per process, since a rank's program order spans its process sets
@@ -56,9 +56,11 @@ Invariants (unit tests drive them without MPI):
   finish the first call already (Horovod's duplicate-name check; a small call can finish in
   one exchange when the peers already wait).
 - **Automatic names never mismatch by themselves.** They are taken in program order on the
-  thread that makes (or submits) the call; an asynchronous job takes its key at submission
-  (:class:`Job`), and the further unnamed calls of the same job derive theirs from it. Calls
-  that fail locally before they reach the schedule take no key.
+  thread that makes (or submits) the call, counted per thread (automatic_names.py), so
+  threads that interleave their calls differently on different ranks still pair thread by
+  thread; an asynchronous job takes its key at submission (:class:`Job`), and the further
+  unnamed calls of the same job derive theirs from it. Calls that fail locally before they
+  reach the schedule take no key.
 - **Handed work runs in the order of handing.** Work handed to the communication thread
   starts in that order; a later one starts before an earlier one ends only when the earlier
   one has parked (it waits for a match).
@@ -73,13 +75,14 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 import weakref
 
 import numpy as np
 
-from . import runtime
+from . import automatic_names, runtime
 from .backends import Communicator
 
 
@@ -221,6 +224,14 @@ Summary = Tuple[str, Dict[str, Any], bool, bool]  # key, description, waited, au
 Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
 
 
+class Counts(NamedTuple):
+    """A rank's counts of automatic names on a communicator: the shared one and each
+    thread's that counts its own (see automatic_names)."""
+
+    shared: int
+    threads: Dict[str, int]
+
+
 def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
           single: bool = False, me: int = -1) -> List[Verdict]:
     """Decide a round from every rank's pending list (None: a joined rank), for rank ``me``.
@@ -287,12 +298,19 @@ def _oldest_waited(lists: Sequence[Optional[Sequence[Summary]]]) -> List[Optiona
     return [None if lst is None else next((s for s in lst if s[2]), None) for lst in lists]
 
 
-def deadlock_runs(lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
-    """Whether, in a deadlock (see :func:`deadlock`), the active ranks' oldest waited calls
-    run together: all automatically named and alike but for their names."""
-    oldest = [s for s in _oldest_waited(lists) if s is not None]
+def _alike_unnamed(oldest: Sequence[Summary]) -> bool:
+    """Whether the calls ``oldest`` are all automatically named and alike but for names."""
     return bool(oldest) and all(s[3] for s in oldest) and \
         all(_unnamed(s[1]) == _unnamed(oldest[0][1]) for s in oldest)
+
+
+def deadlock_runs(lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
+    """Whether, in a deadlock (see :func:`deadlock`), the active ranks' oldest waited calls
+    run together: all automatically named by threads of one name, and alike but for their
+    names' counts."""
+    oldest = [s for s in _oldest_waited(lists) if s is not None]
+    return _alike_unnamed(oldest) and \
+        len({automatic_names.thread_of(s[0]) for s in oldest}) == 1
 
 
 def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
@@ -300,12 +318,13 @@ def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
     """When no key matched and every active rank is stuck (see :meth:`Schedule.stuck`), each
     active rank's oldest waited call decides.
 
-    If all are automatically named and alike but for their names, they run together (the
-    ranks' counts of automatic names had drifted apart, say after a call that failed on one
-    rank before it reached the others; no automatic name causes a mismatch by itself).
-    Otherwise they cannot run together (the ranks wait for calls that differ, and none can
-    start another): see :func:`_differing`. Joined ranks (None in ``lists``) serve the calls
-    that run, as in any round; join() itself, like a barrier, waits for every rank.
+    If all are automatically named by threads of one name and alike but for their names,
+    they run together (the ranks' counts of automatic names had drifted apart, say after a
+    call that failed on one rank before it reached the others; no automatic name causes a
+    mismatch by itself). Otherwise they cannot run together (the ranks wait for calls that
+    differ, or come from threads whose names differ, and none can start another): see
+    :func:`_differing`. Joined ranks (None in ``lists``) serve the calls that run, as in any
+    round; join() itself, like a barrier, waits for every rank.
     """
     oldest = _oldest_waited(lists)
     mine = oldest[me]
@@ -313,7 +332,14 @@ def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
         return []
     if deadlock_runs(lists):
         return [("run", mine[0], mine[1])]
-    return [_differing(mine[0], [None if s is None else s[1] for s in oldest], me, failure)]
+    verdict = _differing(mine[0], [None if s is None else s[1] for s in oldest], me, failure)
+    if verdict[0] == "raise" and _alike_unnamed([s for s in oldest if s is not None]):
+        error = verdict[2]
+        error.args = (f"{error.args[0]}; automatic names are counted per thread, by the "
+                      "thread's name: make unnamed collectives from threads named alike on "
+                      "every rank (threads started in the same order have the same default "
+                      "names), or give each call a name=",) + error.args[1:]
+    return [verdict]
 
 
 class Schedule:
@@ -325,7 +351,8 @@ class Schedule:
         self.ready: Deque[Entry] = deque()
         self.keys: Dict[str, Any] = {}  # pending or reserved keys -> their owner
         self.held: Dict[str, Job] = {}  # names of asynchronous calls that ran (see forget)
-        self.unnamed = 0  # automatic names are counted per communicator
+        self.unnamed = 0  # automatic names are counted per communicator (shared count)
+        self.threads = automatic_names.ThreadCounts()  # and per thread that counts its own
         self.exchanges = 0
         self.peers_joined = False
         self.local = threading.local()  # .covered: this thread's covered-block depth
@@ -381,8 +408,7 @@ class Schedule:
                     key = f"{claim[0]}.{job.derived}"
                     job.derived += 1
                 else:
-                    key = f"noname.{self.unnamed}"
-                    self.unnamed += 1
+                    key = self._automatic()
                 self._reserve(key, owner)
         return (f"{kind}.{key}" if given is None else key), key
 
@@ -392,13 +418,35 @@ class Schedule:
             if self.held:
                 self._release_held(given, job)
             if given is None:
-                key = f"noname.{self.unnamed}"
-                self.unnamed += 1
+                key = self._automatic()
             else:
                 key = given
                 self._reserve(key, job)
             self.keys[key] = job
             job.claims[self] = [key, given is None, False]
+
+    def _automatic(self) -> str:
+        """The calling thread's next automatic key (hold ``use.cv``; see automatic_names)."""
+        tag = automatic_names.thread_tag()
+        if tag:
+            return self.threads.take(tag)
+        key = f"noname.{self.unnamed}"
+        self.unnamed += 1
+        return key
+
+    def counts(self) -> "Counts":
+        """This rank's counts of automatic names, for :meth:`align_counts`."""
+        return Counts(self.unnamed, self.threads.copy())
+
+    def align_counts(self, key: str, every: Sequence["Counts"]) -> None:
+        """The calls with automatic key ``key`` here ran together with calls whose counts
+        had drifted apart (see :func:`deadlock`): count on from the highest of the ranks'
+        counts ``every`` of that key's thread."""
+        tag = automatic_names.thread_of(key)
+        if tag:
+            self.threads.set_count(tag, max(c.threads.get(tag, 0) for c in every))
+        else:
+            self.unnamed = max(c.shared for c in every)
 
     def _reserve(self, key: str, owner: Any) -> None:
         if key in self.keys or key in self.held:
@@ -643,6 +691,7 @@ class _Worker:
 
     def _loop(self) -> None:
         global _busy, _slot
+        automatic_names.share_count()  # it runs work in the order the work was handed
         while True:
             future, work, job = self.work
             set_job(job, self._park)

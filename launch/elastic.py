@@ -32,16 +32,19 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import hvdrun, mpi, reports
+from hvd_trainer_launch import hvdrun, mpi, notices, reports
 from hvd_trainer_launch.relay import ENDED, Failure, OutputRelay, first_failure, say
 from hvd_trainer_launch.reports import interface_address
 
 # The values hvd_trainer.elastic reads (the launcher does not import hvd_trainer).
 RESET_EXIT_CODE = 75
 DIR_VARIABLE = "HVD_ELASTIC_DIR"
+DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"
 RESTART_VARIABLE = "HVD_ELASTIC_RESTART"
 NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"
 GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"
+COMMITTED_VARIABLE = "HVD_ELASTIC_COMMITTED"
+ALLOW_FRESH_START_VARIABLE = "HVD_ELASTIC_ALLOW_FRESH_START"
 ULFM_VARIABLE = "HVD_ULFM"
 MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"
 
@@ -53,6 +56,12 @@ DISCOVERY_TIMEOUT = 30.0  # seconds a discovery script may take
 FAILURE_GRACE_SECONDS = 1.0
 FAILED_LIVES_TO_BLACKLIST = 2  # a host out after its ranks failed in this many lives in a row
 REMOVE_TIMEOUT = 30.0  # seconds the removal of the commit folders on other hosts may take
+REMOVE_AT_ONCE = 8  # hosts whose commit folders are removed at the same time
+# After a life in which no rank started (the launcher could not start, or reach a host), the
+# next waits LAUNCH_BACKOFF_FIRST seconds, doubled after each such life in a row up to
+# LAUNCH_BACKOFF_MOST: a launch that keeps failing does not restart the job in a tight loop.
+LAUNCH_BACKOFF_FIRST = 1.0
+LAUNCH_BACKOFF_MOST = 30.0
 
 Hosts = List[Tuple[str, int]]
 
@@ -110,20 +119,53 @@ class Discovery:
 
     def __init__(self, script: Optional[str], fixed: Hosts, slots_per_host: Optional[int]):
         self.script, self.fixed, self.slots_per_host = script, fixed, slots_per_host
+        self._running: Optional[subprocess.Popen] = None
 
     def hosts(self) -> Hosts:
-        """Run the script; ValueError says why its answer cannot be used."""
+        """Run the script, in a process group of its own that is killed when it is over
+        DISCOVERY_TIMEOUT, :meth:`stop` is called, or hvdrun leaves while it runs (whatever
+        the script started goes with it); ValueError says why its answer cannot be used."""
         if not self.script:
             return list(self.fixed)
         try:
-            result = subprocess.run([self.script], stdin=subprocess.DEVNULL, capture_output=True,
-                                    text=True, timeout=DISCOVERY_TIMEOUT)
-        except (OSError, subprocess.TimeoutExpired) as error:
+            process = subprocess.Popen([self.script], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       start_new_session=True)
+        except OSError as error:
             raise ValueError(f"--host-discovery-script {self.script!r} failed: {error}") from None
-        if result.returncode:
-            raise ValueError(f"--host-discovery-script {self.script!r} exited with code "
-                             f"{result.returncode}: {result.stderr.strip()[-300:]}")
-        return parse_discovered(result.stdout, self.slots_per_host)
+        self._running = process
+        try:
+            out, err = process.communicate(timeout=DISCOVERY_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise ValueError(f"--host-discovery-script {self.script!r} did not finish within "
+                             f"{DISCOVERY_TIMEOUT:g} s") from None
+        finally:
+            self._running = None
+            if process.poll() is None:  # timed out, or hvdrun leaves (a signal)
+                _kill_group(process)
+                process.wait()
+                process.stdout.close()
+                process.stderr.close()
+        if process.returncode:
+            why = (f"was killed by signal {-process.returncode}" if process.returncode < 0 else
+                   f"exited with code {process.returncode}")
+            raise ValueError(f"--host-discovery-script {self.script!r} {why}: "
+                             f"{err.strip()[-300:]}")
+        return parse_discovered(out, self.slots_per_host)
+
+    def stop(self) -> None:
+        """Kill the script's run under way, if any (from another thread), with its group."""
+        process = self._running
+        if process is not None:
+            _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL ``process``'s process group (it leads one: start_new_session)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class Blacklist:
@@ -194,46 +236,33 @@ _LOCAL_NAMES = ("localhost", "127.0.0.1")
 
 
 class Generation:
-    """A TCP server that tells the hosts' generation number, which goes up when discovery
-    reports a change; rank 0 asks at each commit. It listens on the loopback while every
-    rank runs here, else on the first --network-interface (on every interface without one),
-    and tells only a peer that proves it holds the job's secret (files.answer_notice)."""
+    """The notice port (:class:`hvd_trainer_launch.notices.NoticeServer`): tells the hosts'
+    generation number, which goes up when discovery reports a change (rank 0 asks at each
+    commit), and hears the newest commit rank 0 has written (``committed``, for the next
+    life). It listens on the loopback while every rank runs here, else on the first
+    --network-interface (on every interface without one)."""
 
     def __init__(self, secret: bytes, nics: Sequence[str] = ()):
         self.secret, self.nics = secret, list(nics)
         self.number = 0
-        self.server: Optional[socket.socket] = None
+        self.committed = 0
+        self.server: Optional[notices.NoticeServer] = None
         self.bound: Optional[str] = None
         self._listen("127.0.0.1")
 
     @property
     def port(self) -> int:
-        return self.server.getsockname()[1]
+        return self.server.port
 
     def _listen(self, address: str) -> None:
         """Serve on ``address`` (a new port) from now on; the old server closes."""
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind((address, 0))
-        server.listen(16)
+        server = notices.NoticeServer(address, self.secret, lambda: self.number, self._heard)
         if self.server is not None:
             self.server.close()
         self.server, self.bound = server, address
-        threading.Thread(target=self._serve, args=(server,), daemon=True).start()
 
-    def _serve(self, server: socket.socket) -> None:
-        from hvd_trainer import files  # the launcher imports the core only where it needs it
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:  # closed
-                return
-            with conn:
-                conn.settimeout(5.0)  # a silent peer must not hold up the ranks' questions
-                try:
-                    files.answer_notice(conn, self.secret, self.number)
-                except OSError:
-                    pass
+    def _heard(self, written: int) -> None:
+        self.committed = max(self.committed, written)
 
     def address(self, layout: Hosts) -> str:
         """host:port for the ranks of ``layout``, listening where they can reach it and no
@@ -270,7 +299,8 @@ class HostWatcher(threading.Thread):
             try:
                 hosts = self.blacklist.usable(self.discovery.hosts())
             except ValueError as error:
-                _say(f"warning: {error}; keeping the hosts as they are")
+                if not self.stopped.is_set():  # else stop() killed the script
+                    _say(f"warning: {error}; keeping the hosts as they are")
                 continue
             if sorted(hosts) != sorted(self.started_with):  # the order alone is no change
                 self.generation.number += 1
@@ -280,6 +310,7 @@ class HostWatcher(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
+        self.discovery.stop()
         self.join()
 
 
@@ -408,29 +439,67 @@ def _remove_elsewhere(launcher: mpi.Launcher, mpi_args: List[str], env: Dict[str
                       hosts: Sequence[str], folders: Sequence[str]) -> None:
     """Remove the job's commit ``folders`` from the ``hosts`` other than this machine (each
     host's are its own): one process on each, started through mpiexec as the ranks were, each
-    host on its own so that one out of reach spares the others, all within REMOVE_TIMEOUT. A
-    warning names the hosts where it failed."""
+    host on its own so that one out of reach spares the others, REMOVE_AT_ONCE hosts at a
+    time, all within REMOVE_TIMEOUT. A warning names the hosts where it failed, or could not
+    start (no process to spare: fork or exec failed), or had no time left."""
     program = [sys.executable, "-c", "import shutil, sys\nfor folder in sys.argv[1:]: "
                "shutil.rmtree(folder, ignore_errors=True)", *folders]
-    removals = {host: subprocess.Popen(mpi.build_command(launcher, 1, [(host, 1)], mpi_args,
-                                                         program, env),
-                                       env=env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)
-                for host in hosts if not mpi.this_machine(host)}
+    waiting = [host for host in dict.fromkeys(hosts) if not mpi.this_machine(host)]
+    running: Dict[str, subprocess.Popen] = {}
+    failed: List[str] = []
     deadline = time.monotonic() + REMOVE_TIMEOUT
-    failed = []
-    for host, process in removals.items():
+    while (waiting or running) and time.monotonic() < deadline:
+        while waiting and len(running) < REMOVE_AT_ONCE:
+            host = waiting.pop(0)
+            try:
+                running[host] = subprocess.Popen(
+                    mpi.build_command(launcher, 1, [(host, 1)], mpi_args, program, env),
+                    env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True)
+            except OSError as error:
+                failed.append(f"{host} ({error.strerror or error})")
+        for host, process in list(running.items()):
+            if process.poll() is not None:
+                del running[host]
+                if process.returncode:
+                    failed.append(host)
+        time.sleep(0.05 if running else 0.0)
+    for host, process in running.items():  # out of time
+        hvdrun.kill_processes(hvdrun.launched(process.pid))
         try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hvdrun.kill_processes(hvdrun.launched(process.pid))
-            process.wait()
-        if process.returncode:
-            failed.append(host)
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
+        failed.append(f"{host} (over {REMOVE_TIMEOUT:g} s)")
+    failed += [f"{host} (no time left)" for host in waiting]
     if failed:
         _say(f"warning: could not remove the job's commit folders {' and '.join(folders)} on "
              f"{', '.join(failed)}; remove them there by hand")
+
+
+def launch_backoff(failed_launches: int) -> float:
+    """Seconds to wait before the next life after ``failed_launches`` lives in a row in which
+    no rank started: LAUNCH_BACKOFF_FIRST, doubled each time, at most LAUNCH_BACKOFF_MOST."""
+    if failed_launches < 1:
+        return 0.0
+    return min(LAUNCH_BACKOFF_MOST, LAUNCH_BACKOFF_FIRST * 2 ** min(failed_launches - 1, 32))
+
+
+def _job_folders(files) -> Tuple[str, Optional[str]]:
+    """Make the job's commit folders here, each with a random name (mkdtemp: a new folder,
+    0700, never one that exists): in memory where this host has /dev/shm, with one on disk
+    for commits that do not fit there; else one on disk. Returns (the folder, the one on disk
+    or None)."""
+    memory = files.memory_root()
+    folder = tempfile.mkdtemp(prefix="hvd_elastic.", dir=memory)
+    if memory is None:
+        return folder, None
+    try:
+        return folder, tempfile.mkdtemp(prefix="hvd_elastic_disk.")
+    except OSError:
+        os.rmdir(folder)
+        raise
 
 
 def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
@@ -446,13 +515,15 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     blacklist = Blacklist(args.blacklist_cooldown_range)
     secret = secrets.token_hex(32)  # signs the commits and the notices; only the ranks get it
     generation = Generation(secret.encode(), args.nics or ())
-    # Commits live in memory where this host has /dev/shm (the ranks fall back to the same
-    # name on disk where a commit does not fit, or a host lacks it: files.job_folders).
-    job_dir = tempfile.mkdtemp(prefix="hvd_elastic.", dir=files.memory_root())
-    folders = files.job_folders(job_dir)
+    # Commits live in memory where this host has /dev/shm (the ranks fall back to the folder
+    # on disk where a commit does not fit, or a host lacks it: files.job_folders). The names
+    # are hvdrun's, random and made here, so no other user can make them first on this host.
+    job_dir, disk_dir = _job_folders(files)
+    folders = files.job_folders(job_dir, disk_dir)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
     unblamed = 0  # failed lives in a row with no host to blame (see below)
+    failed_launches = 0  # lives in a row in which no rank started
     used: List[str] = []  # the hosts that ran ranks, which may hold commits
     previous = {signum: signal.signal(signum, _stop)
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -476,7 +547,12 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             env.update(hvdrun.report_variables(server, secret))
             env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
                         NOTIFY_VARIABLE: generation.address(layout),
-                        GENERATION_VARIABLE: str(generation.number)})
+                        GENERATION_VARIABLE: str(generation.number),
+                        COMMITTED_VARIABLE: str(generation.committed)})
+            if disk_dir is not None:
+                env[DISK_DIR_VARIABLE] = disk_dir
+            if args.elastic_allow_fresh_start:
+                env[ALLOW_FRESH_START_VARIABLE] = "1"
             if args.ulfm:
                 env.update({ULFM_VARIABLE: "1", MIN_NP_VARIABLE: str(min_np)})
             mpiexec_command = mpi.build_command(launcher, np, layout, mpi_args, program, env)
@@ -489,9 +565,13 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             try:
                 code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
                                       failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS)
+            except OSError as error:  # fork or exec of the launcher failed (e.g. a process limit)
+                _say(f"could not start {mpiexec_command[0]}: {error}")
+                relay.close()
+                code = 1
             finally:
                 server.close()
-            watcher.stop()
+                watcher.stop()
             if relay.interrupted or (code == 0 and relay.failure is None):
                 return code
             if relay.survived(min_np):
@@ -523,6 +603,11 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; "
                      "leaving it out" + (" for the cooldown" if args.blacklist_cooldown_range
                                          else " for the rest of the job"))
+            failed_launches = 0 if relay.started else failed_launches + 1
+            if failed_launches:
+                wait = launch_backoff(failed_launches)
+                _say(f"no rank started in this life; waiting {wait:g} s before the next")
+                time.sleep(wait)
     except _CannotGoOn as reason:
         _say(str(reason))
         return 1

@@ -11,6 +11,7 @@ import shlex
 import sys
 from typing import Any, Dict, List, NamedTuple, Tuple
 
+from hvd_trainer_launch import horovod_shim
 from hvd_trainer_launch.mpi import HYDRA, OPENMPI
 from hvd_trainer_launch.protocol import TIMESTAMP_VARIABLE
 
@@ -78,7 +79,9 @@ FLAGS: List[Flag] = [
          "number of ranks (`mpiexec -n N`); required, except in elastic mode (default: every "
          "usable slot up to `--max-np`)"),
     Flag(("-cb", "--check-build"), dict(action="store_true"),
-         "prints the MPI library, launcher, NCCL/CuPy, MXNet and numpy it would use, and exits"),
+         "prints the MPI library and launcher it would use, the frameworks (MXNet, PyTorch, "
+         "TensorFlow, Keras) and optional pieces (CuPy/NCCL, Spark, Ray, Slurm, sshd) it finds, "
+         "and the command that adds each missing one; exits"),
     Flag(("--disable-cache",), dict(action="store_true"),
          ALREADY + "hvdrun caches no check results; every run finds its launcher afresh"),
     Flag(("--start-timeout",), dict(type=float, metavar="S"),
@@ -163,7 +166,8 @@ FLAGS: List[Flag] = [
          "`[0]<stdout>:2026-01-31 12:00:00.123 text`"),
     Flag(("-H", "--hosts"), dict(metavar="HOST:SLOTS,..."), "hosts and slots, e.g. `a:4,b:4`"),
     Flag(("-hostfile", "--hostfile"), dict(metavar="FILE"),
-         "hosts from FILE, one `host slots=N` or `host:N` a line"),
+         "hosts from FILE, one `host slots=N` (Open MPI's `max_slots=M` may follow: accepted, "
+         "not used) or `host:N` a line"),
     Flag(("--mpi",), dict(action="store_true"), ALREADY + "hvdrun always runs on MPI"),
     Flag(("--min-np", "--min-num-proc"), dict(type=int, dest="min_np", metavar="N"),
          "elastic mode: the fewest ranks to train on; with fewer slots the job waits up to "
@@ -183,10 +187,19 @@ FLAGS: List[Flag] = [
     Flag(("--blacklist-cooldown-range",), dict(type=float, nargs=2, metavar=("MIN", "MAX")),
          "elastic mode: a host whose ranks failed in two lives in a row stays out for a random "
          "MIN..MAX seconds (default: for the rest of the job)"),
+    Flag(("--elastic-allow-fresh-start",), dict(action="store_true"),
+         "hvdrun's own, elastic mode: a restart that finds no commit, though an earlier life "
+         "wrote one (its folders were removed or lost), trains again from the initial state "
+         "with an error line, instead of ending the job (also `HVD_ELASTIC_ALLOW_FRESH_START=1`)"),
     Flag(("--ulfm",), dict(action="store_true"),
          "hvdrun's own, elastic mode, Open MPI 5: when a rank's process dies, the other ranks "
          "shrink the job to themselves and go on in their processes (MPI's ULFM extensions) "
          "instead of a restart of every rank; fewer than `--min-np` survivors restart as usual"),
+    Flag(("--horovod",), dict(action="store_true"),
+         "hvdrun's own: runs a script written for Horovod with no edit: in the ranks (and the "
+         "processes they start) `import horovod.torch`, `horovod.tensorflow`, "
+         "`horovod.tensorflow.keras`, `horovod.keras`, `horovod.mxnet` and `horovod.run` are "
+         "hvd_trainer's; refused when a real Horovod is importable"),
     Flag(("--mpiexec",), dict(metavar="PATH"),
          "hvdrun's own: the launcher (default `$HVD_MPIEXEC`, else the one of mpi4py's MPI)"),
     Flag(("--no-prefix",), dict(action="store_true"),
@@ -288,6 +301,8 @@ def rank_variables(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
         env["MPI4PY_RC_THREAD_LEVEL"] = "single"
     if args.prefix_output_with_timestamp:
         env[TIMESTAMP_VARIABLE] = "1"
+    if args.horovod:
+        env[horovod_shim.VARIABLE] = "1"
     ssh = _ssh_options(args)
     if ssh and flavour == HYDRA:
         env["HYDRA_LAUNCHER_EXTRA_ARGS"] = env["I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS"] = ssh

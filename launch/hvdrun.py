@@ -11,6 +11,7 @@ With --min-np, --max-np or --host-discovery-script it runs elastically (launch/e
 """
 import argparse
 import json
+import math
 import os
 import secrets
 import shlex
@@ -21,7 +22,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from hvd_trainer_launch import config_file, flags, mpi, protocol, reports
+from hvd_trainer_launch import config_file, flags, horovod_shim, mpi, protocol, reports
 from hvd_trainer_launch.relay import OutputRelay, say
 from hvd_trainer_launch.worker import die_with_parent
 
@@ -245,16 +246,27 @@ def main(argv: Optional[List[str]] = None) -> int:
                        ("stall_shutdown_time_seconds", "--stall-check-shutdown-time-seconds")):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             parser.error(f"{flag} must be >= 0")
+    timeout_from = "--start-timeout (or HVD_START_TIMEOUT)"
     if args.start_timeout is None:  # as horovodrun, which reads HOROVOD_START_TIMEOUT
         for name in ("HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
             if os.environ.get(name):
+                timeout_from = f"{name}={os.environ[name]!r}"
                 try:
                     args.start_timeout = float(os.environ[name])
                 except ValueError:
-                    parser.error(f"{name}={os.environ[name]!r} is not a number of seconds")
+                    parser.error(f"{timeout_from} is not a number of seconds")
                 break
+    if args.start_timeout is not None and math.isnan(args.start_timeout):
+        parser.error(f"{timeout_from} is not a number of seconds (nan); give a number of "
+                     "seconds > 0, or leave it unset for no limit")
     if args.start_timeout is not None and args.start_timeout <= 0:
         parser.error("--start-timeout (or HVD_START_TIMEOUT) must be > 0 seconds")
+    if args.horovod:
+        try:
+            horovod_shim.check()
+        except horovod_shim.RealHorovodError as error:
+            say(f"error: {error}")
+            return 2
     try:
         hosts = (mpi.parse_hosts(args.hosts) if args.hosts else
                  mpi.read_hostfile(args.hostfile) if args.hostfile else [])

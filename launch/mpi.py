@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from typing import List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 HYDRA = "hydra"
 OPENMPI = "openmpi"
@@ -43,12 +43,21 @@ class Launcher(NamedTuple):
 
 def flavour_of(path: str) -> Optional[str]:
     """Tell Hydra from Open MPI by what ``path --version`` prints; None if it is neither."""
+    return flavour_in(version_text(path))
+
+
+def version_text(path: str) -> str:
+    """What ``path --version`` prints ('' when it cannot run)."""
     try:
         result = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = result.stdout.decode(errors="replace")
+        return ""
+    return result.stdout.decode(errors="replace")
+
+
+def flavour_in(text: str) -> Optional[str]:
+    """The launcher flavour whose ``--version`` prints ``text``; None if it is neither."""
     if "Open MPI" in text or "OpenRTE" in text:
         return OPENMPI
     if "HYDRA" in text or "Intel(R) MPI" in text or "MPICH" in text:
@@ -92,7 +101,7 @@ def library_flavour(version: Optional[str]) -> Optional[str]:
     return None
 
 
-def _candidate_folders(library_folders: Sequence[str]) -> List[str]:
+def candidate_folders(library_folders: Sequence[str]) -> List[str]:
     """Folders that may hold the launcher: next to libmpi first, then the interpreter's, then PATH."""
     folders = []
     for lib in library_folders:
@@ -126,7 +135,7 @@ def find_launcher(requested: Optional[str] = None) -> Launcher:
     version, library_folders = mpi_library()
     wanted = library_flavour(version)
     others = []
-    for folder in _candidate_folders(library_folders):
+    for folder in candidate_folders(library_folders):
         for name in ("mpiexec", "mpirun"):
             path = os.path.join(folder, name)
             if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -198,19 +207,45 @@ def parse_hosts(spec: str) -> List[Tuple[str, int]]:
 
 
 def read_hostfile(path: str) -> List[Tuple[str, int]]:
-    """Read a hostfile with one ``host slots=N``, ``host:N`` or bare ``host`` a line; # starts a comment."""
+    """Read a hostfile with one ``host slots=N`` (Open MPI's form, where ``max_slots=M`` may
+    follow: accepted, and not used, since hvdrun starts ranks on slots only), ``host:N``
+    (MPICH's) or bare ``host`` a line; # starts a comment. Errors name the file and line."""
     hosts = []
-    with open(path) as lines:
-        for line in lines:
-            entry = line.split("#", 1)[0].strip()
-            if not entry:
-                continue
-            if "slots=" in entry:
-                host, _, slots = entry.partition("slots=")
-            else:
-                host, _, slots = entry.partition(":")
-            hosts.append(_host(host.strip(), slots.strip() or "1", entry))
+    with open(path, encoding="utf-8") as lines:
+        try:
+            for number, line in enumerate(lines, 1):
+                entry = line.split("#", 1)[0].strip()
+                if not entry:
+                    continue
+                try:
+                    hosts.append(_hostfile_entry(entry))
+                except ValueError as e:
+                    raise ValueError(f"hostfile {path!r}, line {number}: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"hostfile {path!r} is not a text file (byte {e.start} is not "
+                             "UTF-8); give a file of lines 'host slots=N' or 'host:N'") from None
     return hosts
+
+
+def _hostfile_entry(entry: str) -> Tuple[str, int]:
+    """One hostfile line: ``host:N``, or ``host`` with options ``slots=N`` and ``max_slots=M``."""
+    host, *options = entry.split()
+    if not options and ":" in host:
+        host, _, slots = host.partition(":")
+        return _host(host, slots or "1", entry)
+    given: Dict[str, str] = {}
+    for option in options:
+        key, equals, value = option.partition("=")
+        if not equals or key not in ("slots", "max_slots") or key in given:
+            raise ValueError(f"bad host entry {entry!r}: {option!r} is not one of slots=N, "
+                             "max_slots=M (each at most once)")
+        given[key] = value
+    found = _host(host, given.get("slots", "1"), entry)
+    most = given.get("max_slots")
+    if most is not None and (not most.isdigit() or int(most) < found[1]):
+        raise ValueError(f"bad host entry {entry!r}: max_slots must be a whole number no less "
+                         "than slots")
+    return found
 
 
 def _host(host: str, slots: str, entry: str) -> Tuple[str, int]:

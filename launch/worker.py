@@ -7,7 +7,9 @@ to hvdrun's report port (launch/protocol.py) that the rank has started, and on w
 time (reports from other hosts arrive late, so hvdrun orders them by it): never through the
 output, which a rank could fill with anything. From the hosts hvdrun hands it
 (``HVDRUN_HOSTS``) it sets Horovod's per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK,
-_LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) for the child.
+_LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) for the child. Under ``hvdrun --horovod`` it
+gives the child a horovod shim of its own (launch/horovod_shim.py) on PYTHONPATH, and removes
+it when the child ends.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
 prefixes each line with the rank and writes whole lines only (protocol.pieces), so that MPICH's
@@ -33,7 +35,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch import horovod_shim, mpi, protocol
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -417,6 +419,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     env.pop(protocol.REPORTS_VARIABLE, None)  # the wrapper's, not for the command's own launches
     if HOSTS_VARIABLE in env:
         _write_all(2, _with_horovod_variables(env, rank))
+    try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
+        shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None
+    except (horovod_shim.RealHorovodError, OSError) as error:
+        why = error if isinstance(error, horovod_shim.RealHorovodError) else (
+            f"--horovod: cannot write the rank's horovod shim ({error}); set TMPDIR to a "
+            "writable folder")
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: {why}\n".encode())
+        report(rank, protocol.Exited(rank, 2, time.time()))
+        return 2
     sys.stdout.flush()
     # The launcher's signals and SIGCHLD wait, blocked, until their handlers below exist: a
     # SIGTERM that came while the child started killed the wrapper without an exit report.
@@ -426,6 +437,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  close_fds=False, preexec_fn=die_with_parent(unblock=handled))
     except OSError as error:
+        horovod_shim.remove(shim)
         code = (protocol.NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError)
                 else protocol.CANNOT_EXECUTE_EXIT_CODE)
         _write_all(2, f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
@@ -460,6 +472,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
     relay = _start_relay(child, rank, os.environ.get(protocol.TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
+    horovod_shim.remove(shim)
     code = returncode if returncode >= 0 else 128 - returncode
     notice_end()
     exited = protocol.Exited(rank, code, at=ended[0][0],  # not the drain's time

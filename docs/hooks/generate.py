@@ -72,8 +72,16 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
     "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",
     "HVD_ELASTIC_GENERATION": "the hosts' generation this life started with",
+    "HVD_ELASTIC_DISK_DIR": "the job's folder on disk for elastic commits that memory cannot "
+                            "hold (its own random name)",
+    "HVD_ELASTIC_COMMITTED": "the newest commit rank 0 told hvdrun it had written; a restart "
+                             "that finds none after one was written fails",
+    "HVD_ELASTIC_ALLOW_FRESH_START": "set by `--elastic-allow-fresh-start` (or `1` by hand): a "
+                                     "restart that finds no commit trains again from the start",
     "HVD_ULFM": "set by `--ulfm`: the survivors of a killed rank shrink the job and go on",
     "HVD_ELASTIC_MIN_NP": "`--min-np`, with `--ulfm`: fewer survivors end the life instead",
+    "HVD_HOROVOD_SHIM": "set by `--horovod`: each rank's wrapper puts a `horovod` shim first "
+                        "on the rank's `PYTHONPATH` ([hvdrun](hvdrun.md#horovod))",
     "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
     "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
     "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",

@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager, TypeVar
 
 import cupy
 
-from .. import runtime
+from .. import installs, runtime
 from ..backends import nccl
 from ..backends.companions import Companions
 from ..backends.host_staged import HostStagedCommunicator
@@ -56,8 +56,7 @@ def communicator(process_set: ProcessSet = global_process_set):
     shared = len(set(places)) < len(places)
     if choice == "nccl" and (shared or not nccl.available()):
         why = (f"ranks share a GPU ({places}); give each rank its own GPU"
-               if shared else "CuPy found no NCCL library; pip install nvidia-nccl-cu12 "
-               "(nvidia-nccl-cu13 for CUDA 13)")
+               if shared else f"CuPy found no NCCL library; {installs.NCCL.command}")
         raise RuntimeError(f"HVD_GPU_COMMUNICATOR=nccl but NCCL cannot run: {why}, or set "
                            "HVD_GPU_COMMUNICATOR=mpi")
     if choice == "mpi" or shared or not nccl.available():

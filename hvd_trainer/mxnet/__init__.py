@@ -3,7 +3,10 @@
 Runtime functions, process sets, reduction ops and compressors come from the framework-free
 core; the collectives here take and return NDArrays.
 """
-from ..compression import Compression
+from ..installs import MXNET, require
+
+require("mxnet", MXNET, "hvd_trainer.mxnet")  # first: a missing MXNet says how to add it
+from ..compression import Compression  # noqa: E402
 from ..agreement import MismatchError
 from ..timeline import start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum

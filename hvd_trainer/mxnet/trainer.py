@@ -216,8 +216,7 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
         checkpoint (:meth:`save_checkpoint`), or states of another model or optimizer, are
         refused with a ValueError naming what differs, and nothing is loaded.
         """
-        with open(fname, "rb") as f:
-            data = f.read()
+        data = checkpoint.read_file(fname)
         if checkpoint.is_checkpoint(data):
             raise ValueError(f"{fname!r} is a checkpoint written by save_checkpoint(), not "
                              "optimizer states; load it with trainer.load_checkpoint()")
@@ -238,8 +237,9 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
         (gathered to it alone), and ``extra`` (any picklable value, e.g. the epoch and step),
         through a temporary file and ``os.replace``, so the file is always whole: the old one
         or the new one. Every rank
-        returns once it is written; a write error raises OSError on all. On a rank outside
-        the process set it is local: that rank writes its own file.
+        returns once it is written; an error raises on all (OSError for a write error,
+        ValueError for an ``extra`` that cannot be pickled). On a rank outside the process
+        set it is local: that rank writes its own file.
         """
         self._check_initialized("save_checkpoint")
 
@@ -259,7 +259,9 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
         The set's first rank reads the file and sends it to the others, each rank receiving
         only its own compression residuals, so no shared file system is needed. After it a run
         continues exactly as the one that saved it: on CPU the weights of a resumed run equal
-        those of an uninterrupted one, bit for bit. On a rank outside the process set it is
+        those of an uninterrupted one, bit for bit. An error raises on every rank (OSError
+        for a file that cannot be read, ValueError for one that is no intact checkpoint or
+        holds what cannot be unpickled here). On a rank outside the process set it is
         local: that rank reads its own file.
         """
         self._check_initialized("load_checkpoint")

@@ -9,7 +9,9 @@ package is.
 """
 from typing import Any
 
-import tensorflow as tf
+from ..installs import TENSORFLOW, require
+
+tf = require("tensorflow", TENSORFLOW, "hvd_trainer.tensorflow")  # first: says how to add it
 
 from ..agreement import MismatchError
 from ..ops import Average, Max, Min, Product, Sum

@@ -3,7 +3,10 @@
 Runtime functions, process sets and reduction ops come from the framework-free core; the
 collectives here take and return torch tensors. CPU tensors only.
 """
-from ..agreement import MismatchError
+from ..installs import PYTORCH, require
+
+require("torch", PYTORCH, "hvd_trainer.torch")  # first: a missing PyTorch says how to add it
+from ..agreement import MismatchError  # noqa: E402
 from ..timeline import start_timeline, stop_timeline
 from ..ops import Average, Max, Min, Product, Sum
 from ..process_sets import add_process_set, init, remove_process_set

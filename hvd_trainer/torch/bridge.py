@@ -31,6 +31,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from .. import installs
+
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # The CUDA tensor dtypes CuPy has a type for.
 _CUPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -44,8 +46,8 @@ def cupy_module(what: str) -> Any:
         import cupy
     except ImportError as error:
         raise TypeError(f"{what}: CUDA tensors go to the GPU collectives through CuPy, which "
-                        f"cannot be imported here ({error}); pip install cupy-cuda12x "
-                        "(cupy-cuda11x for CUDA 11), or pass tensor.cpu()") from None
+                        f"cannot be imported here ({error}); {installs.CUPY.command}; or pass "
+                        "tensor.cpu()") from None
     return cupy
 
 

@@ -9,11 +9,17 @@ HOSTS = 3
 
 
 @pytest.fixture(scope="session")
-def bed():
-    """Three hosts h1..h3 with sshd; skipped, with the reason, where namespaces cannot be made."""
+def bed_possible():
+    """Skip, naming what is missing and how to get it, where no test bed can be built (no
+    root, no sshd, no network namespaces); every test that builds a bed asks this first."""
     reason = testbed.unavailable()
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def bed(bed_possible):
+    """Three hosts h1..h3 with sshd."""
     built = testbed.up(HOSTS, tied=True)
     try:
         yield built

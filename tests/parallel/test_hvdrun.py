@@ -226,7 +226,7 @@ def test_bad_arguments_are_clear_errors(args, message):
 def test_no_mpi_found_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.delenv("HVD_MPIEXEC", raising=False)
     monkeypatch.setattr(mpi, "mpi_library", lambda: (None, []))
-    monkeypatch.setattr(mpi, "_candidate_folders", lambda library_folders: [str(tmp_path)])
+    monkeypatch.setattr(mpi, "candidate_folders", lambda library_folders: [str(tmp_path)])
     with pytest.raises(mpi.MPIError, match="pip install mpi4py mpich"):
         mpi.find_launcher()
 

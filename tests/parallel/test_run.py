@@ -1,11 +1,15 @@
 """hvd_trainer.run (horovod.run) called from a plain process on 2 and 3 ranks: results in
 rank order against hand-computed values, a collective inside the function, an exception and
-an exit on one rank; neither the caller nor the ranks import MXNet or torch."""
+an exit on one rank; neither the caller nor the ranks import MXNet or torch. A caller killed
+while the job runs takes the job and its files with it."""
 import ast
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from typing import List
 
 import pytest
 
@@ -45,9 +49,75 @@ def test_an_exception_on_one_rank_raises_in_the_caller_naming_the_rank(np_):
     assert "| CAUSE ValueError('rank 1 found a bad batch')" in out
 
 
+def test_horovod_true_gives_the_function_horovod_and_without_it_there_is_none():
+    # 1 + 2 + 3 summed over 3 ranks; hvd_trainer.run is horovod.run inside.
+    assert result(drive("horovod", 3)) == [("0.28.1", True, 6.0)] * 3
+    out = drive("no_horovod", 3)
+    assert "RAISED RuntimeError: hvd_trainer.run: horovod_root raised on rank" in out
+    assert "ModuleNotFoundError: No module named 'horovod'" in out
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_a_rank_that_exits_without_a_result_is_named(np_):
     out = drive("exits", np_)
     # Rank 2 returns at once, but hvdrun may end it first.
     assert re.search(r"RAISED RuntimeError: hvd_trainer.run: ranks? 1(, 2)? ended without a "
                      r"result; hvdrun exited with code 3", out), out
+
+
+def descendants(pid: int) -> List[int]:
+    """``pid``'s children, theirs, and so on, from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}") else []:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as children:
+                    kids = [int(kid) for kid in children.read().split()]
+            except FileNotFoundError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("np_", [2])
+def test_killing_the_caller_ends_the_job_and_removes_its_files(tmp_path, np_):
+    report = tmp_path / "report"
+    report.mkdir()
+    with open(tmp_path / "caller.log", "w") as log:
+        caller = subprocess.Popen([sys.executable, os.path.join(WORKERS, "run_driver.py"),
+                                   "sleeps", str(np_)], stdout=log, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, OMP_NUM_THREADS="1",
+                                           RUN_REPORT=str(report)))
+    job: List[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(report.glob("rank?"))) < np_:
+            assert caller.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "caller.log").read_text()
+            time.sleep(0.1)
+        notes = [(report / f"rank{rank}").read_text().split() for rank in range(np_)]
+        folder = notes[0][1]
+        job = descendants(caller.pid)  # hvdrun, mpiexec, the wrappers, the ranks
+        assert {int(pid) for pid, _ in notes} <= set(job) and os.path.isdir(folder)
+        caller.kill()
+        caller.wait()
+        deadline = time.monotonic() + 30
+        while any(running(pid) for pid in job) or os.path.exists(folder):
+            assert time.monotonic() < deadline, (
+                f"still running: {[pid for pid in job if running(pid)]}; folder "
+                f"{folder} {'still there' if os.path.exists(folder) else 'gone'}")
+            time.sleep(0.1)
+    finally:
+        for pid in job:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)

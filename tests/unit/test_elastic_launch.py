@@ -104,7 +104,7 @@ def test_the_notice_port_listens_on_the_loopback_when_every_rank_runs_here():
     generation = elastic.Generation(SECRET)
     try:
         address = generation.address([("localhost", 2), ("127.0.0.1", 2)])
-        assert generation.server.getsockname() == ("127.0.0.1", generation.port)
+        assert generation.server.listener.getsockname() == ("127.0.0.1", generation.port)
         assert address == f"127.0.0.1:{generation.port}"
     finally:
         generation.close()
@@ -114,7 +114,7 @@ def test_the_notice_port_listens_on_the_chosen_interface_for_other_hosts():
     generation = elastic.Generation(SECRET, nics=["lo"])
     try:
         address = generation.address([("node-a", 2), ("node-b", 2)])
-        assert generation.server.getsockname()[0] == "127.0.0.1"  # lo's address
+        assert generation.server.listener.getsockname()[0] == "127.0.0.1"  # lo's address
         assert address == f"127.0.0.1:{generation.port}"
     finally:
         generation.close()

@@ -161,7 +161,7 @@ def test_a_commit_does_not_wait_for_hvdrun_and_a_later_commit_takes_its_answer(j
         conn, _ = server.accept()
         with conn:
             answer_now.wait(30)
-            if files.answer_notice(conn, SECRET.encode(), 1):
+            if files.answer_notice(conn, SECRET.encode(), 1) is not None:
                 told.set()
 
     threading.Thread(target=hvdrun, daemon=True).start()
@@ -203,7 +203,7 @@ def test_commits_are_signed_owner_only_files_in_an_owner_only_folder(job):
 
 def test_a_commit_folder_of_another_user_is_refused_and_nothing_in_it_runs(job):
     if os.geteuid() != 0:
-        pytest.skip("chown to another user needs root")
+        pytest.skip("chown to another user needs root (run the tests as root, e.g. with sudo)")
     job.mkdir(mode=0o700)
     marker = job.parent / "code ran"
     (job / "rank7.999999999999.commit").write_bytes(pickle.dumps(_Planted(str(marker))))

@@ -150,10 +150,12 @@ def test_the_flag_list_is_horovodrun_0_28_1s_and_hvdrun_knows_every_spelling():
     assert len(HOROVODRUN_0_28_1) == 59 and len(horovod) == 69
     assert horovod <= accepted | REFUSED
     assert not accepted & REFUSED
-    # hvdrun's own additions: its older stall spellings, two launcher options and --ulfm.
+    # hvdrun's own additions: its older stall spellings, two launcher options, --ulfm and
+    # --horovod, --elastic-allow-fresh-start.
     assert (accepted | REFUSED) - horovod == {"--stall-check-time-seconds",
                                                "--stall-shutdown-time-seconds", "--mpiexec",
-                                               "--no-prefix", "--ulfm"}
+                                               "--no-prefix", "--ulfm", "--horovod",
+                                               "--elastic-allow-fresh-start"}
 
 
 @pytest.mark.parametrize("name, nargs", [spelling for spelling in ALL_SPELLINGS
@@ -347,8 +349,8 @@ def test_open_mpi_forwards_the_new_variables(monkeypatch):
 
 
 def test_version_prints_the_installed_version(capsys):
-    with open(os.path.join(REPO, "setup.py")) as setup:
-        version = re.search(r'version="([^"]+)"', setup.read())[1]
+    with open(os.path.join(REPO, "hvd_trainer", "__init__.py")) as init:
+        version = re.search(r'^__version__ = "([^"]+)"$', init.read(), re.M)[1]
     for spelling in ("-v", "--version"):
         with pytest.raises(SystemExit) as stop:
             hvdrun.main([spelling])
@@ -599,3 +601,34 @@ def test_a_one_host_job_keeps_ucx_on_the_loopback(monkeypatch):
     assert seen["env"]["UCX_NET_DEVICES"] == "mlx5_0:1"
     _, _, seen = build(monkeypatch, mpi.HYDRA, "-H", "h1:1,h2:1")
     assert "UCX_NET_DEVICES" not in seen["env"]
+
+
+@pytest.mark.parametrize("variable", ["HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"])
+def test_a_start_timeout_of_nan_is_refused_naming_the_variable(monkeypatch, capsys, variable):
+    monkeypatch.setattr(mpi, "find_launcher", lambda requested=None: mpi.Launcher("/x/mpiexec", mpi.HYDRA))
+    monkeypatch.delenv("HVD_START_TIMEOUT", raising=False)
+    monkeypatch.setenv(variable, "nan")
+    with pytest.raises(SystemExit) as stop:
+        hvdrun.main(["-np", "2", *PROGRAM])
+    assert stop.value.code == 2
+    assert f"{variable}='nan' is not a number of seconds (nan)" in capsys.readouterr().err
+
+
+def test_open_mpi_hostfile_lines_with_max_slots_are_read(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4 max_slots=8\nnode2 max_slots=2\nnode3:2\nnode4 slots=1\n")
+    assert mpi.read_hostfile(str(hostfile)) == [("node1", 4), ("node2", 1), ("node3", 2),
+                                                ("node4", 1)]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x7fELF\x02\x01\x01\x00\xff\xfe", "is not a text file (byte 8 is not UTF-8)"),
+    (b"node1 slots=2\nnode2 slots=4 max_slots=3\n", "line 2: bad host entry"),
+    (b"node1 cpus=2\n", "line 1: bad host entry 'node1 cpus=2'"),
+])
+def test_a_bad_hostfile_is_refused_naming_the_file(tmp_path, content, message):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(f"hostfile {str(hostfile)!r}")) as found:
+        mpi.read_hostfile(str(hostfile))
+    assert message in str(found.value)

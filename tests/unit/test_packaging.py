@@ -1,17 +1,23 @@
-"""setup.py lists every package of the source tree: an installed (not editable) copy would
-otherwise lack a subpackage, which only a non-editable install shows."""
-import ast
+"""pyproject.toml lists every package of the source tree: an installed (not editable) copy
+would otherwise lack a subpackage, which only a non-editable install shows. The version is
+written once, in hvd_trainer/__init__.py, and pyproject.toml reads it from there."""
 import os
+import re
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.9 and 3.10
+    tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs Python 3.11's "
+                                                  "tomllib or tomli (pip install tomli)")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _listed_packages():
-    tree = ast.parse(open(os.path.join(REPO, "setup.py")).read())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "packages":
-            return set(ast.literal_eval(node.value))
-    raise AssertionError("setup.py passes no packages= list")
+def _pyproject():
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
 
 
 def test_every_folder_with_an_init_is_a_listed_package():
@@ -19,4 +25,15 @@ def test_every_folder_with_an_init_is_a_listed_package():
     for folder, _, files in os.walk(os.path.join(REPO, "hvd_trainer")):
         if "__init__.py" in files:
             found.add(os.path.relpath(folder, REPO).replace(os.sep, "."))
-    assert found - _listed_packages() == set()
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    assert found - listed == set()
+
+
+def test_the_version_is_read_from_the_package_alone():
+    project = _pyproject()
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "hvd_trainer.__version__"}
+    with open(os.path.join(REPO, "hvd_trainer", "__init__.py")) as f:
+        assert len(re.findall(r"^__version__ = \"[^\"]+\"$", f.read(), re.M)) == 1
+    assert not os.path.exists(os.path.join(REPO, "setup.py"))

@@ -140,12 +140,11 @@ print("shim ok")
 def test_tensorflow_shim_modules_are_the_adapter_s_names(tmp_path):
     harness.write_shim(str(tmp_path))
     check = """
-import horovod.tensorflow as hvd, hvd_trainer.tensorflow as ours
+import horovod.tensorflow as hvd, hvd_trainer.tensorflow as ours, tensorflow as tf
 import horovod.tensorflow.keras as hvd_keras, hvd_trainer.tensorflow.keras as keras_ours
 import horovod.keras as plain_keras
 from horovod.tensorflow.util import _executing_eagerly
 from horovod.common.util import is_version_greater_equal_than as at_least
-import tensorflow as tf
 assert hvd.allreduce is ours.allreduce and hvd.DistributedGradientTape is ours.DistributedGradientTape
 assert hvd_keras.DistributedOptimizer is keras_ours.DistributedOptimizer
 assert plain_keras.callbacks.MetricAverageCallback is keras_ours.MetricAverageCallback
@@ -158,3 +157,14 @@ print("shim ok")
     proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.stdout.strip() == "shim ok", proc.stderr
+
+
+def test_the_harness_shim_is_hvdrun_s_with_the_test_only_modules_added(tmp_path):
+    harness.write_shim(str(tmp_path))
+    for path, text in harness.horovod_shim.sources().items():
+        assert (tmp_path / path).read_text() == text
+    for path in harness.SHIM_MODULES:
+        assert path not in harness.horovod_shim.sources()
+        assert (tmp_path / path).exists()
+    # hvdrun --horovod finds it on PYTHONPATH as its own shim, and uses it.
+    assert harness.horovod_shim.check([str(tmp_path)]) == str(tmp_path)

@@ -35,10 +35,10 @@ def test_accepted_arguments_become_hvdrun_flags():
     given = {"hosts": "a:2,b:2", "start_timeout": 30, "ssh_port": 2222,
              "ssh_identity_file": "/k", "output_filename": "/o", "disable_cache": True,
              "verbose": True, "use_mpi": True, "mpi_args": "-l -x", "hostfile": None,
-             "network_interfaces": ["eth0", "ib0"]}
+             "network_interfaces": ["eth0", "ib0"], "horovod": True}
     assert runner._hvdrun_flags(4, given) == [
         "-np", "4", "-H", "a:2,b:2", "--start-timeout", "30", "-p", "2222", "-i", "/k",
-        "--output-filename", "/o", "--disable-cache", "--verbose", "--mpi",
+        "--output-filename", "/o", "--disable-cache", "--verbose", "--mpi", "--horovod",
         "--mpi-args=-l -x", "--network-interfaces", "eth0,ib0"]
     assert runner._hvdrun_flags(2, {}) == ["-np", "2"]
 

@@ -12,7 +12,8 @@ import pytest
 from hvd_trainer import files
 
 NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root "
+                                                           "(run the tests as root, e.g. sudo)")
 
 
 def test_write_atomically_replaces_a_planted_symlink_and_leaves_its_target_alone(tmp_path):

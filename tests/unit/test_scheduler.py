@@ -101,6 +101,33 @@ def test_a_pending_name_is_unique_and_freed_afterwards():
         ("barrier.noname.0", "noname.0"), ("barrier.noname.1", "noname.1")]
 
 
+def test_a_started_thread_counts_its_own_automatic_names_under_its_name():
+    sched = scheduler.Schedule(scheduler._Use())
+    keys = {}
+
+    def call(label):
+        keys[label] = [sched.name("allreduce", None, object())[1] for _ in range(2)]
+
+    for label in ("b", "a"):  # the other order than their names': each counts from 0
+        thread = threading.Thread(target=call, args=(label,), name=f"worker {label}")
+        thread.start()
+        thread.join()
+    assert keys == {"a": ["noname[worker a].0", "noname[worker a].1"],
+                    "b": ["noname[worker b].0", "noname[worker b].1"]}
+    assert sched.name("allreduce", None, object())[1] == "noname.0"  # the main thread's
+
+
+def test_deadlock_raises_automatic_names_of_threads_named_apart():
+    apart = [[summary("noname[rank0].0", automatic=True, name="allreduce.noname[rank0].0")],
+             [summary("noname[rank1].0", automatic=True, name="allreduce.noname[rank1].0")]]
+    (verdict, key, error), = scheduler.deadlock(apart, 1, failure)
+    assert (verdict, key) == ("raise", "noname[rank1].0")
+    assert "counted per thread" in str(error) and "name=" in str(error)
+    drifted = [[summary("noname[w].3", automatic=True, name="allreduce.noname[w].3")],
+               [summary("noname[w].0", automatic=True, name="allreduce.noname[w].0")]]
+    assert scheduler.deadlock(drifted, 0, failure)[0][:2] == ("run", "noname[w].3")
+
+
 def test_a_job_takes_its_automatic_name_at_submission_and_derives_the_rest():
     sched = scheduler.Schedule(scheduler._Use())
     job = scheduler.Job()

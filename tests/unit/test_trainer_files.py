@@ -123,3 +123,38 @@ def test_load_states_of_a_model_with_more_parameters_names_the_counts(tmp_path):
     with pytest.raises(ValueError, match="holds states of 4 parameters, up to index 3; this "
                                          "trainer has 2 parameters"):
         trainer.load_states(fname)
+
+
+def test_a_device_is_refused_by_its_header_without_reading_on(tmp_path):
+    _, trainer = trained()
+    with pytest.raises(ValueError, match="'/dev/zero' is not a DistributedTrainer checkpoint"):
+        trainer.load_checkpoint("/dev/zero")
+    with pytest.raises(ValueError, match="'/dev/zero' is not a regular file"):
+        trainer.load_states("/dev/zero")
+
+
+@pytest.mark.parametrize("cut", [5, 23, 24])
+def test_a_checkpoint_cut_inside_its_header_is_called_truncated(tmp_path, cut):
+    _, trainer = trained()
+    fname = tmp_path / "model.checkpoint"
+    trainer.save_checkpoint(str(fname))
+    fname.write_bytes(fname.read_bytes()[:cut])
+    with pytest.raises(ValueError, match=f"truncated checkpoint: it ends inside its header "
+                                         f"\\({cut} bytes\\)"):
+        trainer.load_checkpoint(str(fname))
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise KeyError("not today")
+
+
+def test_an_extra_that_cannot_be_pickled_or_unpickled_is_a_value_error(tmp_path):
+    _, trainer = trained()
+    fname = tmp_path / "model.checkpoint"
+    with pytest.raises(ValueError, match="cannot be pickled .*KeyError"):
+        trainer.save_checkpoint(str(fname), extra=_Unpicklable())
+    (tmp_path / "made").write_bytes(b"")  # unpickling calls os.mkdir on it, which fails
+    trainer.save_checkpoint(str(fname), extra=_Planted(str(tmp_path / "made")))
+    with pytest.raises(ValueError, match="cannot be unpickled here .*FileExistsError"):
+        trainer.load_checkpoint(str(fname))

@@ -84,7 +84,8 @@ def train(state):
         hvd.barrier()  # the ranks wait here until the launcher ends them
         return
     if hvd.rank() == 0:
-        left = [name for f in files.job_folders(os.environ["HVD_ELASTIC_DIR"])
+        left = [name for f in files.job_folders(os.environ["HVD_ELASTIC_DIR"],
+                                                os.environ.get("HVD_ELASTIC_DISK_DIR"))
                 if os.path.isdir(f) for name in os.listdir(f) if name.endswith(".tmp")]
         np.save(os.path.join(folder, "restored.npy"), state.weights)
         with open(os.path.join(folder, "restored.json"), "w") as f:

@@ -55,6 +55,9 @@ def stage_add():
     expect("add_process_set with a rank past the end on the last rank", ValueError,
            [f"on rank {last}", f"[0, {N}]"],
            lambda: hvd.add_process_set([0, N] if R == last else [0]))
+    expect("add_process_set with a fraction on the last rank", TypeError,
+           [f"on rank {last}", f"ranks must be integers, got {last + 0.25} (float)"],
+           lambda: hvd.add_process_set([last + 0.25] if R == last else [last]))
     first, second = hvd.add_process_set([0]), hvd.add_process_set([last])
     ids = hvd.allgather_object((first.process_set_id, second.process_set_id))
     if len(set(ids)) != 1:

@@ -70,7 +70,21 @@ def average_with_a_rank_joined(dtype):
                         f"{np.sum(got != want)} elements differ from NumPy")
 
 
+def int8_average_wraps_as_horovods():
+    """An int8 Average sums in int8, wrapping, then divides and truncates toward zero, as
+    Horovod does (docs/limitations.md): NumPy's int8 sum, then C's conversion of the product
+    by 1/size. Both ring and the small call's path, with and without ranks' shares."""
+    for x in (np.array([127, -128, 100, -7], np.int8), np.full(3000, 127, np.int8)):
+        with np.errstate(over="ignore"):
+            wrapped = sum((x for _ in range(N)), np.zeros_like(x))
+        want = np.trunc(wrapped.astype(np.float64) * (1 / N)).astype(np.int8)
+        got = hvd.allreduce(x, op=hvd.Average)
+        if not np.array_equal(got, want):
+            failures.append(f"int8 average of {x.size}: {got[:4]}, Horovod's {want[:4]}")
+
+
 run_cases({
+    "int8_average_wraps_as_horovods": int8_average_wraps_as_horovods,
     "float16_postscale": lambda: scaled(np.float16, "postscale"),
     "float16_prescale": lambda: scaled(np.float16, "prescale"),
     "float16_average": lambda: scaled(np.float16, "average"),

@@ -5,8 +5,15 @@ concurrent  one thread runs grouped allreduces on the world while another runs t
 covered     while the main thread is inside ``agreement.covered`` (as the trainer's step
             is), another thread's collective waits for the block to end and then makes its
             own agreement, instead of being mixed into the block
-Run as: worker.py [case ...] (default: both).
+unnamed_threads  two threads of every rank make unnamed allreduces of one shape, each rank
+            interleaving them in its own order: every sum is the one of the same thread's
+            arrays (automatic names are counted per thread)
+unnamed_threads_apart  the same from threads whose names differ across ranks: every call
+            raises MismatchError on every rank (never a sum of the wrong arrays), and the
+            next collective works
+Run as: worker.py [case ...] (default: all).
 """
+import random
 import threading
 import time
 
@@ -84,4 +91,54 @@ def case_covered():
                         "inside the covered block")
 
 
-run_cases({"concurrent": case_concurrent, "covered": case_covered}, failures, R)
+def unnamed_threads(names, calls):
+    """Two threads named ``names`` make ``calls`` unnamed allreduces of one shape each, with
+    pauses of this rank's own; returns, per thread, what each call gave (an array or the
+    exception)."""
+    results = {name: [] for name in names}
+
+    def loop(name):
+        pause = random.Random(f"{R}{name}")
+        for i in range(calls):
+            time.sleep(pause.uniform(0, 0.004))
+            try:
+                results[name].append(hvd.allreduce(unnamed_data(name[-1], i, R), op=hvd.Sum))
+            except Exception as e:  # noqa: BLE001 - the case judges it
+                results[name].append(e)
+
+    threads = [threading.Thread(target=loop, args=(name,), name=name) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def unnamed_data(thread, i, r):
+    return np.full(16, {"a": 1.0, "b": 1000.0}[thread] * (i + 1) * (r + 1))
+
+
+def case_unnamed_threads():
+    calls = 30
+    results = unnamed_threads(["a", "b"], calls)
+    for name, got in results.items():
+        for i, g in enumerate(got):
+            want = sum(unnamed_data(name, i, r) for r in range(N))
+            if not isinstance(g, np.ndarray) or not np.array_equal(g, want):
+                failures.append(f"thread {name} call {i}: {g!r:.120}, NumPy's sum {want[0]}")
+
+
+def case_unnamed_threads_apart():
+    results = unnamed_threads([f"rank{R}.a", f"rank{R}.b"], 2)
+    for name, got in results.items():
+        for i, g in enumerate(got):
+            if not isinstance(g, hvd.MismatchError):
+                failures.append(f"thread {name} call {i}: {g!r:.120} instead of a mismatch")
+    check = hvd.allreduce(np.full(3, R + 1.0), op=hvd.Sum)
+    if not np.array_equal(check, np.full(3, N * (N + 1) / 2)):
+        failures.append(f"the next allreduce gave {check}")
+
+
+run_cases({"concurrent": case_concurrent, "covered": case_covered,
+           "unnamed_threads": case_unnamed_threads,
+           "unnamed_threads_apart": case_unnamed_threads_apart}, failures, R)

@@ -1,0 +1,138 @@
+"""hvdrun's notice port in elastic mode: rank 0 asks it whether the hosts changed, and tells
+it the newest commit rank 0 has written (hvd_trainer.files.notice_reply: both ends prove that
+they hold the job's secret).
+
+One thread serves every connection at once through a selector, so that a peer that sends
+its bytes slowly, or none, holds up nobody else: each exchange has EXCHANGE_SECONDS in all,
+whatever its peer trickles, and at most MAX_OPEN are open at a time (a new one beyond that
+closes the oldest, which a proper exchange, done in a round trip, never is for long). The
+listening backlog is the system's largest.
+"""
+import selectors
+import socket
+import threading
+import time
+from typing import Callable, Dict, NamedTuple
+
+EXCHANGE_SECONDS = 5.0  # a whole exchange, from accept to reply
+MAX_OPEN = 128  # connections served at once; a new one beyond closes the oldest
+
+
+class _Exchange(NamedTuple):
+    challenge: bytes
+    received: bytearray
+    deadline: float
+
+
+class NoticeServer:
+    """Serves the notice exchange on ``address`` (a new port) from a thread of its own until
+    :meth:`close`: the reply tells ``number()``; ``heard(written)`` is called with the commit
+    number each proved question reports."""
+
+    def __init__(self, address: str, secret: bytes, number: Callable[[], int],
+                 heard: Callable[[int], None]):
+        from hvd_trainer import files  # the launcher imports the core only where it needs it
+        self._files = files
+        self.secret, self.number, self.heard = secret, number, heard
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((address, 0))
+        self.listener.listen(socket.SOMAXCONN)
+        self.listener.setblocking(False)
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
+        self._open: Dict[socket.socket, _Exchange] = {}  # oldest first
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name="hvdrun-notices")
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.listener.getsockname()[1]
+
+    def close(self) -> None:
+        """Stop serving: the thread ends, every connection and the port close."""
+        self._closed.set()
+        self._wake_write.send(b"x")
+        self._thread.join()
+        self._wake_write.close()
+
+    def _serve(self) -> None:
+        try:
+            while not self._closed.is_set():
+                now = time.monotonic()
+                for conn in [c for c, e in self._open.items() if e.deadline <= now]:
+                    self._drop(conn)
+                wait = min((e.deadline for e in self._open.values()), default=now + 60) - now
+                for key, _ in self._selector.select(max(wait, 0.0)):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    elif key.fileobj is not self._wake_read:
+                        self._receive(key.fileobj)
+        finally:
+            for conn in list(self._open):
+                self._drop(conn)
+            self._selector.close()
+            self.listener.close()
+            self._wake_read.close()
+
+    def _accept(self) -> None:
+        """Take every connection waiting, each sent its challenge at once."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of file descriptors, or the peer gave up: the next one
+                return
+            if len(self._open) >= MAX_OPEN:
+                self._drop(next(iter(self._open)))
+            conn.setblocking(False)
+            challenge = self._files.notice_challenge()
+            try:
+                if conn.send(challenge) != len(challenge):  # a fresh socket takes 16 bytes
+                    raise ConnectionError("the challenge did not fit")
+            except OSError:
+                conn.close()
+                continue
+            self._open[conn] = _Exchange(challenge, bytearray(),
+                                         time.monotonic() + EXCHANGE_SECONDS)
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _receive(self, conn: socket.socket) -> None:
+        """Read what ``conn`` sent; once its question is whole, reply if it proves the secret
+        (telling the generation and hearing its commit), and close it either way."""
+        exchange = self._open[conn]
+        wanted = self._files.NOTICE_QUESTION_BYTES - len(exchange.received)
+        try:
+            data = conn.recv(wanted)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        exchange.received.extend(data)
+        if len(exchange.received) < self._files.NOTICE_QUESTION_BYTES:
+            return
+        reply = self._files.notice_reply(self.secret, exchange.challenge,
+                                         bytes(exchange.received), self.number())
+        if reply is not None:
+            try:
+                conn.send(reply.data)  # 40 bytes into an empty send buffer
+            except OSError:
+                pass
+            self.heard(reply.written)
+        self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._open.pop(conn, None)
+        try:
+            self._selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
