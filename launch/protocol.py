@@ -139,15 +139,17 @@ def mac(secret: bytes, *parts: bytes) -> bytes:
     return digest.digest()
 
 
-def _receive(conn: socket.socket, count: int, deadline: float) -> bytes:
-    """Exactly ``count`` bytes from ``conn`` by ``deadline`` (time.monotonic()); TimeoutError
-    or ConnectionError otherwise."""
+def receive(conn: socket.socket, count: int, deadline: Optional[float]) -> bytes:
+    """Exactly ``count`` bytes from ``conn``; with a ``deadline`` (time.monotonic()),
+    socket.timeout after it, however the peer trickles its bytes; ConnectionError if it
+    closes before."""
     data = b""
     while len(data) < count:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no answer within {REPORT_SECONDS:g} s")
-        conn.settimeout(left)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"{len(data)} of {count} bytes came before the deadline")
+            conn.settimeout(left)
         chunk = conn.recv(count - len(data))
         if not chunk:
             raise ConnectionError(f"the peer closed the connection after {len(data)} of "
@@ -163,10 +165,10 @@ def send_report(address: str, secret: bytes, report: Report) -> None:
     host, _, port = address.rpartition(":")
     payload = encode(report)
     with socket.create_connection((host, int(port)), timeout=REPORT_SECONDS) as conn:
-        challenge = _receive(conn, _NONCE_BYTES, deadline)
+        challenge = receive(conn, _NONCE_BYTES, deadline)
         conn.sendall(len(payload).to_bytes(4, "big") + payload
                      + mac(secret, b"report", challenge, payload))
-        receipt = _receive(conn, _MAC_BYTES, deadline)
+        receipt = receive(conn, _MAC_BYTES, deadline)
     if not hmac.compare_digest(receipt, mac(secret, b"received", challenge, payload)):
         raise ValueError("the receipt is not signed with this job's secret")
 
@@ -186,11 +188,11 @@ def receive_report(conn: socket.socket, secret: bytes) -> Received:
     challenge = os.urandom(_NONCE_BYTES)
     conn.settimeout(REPORT_SECONDS)
     conn.sendall(challenge)
-    size = int.from_bytes(_receive(conn, 4, deadline), "big")
+    size = int.from_bytes(receive(conn, 4, deadline), "big")
     if size > _MAX_REPORT:
         raise ValueError(f"a report of {size} bytes (at most {_MAX_REPORT})")
-    payload = _receive(conn, size, deadline)
-    if not hmac.compare_digest(_receive(conn, _MAC_BYTES, deadline),
+    payload = receive(conn, size, deadline)
+    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
                                mac(secret, b"report", challenge, payload)):
         raise ValueError("a report not signed with this job's secret")
     return Received(decode(payload), mac(secret, b"received", challenge, payload))
