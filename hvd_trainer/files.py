@@ -21,12 +21,12 @@ import os
 import socket
 import stat
 import tempfile
-import time
 from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Sequence, Tuple, Union
+
+from hvd_trainer_launch.protocol import SECRET_VARIABLE, receive
 
 log = logging.getLogger("hvd_trainer")
 
-SECRET_VARIABLE = "HVD_JOB_SECRET"
 _SIGNED = b"hvd_trainer signed 1\n"
 _MAC_BYTES = hashlib.sha256().digest_size
 _NONCE_BYTES = 16
@@ -184,25 +184,6 @@ def verify(secret: bytes, signed: Any, what: str) -> memoryview:
     return signed[start:]
 
 
-def _receive(conn: socket.socket, count: int, deadline: Optional[float]) -> bytes:
-    """Exactly ``count`` bytes from ``conn``, by ``deadline`` (time.monotonic()) when given:
-    socket.timeout after it, however the peer trickles its bytes; ConnectionError if it
-    closes before."""
-    data = b""
-    while len(data) < count:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout(f"{len(data)} of {count} bytes came before the deadline")
-            conn.settimeout(left)
-        chunk = conn.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError(f"the peer closed the connection after {len(data)} of "
-                                  f"{count} bytes")
-        data += chunk
-    return data
-
-
 def notice_challenge() -> bytes:
     """hvdrun's first message of a notice exchange: a fresh random challenge."""
     return os.urandom(_NONCE_BYTES)
@@ -241,7 +222,7 @@ def answer_notice(conn: socket.socket, secret: bytes, number: int,
     ``secret`` (then it is told nothing)."""
     mine = notice_challenge()
     conn.sendall(mine)
-    reply = notice_reply(secret, mine, _receive(conn, NOTICE_QUESTION_BYTES, deadline), number)
+    reply = notice_reply(secret, mine, receive(conn, NOTICE_QUESTION_BYTES, deadline), number)
     if reply is None:
         return None
     conn.sendall(reply.data)
@@ -254,12 +235,12 @@ def ask_notice(conn: socket.socket, secret: bytes, written: int = 0,
     ``written`` (so that a restart that finds none knows that commits were lost), the whole
     exchange by ``deadline`` (time.monotonic()): the number hvdrun told; ValueError when the
     reply does not prove that it comes from the holder of ``secret``."""
-    theirs = _receive(conn, _NONCE_BYTES, deadline)
+    theirs = receive(conn, _NONCE_BYTES, deadline)
     mine = os.urandom(_NONCE_BYTES)
     reported = written.to_bytes(8, "big")
     conn.sendall(mine + reported + mac(secret, b"ask", theirs, mine, reported))
-    told = _receive(conn, 8, deadline)
-    if not hmac.compare_digest(_receive(conn, _MAC_BYTES, deadline),
+    told = receive(conn, 8, deadline)
+    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
                                mac(secret, b"tell", theirs, mine, told)):
         raise ValueError("the reply is not signed with this job's secret")
     return int.from_bytes(told, "big")

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from hvd_trainer_launch.protocol import WORKER_VARIABLE
 from . import installs
 from .backends import Communicator
 
@@ -459,7 +460,7 @@ def abort_job(message: str, code: int = 1) -> None:
     sys.stderr.write(f"hvd_trainer: {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
-    if os.environ.get("HVDRUN_WORKER") or _state is None:
+    if os.environ.get(WORKER_VARIABLE) or _state is None:
         os._exit(code)
     # MPI_Abort's kill can overtake the message on its way through the launcher's proxy (seen
     # with MPICH's mpiexec under load): give the proxy a moment to forward it.

@@ -32,7 +32,9 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import hvdrun, mpi, notices
+from hvd_trainer_launch import hvdrun, mpi, notices, reports
+from hvd_trainer_launch.relay import ENDED, Failure, OutputRelay, first_failure, say
+from hvd_trainer_launch.reports import interface_address
 
 # The values hvd_trainer.elastic reads (the launcher does not import hvd_trainer).
 RESET_EXIT_CODE = 75
@@ -230,19 +232,6 @@ def host_of(layout: Hosts, rank: int) -> Optional[str]:
     return None
 
 
-def interface_address(name: str) -> str:
-    """The IPv4 address of network interface ``name``; ValueError when it has none."""
-    import fcntl
-    import struct
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            answer = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
-                                 struct.pack("256s", name.encode()[:15]))
-        except OSError as error:
-            raise ValueError(f"--network-interface {name}: no IPv4 address ({error.strerror})") from None
-    return socket.inet_ntoa(answer[20:24])
-
-
 _LOCAL_NAMES = ("localhost", "127.0.0.1")
 
 
@@ -325,7 +314,7 @@ class HostWatcher(threading.Thread):
         self.join()
 
 
-class ElasticRelay(hvdrun.OutputRelay):
+class ElasticRelay(OutputRelay):
     """hvdrun's output relay, whose first failure ends a life of the job, not the job: its
     message says so, and a rank leaving for new hosts (RESET_EXIT_CODE) is no failure. It
     keeps every rank that failed on its own before hvdrun began to end the life (``failed``:
@@ -350,15 +339,15 @@ class ElasticRelay(hvdrun.OutputRelay):
 
     def blamed(self, layout: Hosts) -> Set[str]:
         """The hosts that this life's end counts against: the host of the rank that failed
-        first on its own (hvdrun.first_failure: across hosts the others fail after it, their
+        first on its own (first_failure: across hosts the others fail after it, their
         peer gone, through no fault of their hosts). When none failed but some ranks never
         started, the launch failed on their hosts (ssh could not reach them, a name did not
         resolve): those other than this machine, or this one."""
         with self._lock:
             own = [failure for failure in self.reported if failure.rank in self.failed
-                   and failure.how != hvdrun.ENDED and failure.code != RESET_EXIT_CODE]
+                   and failure.how != ENDED and failure.code != RESET_EXIT_CODE]
         if own:
-            return {host_of(layout, hvdrun.first_failure(own).rank)}
+            return {host_of(layout, first_failure(own).rank)}
         missing = {host_of(layout, rank) for rank in range(self.np) if rank not in self.started}
         return {host for host in missing if not mpi.this_machine(host)} or missing
 
@@ -367,14 +356,14 @@ class ElasticRelay(hvdrun.OutputRelay):
         with self._lock:
             if self.interrupted or self.ending:
                 return
-            if code != RESET_EXIT_CODE and how != hvdrun.ENDED:
+            if code != RESET_EXIT_CODE and how != ENDED:
                 self.failed.setdefault(rank, code)
         if self.in_place and killed:
             _say(f"rank {rank}{self.where([rank])} {how} {code}; under --ulfm the other ranks "
                  "go on without it")
         super().record(rank, code, how, at, killed)
 
-    def announce(self, failure: hvdrun.Failure) -> None:
+    def announce(self, failure: Failure) -> None:
         if self.in_place and failure.killed:  # said when it was recorded
             return
         if failure.code != RESET_EXIT_CODE:
@@ -383,8 +372,7 @@ class ElasticRelay(hvdrun.OutputRelay):
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"hvdrun: elastic: {message}\n")
-    sys.stderr.flush()
+    say(f"elastic: {message}")
 
 
 def _text(hosts: Hosts) -> str:
@@ -550,10 +538,14 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             np = min(np, args.max_np) if args.max_np is not None else np
             layout = allocate(hosts, np)
             used.extend(host for host, _ in layout if host not in used)
+            output = (os.path.join(args.output_filename, f"restart.{restarts}")
+                      if args.output_filename else None)
+            relay = ElasticRelay(np, args.no_prefix, output, layout, args.ulfm)
+            server = reports.serve(secret.encode(), layout, args.nics, relay.deliver)
             env = hvdrun.rank_environment(args, launcher.flavour)
             env.update(hvdrun.hosts_variable(launcher.flavour, layout, np))
+            env.update(hvdrun.report_variables(server, secret))
             env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
-                        files.SECRET_VARIABLE: secret,
                         NOTIFY_VARIABLE: generation.address(layout),
                         GENERATION_VARIABLE: str(generation.number),
                         COMMITTED_VARIABLE: str(generation.committed)})
@@ -568,9 +560,6 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                  + (f" (restart {restarts})" if restarts else ""))
             if args.verbose:
                 _say(f"running: {shlex.join(mpiexec_command)}")
-            output = (os.path.join(args.output_filename, f"restart.{restarts}")
-                      if args.output_filename else None)
-            relay = ElasticRelay(np, args.no_prefix, output, layout, args.ulfm)
             watcher = HostWatcher(discovery, blacklist, hosts, generation)
             watcher.start()
             try:
@@ -581,6 +570,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                 relay.close()
                 code = 1
             finally:
+                server.close()
                 watcher.stop()
             if relay.interrupted or (code == 0 and relay.failure is None):
                 return code

@@ -1,9 +1,11 @@
 """``hvdrun``: start a command on N ranks through the MPI's own mpiexec, Horovod-style.
 
 mpiexec runs ``python -m hvd_trainer_launch.worker -- command ...`` on every rank; the worker
-prefixes output lines with the rank and reports a non-zero exit. hvdrun relays the output (with
-or without prefixes, optionally into per-rank files), names the first rank that failed, ends
-the whole job promptly after a failure or a Ctrl-C/SIGTERM, and exits with that rank's code.
+prefixes output lines with the rank, and reports its rank's start and a non-zero exit to
+hvdrun's report port (launch/protocol.py, launch/reports.py), never through the output. hvdrun
+relays the output (with or without prefixes, optionally into per-rank files) and names the
+first rank that failed (launch/relay.py), ends the whole job promptly after a failure or a
+Ctrl-C/SIGTERM, and exits with that rank's code.
 It takes horovodrun's flags; launch/flags.py says what each one does, or why it is refused.
 With --min-np, --max-np or --host-discovery-script it runs elastically (launch/elastic.py).
 """
@@ -11,36 +13,24 @@ import argparse
 import json
 import math
 import os
-import re
+import secrets
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from hvd_trainer_launch import config_file, flags, horovod_shim, mpi
-from hvd_trainer_launch.worker import EXIT_MARKER, HOSTS_VARIABLE, START_MARKER, die_with_parent
+from hvd_trainer_launch import config_file, flags, horovod_shim, mpi, protocol, reports
+from hvd_trainer_launch.relay import OutputRelay, say
+from hvd_trainer_launch.worker import die_with_parent
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
 FAILURE_GRACE_SECONDS = 3.0
 # After asking mpiexec to end the job (failure or signal), how long before it is SIGKILLed.
 KILL_GRACE_SECONDS = 5.0
-
-_PREFIXED = re.compile(rb"\[(\d+)\]<(stdout|stderr)>:")
-_MARKER = re.compile(re.escape(EXIT_MARKER).encode()
-                     + rb" rank=(\d+) code=(\d+)(?: at=([\d.]+))?( killed)?( ended)?")
-# How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
-ENDED = "was ended by the launcher, with code"
-# A rank killed by a signal (kill -9, the OOM killer, a crash) that the launcher did not send
-# is the first failure if it was seen this soon after the earliest exit: a survivor whose MPI
-# aborts on the lost connection exits within milliseconds, sooner than the killed rank's
-# wrapper may be scheduled to see its child end.
-KILLED_WINDOW_SECONDS = 1.0
-_START = re.compile(re.escape(START_MARKER).encode() + rb" rank=(\d+)(?: host=(\S+))?")
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface: every horovodrun 0.28.1 flag (launch/flags.py) plus hvdrun's own."""
@@ -100,172 +90,17 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
 def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[str, str]:
     """The variable from which each rank's wrapper sets Horovod's per-rank variables: the nodes
     the launcher makes of ``hosts`` with their ranks (ValueError when ``np`` exceeds the slots)."""
-    return {HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
+    return {protocol.HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
 
 
-class Failure:
-    """A rank's failure: its number, exit code, how it failed (ENDED: after the launcher
-    signalled it) and when (by its host's clock, or by ours when it reported no time)."""
-
-    def __init__(self, rank: int, code: int, how: str, at: Optional[float] = None,
-                 killed: bool = False):
-        self.rank, self.code, self.how, self.killed = rank, code, how, killed
-        self.at = time.time() if at is None else at
-        self.seen_at = time.monotonic()
+def report_variables(server: reports.ReportServer, secret: str) -> Dict[str, str]:
+    """The variables that tell each rank's wrapper where and how to report to ``server``."""
+    return {protocol.REPORTS_VARIABLE: server.address, protocol.SECRET_VARIABLE: secret}
 
 
-def first_failure(failures: Sequence[Failure]) -> Failure:
-    """The earliest of ``failures`` by the clocks of their hosts, or a rank killed by a signal
-    within KILLED_WINDOW_SECONDS of it (see there)."""
-    earliest = min(f.at for f in failures)
-    killed = [f for f in failures if f.killed and f.at <= earliest + KILLED_WINDOW_SECONDS]
-    return min(killed or failures, key=lambda failure: failure.at)
-
-
-class OutputRelay:
-    """Copies mpiexec's output to ours, strips or keeps rank prefixes, tees into per-rank files,
-    hides the workers' exit markers and records the first failure they report.
-
-    Only unprefixed lines (the wrappers' own and mpiexec's) are read for markers: what a rank
-    prints always arrives prefixed, so no output of a rank can end or fail the job. (A rank
-    that calls MPI_Abort is named by nobody: mpiexec's exit code tells it.) A per-rank file
-    that cannot be written warns once and stops; the relay goes on. ``hosts`` is the job's
-    (host, slots) list: with more than one host, messages name each rank's host (the one it
-    reported starting on, else its slot's).
-    """
-
-    def __init__(self, np: int, no_prefix: bool, output_dir: Optional[str],
-                 hosts: Sequence[Tuple[str, int]] = ()):
-        self.no_prefix = no_prefix
-        self.failure: Optional[Failure] = None  # the first failure, once settle() chose it
-        self.reported: List[Failure] = []
-        self.started: Set[int] = set()  # ranks whose wrapper has reported its start
-        self.hosts: Dict[int, str] = {}  # the host each started rank reported
-        self._slots = [host for host, slots in hosts for _ in range(slots)]
-        self._name_hosts = len({host for host, _ in hosts}) > 1
-        self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
-        self.ending = False  # set when hvdrun ends the job after a failure: later exits follow it
-        self._lock = threading.Lock()
-        self._files: Dict[Tuple[int, bytes], Any] = {}
-        if output_dir:
-            from hvd_trainer import files  # the launcher imports the core only where it needs it
-            for rank in range(np):
-                folder = os.path.join(output_dir, f"rank.{rank}")
-                try:
-                    os.makedirs(folder, mode=0o700, exist_ok=True)
-                except OSError as error:
-                    _say(f"warning: cannot create {folder!r} ({error}); rank {rank}'s output "
-                         "is not written to files")
-                    continue
-                for stream in (b"stdout", b"stderr"):
-                    self._files[rank, stream] = files.Output(
-                        os.path.join(folder, stream.decode()), what=f"rank {rank}'s {stream.decode()} copy",
-                        warn=lambda message: _say(f"warning: {message}"))
-
-    def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
-        """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""
-        for line in iter(pipe.readline, b""):
-            prefixed = _PREFIXED.match(line)
-            # A marker may follow what mpiexec printed without a newline (Open MPI ends its
-            # MPI_Abort notice with a NUL), so it is searched for, but only in unprefixed lines.
-            marker = None if prefixed else _MARKER.search(line) or _START.search(line)
-            if marker:
-                if marker.re is _MARKER:
-                    self.record(int(marker[1]), int(marker[2]),
-                                ENDED if marker[5] else "exited with code",
-                                float(marker[3]) if marker[3] else None, bool(marker[4]))
-                else:
-                    self.started.add(int(marker[1]))
-                    if marker[2]:
-                        self.hosts[int(marker[1])] = marker[2].decode(errors="replace")
-                line = line[:marker.start()].strip(b"\0")
-                if not line:
-                    continue
-                line += b"\n"
-            text = line[prefixed.end():] if prefixed else line
-            if prefixed:
-                target = self._files.get((int(prefixed[1]), prefixed[2]))
-                if target is not None:
-                    target.write(text)
-                    target.flush()
-            if out is not None:
-                try:
-                    out.write(text if prefixed and self.no_prefix else line)
-                    out.flush()
-                except BrokenPipeError:  # our reader went away: keep draining so mpiexec never blocks
-                    out = None
-
-    def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
-               killed: bool = False) -> None:
-        """Note a rank's failure (it exited at ``at``, ``killed`` by a signal) until settle()
-        chooses the first; none after that."""
-        with self._lock:
-            if self.failure is not None or self.interrupted:
-                return
-            self.reported.append(Failure(rank, code, how, at, killed))
-
-    def first_report(self) -> Optional[float]:
-        """When (time.monotonic()) the first failure was reported; None before any."""
-        with self._lock:
-            return self.reported[0].seen_at if self.reported else None
-
-    def settle(self) -> Optional[Failure]:
-        """Choose, once, the failure that came first among those reported, announce it and
-        return it (None without any).
-
-        Not the first report to arrive: one from another host travels further, and a rank
-        that the launcher ended (after another rank's failure) is a consequence. So the
-        earliest exit of a rank not ended by the launcher wins, by the clocks of their hosts,
-        except that a rank killed by a signal within KILLED_WINDOW_SECONDS of it wins over
-        exits (see there).
-        """
-        with self._lock:
-            if self.failure is not None or not self.reported:
-                return self.failure
-            self.failure = first_failure([f for f in self.reported if f.how != ENDED]
-                                         or self.reported)
-        self.announce(self.failure)
-        return self.failure
-
-    def announce(self, failure: Failure) -> None:
-        """Say which rank failed first."""
-        _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code} "
-             "(first failure); ending the job")
-
-    def where(self, ranks: Sequence[int]) -> str:
-        """' on HOST[, HOST...]' for ``ranks`` of a job on several hosts; '' otherwise."""
-        hosts: List[str] = []
-        for rank in ranks:
-            host = self.hosts.get(rank) or (self._slots[rank] if rank < len(self._slots) else None)
-            if host and host not in hosts:
-                hosts.append(host)
-        return f" on {', '.join(hosts)}" if hosts and self._name_hosts else ""
-
-    def ranks(self, ranks: Sequence[int]) -> str:
-        """'rank 3 on h2' or 'ranks 0, 1 on h1, h2'."""
-        return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-                + self.where(ranks))
-
-    def not_started(self, missing: List[int], seconds: float) -> None:
-        """Record that the ``missing`` ranks did not start within ``seconds``: a failure with code 1."""
-        with self._lock:
-            if self.failure is not None or self.reported or self.interrupted:
-                return
-            self.failure = Failure(missing[0], 1, "did not start")
-            self.reported.append(self.failure)
-        _say(f"{self.ranks(missing)} did not start within --start-timeout {seconds:g} s; "
-             "ending the job")
-
-    def close(self) -> None:
-        """Close the per-rank files."""
-        for target in self._files.values():
-            target.close()
-
-
-def _say(message: str) -> None:
-    """Print one hvdrun message on stderr."""
-    sys.stderr.write(f"hvdrun: {message}\n")
-    sys.stderr.flush()
+# What keeps the ranks' network transport on the loopback in a one-host job (unless the caller
+# set it): MPICH's UCX ranks would otherwise listen on every interface.
+LOOPBACK_VARIABLES = {"UCX_NET_DEVICES": "lo"}
 
 
 def launched(leader: int) -> Dict[int, bytes]:
@@ -339,7 +174,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             handled = len(received)
             if handled == 1:
                 relay.interrupted = True
-                _say(f"received {signal.Signals(received[0]).name}; ending the job")
+                say(f"received {signal.Signals(received[0]).name}; ending the job")
                 left.update(launched(process.pid))  # mpiexec may orphan them as it ends
                 process.send_signal(received[0])
                 ending, kill_at = True, now + KILL_GRACE_SECONDS
@@ -376,11 +211,16 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
     missing = sorted(set(range(np)) - relay.started)
     if code and missing:
-        _say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
+        say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
              "its messages above say why (e.g. ssh could not reach a host)")
     elif code:
-        _say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
+        say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
              "calls MPI_Abort is killed before it can)")
+    elif np and len(missing) == np:
+        say(f"{command[0]} exited with code 0 but no rank reported its start: it started "
+             "none (is it an MPI launcher? see --mpiexec and HVD_MPIEXEC), or the ranks could "
+             "not reach hvdrun's report port (their warnings above say so)")
+        return 1
     return code
 
 
@@ -425,7 +265,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             horovod_shim.check()
         except horovod_shim.RealHorovodError as error:
-            _say(f"error: {error}")
+            say(f"error: {error}")
             return 2
     try:
         hosts = (mpi.parse_hosts(args.hosts) if args.hosts else
@@ -444,17 +284,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ValueError, OSError) as error:
         parser.error(str(error))
     except mpi.MPIError as error:
-        _say(f"error: {error}")
+        say(f"error: {error}")
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
-    env = dict(rank_environment(args, launcher.flavour), **placed)
+    one_host = all(mpi.this_machine(host) for host, _ in nodes)
+    if one_host:
+        advice = mpi.shared_memory_advice(launcher.flavour, args.np)
+        if advice:
+            say(f"warning: {advice}")
+        if not args.nics:
+            placed.update({name: value for name, value in LOOPBACK_VARIABLES.items()
+                           if name not in os.environ})
+    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
+    secret = secrets.token_hex(32)  # signs the wrappers' reports; only the ranks get it
+    try:
+        server = reports.serve(secret.encode(), nodes, args.nics, relay.deliver)
+    except (ValueError, OSError) as error:
+        parser.error(f"cannot open hvdrun's report port: {error}")
+    env = dict(rank_environment(args, launcher.flavour), **placed,
+               **report_variables(server, secret))
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
     if args.verbose:
-        _say(f"running: {shlex.join(mpiexec_command)}")
-    relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
-    return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
+        say(f"running: {shlex.join(mpiexec_command)}")
+    try:
+        return run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":

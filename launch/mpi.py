@@ -338,3 +338,42 @@ def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],
         if hosts:
             command += ["-hosts", host_list]
     return command + list(mpi_args) + list(program)
+
+
+SHARED_MEMORY = "/dev/shm"
+# The /dev/shm files in which MPI keeps its shared memory: MPICH one per host and job, Open MPI
+# one per rank (Open MPI 4 named it vader_segment).
+SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.")
+# Bytes of /dev/shm each rank on a host takes, as measured: MPICH 5.0's segment is 2,118,784
+# bytes for 2 ranks and 3,176,128 for 3 (about 1 MiB a rank); Open MPI 5.0's is 16 MiB a rank.
+_SEGMENT_BYTES_PER_RANK = {HYDRA: 1_057_344, OPENMPI: 16 << 20}
+
+
+def shared_memory_needed(flavour: str, ranks: int) -> int:
+    """About how many bytes of /dev/shm ``ranks`` ranks on one host take for MPI's segments."""
+    return _SEGMENT_BYTES_PER_RANK.get(flavour, _SEGMENT_BYTES_PER_RANK[OPENMPI]) * ranks
+
+
+def shared_memory_free() -> Optional[int]:
+    """Bytes free in /dev/shm for this user; None where there is none."""
+    try:
+        info = os.statvfs(SHARED_MEMORY)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def shared_memory_advice(flavour: str, ranks: int) -> Optional[str]:
+    """What to say when /dev/shm has less room than ``ranks`` ranks here need, else None."""
+    free, needed = shared_memory_free(), shared_memory_needed(flavour, ranks)
+    if free is None or free >= needed:
+        return None
+    return (f"{SHARED_MEMORY} has {_mib(free)} free, and {FLAVOUR_NAMES.get(flavour, flavour)} "
+            f"needs about {_mib(needed)} there for {ranks} rank{'s' if ranks > 1 else ''} on "
+            f"this host (ranks that find it full die of SIGBUS, code 135); remove stale files "
+            f"there (ls -la {SHARED_MEMORY}) or make it larger (mount -o remount,size=... "
+            f"{SHARED_MEMORY}; docker run --shm-size=...)")
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"

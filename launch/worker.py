@@ -1,20 +1,23 @@
 """Per-rank wrapper that hvdrun starts through mpiexec: ``python -m hvd_trainer_launch.worker -- cmd ...``.
 
 The wrapper runs the user's command as a child that inherits the environment and every file
-descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. A non-zero
-exit is also reported on stderr as a marker line that hvdrun parses (and hides) to name the
-first rank that failed: it carries the time of the exit, since reports from other hosts arrive
-late. A start marker on stderr tells hvdrun that the rank has started (for
-``--start-timeout``), and on which host. From the hosts hvdrun hands it (``HVDRUN_HOSTS``) it sets Horovod's
-per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
-_HOSTNAME) for the child. Under ``hvdrun --horovod`` it gives the child a horovod shim of
-its own (launch/horovod_shim.py) on PYTHONPATH, and removes it when the child ends.
+descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. It reports
+to hvdrun's report port (launch/protocol.py) that the rank has started, and on which host
+(for ``--start-timeout`` and messages), and, after the child's output, a non-zero exit with its
+time (reports from other hosts arrive late, so hvdrun orders them by it): never through the
+output, which a rank could fill with anything. From the hosts hvdrun hands it
+(``HVDRUN_HOSTS``) it sets Horovod's per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK,
+_LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) for the child. Under ``hvdrun --horovod`` it
+gives the child a horovod shim of its own (launch/horovod_shim.py) on PYTHONPATH, and removes
+it when the child ends.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
-prefixes each line with the rank. It is separate because on MPI_Abort the launcher SIGKILLs the
-wrapper at once: a relay inside the wrapper would lose the traceback that explains the abort,
-while a relay that the launcher does not know about can still copy it out. A relay that dies
-before the child ends the rank with a message, rather than losing its output silently.
+prefixes each line with the rank and writes whole lines only (protocol.pieces), so that MPICH's
+Hydra, which interleaves the ranks' output by reads, never splices two ranks' lines. It is
+separate because on MPI_Abort the launcher SIGKILLs the wrapper at once: a relay inside the
+wrapper would lose the traceback that explains the abort, while a relay that the launcher does
+not know about can still copy it out. A relay that dies before the child ends the rank with a
+message, rather than losing its output silently.
 
 No rank outlives hvdrun: hvdrun's mpiexec dies with it (hvdrun.run_job), and the wrapper ends
 its child (SIGTERM, then SIGKILL) once the launcher process that started it is gone, which
@@ -26,26 +29,21 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvd_trainer_launch import horovod_shim
+from hvd_trainer_launch import horovod_shim, mpi, protocol
+from hvd_trainer_launch.protocol import HOSTS_VARIABLE
 
-EXIT_MARKER = "#hvdrun-exit"
-START_MARKER = "#hvdrun-start"
-# Set (to 1) by hvdrun --prefix-output-with-timestamp: each line gets its time after the prefix.
-TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
-# Set for the child: it runs under this wrapper, so on an uncaught exception it may simply exit
-# non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills the relay mid-traceback.
-WORKER_VARIABLE = "HVDRUN_WORKER"
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-# Set (to 1) by hvdrun --ulfm: the other ranks go on without a rank that a signal killed.
-ULFM_VARIABLE = "HVD_ULFM"
-# Set by hvdrun: the nodes in rank order with the number of ranks on each, as JSON
-# [[host, ranks], ...], from which each rank's Horovod variables follow.
-HOSTS_VARIABLE = "HVDRUN_HOSTS"
+# How many ranks the launcher put on this host: Hydra's variable, then Open MPI's.
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+# How often the relay looks at which MPI shared memory the child maps: until it maps some, and after.
+_SEGMENT_LOOK_SECONDS = 0.25
+_SEGMENT_LOOK_AGAIN_SECONDS = 2.0
 # What the launchers tell a rank of its place on its node, and the Horovod variable each must
 # equal. (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK does not follow the rank order, MPI's does.)
 _LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
@@ -60,8 +58,6 @@ _KILL_GRACE_SECONDS = 2.0  # after SIGTERM, how long the child has before SIGKIL
 # Once the child has exited (or the wrapper has died), how long the relay may keep copying output
 # from processes the child left behind before it gives up.
 _DRAIN_SECONDS = 2.0
-# A line longer than this is passed on in pieces rather than held back whole.
-_MAX_LINE = 1 << 16
 
 
 def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
@@ -119,16 +115,6 @@ def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
             "the others ask MPI)\n").encode()
 
 
-def exit_marker(rank: int, code: int, ended: bool = False, at: Optional[float] = None,
-                killed: bool = False) -> bytes:
-    """The marker line telling hvdrun that ``rank`` exited with ``code`` at ``at`` (by this
-    host's clock; default now); ``killed``: by a signal; ``ended``: after the launcher
-    signalled it (it was ended, not failed on its own)."""
-    at = time.time() if at is None else at
-    return (f"{EXIT_MARKER} rank={rank} code={code} at={at:.6f}{' killed' if killed else ''}"
-            f"{' ended' if ended else ''}\n").encode()
-
-
 def _end_of(pid: int) -> Optional[Tuple[bool, int]]:
     """How child ``pid`` ended, without reaping it: (killed by a signal, the signal or exit
     code); (False, -1) once reaped; None while it runs."""
@@ -141,9 +127,19 @@ def _end_of(pid: int) -> Optional[Tuple[bool, int]]:
     return found.si_code in (os.CLD_KILLED, os.CLD_DUMPED), found.si_status
 
 
-def start_marker(rank: int) -> bytes:
-    """The marker line telling hvdrun that ``rank`` has started, and on which host."""
-    return f"{START_MARKER} rank={rank} host={socket.gethostname()}\n".encode()
+def report(rank: int, message: protocol.Report) -> None:
+    """Send ``message`` to hvdrun's report port; when that fails, say so on stderr (the job
+    goes on, but hvdrun may not name this rank's failure)."""
+    address = os.environ.get(protocol.REPORTS_VARIABLE)
+    secret = protocol.job_secret()
+    if not address or secret is None:
+        return  # started by a bare mpiexec: nobody to tell
+    try:
+        protocol.send_report(address, secret, message)
+    except (OSError, ValueError) as error:
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: warning: rank {rank} cannot report to hvdrun "
+                      f"at {address} ({error}); check that this host reaches hvdrun's host "
+                      "(--network-interface)\n".encode())
 
 
 def _timestamp() -> bytes:
@@ -185,21 +181,38 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool) -> None:
+def _write_lines(fd: int, pieces: List[bytes]) -> None:
+    """Write ``pieces`` (each at most protocol.PIECE_BYTES) to ``fd``, several at a time
+    but never more than PIECE_BYTES in one write(), so that each write reaches a pipe whole."""
+    batch = b""
+    for piece in pieces:
+        if len(batch) + len(piece) > protocol.PIECE_BYTES:
+            _write_all(fd, batch)
+            batch = b""
+        batch += piece
+    _write_all(fd, batch)
+
+
+def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool,
+           segments: "Segments") -> None:
     """Copy each source fd to its target fd line by line, prefixed with the rank (and with the
     time when ``stamp``), until all close.
 
     ``sources`` maps the child's stdout/stderr pipes to our stdout/stderr. Stops early when the
     wrapper has been gone for _DRAIN_SECONDS (the child's own children may hold the pipes open).
+    Meanwhile ``segments`` looks at the child's shared memory.
     """
-    prefixes = {source: f"[{rank}]<{'stdout' if target == 1 else 'stderr'}>:".encode()
+    prefixes = {source: protocol.line_prefix(rank, protocol.STREAMS[target - 1])
                 for source, target in sources.items()}
+    continued = {source: protocol.line_prefix(rank, protocol.STREAMS[target - 1], continued=True)
+                 for source, target in sources.items()}
     pending = {source: b"" for source in sources}
     selector = selectors.DefaultSelector()
     for source in sources:
         selector.register(source, selectors.EVENT_READ)
     deadline = None
     while selector.get_map():
+        segments.look()
         for key, _ in selector.select(timeout=0.2):
             source = key.fd
             data = os.read(source, 1 << 16)
@@ -208,12 +221,13 @@ def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool) -> Non
                 data = b"\n" if pending[source] else b""
             lines = (pending[source] + data).split(b"\n")
             pending[source] = lines.pop()
-            if len(pending[source]) > _MAX_LINE:
-                lines.append(pending[source])
-                pending[source] = b""
+            while len(pending[source]) > protocol.MAX_LINE:
+                lines.append(pending[source][:protocol.MAX_LINE])
+                pending[source] = pending[source][protocol.MAX_LINE:]
             if lines:
                 prefix = prefixes[source] + (_timestamp() if stamp else b"")
-                _write_all(sources[source], b"".join(prefix + line + b"\n" for line in lines))
+                _write_lines(sources[source], [piece for line in lines
+                                               for piece in protocol.pieces(prefix, continued[source], line)])
         if deadline is None and os.getppid() != wrapper:
             deadline = time.monotonic() + _DRAIN_SECONDS
         if deadline is not None and time.monotonic() > deadline:
@@ -230,7 +244,12 @@ def _start_relay(child: subprocess.Popen, rank: int, stamp: bool) -> int:
             os.setsid()  # out of the wrapper's process group, so a kill aimed at the rank spares it
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, _PARENT_GONE):
                 signal.signal(signum, signal.SIG_DFL)
-            _relay({child.stdout.fileno(): 1, child.stderr.fileno(): 2}, rank, wrapper, stamp)
+            segments = Segments(child.pid)
+            try:
+                _relay({child.stdout.fileno(): 1, child.stderr.fileno(): 2}, rank, wrapper, stamp,
+                       segments)
+            finally:
+                segments.remove()
             code = 0
         finally:
             os._exit(code)
@@ -291,6 +310,80 @@ def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> 
             child.kill()
 
 
+def mapped_segments(pid: int) -> Dict[str, int]:
+    """The files of MPI's shared memory (mpi.SEGMENT_PREFIXES) in /dev/shm that process ``pid``
+    maps, with their inode numbers; those already removed are left out."""
+    found: Dict[str, int] = {}
+    folder = mpi.SHARED_MEMORY.encode() + b"/"
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            for line in maps:
+                fields = line.rstrip(b"\n").split(None, 5)  # address, mode, offset, dev, inode, path
+                if len(fields) == 6 and fields[5].startswith(folder) and \
+                        fields[5][len(folder):].decode(errors="replace").startswith(mpi.SEGMENT_PREFIXES) \
+                        and not fields[5].endswith(b" (deleted)"):
+                    found[os.fsdecode(fields[5])] = int(fields[4])
+    except (OSError, ValueError):  # gone, or not Linux
+        pass
+    return found
+
+
+def _started_at(pid: int) -> Optional[bytes]:
+    """When process ``pid`` started (its /proc stat field), telling it from a later process
+    that reuses the number; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return stat_file.read().rpartition(b")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class Segments:
+    """The files of MPI's shared memory that the rank (process ``pid``) maps, watched from its
+    output relay, which outlives the wrapper (see above): when the rank is gone, the relay
+    removes those that MPI left (a rank that failed or was killed never removes them). Only
+    files seen in the rank's own maps go, and each only while it is still the same file (its
+    inode) and ours: never another job's. A rank killed within a look's interval of mapping
+    them may leave them."""
+
+    def __init__(self, pid: int):
+        self.pid, self.started = pid, _started_at(pid)
+        self.found: Dict[str, int] = {}
+        self._next = 0.0
+
+    def look(self) -> None:
+        """Note what the rank maps now (at most every _SEGMENT_LOOK_SECONDS, and every
+        _SEGMENT_LOOK_AGAIN_SECONDS once it maps some)."""
+        now = time.monotonic()
+        if now < self._next or self.started is None:
+            return
+        self._next = now + (_SEGMENT_LOOK_AGAIN_SECONDS if self.found else _SEGMENT_LOOK_SECONDS)
+        found = mapped_segments(self.pid)
+        if _started_at(self.pid) == self.started:  # still the rank, not a reused number
+            self.found.update(found)
+
+    def remove(self) -> None:
+        """Remove what the rank mapped and MPI left."""
+        self.look()
+        for path, inode in self.found.items():
+            try:
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and info.st_ino == inode and info.st_uid == os.geteuid():
+                    os.unlink(path)
+            except OSError:  # already removed (by another rank of this host, or by MPI)
+                pass
+
+
+def _bus_error(rank: int, launcher_flavour: str) -> bytes:
+    """The line that explains a rank killed by SIGBUS: MPI's shared memory in a full /dev/shm."""
+    local = next((int(os.environ[name]) for name in _LOCAL_SIZE_VARIABLES
+                  if os.environ.get(name, "").isdigit()), 1)
+    advice = mpi.shared_memory_advice(launcher_flavour, local) or (
+        f"{mpi.SHARED_MEMORY} may have been full when MPI wrote its shared memory there")
+    return (f"[{rank}]<stderr>:hvdrun: rank {rank} on {socket.gethostname()} was killed by "
+            f"SIGBUS: {advice}\n").encode()
+
+
 def _wait_relay(pid: int) -> None:
     """Let the relay finish copying the child's output; kill it after _DRAIN_SECONDS."""
     deadline = time.monotonic() + _DRAIN_SECONDS
@@ -319,10 +412,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
-    _write_all(2, start_marker(rank))
+    report(rank, protocol.Started(rank, socket.gethostname()))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
-    env[WORKER_VARIABLE] = "1"
+    env[protocol.WORKER_VARIABLE] = "1"
+    env.pop(protocol.REPORTS_VARIABLE, None)  # the wrapper's, not for the command's own launches
     if HOSTS_VARIABLE in env:
         _write_all(2, _with_horovod_variables(env, rank))
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
@@ -331,7 +425,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         why = error if isinstance(error, horovod_shim.RealHorovodError) else (
             f"--horovod: cannot write the rank's horovod shim ({error}); set TMPDIR to a "
             "writable folder")
-        _write_all(2, f"[{rank}]<stderr>:hvdrun: {why}\n".encode() + exit_marker(rank, 2))
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: {why}\n".encode())
+        report(rank, protocol.Exited(rank, 2, time.time()))
         return 2
     sys.stdout.flush()
     # The launcher's signals and SIGCHLD wait, blocked, until their handlers below exist: a
@@ -343,9 +438,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  close_fds=False, preexec_fn=die_with_parent(unblock=handled))
     except OSError as error:
         horovod_shim.remove(shim)
-        code = 127 if isinstance(error, FileNotFoundError) else 126
-        message = f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
-        _write_all(2, message.encode() + exit_marker(rank, code))
+        code = (protocol.NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError)
+                else protocol.CANNOT_EXECUTE_EXIT_CODE)
+        _write_all(2, f"[{rank}]<stderr>:hvdrun: cannot run {command[0]!r}: {error.strerror}\n"
+                   .encode())
+        report(rank, protocol.Exited(rank, code, time.time()))
         return code
     signalled = []  # the launcher's signals, passed on to the child
     ended: List[Tuple[float, Tuple[bool, int]]] = []  # when (SIGCHLD, this host's clock) and how
@@ -373,18 +470,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
-    relay = _start_relay(child, rank, os.environ.get(TIMESTAMP_VARIABLE) == "1")
+    relay = _start_relay(child, rank, os.environ.get(protocol.TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     horovod_shim.remove(shim)
     code = returncode if returncode >= 0 else 128 - returncode
     notice_end()
-    marker = exit_marker(rank, code, ended=bool(signalled), at=ended[0][0],  # not the drain's time
-                         killed=returncode < 0)
+    exited = protocol.Exited(rank, code, at=ended[0][0],  # not the drain's time
+                             killed=returncode < 0, ended=bool(signalled))
     if not relay_ended:
         _wait_relay(relay)
+    if returncode == -signal.SIGBUS:
+        _write_all(2, _bus_error(rank, mpi.OPENMPI if "OMPI_COMM_WORLD_RANK" in os.environ
+                                 else mpi.HYDRA))
     if code:
-        _write_all(2, marker)
-    if returncode < 0 and os.environ.get(ULFM_VARIABLE) == "1":
+        report(rank, exited)
+    if returncode < 0 and os.environ.get(protocol.ULFM_VARIABLE) == "1":
         # Die as the rank died: Open MPI's runtime tells the other ranks at once of a process
         # it started that a signal killed (ULFM), while a wrapper's exit code ends the job.
         if returncode != -signal.SIGKILL:

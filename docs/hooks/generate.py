@@ -65,8 +65,8 @@ OTHER_DEFAULTS: Dict[str, str] = {
 # Variables that hvdrun, its rank wrappers or hvd_trainer.run set; not for users to set.
 SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_LAUNCHED": "tells `init` that a launcher started this process",
-    "HVD_JOB_SECRET": "the job's 32 random bytes; elastic commits and the notice port's "
-                      "answers are signed with it ([Security](security.md))",
+    "HVD_JOB_SECRET": "the job's 32 random bytes; the wrappers' reports, elastic commits and "
+                      "the notice port's answers are signed with it ([Security](security.md))",
     "HVD_RUN_SECRET": "`hvd_trainer.run`'s key, which signs the function and the results",
     "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
@@ -85,6 +85,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
     "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
     "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",
+    "HVDRUN_REPORTS": "host:port of hvdrun's report port, where each rank's wrapper reports "
+                      "its start and a failed exit (signed with `HVD_JOB_SECRET`)",
 }
 
 _LITERAL = re.compile(r"[\"']((?:HVD|HVDRUN)_[A-Z0-9_]+)[\"']")

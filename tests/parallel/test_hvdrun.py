@@ -5,6 +5,7 @@ hvd_trainer's core. Every run has a timeout, so a broken launcher fails instead 
 """
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -427,3 +428,124 @@ def test_a_killed_output_relay_ends_its_rank_with_a_message(tmp_path):
     assert re.search(r"\[0\]<stderr>:hvdrun: the output relay of rank 0 \(pid \d+\) was killed "
                      r"by SIGKILL; ending the rank, whose output would be lost\n", result.stderr)
     assert "hvdrun: rank 0 exited with code 1 (first failure); ending the job" in result.stderr
+
+
+FLOODS = """
+    import sys, time
+    if rank == 0:
+        for _ in range(300):
+            sys.stdout.write("A" * 60000 + "\\n")
+        sys.stdout.write("#hvdrun-exit rank=1 code=7 at=1.0\\n")
+    else:
+        for i in range(20000):
+            sys.stdout.write(f"short line {i}\\n")
+"""
+
+
+def test_a_fake_report_amid_floods_of_output_is_only_output(tmp_path):
+    # Issue 34: under MPICH, Hydra spliced rank 1's lines into rank 0's 60,000-byte ones; the
+    # fake report lost its prefix and hvdrun exited 7 (2 of 3 runs with 100 long lines, every
+    # run with 300). Reports now travel apart from the output, and lines stay whole.
+    floods = script(tmp_path, "floods.py", prelude=RANK, body=FLOODS)
+    folder = tmp_path / "logs"
+    result, _ = hvdrun("-np", 2, "--output-filename", folder, sys.executable, floods)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "hvdrun:" not in result.stderr, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    zero = ["A" * 60000] * 300 + ["#hvdrun-exit rank=1 code=7 at=1.0"]
+    one = [f"short line {i}" for i in range(20000)]
+    assert [line for line in lines if not line.startswith(("[0]<stdout>:", "[1]<stdout>:"))] == []
+    assert [line[12:] for line in lines if line.startswith("[0]")] == zero
+    assert [line[12:] for line in lines if line.startswith("[1]")] == one
+    assert (folder / "rank.0" / "stdout").read_text() == "".join(f"{line}\n" for line in zero)
+    assert (folder / "rank.1" / "stdout").read_text() == "".join(f"{line}\n" for line in one)
+
+
+def test_a_rank_exit_amid_another_ranks_flood_is_named(tmp_path):
+    # Issue 34: the exit report was glued to rank 0's line and hvdrun said "no rank reported
+    # its own exit" (every run under MPICH).
+    flood = script(tmp_path, "flood.py", prelude=RANK, body="""
+        import sys, time
+        if rank == 1:
+            time.sleep(1)
+            sys.exit(3)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            sys.stderr.write("E" * 60000 + "\\n")
+    """)
+    result, _ = hvdrun("-np", 2, sys.executable, flood)
+    assert result.returncode == 3, result.stderr[-2000:]
+    ours = [line for line in result.stderr.splitlines() if line.startswith("hvdrun:")]
+    assert ours == ["hvdrun: rank 1 exited with code 3 (first failure); ending the job"]
+    # (Open MPI's mpirun adds a message of its own, unprefixed)
+    zero = [line for line in result.stderr.splitlines() if line.startswith("[0]")]
+    # whole lines, prefixed; only the last may be cut where the job was ended
+    assert all(line == "[0]<stderr>:" + "E" * 60000 for line in zero[:-1])
+    assert ("[0]<stderr>:" + "E" * 60000).startswith(zero[-1])
+
+
+def test_a_launcher_that_starts_no_rank_is_a_failure_naming_it(tmp_path):
+    result, _ = hvdrun("--mpiexec", "/bin/true", "-np", 2, sys.executable, "-c", "pass")
+    assert result.returncode == 1, result.stderr
+    assert "hvdrun: /bin/true exited with code 0 but no rank reported its start" in result.stderr
+
+
+def in_private_shm(size, command, decoys=()):
+    """Run the shell ``command`` with a /dev/shm of its own (a tmpfs of ``size``, holding the
+    empty files ``decoys``: another job's), as the command's last line lists it; return the
+    CompletedProcess."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a private /dev/shm needs root and unshare (util-linux)")
+    prepare = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && " + "".join(
+        f"touch /dev/shm/{name} && " for name in decoys)
+    return subprocess.run(["unshare", "-m", "sh", "-c", prepare + command + "; echo left: $(ls /dev/shm)"],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_a_full_dev_shm_is_named_with_the_room_needed(tmp_path):
+    # Issue 34: the ranks died of SIGBUS, "exited with code 135", with no reason given.
+    barrier = script(tmp_path, "barrier.py", """
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+    """)
+    result = in_private_shm("64k", shlex.join(HVDRUN + ["-np", "2", sys.executable, barrier]))
+    assert re.search(r"hvdrun: warning: /dev/shm has 0\.\d MiB free, and .* needs about "
+                     r"\d+\.\d MiB there for 2 ranks on this host", result.stderr), result.stderr
+    if mpi.find_launcher().flavour == mpi.HYDRA:  # Open MPI checks the room itself and says so
+        assert re.search(r"\]<stderr>:hvdrun: rank \d on \S+ was killed by SIGBUS: /dev/shm has",
+                         result.stderr), result.stderr
+
+
+def test_a_failed_job_leaves_no_shared_memory_of_its_own(tmp_path):
+    # Issue 34: each failed MPICH job left its 2 MiB mpich_shm_* file behind.
+    fail = script(tmp_path, "fail.py", """
+        import sys
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        if MPI.COMM_WORLD.rank == 1:
+            sys.exit(3)
+        MPI.COMM_WORLD.Barrier()
+    """)
+    decoys = ["mpich_shm_decoy_0", "sm_segment.decoy.0"]
+    result = in_private_shm("64m", shlex.join(HVDRUN + ["-np", "2", sys.executable, fail]), decoys)
+    assert "hvdrun: rank 1 exited with code 3 (first failure)" in result.stderr, result.stderr
+    assert result.stdout.splitlines()[-1] == "left: " + " ".join(decoys)
+
+
+def test_hvdrun_killed_leaves_no_shared_memory_of_its_own(tmp_path):
+    # Issue 34: Open MPI's 16 MiB sm_segment.* files stayed after hvdrun was killed.
+    sleeper = script(tmp_path, "sleeper.py", """
+        import time
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    out = tmp_path / "out"
+    start = shlex.join(HVDRUN + ["-np", "2", sys.executable, sleeper]) + f" > {out} 2>&1 &"
+    wait = (f"pid=$!; for i in $(seq 300); do [ $(grep -c ready {out}) = 2 ] && break; "
+            "sleep 0.1; done; sleep 1; kill -9 $pid; sleep 5")
+    decoys = ["mpich_shm_decoy_0", "sm_segment.decoy.0"]
+    result = in_private_shm("64m", f"{start} {wait}", decoys)
+    assert out.read_text().count("ready") == 2, out.read_text()
+    assert result.stdout.splitlines()[-1] == "left: " + " ".join(decoys)

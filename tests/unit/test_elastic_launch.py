@@ -9,6 +9,7 @@ import pytest
 from hvd_trainer import elastic as core
 from hvd_trainer import files
 from hvd_trainer_launch import elastic, flags, hvdrun, mpi
+from hvd_trainer_launch.relay import ENDED
 
 
 def test_discovery_lines_take_slots_per_host_when_they_give_none():
@@ -162,7 +163,7 @@ def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
     relay.record(2, 1, "exited with code")
     relay.record(0, 3, "exited with code")
     relay.record(1, elastic.RESET_EXIT_CODE, "exited with code")  # left for new hosts
-    relay.record(3, 143, hvdrun.ENDED)  # mpiexec ended it (Open MPI does, after a failure)
+    relay.record(3, 143, ENDED)  # mpiexec ended it (Open MPI does, after a failure)
     relay.ending = True  # what run_job sets when it ends the life
     relay.record(3, 143, "exited with code")  # a consequence of the ending
     assert relay.failed == {2: 1, 0: 3}
@@ -176,7 +177,7 @@ def test_a_life_counts_against_the_host_of_its_first_own_failure_by_exit_time():
     # ended by the launcher even earlier, which is no failure of its own.
     relay = elastic.ElasticRelay(4, False, None)
     relay.record(1, 1, "exited with code", at=20.5)
-    relay.record(0, 143, hvdrun.ENDED, at=19.0)
+    relay.record(0, 143, ENDED, at=19.0)
     relay.record(3, 137, "exited with code", at=20.1)
     assert relay.blamed([("a", 2), ("b", 2)]) == {"b"}
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hvd_trainer_launch import horovod_shim, worker
+from hvd_trainer_launch import horovod_shim, protocol, reports
 
 # What a Horovod script imports, by the hvd_trainer module it must carry (Horovod's layout).
 PUBLIC = {"horovod.torch": "hvd_trainer.torch", "horovod.tensorflow": "hvd_trainer.tensorflow",
@@ -68,12 +68,18 @@ def test_a_namespace_folder_named_horovod_is_not_a_horovod(tmp_path):
 def test_the_wrapper_refuses_a_real_horovod_on_its_rank(tmp_path):
     (tmp_path / "horovod").mkdir()
     (tmp_path / "horovod" / "__init__.py").write_text("")
+    received = []
+    server = reports.serve(b"a secret", [("localhost", 2)], None, received.append)
     env = dict(os.environ, PMI_RANK="1", PYTHONPATH=str(tmp_path),
-               **{horovod_shim.VARIABLE: "1"})
-    proc = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
-                           sys.executable, "-c", "print('RAN')"], env=env, capture_output=True,
-                          text=True, timeout=60)
+               **{horovod_shim.VARIABLE: "1", protocol.REPORTS_VARIABLE: server.address,
+                  protocol.SECRET_VARIABLE: "a secret"})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+                               sys.executable, "-c", "print('RAN')"], env=env, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        server.close()
     assert proc.returncode == 2 and "RAN" not in proc.stdout
     assert "[1]<stderr>:hvdrun: --horovod: Horovod is installed" in proc.stderr
-    assert f"{worker.EXIT_MARKER} rank=1 code=2" in proc.stderr
+    assert [(r.rank, r.code) for r in received if isinstance(r, protocol.Exited)] == [(1, 2)]
 

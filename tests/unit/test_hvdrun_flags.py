@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hvd_trainer_launch import config_file, flags, hvdrun, mpi
-from hvd_trainer_launch.worker import HOSTS_VARIABLE
+from hvd_trainer_launch.protocol import HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -115,9 +115,14 @@ def build(monkeypatch, flavour, *options, env=None):
 
     monkeypatch.setattr(hvdrun, "run_job", record)
     assert hvdrun.main(["-np", "2", *options, *PROGRAM]) == 0
-    # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks).
+    # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks),
+    # and where and how the wrappers report (tests/unit/test_launch_protocol.py).
+    # A one-host job's UCX stays on the loopback unless --network-interface says otherwise
+    # (test_a_one_host_job_keeps_ucx_on_the_loopback).
+    always = (HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE)
     added = {name: value for name, value in seen["env"].items()
-             if os.environ.get(name) != value and name != HOSTS_VARIABLE}
+             if os.environ.get(name) != value and name not in always
+             and hvdrun.LOOPBACK_VARIABLES.get(name) != value}
     return seen["command"], added, seen
 
 
@@ -339,7 +344,7 @@ def test_open_mpi_maps_by_slot_unless_the_arguments_map(monkeypatch, given):
 
 def test_open_mpi_forwards_the_new_variables(monkeypatch):
     command, _, _ = build(monkeypatch, mpi.OPENMPI, "--tcp")
-    for name in ("NCCL_IB_DISABLE", "UCX_TLS", "FI_PROVIDER"):
+    for name in ("NCCL_IB_DISABLE", "UCX_TLS", "FI_PROVIDER", REPORTS_VARIABLE, SECRET_VARIABLE):
         assert command[command.index(name) - 1] == "-x"
 
 
@@ -585,6 +590,17 @@ def test_inside_a_slurm_allocation_the_horovod_variables_follow_its_nodes(monkey
     command, _, seen = build(monkeypatch, mpi.HYDRA, "-np", "4", env=allocation)
     assert "-hosts" not in command
     assert json.loads(seen["env"][HOSTS_VARIABLE]) == [["n1", 2], ["n2", 2]]
+
+
+def test_a_one_host_job_keeps_ucx_on_the_loopback(monkeypatch):
+    _, _, seen = build(monkeypatch, mpi.HYDRA)
+    assert seen["env"]["UCX_NET_DEVICES"] == "lo"
+    _, _, seen = build(monkeypatch, mpi.HYDRA, "--network-interface", "eth1")
+    assert seen["env"]["UCX_NET_DEVICES"] == "eth1"
+    _, _, seen = build(monkeypatch, mpi.HYDRA, env={"UCX_NET_DEVICES": "mlx5_0:1"})
+    assert seen["env"]["UCX_NET_DEVICES"] == "mlx5_0:1"
+    _, _, seen = build(monkeypatch, mpi.HYDRA, "-H", "h1:1,h2:1")
+    assert "UCX_NET_DEVICES" not in seen["env"]
 
 
 @pytest.mark.parametrize("variable", ["HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"])

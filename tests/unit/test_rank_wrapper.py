@@ -1,18 +1,41 @@
 """The rank wrapper (hvd_trainer_launch.worker) run directly, without MPI: how it reports its
-child's exit to hvdrun. A child that ended before the launcher's SIGTERM reached the wrapper
+child's exit to hvdrun's report port. A child that ended before the launcher's SIGTERM reached the wrapper
 failed on its own; one that the SIGTERM ended was ended by the launcher (issue 22: after a
 remote kill -9, Open MPI signalled every rank, the killed one's wrapper included, before that
 wrapper had woken to its child's end, and hvdrun named a survivor)."""
 import os
-import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-MARKER = re.compile(r"#hvdrun-exit rank=3 code=(\d+) at=([\d.]+)( killed)?( ended)?")
+from hvd_trainer_launch import protocol, reports
+from hvd_trainer_launch.protocol import Exited, Started
+
+SECRET = "the job's secret"
+_received = []
+
+
+@pytest.fixture(autouse=True)
+def report_port(monkeypatch):
+    """hvdrun's report port for the wrappers of a test (their environment names it)."""
+    _received.clear()
+    server = reports.serve(SECRET.encode(), [("localhost", 4)], None, _received.append)
+    monkeypatch.setenv(protocol.REPORTS_VARIABLE, server.address)
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, SECRET)
+    yield
+    server.close()
+
+
+def exit_report() -> Exited:
+    """The one exit report that rank 3's wrapper sent, after its start report."""
+    assert _received[0] == Started(3, os.uname().nodename), _received
+    exits = _received[1:]
+    assert len(exits) == 1 and exits[0].rank == 3, _received
+    return exits[0]
 
 
 def start_wrapper():
@@ -47,8 +70,8 @@ def state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-def marker_after(child_signal: int) -> "re.Match":
-    """The wrapper's exit marker when its child died of ``child_signal`` while the wrapper
+def report_after(child_signal: int) -> Exited:
+    """The wrapper's exit report when its child died of ``child_signal`` while the wrapper
     was stopped, and the launcher's SIGTERM reached the wrapper after that."""
     wrapper, child = start_wrapper()
     try:
@@ -59,38 +82,34 @@ def marker_after(child_signal: int) -> "re.Match":
             time.sleep(0.01)
         os.kill(wrapper.pid, signal.SIGTERM)  # the launcher ending the job, signal pending
         os.kill(wrapper.pid, signal.SIGCONT)
-        _, err = wrapper.communicate(timeout=30)
+        wrapper.communicate(timeout=30)
     finally:
         wrapper.kill()
-    found = MARKER.search(err)
-    assert found, err
-    return found
+    return exit_report()
 
 
 def test_a_child_killed_before_the_launchers_signal_is_its_own_failure():
-    found = marker_after(signal.SIGKILL)
+    found = report_after(signal.SIGKILL)
     # killed by SIGKILL, not ended by the launcher
-    assert (found[1], found[3], found[4]) == ("137", " killed", None), found[0]
+    assert (found.code, found.killed, found.ended) == (137, True, False), found
 
 
 def test_a_child_that_the_launchers_signal_ended_is_reported_as_ended():
     wrapper, _ = start_wrapper()
     try:
         wrapper.send_signal(signal.SIGTERM)
-        _, err = wrapper.communicate(timeout=30)
+        wrapper.communicate(timeout=30)
     finally:
         wrapper.kill()
-    found = MARKER.search(err)
-    assert found, err
-    assert (found[1], found[3], found[4]) == (str(128 + signal.SIGTERM), " killed", " ended"), \
-        found[0]
+    found = exit_report()
+    assert (found.code, found.killed, found.ended) == (128 + signal.SIGTERM, True, True), found
 
 
 def test_a_child_that_the_launchers_signal_to_the_group_killed_is_reported_as_ended():
     # The launcher signals the wrapper's process group, which the child shares: the child may
     # be dead of that signal before the wrapper's handler runs.
-    found = marker_after(signal.SIGTERM)
-    assert (found[1], found[4]) == (str(128 + signal.SIGTERM), " ended"), found[0]
+    found = report_after(signal.SIGTERM)
+    assert (found.code, found.ended) == (128 + signal.SIGTERM, True), found
 
 
 def test_a_child_that_exits_on_its_own_is_reported_with_its_code():
@@ -98,10 +117,9 @@ def test_a_child_that_exits_on_its_own_is_reported_with_its_code():
                                 sys.executable, "-c", "raise SystemExit(137)"],
                                env=dict(os.environ, PMI_RANK="3"), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    _, err = wrapper.communicate(timeout=30)
-    found = MARKER.search(err)
-    assert found, err
-    assert (found[1], found[3], found[4]) == ("137", None, None), found[0]
+    wrapper.communicate(timeout=30)
+    found = exit_report()
+    assert (found.code, found.killed, found.ended) == (137, False, False), found
 
 
 @pytest.mark.parametrize("ulfm", [False, True])
@@ -114,9 +132,42 @@ def test_under_ulfm_the_wrapper_of_a_killed_child_dies_of_the_same_signal(ulfm, 
     wrapper, child = start_wrapper()
     try:
         os.kill(child, signal.SIGKILL)
-        _, err = wrapper.communicate(timeout=30)
+        wrapper.communicate(timeout=30)
     finally:
         wrapper.kill()
-    found = MARKER.search(err)
-    assert found and (found[1], found[3]) == ("137", " killed"), err
+    found = exit_report()
+    assert (found.code, found.killed) == (137, True), found
     assert wrapper.returncode == (-signal.SIGKILL if ulfm else 137)
+
+
+def test_the_wrapper_writes_long_lines_in_pieces_that_fit_one_pipe_write():
+    code = "import sys; sys.stdout.write('x' * 10000 + '\\nshort\\n' + 'y' * 70000)"
+    wrapper = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+                              sys.executable, "-c", code], env=dict(os.environ, PMI_RANK="3"),
+                             capture_output=True, timeout=30)
+    assert wrapper.returncode == 0, wrapper.stderr
+    lines = wrapper.stdout.split(b"\n")[:-1]
+    assert all(len(line) + 1 <= protocol.PIECE_BYTES for line in lines)
+    joined, line = [], b""
+    for piece in lines:
+        line += piece[len(b"[3]<stdout>:"):]
+        if piece.startswith(b"[3]<stdout>:"):
+            joined.append(line)
+            line = b""
+        else:
+            assert piece.startswith(b"[3]<stdout>+")
+    # a line without its newline is passed on at protocol.MAX_LINE bytes, the rest at the end
+    assert joined == [b"x" * 10000, b"short", b"y" * protocol.MAX_LINE,
+                      b"y" * (70000 - protocol.MAX_LINE)]
+
+
+def test_a_wrapper_that_cannot_reach_hvdrun_says_so_and_runs_the_rank(monkeypatch):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv(protocol.REPORTS_VARIABLE, f"127.0.0.1:{closed.getsockname()[1]}")
+    wrapper = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+                              sys.executable, "-c", "print('ran')"],
+                             env=dict(os.environ, PMI_RANK="3"), capture_output=True, text=True,
+                             timeout=30)
+    assert wrapper.returncode == 0 and wrapper.stdout == "[3]<stdout>:ran\n"
+    assert wrapper.stderr.startswith("[3]<stderr>:hvdrun: warning: rank 3 cannot report to hvdrun at 127.0.0.1:")

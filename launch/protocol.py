@@ -1,0 +1,204 @@
+"""The launcher–rank protocol: what hvdrun, the ranks' wrappers and the ranks tell each other.
+
+Three channels, each with one job:
+
+- **Environment variables** that hvdrun sets for every rank (the names below).
+- **Output lines.** A rank's wrapper writes each line of the rank's output as
+  ``[RANK]<stdout>:text`` (or ``<stderr>``), with one ``write()`` of at most
+  :data:`PIECE_BYTES` bytes. MPICH's Hydra forwards a rank's pipe by reads of 64 KiB, the
+  pipe's whole capacity, so a read holds only whole writes, and a whole line is never spliced
+  with another rank's. A longer line goes as several pieces: every piece but the last is
+  marked ``[RANK]<stdout>+`` and hvdrun joins them back, per rank and stream, into one line.
+  Output is only ever shown: nothing a rank prints can end or fail the job.
+- **Reports.** A wrapper tells hvdrun that its rank started (:class:`Started`) and how it
+  ended (:class:`Exited`) over a TCP connection to hvdrun's report port
+  (:data:`REPORTS_VARIABLE`), never through the output. Each report is bound to a fresh
+  challenge of hvdrun's and signed with the job's secret (:data:`SECRET_VARIABLE`), and hvdrun's
+  acknowledgement is signed too, so a report cannot be forged, replayed, or lost unnoticed.
+
+Standard library only: hvdrun, the wrappers (which must start fast) and the ranks import it
+without the rest of hvd_trainer.
+"""
+import hashlib
+import hmac
+import json
+import os
+import re
+import select
+import socket
+import time
+from typing import List, Mapping, NamedTuple, Optional, Union
+
+# Set for every rank: it runs under hvdrun's wrapper, so on an uncaught exception it may simply
+# exit non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills its output relay.
+WORKER_VARIABLE = "HVDRUN_WORKER"
+# The nodes in rank order with the number of ranks on each, as JSON [[host, ranks], ...],
+# from which each wrapper sets Horovod's per-rank variables.
+HOSTS_VARIABLE = "HVDRUN_HOSTS"
+# Set (to 1) by --prefix-output-with-timestamp: each line gets its time after the prefix.
+TIMESTAMP_VARIABLE = "HVDRUN_TIMESTAMP"
+# host:port of hvdrun's report port.
+REPORTS_VARIABLE = "HVDRUN_REPORTS"
+# The job's secret (hex text), which signs the reports (and elastic's commits and notices).
+SECRET_VARIABLE = "HVD_JOB_SECRET"
+# Set (to 1) by hvdrun --ulfm: the other ranks go on without a rank that a signal killed.
+ULFM_VARIABLE = "HVD_ULFM"
+
+# The wrapper's exit codes when it cannot start the command, as a shell's.
+NOT_FOUND_EXIT_CODE = 127
+CANNOT_EXECUTE_EXIT_CODE = 126
+
+STREAMS = ("stdout", "stderr")  # by file descriptor - 1
+# The most a wrapper writes at once: writes of up to PIPE_BUF bytes reach a pipe whole.
+PIECE_BYTES = select.PIPE_BUF
+# A line longer than this is passed on as lines of this length, rather than held back whole.
+MAX_LINE = 1 << 16
+LINE_PREFIX = re.compile(rb"\[(\d+)\]<(stdout|stderr)>([:+])")
+_CONTINUED = b"+"
+
+
+def line_prefix(rank: int, stream: str, *, continued: bool = False) -> bytes:
+    """``[RANK]<STREAM>:`` (``+`` instead of ``:`` for a piece that the next one continues)."""
+    return f"[{rank}]<{stream}>{'+' if continued else ':'}".encode()
+
+
+def pieces(prefix: bytes, continued: bytes, line: bytes) -> List[bytes]:
+    """``line`` (without its newline) as the writes that carry it: ``prefix`` + the line +
+    newline when that fits in :data:`PIECE_BYTES`, else pieces that do, every one but the
+    last starting with ``continued`` instead of ``prefix``."""
+    out = []
+    room = PIECE_BYTES - 1 - max(len(prefix), len(continued))
+    while len(line) > room:
+        out.append(continued + line[:room] + b"\n")
+        line = line[room:]
+    out.append(prefix + line + b"\n")
+    return out
+
+
+def is_continued(mark: bytes) -> bool:
+    """Whether the mark that :data:`LINE_PREFIX` matched (group 3) says the line goes on."""
+    return mark == _CONTINUED
+
+
+class Started(NamedTuple):
+    """A rank's wrapper has started, on ``host``."""
+
+    rank: int
+    host: str
+
+
+class Exited(NamedTuple):
+    """A rank exited with ``code`` (128+N: killed by signal N) at ``at`` (its host's clock);
+    ``killed``: by a signal; ``ended``: after the launcher signalled it (a consequence)."""
+
+    rank: int
+    code: int
+    at: float
+    killed: bool = False
+    ended: bool = False
+
+
+Report = Union[Started, Exited]
+_KINDS = {"started": Started, "exited": Exited}
+_NONCE_BYTES = 16
+_MAC_BYTES = hashlib.sha256().digest_size
+_MAX_REPORT = 4096
+# The most a report's whole exchange may take, either side: a silent peer must not hold it up.
+REPORT_SECONDS = 10.0
+
+
+def encode(report: Report) -> bytes:
+    """The report as the bytes that travel (JSON)."""
+    kind = next(name for name, cls in _KINDS.items() if isinstance(report, cls))
+    return json.dumps({"kind": kind, **report._asdict()}).encode()
+
+
+def decode(data: bytes) -> Report:
+    """The report that :func:`encode` made; ValueError for anything else."""
+    try:
+        fields = json.loads(data)
+        cls = _KINDS[fields.pop("kind")]
+        report = cls(**fields)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"not a report ({error})") from None
+    types = {"rank": int, "code": int, "host": str, "at": (int, float), "killed": bool,
+             "ended": bool}
+    wrong = [name for name, value in report._asdict().items()
+             if not isinstance(value, types[name]) or (type(value) is bool) != (types[name] is bool)]
+    if wrong:
+        raise ValueError(f"a report whose {', '.join(wrong)} have the wrong type")
+    return report
+
+
+def mac(secret: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``parts`` under ``secret``, each part's length bound in."""
+    digest = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.digest()
+
+
+def receive(conn: socket.socket, count: int, deadline: Optional[float]) -> bytes:
+    """Exactly ``count`` bytes from ``conn``; with a ``deadline`` (time.monotonic()),
+    socket.timeout after it, however the peer trickles its bytes; ConnectionError if it
+    closes before."""
+    data = b""
+    while len(data) < count:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"{len(data)} of {count} bytes came before the deadline")
+            conn.settimeout(left)
+        chunk = conn.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError(f"the peer closed the connection after {len(data)} of "
+                                  f"{count} bytes")
+        data += chunk
+    return data
+
+
+def send_report(address: str, secret: bytes, report: Report) -> None:
+    """Tell hvdrun at ``address`` (host:port) the ``report``, and wait for its signed receipt.
+    OSError when hvdrun cannot be reached in time; ValueError when the answer is not hvdrun's."""
+    deadline = time.monotonic() + REPORT_SECONDS
+    host, _, port = address.rpartition(":")
+    payload = encode(report)
+    with socket.create_connection((host, int(port)), timeout=REPORT_SECONDS) as conn:
+        challenge = receive(conn, _NONCE_BYTES, deadline)
+        conn.sendall(len(payload).to_bytes(4, "big") + payload
+                     + mac(secret, b"report", challenge, payload))
+        receipt = receive(conn, _MAC_BYTES, deadline)
+    if not hmac.compare_digest(receipt, mac(secret, b"received", challenge, payload)):
+        raise ValueError("the receipt is not signed with this job's secret")
+
+
+class Received(NamedTuple):
+    """A report that :func:`receive_report` checked, and the receipt that acknowledges it."""
+
+    report: Report
+    receipt: bytes
+
+
+def receive_report(conn: socket.socket, secret: bytes) -> Received:
+    """hvdrun's side of :func:`send_report` up to the receipt: the report, once its signature
+    over a fresh challenge checks out; ValueError or OSError otherwise. Send the receipt once
+    the report has been recorded: the wrapper waits for it before it exits."""
+    deadline = time.monotonic() + REPORT_SECONDS
+    challenge = os.urandom(_NONCE_BYTES)
+    conn.settimeout(REPORT_SECONDS)
+    conn.sendall(challenge)
+    size = int.from_bytes(receive(conn, 4, deadline), "big")
+    if size > _MAX_REPORT:
+        raise ValueError(f"a report of {size} bytes (at most {_MAX_REPORT})")
+    payload = receive(conn, size, deadline)
+    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
+                               mac(secret, b"report", challenge, payload)):
+        raise ValueError("a report not signed with this job's secret")
+    return Received(decode(payload), mac(secret, b"received", challenge, payload))
+
+
+def job_secret(environ: Optional[Mapping[str, str]] = None) -> Optional[bytes]:
+    """The job's secret from :data:`SECRET_VARIABLE`, or None outside hvdrun."""
+    value = (os.environ if environ is None else environ).get(SECRET_VARIABLE)
+    return value.encode() if value else None

@@ -1,0 +1,110 @@
+"""The launcher–rank protocol (hvd_trainer_launch.protocol) and hvdrun's report port: reports
+round-trip only between holders of the job's secret, a silent peer holds up nobody, and the
+wrappers' side imports nothing of hvd_trainer's core."""
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hvd_trainer_launch import protocol, reports
+from hvd_trainer_launch.protocol import Exited, Started
+
+SECRET = b"the job's secret"
+
+
+@pytest.fixture
+def port():
+    """A report server on the loopback; yields it with the list of reports it received."""
+    received = []
+    server = reports.serve(SECRET, [("localhost", 2)], None, received.append)
+    yield server, received
+    server.close()
+
+
+def test_a_report_arrives_whole_and_is_acknowledged(port):
+    server, received = port
+    assert server.address.startswith("127.0.0.1:")
+    protocol.send_report(server.address, SECRET, Exited(3, 137, 12.5, killed=True))
+    protocol.send_report(server.address, SECRET, Started(1, "node7"))
+    # send_report returned after the receipt, which comes after the report was recorded
+    assert received == [Exited(3, 137, 12.5, killed=True, ended=False), Started(1, "node7")]
+
+
+def test_a_report_under_another_secret_is_refused_and_not_acknowledged(port):
+    server, received = port
+    with pytest.raises((ConnectionError, TimeoutError)):
+        protocol.send_report(server.address, b"another job's secret", Exited(1, 7, 1.0))
+    assert received == []
+
+
+def test_a_report_signed_for_another_challenge_is_refused(port):
+    # A report seen on the wire cannot be replayed: each connection gets a fresh challenge.
+    server, received = port
+    host, _, number = server.address.rpartition(":")
+    payload = protocol.encode(Exited(1, 7, 1.0))
+    with socket.create_connection((host, int(number))) as conn:
+        conn.recv(16)
+        conn.sendall(len(payload).to_bytes(4, "big") + payload
+                     + protocol.mac(SECRET, b"report", b"\0" * 16, payload))
+        assert conn.recv(64) == b""  # closed without a receipt
+    assert received == []
+
+
+def test_a_silent_connection_does_not_hold_up_a_report(port):
+    server, received = port
+    host, _, number = server.address.rpartition(":")
+    with socket.create_connection((host, int(number))):  # connects and says nothing
+        start = time.monotonic()
+        protocol.send_report(server.address, SECRET, Started(0, "h"))
+        assert time.monotonic() - start < protocol.REPORT_SECONDS
+    assert received == [Started(0, "h")]
+
+
+@pytest.mark.parametrize("payload", [b"{}", b"[1]", b'{"kind": "exited", "rank": "1", "code": 7, "at": 1.0}',
+                                     b'{"kind": "started", "rank": true, "host": "h"}', b"\xff"])
+def test_what_is_not_a_report_is_refused(payload):
+    with pytest.raises(ValueError):
+        protocol.decode(payload)
+
+
+def test_reports_round_trip_through_their_encoding():
+    for report in (Started(2, "h2"), Exited(0, 143, 100.25, killed=True, ended=True), Exited(1, 3, 7)):
+        assert protocol.decode(protocol.encode(report)) == report
+
+
+def test_a_line_goes_in_pieces_that_each_fit_one_pipe_write():
+    for size in (0, 1, protocol.PIECE_BYTES - 20, protocol.PIECE_BYTES, 3 * protocol.PIECE_BYTES + 7):
+        line = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        pieces = protocol.pieces(b"[12]<stderr>:", b"[12]<stderr>+", line)
+        assert all(len(piece) <= protocol.PIECE_BYTES and piece.endswith(b"\n") for piece in pieces)
+        assert all(piece.startswith(b"[12]<stderr>+") for piece in pieces[:-1])
+        assert pieces[-1].startswith(b"[12]<stderr>:")
+        assert b"".join(piece[13:-1] for piece in pieces) == line
+
+
+def test_the_wrapper_and_the_protocol_import_nothing_of_the_core():
+    # The wrappers start on every rank before the command: hvd_trainer's core (NumPy) would
+    # cost each of them a second.
+    code = ("import sys, hvd_trainer_launch.worker, hvd_trainer_launch.protocol; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hvd_trainer', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_hvdrun_waits_for_a_report_in_flight():
+    # The receipt comes after delivery: a wrapper exits only once hvdrun has recorded it.
+    delivered = threading.Event()
+
+    def slow(report):
+        time.sleep(0.3)
+        delivered.set()
+
+    server = reports.serve(SECRET, [("127.0.0.1", 1)], None, slow)
+    try:
+        protocol.send_report(server.address, SECRET, Exited(0, 1, 1.0))
+        assert delivered.is_set()
+    finally:
+        server.close()
