@@ -23,6 +23,7 @@ TENSORFLOW = Piece("TensorFlow", "pip install tensorflow-cpu (tensorflow for GPU
                                  "NumPy 2, so give it an environment without MXNet 1.9.1")
 KERAS2 = Piece("Keras 2 (tf-keras)", "pip install tf-keras==<TensorFlow's version>, then "
                                      "TF_USE_LEGACY_KERAS=1 selects it")
+ML_DTYPES = Piece("ml_dtypes (bfloat16 on NumPy)", "pip install ml_dtypes")
 MPI4PY = Piece("mpi4py and an MPI", "pip install mpi4py mpich (or apt-get install mpich, or "
                                     "openmpi-bin libopenmpi-dev, then pip install mpi4py)")
 MPICH = Piece("MPICH", "pip install mpi4py mpich (or apt-get install mpich)")

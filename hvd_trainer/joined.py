@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, agreement, memory, ops, runtime, scheduler, stall
+from . import adasum, agreement, installs, memory, ops, runtime, scheduler, stall
 from .runtime import ProcessSet, global_process_set
 
 
@@ -44,9 +44,13 @@ def after_join(method: Callable[[], None]) -> None:
 
 
 def _dtype(text: str) -> np.dtype:
-    # bfloat16 describes itself as '<V2' (void); ml_dtypes, imported by whoever made such an
-    # array, registers its name with NumPy.
-    return np.dtype("bfloat16") if text.lstrip("<>|=").startswith("V") else np.dtype(text)
+    if text.lstrip("<>|=").startswith("V"):
+        # bfloat16 describes itself as '<V2' (void). A joined rank may never have met one, so
+        # ml_dtypes (which the adapters import only on a first bfloat16 tensor) is imported now.
+        ml_dtypes = installs.require("ml_dtypes", installs.ML_DTYPES,
+                                     "serving a peer's bfloat16 tensor after join()")
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(text)
 
 
 def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
