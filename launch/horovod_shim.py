@@ -30,6 +30,11 @@ import {target} as _target
 
 globals().update({{name: getattr(_target, name) for name in dir(_target)
                   if not name.startswith("__")}})
+
+
+def __getattr__(name):
+    # Names the target builds on first use (hvd_trainer.tensorflow's SyncBatchNormalization).
+    return getattr(_target, name)
 '''
 # horovod module -> the hvd_trainer module whose public names it carries. Horovod's own
 # layout: a package where Horovod has one (its submodules are listed too).
@@ -47,6 +52,7 @@ REEXPORTS: Dict[str, str] = {
     "horovod.tensorflow.mpi_ops": "hvd_trainer.tensorflow",
     "horovod.tensorflow.compression": "hvd_trainer.tensorflow.compression",
     "horovod.tensorflow.elastic": "hvd_trainer.tensorflow.elastic",
+    "horovod.tensorflow.sync_batch_norm": "hvd_trainer.tensorflow.sync_batch_norm",
     "horovod.tensorflow.keras": "hvd_trainer.tensorflow.keras",
     "horovod.tensorflow.keras.callbacks": "hvd_trainer.tensorflow.keras.callbacks",
     "horovod.tensorflow.keras.elastic": "hvd_trainer.tensorflow.keras.elastic",

@@ -69,3 +69,13 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
     supported)."""
     from .keras import DistributedOptimizer as keras_optimizer
     return keras_optimizer(optimizer, *args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # SyncBatchNormalization derives from tf.keras's BatchNormalization, so it is built on
+    # first use: importing this package must not import Keras 2 (TF_USE_LEGACY_KERAS=1
+    # without tf-keras installed would fail here).
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,9 @@ tf.function, their gradients, errors on every rank (workers/tf_ops_worker.py); t
 DistributedGradientTape and the Keras DistributedOptimizer against one process on the global
 batch, the callbacks and load_model (workers/tf_training_worker.py); the same for Keras 2
 (tf_keras), with TF_USE_LEGACY_KERAS=1 in the job's environment and where the script imports
-tf_keras itself (workers/tf_keras2_worker.py). And the two examples on
+tf_keras itself (workers/tf_keras2_worker.py). SyncBatchNormalization against one
+process's BatchNormalization on the concatenated batch, under Keras 3 and Keras 2
+(workers/tf_sync_batch_norm_worker.py). And the two examples on
 2 ranks, in one job (workers/tf_examples.py), against the test accuracy their
 single-process twins reach. And graphs (TF1 sessions, tf.functions) whose collectives never
 match on 3 ranks: the stall inspector names them and ends the job (workers/tf_stall_worker.py).
@@ -53,6 +55,19 @@ def test_keras2_imported_by_the_script_on_three_ranks(case):
     _tf_keras_or_skip()
     case_job("tf_keras2_worker.py", 3, ["--import"], timeout=400,
              env={"TF_USE_LEGACY_KERAS": ""}).check(case)
+
+
+@pytest.mark.parametrize("case", case_names("tf_sync_batch_norm_worker.py"))
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sync_batch_normalization_matches_one_process(np_, case):
+    case_job("tf_sync_batch_norm_worker.py", np_, timeout=300).check(case)
+
+
+@pytest.mark.parametrize("case", case_names("tf_sync_batch_norm_worker.py"))
+def test_keras2_sync_batch_normalization_on_three_ranks(case):
+    _tf_keras_or_skip()
+    case_job("tf_sync_batch_norm_worker.py", 3, timeout=300,
+             env={"TF_USE_LEGACY_KERAS": "1"}).check(case)
 
 
 @pytest.mark.parametrize("graph", ["session", "function"])
