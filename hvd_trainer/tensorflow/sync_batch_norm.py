@@ -21,14 +21,15 @@ from . import keras2
 from .ops import allreduce
 
 _BatchNormalization = tf.keras.layers.BatchNormalization
+# Keras 2's BatchNormalization takes fused= and has another _moments signature than Keras 3's.
+_KERAS2 = keras2.is_keras2_class(_BatchNormalization)
 
 
 def _global_moments(mean: tf.Tensor, variance: tf.Tensor, count: tf.Tensor
                     ) -> Tuple[tf.Tensor, tf.Tensor]:
     """The mean and variance over every rank, from each rank's ``mean`` and ``variance`` of
-    ``count`` values per channel: sums of values and of squares add up across ranks, in
+    ``count`` values per channel (float64): sums of values and of squares add up across ranks, in
     float64 so that E[x²] - E[x]² keeps its digits."""
-    count = tf.cast(count, tf.float64)
     mean64 = tf.cast(mean, tf.float64)
     # multiply_no_nan: a rank with no rows has a NaN mean and adds nothing.
     total = tf.math.multiply_no_nan(mean64, count)
@@ -39,14 +40,15 @@ def _global_moments(mean: tf.Tensor, variance: tf.Tensor, count: tf.Tensor
     return tf.cast(global_mean, mean.dtype), tf.cast(global_variance, variance.dtype)
 
 
-def _count(inputs: tf.Tensor, mean: tf.Tensor, weights: Optional[tf.Tensor],
+def _count(inputs: tf.Tensor, mean: tf.Tensor, mask: Optional[tf.Tensor],
            axes: Any) -> tf.Tensor:
     """How many values of ``inputs`` went into each channel of ``mean``: all of them, or the
-    sum of ``weights`` (broadcast against ``inputs``) over the reduced ``axes``."""
-    if weights is None:
+    sum of ``mask`` over the reduced ``axes`` (Keras 2 and 3 both weigh a masked row by its
+    mask, broadcast along the last axis)."""
+    if mask is None:
         per_channel = tf.size(inputs, tf.int64) // tf.maximum(tf.size(mean, tf.int64), 1)
         return tf.fill(tf.shape(mean), tf.cast(per_channel, tf.float64))
-    weights = tf.broadcast_to(tf.cast(weights, tf.float64), tf.shape(inputs))
+    weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), tf.float64), tf.shape(inputs))
     return tf.reshape(tf.reduce_sum(weights, axis=axes), tf.shape(mean))
 
 
@@ -60,23 +62,18 @@ class SyncBatchNormalization(_BatchNormalization):
             raise ValueError(f"SyncBatchNormalization(fused={fused!r}): the fused kernel "
                              "computes its statistics on one rank; pass fused=False or leave "
                              "it out")
-        if keras2.is_keras2_class(_BatchNormalization):
+        if _KERAS2:
             kwargs["fused"] = False
         super().__init__(**kwargs)
 
-    if keras2.is_keras2_class(_BatchNormalization):
+    if _KERAS2:
         def _moments(self, inputs: tf.Tensor, reduction_axes: Any, keep_dims: bool,
                      mask: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, tf.Tensor]:
             mean, variance = super()._moments(inputs, reduction_axes, keep_dims, mask=mask)
-            # Keras 2 weighs a masked row by its mask, broadcast along the last axis.
-            weights = None if mask is None else tf.expand_dims(mask, -1)
-            return _global_moments(mean, variance,
-                                   _count(inputs, mean, weights, reduction_axes))
+            return _global_moments(mean, variance, _count(inputs, mean, mask, reduction_axes))
     else:
         def _moments(self, inputs: tf.Tensor, mask: Optional[tf.Tensor]
                      ) -> Tuple[tf.Tensor, tf.Tensor]:
             mean, variance = super()._moments(inputs, mask)
-            # Keras 3 weighs a masked row by its mask, broadcast along the last axis.
-            weights = None if mask is None else tf.expand_dims(mask, -1)
             return _global_moments(mean, variance,
-                                   _count(inputs, mean, weights, self._reduction_axes))
+                                   _count(inputs, mean, mask, self._reduction_axes))
