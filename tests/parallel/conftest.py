@@ -1,4 +1,12 @@
-"""Settings shared by every multi-rank test job."""
+"""Settings shared by every multi-rank test job.
+
+Rank counts: a case runs on 3 ranks, an odd size, so that ring chunks are uneven and a rank
+has different neighbours on each side. It runs on 2 ranks as well only where the path under
+test depends on the count: the collectives and the agreement (on 2 ranks a rank's left and
+right neighbour are one rank), process sets, power-of-two Adasum, elastic growth and
+shrinking. Training built on those paths (optimizers, trainers, join, elastic commits) runs
+on 3 alone, its variants that change no rank-count path (the overlap, the buckets) on 2.
+"""
 import os
 
 # Open MPI probes the libfabric and UCX transports at every start, about 1 s per job on a

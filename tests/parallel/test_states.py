@@ -10,7 +10,7 @@ def folder(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", case_names("states_worker.py"))
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])
 def test_states_are_local(np_, folder, case):
     where = folder / str(np_)
     where.mkdir(exist_ok=True)

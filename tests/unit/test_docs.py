@@ -16,6 +16,9 @@ import sys
 
 import pytest
 
+# The same in every environment: CI checks it in its first pass only.
+pytestmark = pytest.mark.tree
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(REPO, "docs")
 PAGES = sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))

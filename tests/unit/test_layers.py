@@ -7,6 +7,9 @@ from typing import Dict, List, Set
 
 import pytest
 
+# The same in every environment: CI checks it in its first pass only.
+pytestmark = pytest.mark.tree
+
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "hvd_trainer")
 ADAPTERS = ("hvd_trainer.mxnet", "hvd_trainer.torch", "hvd_trainer.tensorflow", "hvd_trainer.keras")

@@ -6,6 +6,9 @@ import re
 
 import pytest
 
+# The same in every environment: CI checks it in its first pass only.
+pytestmark = pytest.mark.tree
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.9 and 3.10

@@ -16,6 +16,9 @@ from importlib import metadata
 
 import pytest
 
+# The same in every environment: CI checks it in its first pass only.
+pytestmark = pytest.mark.tree
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What the build reads.
 FILES, FOLDERS = ("pyproject.toml", "README.md", "LICENSE"), ("hvd_trainer", "launch")
