@@ -14,6 +14,9 @@ import testbed
 from multihost import (environment, hvdrun, hvdrun_command, wait_for_ranks,
                        wait_until_no_job_is_left, worker)
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 
 def start(bed, args, np):
     """Start hvdrun on h1 with ``args`` running the waiting worker on ``np`` ranks; wait until

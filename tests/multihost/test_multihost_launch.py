@@ -18,6 +18,9 @@ import pytest
 from multihost import expected_layout, hvdrun, worker
 from testbed import ALT_PORT, LINKS, PORT
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 PAYLOAD = 16 << 20  # bytes in the worker's allreduce: at least that much must cross a link
 QUIET = 1 << 20  # bytes a link may carry when told to carry no data (ssh, start-up, output)
 

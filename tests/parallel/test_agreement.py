@@ -62,12 +62,14 @@ def test_process_sets_agree_on_registration_names_and_root_ranks(np_, case):
     case_job("process_set_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case", case_names("threads_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
 def test_collectives_from_two_threads_match_numpy(np_, case):
     case_job("threads_worker.py", np_, timeout=120, env=BOUNDED).check(case)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case", case_names("count_limit_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
 def test_messages_over_the_count_limit_go_in_pieces(np_, case):

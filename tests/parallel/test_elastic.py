@@ -17,6 +17,9 @@ import pytest
 from hvd_trainer_launch import mpi
 from runner import WORKERS, run_ranks
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 sys.path.insert(0, WORKERS)
 
 

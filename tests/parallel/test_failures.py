@@ -6,6 +6,9 @@ import pytest
 
 from runner import run_ranks
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_exception_on_one_rank_ends_the_job(np_):

@@ -4,6 +4,9 @@ import pytest
 
 from runner import case_job, case_names
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("case", case_names("nan_min_max_worker.py"))
 @pytest.mark.parametrize("algorithm", ["ring", "native"])

@@ -26,6 +26,7 @@ def test_agreement_flags_kinds_and_barrier_on_three_ranks():
     assert out.count("ranks disagree on kind") == 3
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case, np_, message", [
     ("dtype", 2, "MismatchError: allreduce 'grad.7': ranks disagree on dtype of tensor 0 "
                  "'grad.7' (rank 0: '<f4', rank 1: '<f8')"),
@@ -51,6 +52,7 @@ def test_trainer_mismatches_raise_on_every_rank_and_a_step_agrees_once():
     assert out.count("one agreement per step") == 2
 
 
+@pytest.mark.mpi
 # -- fail fast ------------------------------------------------------------------------------
 def test_exception_on_rank_1_at_step_3_ends_the_trainer_job():
     start = time.monotonic()
@@ -71,6 +73,7 @@ def crash(tmp_path_factory):
     return folder, proc, time.time()
 
 
+@pytest.mark.mpi
 def test_kill_minus_9_of_a_rank_mid_step_ends_the_job(crash):
     _, proc, finished = crash
     ended(proc, 137)
@@ -99,6 +102,7 @@ def test_stall_warning_names_the_late_rank_on_every_waiting_rank():
     assert proc.stdout.count("stall over") == 3
 
 
+@pytest.mark.mpi
 def test_stall_shutdown_ends_the_job():
     start = time.monotonic()
     proc = run_ranks("reliability_raw.py", 3, ["hang"], timeout=60, check=False,

@@ -9,6 +9,9 @@ import pytest
 
 from runner import run_ranks
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("np_", [3])
 def test_a_call_left_pending_at_shutdown_does_not_disturb_the_next_init(np_):

@@ -6,6 +6,9 @@ import pytest
 
 from runner import case_job, case_names
 
+# Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
+pytestmark = pytest.mark.mpi
+
 # A job that hangs ends itself, naming where it waited, instead of holding the suite.
 BOUNDED = {"HVD_STALL_CHECK_TIME_SECONDS": "5", "HVD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
 

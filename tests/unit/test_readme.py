@@ -26,7 +26,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_ci_runs_the_readme_open_mpi_test_command_verbatim():
     test_command = _bash_blocks()[2]
-    assert '".[test-openmpi]"' in test_command and "pytest tests/parallel" in test_command
+    assert '".[test-openmpi]"' in test_command and " -m mpi tests/parallel" in test_command
     with open(os.path.join(REPO, ".ci", "run")) as f:
         assert test_command in f.read().splitlines()
 
