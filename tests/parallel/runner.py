@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple, Union
 
 from hvd_trainer_launch import mpi
 
@@ -94,14 +94,20 @@ class Cases:
 _jobs: Dict[Tuple, Cases] = {}
 
 
-def case_job(script: str, np: int, args: Sequence[str] = (), timeout: float = 120,
-             env: dict = None, hvdrun_args: Sequence[str] = ()) -> Cases:
+def case_job(script: Union[str, Tuple[str, ...]], np: int, args: Sequence[str] = (),
+             timeout: float = 120, env: dict = None, hvdrun_args: Sequence[str] = ()) -> Cases:
     """Run ``script``'s cases on ``np`` ranks once per set of arguments (later calls reuse the
     job) and return its records; a job that fails or outlives ``timeout`` still gives the
-    records it printed."""
+    records it printed. A tuple of scripts (without ``args``) runs them one after another in
+    one job (workers/case_chain.py), so that their ranks start once; their case names must
+    differ."""
     key = (script, np, tuple(args), timeout, tuple(sorted((env or {}).items())),
            tuple(hvdrun_args))
     if key not in _jobs:
+        if isinstance(script, tuple):
+            names = [name for one in script for name in case_names(one)]
+            assert not args and len(set(names)) == len(names), f"{script}: args, or a name twice"
+            script, args = "case_chain.py", [os.path.join(WORKERS, one) for one in script]
         try:
             proc = run_ranks(script, np, args, timeout, env, check=False,
                              hvdrun_args=hvdrun_args)

@@ -6,7 +6,7 @@ batch, the callbacks and load_model (workers/tf_training_worker.py); the same fo
 (tf_keras), with TF_USE_LEGACY_KERAS=1 in the job's environment and where the script imports
 tf_keras itself (workers/tf_keras2_worker.py). SyncBatchNormalization against one
 process's BatchNormalization on the concatenated batch, under Keras 3 and Keras 2
-(workers/tf_sync_batch_norm_worker.py). And the two examples on
+(workers/tf_sync_batch_norm_worker.py, in the training jobs). And the two examples on
 2 ranks, in one job (workers/tf_examples.py), against the test accuracy their
 single-process twins reach. And graphs (TF1 sessions, tf.functions) whose collectives never
 match on 3 ranks: the stall inspector names them and ends the job (workers/tf_stall_worker.py).
@@ -30,10 +30,17 @@ def test_collectives(np_, case):
     case_job("tf_ops_worker.py", np_, timeout=300).check(case)
 
 
+# SyncBatchNormalization's cases share the training job under each Keras (case_chain.py): a
+# 3-rank TensorFlow job takes seconds to start.
+KERAS3_JOB = ("tf_training_worker.py", "tf_sync_batch_norm_worker.py")
+KERAS2_JOB = ("tf_keras2_worker.py", "tf_sync_batch_norm_worker.py")
+KERAS2 = {"TF_USE_LEGACY_KERAS": "1"}
+
+
 @pytest.mark.parametrize("case", case_names("tf_training_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
 def test_training_matches_one_process(np_, case):
-    case_job("tf_training_worker.py", np_, timeout=300).check(case)
+    case_job(KERAS3_JOB, np_, timeout=500).check(case)
 
 
 def _tf_keras_or_skip():
@@ -46,8 +53,7 @@ def _tf_keras_or_skip():
 def test_keras2_training_matches_one_process(np_, case):
     # tf.keras is Keras 2 in the job's environment only; this process's stays Keras 3.
     _tf_keras_or_skip()
-    case_job("tf_keras2_worker.py", np_, timeout=400,
-             env={"TF_USE_LEGACY_KERAS": "1"}).check(case)
+    case_job(KERAS2_JOB, np_, timeout=600, env=KERAS2).check(case)
 
 
 @pytest.mark.parametrize("case", case_names("tf_keras2_worker.py"))
@@ -60,14 +66,14 @@ def test_keras2_imported_by_the_script_on_three_ranks(case):
 @pytest.mark.parametrize("case", case_names("tf_sync_batch_norm_worker.py"))
 @pytest.mark.parametrize("np_", [2, 3])
 def test_sync_batch_normalization_matches_one_process(np_, case):
-    case_job("tf_sync_batch_norm_worker.py", np_, timeout=300).check(case)
+    case_job(KERAS3_JOB, np_, timeout=500).check(case)
 
 
 @pytest.mark.parametrize("case", case_names("tf_sync_batch_norm_worker.py"))
-def test_keras2_sync_batch_normalization_on_three_ranks(case):
+@pytest.mark.parametrize("np_", [2, 3])
+def test_keras2_sync_batch_normalization_matches_one_process(np_, case):
     _tf_keras_or_skip()
-    case_job("tf_sync_batch_norm_worker.py", 3, timeout=300,
-             env={"TF_USE_LEGACY_KERAS": "1"}).check(case)
+    case_job(KERAS2_JOB, np_, timeout=600, env=KERAS2).check(case)
 
 
 @pytest.mark.parametrize("graph", ["session", "function"])
