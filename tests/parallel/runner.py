@@ -93,6 +93,14 @@ class Cases:
 
 _jobs: Dict[Tuple, Cases] = {}
 
+# Torch workers that the test files of hvd_trainer.torch share as one 3-rank job
+# (workers/case_chain.py): a torch rank takes seconds to start. Those that make float64 the
+# default dtype come last, so that each runs with the default it expects.
+# (torch_optimizer_equivalence.py has its own job: four of its case names are taken here.)
+TORCH_JOB = ("torch_ops_worker.py", "torch_compression_equivalence.py", "torch_step_order.py",
+             "torch_training_worker.py", "torch_sparse_optimizer.py")
+TORCH_JOB_SECONDS = 900
+
 
 def case_job(script: Union[str, Tuple[str, ...]], np: int, args: Sequence[str] = (),
              timeout: float = 120, env: dict = None, hvdrun_args: Sequence[str] = ()) -> Cases:

@@ -5,16 +5,16 @@ single-process references (workers/torch_training_worker.py).
 """
 import pytest
 
-from runner import case_job, case_names
+from runner import TORCH_JOB, TORCH_JOB_SECONDS, case_job, case_names
 
 
 @pytest.mark.parametrize("case", case_names("torch_ops_worker.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_tensor_collectives_match_numpy(np_, case):
-    case_job("torch_ops_worker.py", np_, timeout=180).check(case)
+    case_job(TORCH_JOB, np_, timeout=TORCH_JOB_SECONDS).check(case)
 
 
 @pytest.mark.parametrize("case", case_names("torch_training_worker.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_autograd_parameters_optimizer_state_and_sync_batch_norm(np_, case):
-    case_job("torch_training_worker.py", np_, timeout=180).check(case)
+    case_job(TORCH_JOB, np_, timeout=TORCH_JOB_SECONDS).check(case)

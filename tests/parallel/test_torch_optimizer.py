@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from runner import REPO, case_job, case_names, run_ranks
+from runner import REPO, TORCH_JOB, TORCH_JOB_SECONDS, case_job, case_names, run_ranks
 
 
 @pytest.mark.parametrize("case", case_names("torch_optimizer_equivalence.py"))
@@ -30,10 +30,10 @@ def test_torch_digits_example_reaches_95_percent_on_two_ranks():
 @pytest.mark.parametrize("case", case_names("torch_compression_equivalence.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_packed_codecs_match_a_numpy_model_of_each(np_, case):
-    case_job("torch_compression_equivalence.py", np_, timeout=180).check(case)
+    case_job(TORCH_JOB, np_, timeout=TORCH_JOB_SECONDS).check(case)
 
 
 @pytest.mark.parametrize("case", case_names("torch_step_order.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_collectives_between_backward_and_step_and_join_before_the_first_step(np_, case):
-    case_job("torch_step_order.py", np_, timeout=120).check(case)
+    case_job(TORCH_JOB, np_, timeout=TORCH_JOB_SECONDS).check(case)

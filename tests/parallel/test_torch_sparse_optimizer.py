@@ -8,10 +8,10 @@ or by the dense fallback when the ranks together touch more rows than the table 
 """
 import pytest
 
-from runner import case_job, case_names
+from runner import TORCH_JOB, TORCH_JOB_SECONDS, case_job, case_names
 
 
 @pytest.mark.parametrize("case", case_names("torch_sparse_optimizer.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_sparse_gradients_match_one_process(np_, case):
-    case_job("torch_sparse_optimizer.py", np_, timeout=180).check(case)
+    case_job(TORCH_JOB, np_, timeout=TORCH_JOB_SECONDS).check(case)
