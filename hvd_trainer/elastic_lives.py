@@ -12,13 +12,11 @@ import logging
 import os
 from typing import Sequence
 
+from hvd_trainer_launch.protocol import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE,
+                                          RESTART_VARIABLE)
+
 log = logging.getLogger("hvd_trainer")
 
-RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
-GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
-MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"  # --min-np: fewer survivors of a shrink end the life
-COMMITTED_VARIABLE = "HVD_ELASTIC_COMMITTED"  # the newest commit hvdrun heard was written
-ALLOW_FRESH_START_VARIABLE = "HVD_ELASTIC_ALLOW_FRESH_START"  # "1": a restart may begin anew
 ALLOW_FRESH_START_FLAG = "--elastic-allow-fresh-start"
 
 

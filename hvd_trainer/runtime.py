@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch.protocol import WORKER_VARIABLE
+from hvd_trainer_launch.protocol import NO_FINALIZE_WAIT_VARIABLES, WORKER_VARIABLE
 from . import installs
 from .backends import Communicator
 
@@ -306,12 +306,8 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     if comm is None and not _launched_by_mpi():
         from .backends.local import LocalCommunicator
         return LocalCommunicator(), "local"
-    # MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang in it
-    # while the others wait for that rank: the job would never end. Without the wait the rank
-    # exits and the launcher sees its code. MPICH and Open MPI each read their own variable at
-    # MPI_Init (so set them first) and ignore the other's.
-    os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
-    os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
+    for name, value in NO_FINALIZE_WAIT_VARIABLES.items():  # read at MPI_Init: set them first
+        os.environ.setdefault(name, value)
     try:
         from .backends import mpi
     except ImportError as e:
