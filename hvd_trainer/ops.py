@@ -558,12 +558,15 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
 
 
 # -- objects --------------------------------------------------------------------------------
-def _pickled(obj: Any) -> bytes:
-    """``obj`` pickled, as a check: an object that cannot be pickled is a TypeError."""
+def _pickled(obj: Any, what: str = "obj") -> bytes:
+    """``obj`` pickled, as a check: an object that cannot be pickled is a TypeError naming
+    ``what``. Every object collective pickles inside its ``checks()``, before the agreement,
+    so that such an object raises on every rank instead of leaving the others in the data
+    phase."""
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:  # pickling can fail with any error type, e.g. in __reduce__
-        raise TypeError(f"obj cannot be pickled ({type(e).__name__}: {e}); pass a picklable "
+        raise TypeError(f"{what} cannot be pickled ({type(e).__name__}: {e}); pass a picklable "
                         "object") from None
 
 
@@ -575,8 +578,6 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
         payload = None
         with call.checks():
             root = _check_root(root_rank, process_set)
-            # Pickled before the agreement, so that an object the root cannot pickle raises
-            # on every rank instead of leaving the others in the data phase.
             payload = _pickled(obj) if comm.rank == root else None
         carried = call.exchange(lambda: {"root_rank": int(root_rank)},
                                 None if payload is None else np.frombuffer(payload, np.uint8),
@@ -596,7 +597,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     with agreement.collective(comm, "allgather_object", name) as call:
         payload = None
         with call.checks():
-            payload = _pickled(obj)  # before the agreement, as in broadcast_object
+            payload = _pickled(obj)
         carried = call.exchange(dict, None if payload is None
                                 else np.frombuffer(payload, np.uint8), ())
         if carried is not None and carried.every():
@@ -624,10 +625,11 @@ def gather_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     the others: unlike :func:`allgather_object`, no rank but the root receives the others'."""
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "gather_object", name) as call:
+        data = b""
         with call.checks():
             root = _check_root(root_rank, process_set)
+            data = _pickled(obj)
         call.agree(lambda: {"root_rank": int(root_rank)})
-        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         with call.communicate():
             got = _exchange_bytes(comm, [data if r == root else b"" for r in range(comm.size)])
         return [pickle.loads(b) for b in got] if comm.rank == root else None
@@ -645,9 +647,9 @@ def scatter_object(objs: Optional[Sequence[Any]], root_rank: int = 0, name: Opti
                 raise ValueError(f"objs must hold one object per rank of the process set "
                                  f"({comm.size}) on the root rank, got "
                                  f"{None if objs is None else len(objs)}")
+            parts = ([_pickled(o, f"objs[{r}]") for r, o in enumerate(objs)]
+                     if comm.rank == root else [b""] * comm.size)
         call.agree(lambda: {"root_rank": int(root_rank)})
-        parts = ([pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs] if comm.rank == root
-                 else [b""] * comm.size)
         with call.communicate():
             got = _exchange_bytes(comm, parts)
         return pickle.loads(got[root])
