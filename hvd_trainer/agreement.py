@@ -803,7 +803,7 @@ def agreements(comm: Communicator) -> int:
     return scheduler.of(comm).exchanges
 
 
-def _differing(values: Sequence[Any]) -> bool:
+def _any_differs(values: Sequence[Any]) -> bool:
     return any(v != values[0] for v in values)
 
 
@@ -835,10 +835,10 @@ def describe_mismatch(given: Sequence[Optional[Dict[str, Any]]]) -> str:
         if field in ("tensors", "flags"):
             continue
         values = [d.get(field) for d in every]
-        if _differing(values):
+        if _any_differs(values):
             return f"{what}: ranks disagree on {field} ({_by_rank(ranks, values)})"
     counts = [len(d.get("tensors", ())) for d in every]
-    if _differing(counts):
+    if _any_differs(counts):
         missing = _missing_tensors(ranks, every)
         detail = f"; {missing}" if missing else ""
         return (f"{what}: ranks disagree on the number of tensors ({_by_rank(ranks, counts)})"
@@ -846,11 +846,11 @@ def describe_mismatch(given: Sequence[Optional[Dict[str, Any]]]) -> str:
     for i, tensor in enumerate(first.get("tensors", ())):
         for field in tensor:
             values = [d["tensors"][i][field] for d in every]
-            if _differing(values):
+            if _any_differs(values):
                 return (f"{what}: ranks disagree on {field} of tensor {i} "
                         f"{tensor.get('name')!r} ({_by_rank(ranks, values)})")
     values = [d.get("flags") for d in every]
-    if _differing(values):
+    if _any_differs(values):
         return f"{what}: ranks disagree on the number of flags ({_by_rank(ranks, values)})"
     return f"{what}: ranks disagree ({_by_rank(ranks, every)})"
 

@@ -35,10 +35,10 @@ import numpy as np
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_VARIABLE,
                                          GENERATION_VARIABLE, MIN_NP_VARIABLE, NOTIFY_VARIABLE,
-                                         RESET_EXIT_CODE, RESTART_VARIABLE, SECRET_VARIABLE,
+                                         RESET_EXIT_CODE, SECRET_VARIABLE,
                                          ULFM_VARIABLE)
 from . import files, ops, runtime
-from .elastic_lives import CommitsLostError, count_variable, no_commit_found
+from .elastic_lives import CommitsLostError, count_variable, no_commit_found, restarts
 
 log = logging.getLogger("hvd_trainer")
 
@@ -232,9 +232,9 @@ class _HostNotices:
 
     hvdrun answers a TCP connection with its current generation number, once the rank has
     proved that it holds the job's secret, and signs the answer with it
-    (:func:`hvd_trainer_launch.protocol.ask_notice`); a number above the one this life started with means
-    other hosts. No shared file system is needed, only a route from rank 0's host to the host
-    that runs hvdrun.
+    (:func:`hvd_trainer_launch.protocol.ask_notice`); a number above the one this life started
+    with means other hosts. No shared file system is needed, only a route from rank 0's host
+    to the host that runs hvdrun.
     """
 
     def __init__(self, address: Optional[str], generation: int, store: "_CommitStore"):
@@ -270,13 +270,20 @@ class _HostNotices:
             return False
 
 
+def _commit_number(path: str) -> Optional[int]:
+    """The commit number in a commit file's name (``rankR.NUMBER.commit``), or None when the
+    name holds none."""
+    number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
+    return int(number) if number.isdigit() else None
+
+
 class _CommitStore:
-    """This rank's commits in the job's folders (:func:`hvd_trainer_launch.protocol.job_folders`: in
-    memory, and on disk for commits that do not fit there), each 0700 and refused when
-    another user owns it or may write into it: one file per commit, named by rank and commit
-    number, signed with the job's secret and written whole (temporary file, rename) by the
-    background writer. A rank keeps its last two commits, so that a damaged newest one falls
-    back to the one before.
+    """This rank's commits in the job's folders
+    (:func:`hvd_trainer_launch.protocol.job_folders`: in memory, and on disk for commits
+    that do not fit there), each 0700 and refused when another user owns it or may write into
+    it: one file per commit, named by rank and commit number, signed with the job's secret
+    and written whole (temporary file, rename) by the background writer. A rank keeps its
+    last two commits, so that a damaged newest one falls back to the one before.
 
     Commits are not fsynced: they serve restarts within the job only, on hosts that are up.
     A killed rank's files stay in the operating system's cache, where the next life reads
@@ -298,7 +305,7 @@ class _CommitStore:
                              "commits on disk are signed with the job's secret, which hvdrun "
                              "sets; start the job with hvdrun")
         # Temporary files carry the life's number: those of earlier lives are abandoned.
-        self.tag = f"life{count_variable(RESTART_VARIABLE)}"
+        self.tag = f"life{restarts()}"
         self.written = 0  # the newest commit this rank has written (rank 0 tells hvdrun)
         self._checked: Set[str] = set()
         self._failures: List[str] = []
@@ -353,9 +360,9 @@ class _CommitStore:
         for folder in self._existing():
             files.remove_temporaries(folder, f"rank*.*{_SUFFIX}", self.tag)
             for path in glob.glob(os.path.join(folder, f"rank*.*{_SUFFIX}")):
-                number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
-                if number.isdigit():
-                    found.append((int(number), path))
+                number = _commit_number(path)
+                if number is not None:
+                    found.append((number, path))
         for number, path in sorted(found, reverse=True):
             try:
                 with open(path, "rb") as f:
@@ -392,8 +399,8 @@ class _CommitStore:
             self.written = max(self.written, number)
             for kept in self._existing():
                 for old in glob.glob(os.path.join(kept, f"rank{rank}.*{_SUFFIX}")):
-                    older = os.path.basename(old)[:-len(_SUFFIX)].rpartition(".")[2]
-                    if older.isdigit() and int(older) < number - 1:
+                    older = _commit_number(old)
+                    if older is not None and older < number - 1:
                         os.remove(old)
         except Exception as error:  # kept for the ranks to raise at the next commit
             self._failures.append(f"rank {rank} could not write commit {number} to "
@@ -597,7 +604,7 @@ class State(abc.ABC):
             number, payload, error = 0, None, f"rank {runtime.rank()}: {e}"
         self._load_newest(number, payload, error, on_none=lambda: no_commit_found(
             runtime.rank(), self._store.folders))
-        if count_variable(RESTART_VARIABLE) > 0:
+        if restarts() > 0:
             self.on_reset()
 
     def resume(self) -> None:

@@ -37,13 +37,18 @@ def count_variable(name: str, default: int = 0) -> int:
     return int(value)
 
 
+def restarts() -> int:
+    """How many times hvdrun restarted the job before this life (0 outside elastic mode)."""
+    return count_variable(RESTART_VARIABLE)
+
+
 def no_commit_found(rank: int, folders: Sequence[str]) -> None:
     """Called on every rank when no rank holds a commit (``folders``: where this rank looked).
     On the first life nothing happens. On a restart after commits were written,
     CommitsLostError on every rank ends the job (every rank fails, so hvdrun ends it), unless
     a fresh start is allowed: then rank 0 says so in an error line and training begins
     again."""
-    restart = count_variable(RESTART_VARIABLE)
+    restart = restarts()
     written = count_variable(COMMITTED_VARIABLE)
     if restart == 0 or written == 0:
         if restart and rank == 0:

@@ -90,8 +90,8 @@ def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
     """What ranks must agree on about a tensor; host and GPU arrays describe alike except
     for where they live."""
     shape = t.shape if dim0 else t.shape[1:]
-    memory = "gpu" if type(t).__module__.partition(".")[0] == "cupy" else "host"
-    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape), "memory": memory}
+    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape),
+            "memory": memory_of(t).where}
 
 
 def tensor_signature(memory: Memory, tensors: Sequence[Any], dim0: bool = True) -> tuple:
@@ -337,7 +337,8 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
 
 
 # -- allgather ------------------------------------------------------------------------------
-def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: ProcessSet) -> Any:
+def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
+                   process_set: ProcessSet) -> Any:
     """Allgather: every rank's ``tensor`` concatenated along dimension 0."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, "allgather", name) as call:
@@ -384,7 +385,7 @@ def _concatenated(carried: agreement.Carried, tensor: np.ndarray, row: int) -> n
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    return gather(memory_of(tensor), tensor, name, process_set)
+    return allgather_rows(memory_of(tensor), tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,

@@ -222,11 +222,13 @@ class _State:
         self.next_set_id = 1
         self.stall_check = self.settings["STALL_CHECK_TIME_SECONDS"]
         self.stall_shutdown = self.settings["STALL_SHUTDOWN_TIME_SECONDS"]
-        self.threads_multiple = backend != "mpi" or _mpi_threads_multiple()
+        # MPI_THREAD_MULTIPLE, asked of MPI once; a world without MPI has no such limit.
+        self.mpi_threads = backend == "mpi" and _mpi_threads_supported()
+        self.threads_multiple = backend != "mpi" or self.mpi_threads
         self.watchdog: Optional[Any] = None
 
 
-def _mpi_threads_multiple() -> bool:
+def _mpi_threads_supported() -> bool:
     from .backends import mpi
     return mpi.threads_supported()
 
@@ -591,11 +593,6 @@ def threads_multiple() -> bool:
     return state().threads_multiple
 
 
-def backend_name() -> str:
-    """'mpi' or 'local'."""
-    return state().backend
-
-
 def fusion_threshold() -> int:
     """Largest bucket, in bytes, that grouped collectives pack tensors into."""
     return state().fusion_threshold
@@ -616,11 +613,9 @@ def mpi_enabled() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
-    if not mpi_enabled():
-        return False
-    from .backends import mpi
-    return mpi.threads_supported()
+    """Whether MPI was initialised with MPI_THREAD_MULTIPLE (False without MPI; where threads
+    may call concurrently in any world, see :func:`threads_multiple`)."""
+    return state().mpi_threads
 
 
 def is_homogeneous() -> bool:

@@ -215,7 +215,7 @@ class _Use:
 
 
 # Verdicts of a round: ("run", entry_key, description), ("raise", key, exception), or
-# ("wait", key, None): this rank's entry stays pending (a barrier, see _differing).
+# ("wait", key, None): this rank's entry stays pending (a barrier, see _verdict_on_mismatch).
 Verdict = Tuple[str, str, Any]
 Round = Callable[[List[Entry]], List[Verdict]]
 
@@ -238,7 +238,7 @@ def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
 
     The keys pending on every active rank, in the lowest active rank's order; each runs when
     all its descriptions are equal and free of argument errors, else raises
-    ``failure(descriptions by rank)`` (see :func:`_differing` for barriers). ``single``:
+    ``failure(descriptions by rank)`` (see :func:`_verdict_on_mismatch` for barriers). ``single``:
     decide at most the first such key.
     """
     active = [lst for lst in lists if lst is not None]
@@ -252,7 +252,7 @@ def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
         every = [None if lst is None else {k: d for k, d, _, _ in lst}[key] for lst in lists]
         described = [d for d in every if d is not None]
         if any("error" in d for d in described) or any(d != described[0] for d in described):
-            verdicts.append(_differing(key, every, me, failure))
+            verdicts.append(_verdict_on_mismatch(key, every, me, failure))
         else:
             verdicts.append(("run", key, described[0]))
         if single:
@@ -260,7 +260,7 @@ def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
     return verdicts
 
 
-def _differing(key: str, every: List[Optional[Dict[str, Any]]], me: int,
+def _verdict_on_mismatch(key: str, every: List[Optional[Dict[str, Any]]], me: int,
                failure: Failure) -> Verdict:
     """Rank ``me``'s verdict on calls ``every`` (by rank) that cannot run together.
 
@@ -323,8 +323,8 @@ def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
     call that failed on one rank before it reached the others; no automatic name causes a
     mismatch by itself). Otherwise they cannot run together (the ranks wait for calls that
     differ, or come from threads whose names differ, and none can start another): see
-    :func:`_differing`. Joined ranks (None in ``lists``) serve the calls that run, as in any
-    round; join() itself, like a barrier, waits for every rank.
+    :func:`_verdict_on_mismatch`. Joined ranks (None in ``lists``) serve the calls that run,
+    as in any round; join() itself, like a barrier, waits for every rank.
     """
     oldest = _oldest_waited(lists)
     mine = oldest[me]
@@ -332,7 +332,8 @@ def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
         return []
     if deadlock_runs(lists):
         return [("run", mine[0], mine[1])]
-    verdict = _differing(mine[0], [None if s is None else s[1] for s in oldest], me, failure)
+    verdict = _verdict_on_mismatch(mine[0], [None if s is None else s[1] for s in oldest], me,
+                                   failure)
     if verdict[0] == "raise" and _alike_unnamed([s for s in oldest if s is not None]):
         error = verdict[2]
         error.args = (f"{error.args[0]}; automatic names are counted per thread, by the "

@@ -51,7 +51,7 @@ ULFM_VARIABLE = "HVD_ULFM"
 
 # Elastic mode: what hvdrun sets for every rank of a life.
 ELASTIC_DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's commit folder on each host (job_folders)
-ELASTIC_DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"  # its folder on disk, for commits memory cannot hold
+ELASTIC_DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"  # on disk, for commits memory cannot hold
 NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"  # host:port of hvdrun's notice port
 RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
 GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
