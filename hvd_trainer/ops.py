@@ -190,8 +190,9 @@ def _check_list(tensors: Any, memory: Memory, inplace: bool = False) -> List[Any
 
 # -- allreduce ------------------------------------------------------------------------------
 def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
-                 prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
-                 kind: str, inplace: bool) -> List[Any]:
+                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                 process_set: ProcessSet = global_process_set, *, kind: str,
+                 inplace: bool) -> List[Any]:
     """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
@@ -309,7 +310,7 @@ def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across the process set's ranks; return the result as a new array."""
     return reduce_group(memory_of(tensor), [tensor], op, name, prescale_factor,
-                        postscale_factor, process_set, "allreduce", False)[0]
+                        postscale_factor, process_set, kind="allreduce", inplace=False)[0]
 
 
 def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -317,7 +318,7 @@ def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``tensor``."""
     return reduce_group(memory_of(tensor), [tensor], op, name, prescale_factor,
-                        postscale_factor, process_set, "allreduce", True)[0]
+                        postscale_factor, process_set, kind="allreduce", inplace=True)[0]
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
@@ -325,7 +326,7 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Op
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allreduce a list of tensors as one fused operation; return new arrays."""
     return reduce_group(memory_of(tensors), tensors, op, name, prescale_factor,
-                        postscale_factor, process_set, "grouped_allreduce", False)
+                        postscale_factor, process_set, kind="grouped_allreduce", inplace=False)
 
 
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
@@ -333,7 +334,7 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
                        process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns ``tensors``."""
     return reduce_group(memory_of(tensors), tensors, op, name, prescale_factor,
-                        postscale_factor, process_set, "grouped_allreduce", True)
+                        postscale_factor, process_set, kind="grouped_allreduce", inplace=True)
 
 
 # -- allgather ------------------------------------------------------------------------------

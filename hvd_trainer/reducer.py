@@ -585,8 +585,8 @@ class Reducer:
             for t, a, b in zip(tensors, bounds, bounds[1:]):
                 self.kernels.narrow(t.reshape(-1), wire[a:b])
         stats.encode_seconds += time.perf_counter() - tic
-        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name, 1.0, 1.0,
-                         self.process_set, "grouped_allreduce", True)
+        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name,
+                         process_set=self.process_set, kind="grouped_allreduce", inplace=True)
         stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
         tic = time.perf_counter()
         with timeline.span(name, "DECODE"):

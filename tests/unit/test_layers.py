@@ -145,3 +145,50 @@ def test_an_adapter_makes_no_core_collective_around_the_reducer(name):
 
 def test_the_reader_finds_module_bindings():
     assert "ops" in _core_modules_bound("hvd_trainer.mxnet.parameters")
+
+
+# The coordination code: rounds, records and turns that every rank must read alike. Records
+# there are named (NamedTuples, dataclasses), so no tuple element is read by position. The
+# reads by a literal index that remain are the heads of lists (a round's entries, the ranks'
+# values) and an exception's message, each listed here by module and expression.
+COORDINATION = ["hvd_trainer.scheduler", "hvd_trainer.agreement", "hvd_trainer.stall",
+                "hvd_trainer.handles", "hvd_trainer.joined", "hvd_trainer.automatic_names",
+                "hvd_trainer.process_sets"]
+LIST_HEADS = {
+    "hvd_trainer.scheduler": {"active[0]", "described[0]", "oldest[0]", "self.ready[0]",
+                              "error.args[0]", "error.args[1:]", "by_rank[1:]",
+                              "_closers.setdefault(me, [])[:0]"},
+    "hvd_trainer.agreement": {"entries[0]", "values[0]", "every[0]"},
+    "hvd_trainer.joined": {"sets[1:]"},
+    "hvd_trainer.process_sets": {"odd[0]"},
+}
+
+
+def _literal_index_reads(source: str) -> Set[str]:
+    """The expressions in ``source`` that subscript with an integer literal or a slice with
+    one (``x[2]``, ``x[-1]``, ``x[:2]``)."""
+    def literal(node: ast.AST) -> bool:
+        if isinstance(node, ast.UnaryOp):
+            node = node.operand
+        return isinstance(node, ast.Constant) and isinstance(node.value, int)
+
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript):
+            index = node.slice
+            if literal(index) or (isinstance(index, ast.Slice) and any(
+                    part is not None and literal(part)
+                    for part in (index.lower, index.upper, index.step))):
+                found.add(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("name", COORDINATION)
+def test_the_coordination_code_reads_no_tuple_element_by_position(name):
+    with open(MODULES[name]) as f:
+        assert _literal_index_reads(f.read()) - LIST_HEADS.get(name, set()) == set()
+
+
+def test_the_index_reader_finds_positional_reads():
+    assert _literal_index_reads("item[:2]; g[2]; s[-1]; x[k]; d['a']") == {
+        "item[:2]", "g[2]", "s[-1]"}

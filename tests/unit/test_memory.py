@@ -41,7 +41,7 @@ def test_allreduce_family_uses_the_memory_hooks():
     m = Recording()
     xs = [np.arange(3.0), np.ones((2, 2))]
     out = ops.reduce_group(m, xs, hvd.Sum, "g", 2.0, 1.0, hvd.global_process_set,
-                           "grouped_allreduce", False)
+                           kind="grouped_allreduce", inplace=False)
     for x, o in zip(xs, out):
         np.testing.assert_array_equal(o, x * 2)
         assert not np.shares_memory(o, x)
