@@ -192,3 +192,27 @@ def test_the_coordination_code_reads_no_tuple_element_by_position(name):
 def test_the_index_reader_finds_positional_reads():
     assert _literal_index_reads("item[:2]; g[2]; s[-1]; x[k]; d['a']") == {
         "item[:2]", "g[2]", "s[-1]"}
+
+
+# A core module does one job in at most this many lines. The modules below are over it and
+# wait for their split along their jobs (issue 35): each may shrink, none may grow past the
+# size it has now, and a module that fits comes off the list.
+CORE_MODULE_LINES = 500
+AWAITING_SPLIT = {"hvd_trainer.scheduler": 933, "hvd_trainer.agreement": 893,
+                  "hvd_trainer.elastic": 838, "hvd_trainer.ops": 680,
+                  "hvd_trainer.reducer": 647}
+
+
+def _lines(name: str) -> int:
+    with open(MODULES[name]) as f:
+        return len(f.read().splitlines())
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.startswith(ADAPTERS)))
+def test_a_core_module_fits_the_size_limit(name):
+    assert _lines(name) <= AWAITING_SPLIT.get(name, CORE_MODULE_LINES)
+
+
+@pytest.mark.parametrize("name", sorted(AWAITING_SPLIT))
+def test_a_module_awaiting_its_split_is_still_over_the_limit(name):
+    assert _lines(name) > CORE_MODULE_LINES, f"{name} fits now: take it off AWAITING_SPLIT"
