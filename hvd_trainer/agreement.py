@@ -60,8 +60,8 @@ import contextlib
 import functools
 import hashlib
 import weakref
-from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
-                    Tuple)
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import numpy as np
 
@@ -147,6 +147,32 @@ def _failure(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) -> E
     return _argument_error(comm, every) or MismatchError(describe_mismatch(every))
 
 
+class RoundShare(NamedTuple):
+    """What each active rank shares in a round whose records differed (a joined rank shares
+    None): whether it is stuck (:meth:`scheduler.Schedule.stuck`), its pending entries, and
+    its counts of automatic names."""
+
+    stuck: bool
+    pending: List[scheduler.Summary]
+    counts: Any  # scheduler.Counts; 0 where a disagreement is raised in step
+
+
+class Agreed(NamedTuple):
+    """What an agreement returns: the or-ed flags, and every rank's payload where the
+    payloads travelled with it."""
+
+    flags: Optional[np.ndarray]
+    carried: Optional["Carried"]
+
+
+class Signed(NamedTuple):
+    """A call whose digest comes from its signature (see :meth:`Call.agree`)."""
+
+    kind: str
+    name: str
+    signature: Any
+
+
 def _raise_error(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) -> None:
     """Raise the first rank's argument error in ``every``, if any."""
     error = _argument_error(comm, every)
@@ -157,8 +183,10 @@ def _raise_error(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) 
 def _raise_disagreement(comm: Communicator, key: str, description: Dict[str, Any]) -> None:
     """Inside a held turn, where ranks run in step: exchange full descriptions (in the form
     of a round's lists, which a joined rank reads) and raise the same error on every rank."""
-    gathered = comm.allgather_object((False, [(key, description, True, False)], 0))
-    raise _failure(comm, [None if g is None else g[1][0][1] for g in gathered])
+    mine = scheduler.Summary(key, description, waited=True, automatic=False)
+    gathered = comm.allgather_object(RoundShare(stuck=False, pending=[mine], counts=0))
+    raise _failure(comm, [None if g is None else _first(g.pending).description
+                          for g in gathered])
 
 
 def refusal_while_joined(description: Dict[str, Any]) -> Optional[str]:
@@ -270,29 +298,29 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     digest is reused: a caller may keep a description while nothing in it changes, but must
     not modify it.
     """
-    return _agree(comm, scheduler.of(comm), describe, flags, error, key, keep, automatic)[0]
+    return _agree(comm, scheduler.of(comm), describe, flags, error, key, keep=keep,
+                  automatic=automatic).flags
 
 
 def _agree(comm: Communicator, sched: scheduler.Schedule,
            describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
-           error: Optional[Exception], key: Optional[str], keep: bool, automatic: bool,
+           error: Optional[Exception], key: Optional[str], *, keep: bool, automatic: bool,
            payload: Optional[np.ndarray] = None, carries: bool = False,
-           signed: Optional[Tuple[str, str, Any]] = None
-           ) -> Tuple[Optional[np.ndarray], Optional["Carried"]]:
+           signed: Optional[Signed] = None) -> Agreed:
     """:func:`agree` on ``comm``, whose schedule is ``sched``, with ``payload`` (bytes, or
     None) in the record when ``carries``; returns the or-ed flags and, where the payloads
-    travelled, every rank's. ``signed``: (kind, name, signature) of a call whose digest
-    comes from its signature (then ``key`` is given)."""
+    travelled, every rank's. ``signed``: a call whose digest comes from its signature (then
+    ``key`` is given)."""
     holder = sched.holds()
     if flags is None and error is None and holder and sched.covered_depth():
-        return None, None
+        return Agreed(None, None)
     if error is not None and (comm.size == 1 or (holder and sched.covered_depth())):
         raise error  # nobody else takes part in an exchange here
     if comm.size == 1:
-        return (None if flags is None else np.asarray(flags, bool).copy()), None
+        return Agreed(None if flags is None else np.asarray(flags, bool).copy(), None)
     if signed is not None and error is None and (flags is None or not len(flags)):
         description, digest = None, _signed_digest(*signed)
-        what = f"{signed[0]} {signed[1]!r}"
+        what = f"{signed.kind} {signed.name!r}"
         if flags is not None:  # no flags, but an exchange even in a covered block
             described = describe
             describe = lambda: dict(described(), flags=0)  # noqa: E731
@@ -305,18 +333,19 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
             digest = _digest(description)
         else:
             count = -1 if flags is None else len(flags)
-            if sched.memo[0] is given and sched.memo[1] == count:
-                digest, description = sched.memo[2:]
+            memo = sched.memo
+            if memo.given is given and memo.count == count:
+                digest, description = memo.digest, memo.description
             else:
                 description = given if flags is None else dict(given, flags=count)
                 digest = _digest(description)
-                sched.memo = (given, count, digest, description)
+                sched.memo = scheduler.Memo(given, count, digest, description)
         key = description.get("name") if key is None else key
         what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     if holder:
         entry = _Entry(str(key), describe, description, flags, digest, automatic, payload,
                        carries)
-        return _in_step(comm, sched, entry, what), entry.carried
+        return Agreed(_in_step(comm, sched, entry, what), entry.carried)
     with waiting(comm, what, "agreement", sched.exchanges):
         claimed = None
         if sched.claim():
@@ -329,7 +358,7 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
                         flags = gathered.flags(comm, len(flags))
                     if not keep:
                         sched.give()
-                    return flags, gathered.carried() if carries else None
+                    return Agreed(flags, gathered.carried() if carries else None)
                 claimed = functools.partial(_decide, comm, sched, gathered)
             except BaseException as failure:  # the schedule fails the call, freeing the turn
                 claimed = functools.partial(_reraise, failure)
@@ -338,7 +367,7 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
         flags = sched.settle(entry, functools.partial(_round, comm, sched), stall.pace, claimed)
     if not keep:
         sched.give()
-    return flags, entry.carried
+    return Agreed(flags, entry.carried)
 
 
 def _reraise(error: BaseException, entries: List[_Entry]) -> List[scheduler.Verdict]:
@@ -495,7 +524,7 @@ def _in_step(comm: Communicator, sched: scheduler.Schedule, entry: _Entry,
 
 def _all_stuck(gathered: Sequence[Any]) -> bool:
     """Whether every active rank of a round's exchange (joined ranks gave None) is stuck."""
-    return all(g[0] for g in gathered if g is not None)
+    return all(g.stuck for g in gathered if g is not None)
 
 
 def _round(comm: Communicator, sched: scheduler.Schedule,
@@ -517,20 +546,20 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
             if joined:
                 _meet_joined(comm, head.described())
         except Exception as error:
-            return [("raise", head.key, error)]
-        return [("run", head.key, _outcome(comm, head, gathered))]
+            return [scheduler.Verdict("raise", head.key, error)]
+        return [scheduler.Verdict("run", head.key, _outcome(comm, head, gathered))]
     summaries = [e.summary() for e in entries]
     stuck = sched.stuck(summaries, _MATCH_GRACE_SECONDS)
-    shared = comm.allgather_object((stuck, summaries, sched.counts()))
-    lists = [None if g is None else g[1] for g in shared]
+    shared = comm.allgather_object(RoundShare(stuck, summaries, sched.counts()))
+    lists = [None if g is None else g.pending for g in shared]
     failure = functools.partial(_failure, comm)
     verdicts = scheduler.match(lists, failure, single=joined, me=comm.rank)
     if not verdicts and _all_stuck(shared):
         verdicts = scheduler.deadlock(lists, comm.rank, failure)
-        if verdicts and verdicts[0][0] == "run":
+        if verdicts and _first(verdicts).action == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
             # from here they count on from the same number.
-            sched.align_counts(verdicts[0][1], [g[2] for g in shared if g is not None])
+            sched.align_counts(_first(verdicts).key, [g.counts for g in shared if g is not None])
     by_key = {e.key: e for e in entries}
     decided: List[scheduler.Verdict] = []
     for verdict, key, value in verdicts:
@@ -539,7 +568,7 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
                 if joined:
                     _meet_joined(comm, value)
             except Exception as error:
-                decided.append(("raise", key, error))
+                decided.append(scheduler.Verdict("raise", key, error))
                 continue
             flags = by_key[key].flags
             if flags is not None:  # every rank runs this exchange for this entry, in order
@@ -547,7 +576,7 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
                 comm.allreduce(words, "bor")
                 flags = unpack_flags(words, len(flags))
             value = flags
-        decided.append((verdict, key, value))
+        decided.append(scheduler.Verdict(verdict, key, value))
     return decided
 
 
@@ -584,9 +613,9 @@ class JoinedRecord:
             # all of them runs, and this rank serves it; when none is and every active rank
             # is stuck, their oldest waited calls run together or raise (see _round).
             gathered = comm.allgather_object(None)
-            lists = [None if g is None else g[1] for g in gathered]
+            lists = [None if g is None else g.pending for g in gathered]
             verdicts = scheduler.match(lists, lambda every: RuntimeError(), single=True)
-            runs = (verdicts[0][0] == "run" if verdicts else
+            runs = (_first(verdicts).action == "run" if verdicts else
                     _all_stuck(gathered) and scheduler.deadlock_runs(lists))
             if not runs:
                 return {}
@@ -622,11 +651,12 @@ def finish_join(comm: Communicator, newly: bool) -> int:
     joined last (the highest of those that joined together). Sets the count of automatic
     names to the other ranks' (they named calls that this rank served). A collective."""
     sched = scheduler.of(comm)
-    values = np.array([sched.unnamed, comm.rank if newly else -1], np.int64)
-    comm.allreduce(values, "max")
-    sched.unnamed = int(values[0])
+    highest = np.array([sched.unnamed, comm.rank if newly else -1], np.int64)
+    comm.allreduce(highest, "max")
+    unnamed, last = highest.tolist()
+    sched.unnamed = int(unnamed)
     sched.peers_joined = False
-    return int(values[1])
+    return int(last)
 
 
 def peers_joined(comm: Communicator) -> bool:
@@ -688,7 +718,7 @@ class Call:
         return self
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
-        self._schedule.forget(self.key, self, not self._held, kind is None)
+        self._schedule.forget(self.key, self, give=not self._held, ran=kind is None)
 
     def checks(self) -> ContextManager[None]:
         """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which
@@ -701,7 +731,7 @@ class Call:
         hashable tuple of plain values that, with the kind and the name, fixes what
         ``describe()`` returns; the digest is then made from it, and ``describe()`` is called
         only if the ranks' records differ."""
-        return self._agree(describe, flags, None, False, signature)[0]
+        return self._agree(describe, flags, signature=signature).flags
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
                  signature: Any = None) -> Optional[Carried]:
@@ -712,27 +742,29 @@ class Call:
         own data phase (one rank, a covered block, records that differed at first, a joined
         rank).
         """
-        return self._agree(describe, None, payload, True, signature)[1]
+        return self._agree(describe, None, payload=payload, carries=True,
+                           signature=signature).carried
 
-    def _agree(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
-               payload: Optional[np.ndarray], carries: bool, signature: Any
-               ) -> Tuple[Optional[np.ndarray], Optional[Carried]]:
+    def _agree(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray], *,
+               payload: Optional[np.ndarray] = None, carries: bool = False,
+               signature: Any = None) -> Agreed:
         if not timeline.running():
             return self._agreed(describe, flags, payload, carries, signature)
         with span(self.name, "NEGOTIATE"):
             return self._agreed(describe, flags, payload, carries, signature)
 
     def _agreed(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
-                payload: Optional[np.ndarray], carries: bool, signature: Any
-                ) -> Tuple[Optional[np.ndarray], Optional[Carried]]:
+                payload: Optional[np.ndarray], carries: bool, signature: Any) -> Agreed:
         automatic = self._given is None
         if self.error is not None:
             _agree(self.comm, self._schedule, lambda: {"kind": self.kind, "name": self.name},
-                   flags, self.error, self.key, True, automatic)
+                   flags, self.error, self.key, keep=True, automatic=automatic)
         return _agree(self.comm, self._schedule,
                       lambda: {"kind": self.kind, "name": self.name, **describe()},
-                      flags, None, self.key, True, automatic, payload, carries,
-                      None if signature is None else (self.kind, self.name, signature))
+                      flags, None, self.key, keep=True, automatic=automatic, payload=payload,
+                      carries=carries,
+                      signed=None if signature is None else Signed(self.kind, self.name,
+                                                                   signature))
 
     def gather_counts(self, count: int) -> List[int]:
         """Every rank's ``count`` (e.g. its first dimension), in the data phase of an agreed
@@ -803,7 +835,12 @@ def agreements(comm: Communicator) -> int:
     return scheduler.of(comm).exchanges
 
 
-def _differing(values: Sequence[Any]) -> bool:
+def _first(values: Sequence[Any]) -> Any:
+    """The first of ``values`` (a round's lists and verdicts are read from their heads)."""
+    return values[0]
+
+
+def _any_differs(values: Sequence[Any]) -> bool:
     return any(v != values[0] for v in values)
 
 
@@ -835,10 +872,10 @@ def describe_mismatch(given: Sequence[Optional[Dict[str, Any]]]) -> str:
         if field in ("tensors", "flags"):
             continue
         values = [d.get(field) for d in every]
-        if _differing(values):
+        if _any_differs(values):
             return f"{what}: ranks disagree on {field} ({_by_rank(ranks, values)})"
     counts = [len(d.get("tensors", ())) for d in every]
-    if _differing(counts):
+    if _any_differs(counts):
         missing = _missing_tensors(ranks, every)
         detail = f"; {missing}" if missing else ""
         return (f"{what}: ranks disagree on the number of tensors ({_by_rank(ranks, counts)})"
@@ -846,11 +883,11 @@ def describe_mismatch(given: Sequence[Optional[Dict[str, Any]]]) -> str:
     for i, tensor in enumerate(first.get("tensors", ())):
         for field in tensor:
             values = [d["tensors"][i][field] for d in every]
-            if _differing(values):
+            if _any_differs(values):
                 return (f"{what}: ranks disagree on {field} of tensor {i} "
                         f"{tensor.get('name')!r} ({_by_rank(ranks, values)})")
     values = [d.get("flags") for d in every]
-    if _differing(values):
+    if _any_differs(values):
         return f"{what}: ranks disagree on the number of flags ({_by_rank(ranks, values)})"
     return f"{what}: ranks disagree ({_by_rank(ranks, every)})"
 

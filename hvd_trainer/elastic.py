@@ -32,22 +32,16 @@ from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, S
 
 import numpy as np
 
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_VARIABLE,
+                                         GENERATION_VARIABLE, MIN_NP_VARIABLE, NOTIFY_VARIABLE,
+                                         RESET_EXIT_CODE, SECRET_VARIABLE,
+                                         ULFM_VARIABLE)
 from . import files, ops, runtime
-from .elastic_lives import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE, GENERATION_VARIABLE,
-                            MIN_NP_VARIABLE, RESTART_VARIABLE, CommitsLostError, count_variable,
-                            no_commit_found)
+from .elastic_lives import CommitsLostError, count_variable, no_commit_found, restarts
 
 log = logging.getLogger("hvd_trainer")
 
-# The exit code of a rank that leaves so that hvdrun restarts the job on the new hosts
-# (EX_TEMPFAIL: try again). hvdrun treats it as a reset, not as a failure of the host.
-RESET_EXIT_CODE = 75
-# Variables that hvdrun sets for the ranks in elastic mode.
-DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's folder for commits on each host (files.job_folders)
-DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"  # its folder on disk, for commits memory cannot hold
-NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"  # host:port where hvdrun tells the hosts' generation
-# hvdrun --ulfm: the survivors of a failed rank shrink and go on in their processes.
-ULFM_VARIABLE = "HVD_ULFM"
 # Seconds rank 0's whole question to hvdrun may take (connection, exchange).
 NOTICE_TIMEOUT = 10.0
 _SUFFIX = ".commit"
@@ -238,14 +232,14 @@ class _HostNotices:
 
     hvdrun answers a TCP connection with its current generation number, once the rank has
     proved that it holds the job's secret, and signs the answer with it
-    (:func:`hvd_trainer.files.ask_notice`); a number above the one this life started with means
-    other hosts. No shared file system is needed, only a route from rank 0's host to the host
-    that runs hvdrun.
+    (:func:`hvd_trainer_launch.protocol.ask_notice`); a number above the one this life started
+    with means other hosts. No shared file system is needed, only a route from rank 0's host
+    to the host that runs hvdrun.
     """
 
     def __init__(self, address: Optional[str], generation: int, store: "_CommitStore"):
         self.address, self.generation, self.store = address, generation, store
-        self.secret = files.job_secret()
+        self.secret = protocol.job_secret()
         self.warned = False
         self._asker: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
@@ -263,10 +257,10 @@ class _HostNotices:
         host, _, port = self.address.rpartition(":")
         try:
             if self.secret is None:
-                raise ValueError(f"{files.SECRET_VARIABLE} is not set")
+                raise ValueError(f"{SECRET_VARIABLE} is not set")
             deadline = time.monotonic() + NOTICE_TIMEOUT
             with socket.create_connection((host, int(port)), timeout=NOTICE_TIMEOUT) as conn:
-                told = files.ask_notice(conn, self.secret, self.store.written, deadline)
+                told = protocol.ask_notice(conn, self.secret, self.store.written, deadline)
                 return told > self.generation
         except (OSError, ValueError) as error:
             if not self.warned:
@@ -276,13 +270,20 @@ class _HostNotices:
             return False
 
 
+def _commit_number(path: str) -> Optional[int]:
+    """The commit number in a commit file's name (``rankR.NUMBER.commit``), or None when the
+    name holds none."""
+    number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
+    return int(number) if number.isdigit() else None
+
+
 class _CommitStore:
-    """This rank's commits in the job's folders (:func:`hvd_trainer.files.job_folders`: in
-    memory, and on disk for commits that do not fit there), each 0700 and refused when
-    another user owns it or may write into it: one file per commit, named by rank and commit
-    number, signed with the job's secret and written whole (temporary file, rename) by the
-    background writer. A rank keeps its last two commits, so that a damaged newest one falls
-    back to the one before.
+    """This rank's commits in the job's folders
+    (:func:`hvd_trainer_launch.protocol.job_folders`: in memory, and on disk for commits
+    that do not fit there), each 0700 and refused when another user owns it or may write into
+    it: one file per commit, named by rank and commit number, signed with the job's secret
+    and written whole (temporary file, rename) by the background writer. A rank keeps its
+    last two commits, so that a damaged newest one falls back to the one before.
 
     Commits are not fsynced: they serve restarts within the job only, on hosts that are up.
     A killed rank's files stay in the operating system's cache, where the next life reads
@@ -293,17 +294,18 @@ class _CommitStore:
     """
 
     def __init__(self, folder: Optional[str]):
-        self.folders = (files.job_folders(folder, os.environ.get(DISK_DIR_VARIABLE) or None)
+        on_disk = os.environ.get(ELASTIC_DISK_DIR_VARIABLE) or None
+        self.folders = (protocol.job_folders(folder, on_disk)
                         if folder else ())
-        if len(self.folders) > 1 and files.memory_root() is None:  # this host lacks /dev/shm
+        if len(self.folders) > 1 and protocol.memory_root() is None:  # this host lacks /dev/shm
             self.folders = self.folders[1:]
-        self.secret = files.job_secret()
+        self.secret = protocol.job_secret()
         if folder and self.secret is None:
-            raise ValueError(f"{DIR_VARIABLE} is set but {files.SECRET_VARIABLE} is not: "
+            raise ValueError(f"{ELASTIC_DIR_VARIABLE} is set but {SECRET_VARIABLE} is not: "
                              "commits on disk are signed with the job's secret, which hvdrun "
                              "sets; start the job with hvdrun")
         # Temporary files carry the life's number: those of earlier lives are abandoned.
-        self.tag = f"life{count_variable(RESTART_VARIABLE)}"
+        self.tag = f"life{restarts()}"
         self.written = 0  # the newest commit this rank has written (rank 0 tells hvdrun)
         self._checked: Set[str] = set()
         self._failures: List[str] = []
@@ -358,9 +360,9 @@ class _CommitStore:
         for folder in self._existing():
             files.remove_temporaries(folder, f"rank*.*{_SUFFIX}", self.tag)
             for path in glob.glob(os.path.join(folder, f"rank*.*{_SUFFIX}")):
-                number = os.path.basename(path)[:-len(_SUFFIX)].rpartition(".")[2]
-                if number.isdigit():
-                    found.append((int(number), path))
+                number = _commit_number(path)
+                if number is not None:
+                    found.append((number, path))
         for number, path in sorted(found, reverse=True):
             try:
                 with open(path, "rb") as f:
@@ -397,8 +399,8 @@ class _CommitStore:
             self.written = max(self.written, number)
             for kept in self._existing():
                 for old in glob.glob(os.path.join(kept, f"rank{rank}.*{_SUFFIX}")):
-                    older = os.path.basename(old)[:-len(_SUFFIX)].rpartition(".")[2]
-                    if older.isdigit() and int(older) < number - 1:
+                    older = _commit_number(old)
+                    if older is not None and older < number - 1:
                         os.remove(old)
         except Exception as error:  # kept for the ranks to raise at the next commit
             self._failures.append(f"rank {rank} could not write commit {number} to "
@@ -454,7 +456,7 @@ class State(abc.ABC):
 
     def __init__(self) -> None:
         self._reset_callbacks: List[Callable[[], None]] = []
-        self._store = _CommitStore(os.environ.get(DIR_VARIABLE) or None)
+        self._store = _CommitStore(os.environ.get(ELASTIC_DIR_VARIABLE) or None)
         self._notices = _HostNotices(os.environ.get(NOTIFY_VARIABLE) or None,
                                      count_variable(GENERATION_VARIABLE), self._store)
         self._commit_number = 0
@@ -602,7 +604,7 @@ class State(abc.ABC):
             number, payload, error = 0, None, f"rank {runtime.rank()}: {e}"
         self._load_newest(number, payload, error, on_none=lambda: no_commit_found(
             runtime.rank(), self._store.folders))
-        if count_variable(RESTART_VARIABLE) > 0:
+        if restarts() > 0:
             self.on_reset()
 
     def resume(self) -> None:

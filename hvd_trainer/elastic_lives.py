@@ -12,13 +12,11 @@ import logging
 import os
 from typing import Sequence
 
+from hvd_trainer_launch.protocol import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE,
+                                          RESTART_VARIABLE)
+
 log = logging.getLogger("hvd_trainer")
 
-RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
-GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
-MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"  # --min-np: fewer survivors of a shrink end the life
-COMMITTED_VARIABLE = "HVD_ELASTIC_COMMITTED"  # the newest commit hvdrun heard was written
-ALLOW_FRESH_START_VARIABLE = "HVD_ELASTIC_ALLOW_FRESH_START"  # "1": a restart may begin anew
 ALLOW_FRESH_START_FLAG = "--elastic-allow-fresh-start"
 
 
@@ -39,13 +37,18 @@ def count_variable(name: str, default: int = 0) -> int:
     return int(value)
 
 
+def restarts() -> int:
+    """How many times hvdrun restarted the job before this life (0 outside elastic mode)."""
+    return count_variable(RESTART_VARIABLE)
+
+
 def no_commit_found(rank: int, folders: Sequence[str]) -> None:
     """Called on every rank when no rank holds a commit (``folders``: where this rank looked).
     On the first life nothing happens. On a restart after commits were written,
     CommitsLostError on every rank ends the job (every rank fails, so hvdrun ends it), unless
     a fresh start is allowed: then rank 0 says so in an error line and training begins
     again."""
-    restart = count_variable(RESTART_VARIABLE)
+    restart = restarts()
     written = count_variable(COMMITTED_VARIABLE)
     if restart == 0 or written == 0:
         if restart and rank == 0:

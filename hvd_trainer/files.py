@@ -1,5 +1,5 @@
-"""Safe files and the per-job secret: the one place where the package and hvdrun write files,
-sign what they read back, and authenticate the elastic notice port.
+"""Safe files: the one place where the package and hvdrun write files and sign what they
+read back.
 
 A planted symlink or a file that another user prepared must never be written through, read
 as ours, or unpickled. So whole files are written to a new temporary file in the target's
@@ -8,8 +8,8 @@ outputs written as they go (logs, traces, copies of a rank's output) are opened 
 or appended to only when the file is our own regular file; folders that hold the job's state
 are 0700 and refused when another user owns them or may write into them. Bytes that the job
 reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun
-generates and hands to the ranks in ``HVD_JOB_SECRET``, and verified before they are unpickled;
-both ends of hvdrun's notice port prove that they hold it (:func:`notice_reply`).
+generates and hands to the ranks in ``HVD_JOB_SECRET`` (:mod:`hvd_trainer_launch.protocol`),
+and verified before they are unpickled.
 
 Standard library only: hvdrun imports it without the rest of the package's dependencies.
 """
@@ -18,18 +18,16 @@ import hashlib
 import hmac
 import logging
 import os
-import socket
 import stat
 import tempfile
-from typing import Any, BinaryIO, Callable, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
 
-from hvd_trainer_launch.protocol import SECRET_VARIABLE, receive
+from hvd_trainer_launch.protocol import mac
 
 log = logging.getLogger("hvd_trainer")
 
 _SIGNED = b"hvd_trainer signed 1\n"
 _MAC_BYTES = hashlib.sha256().digest_size
-_NONCE_BYTES = 16
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -128,43 +126,6 @@ def private_folder(path: str) -> str:
     return path
 
 
-MEMORY_ROOT = "/dev/shm"  # a tmpfs on Linux: its files live in memory
-
-
-def memory_root() -> Optional[str]:
-    """:data:`MEMORY_ROOT` when this user may make folders there, else None (no such
-    folder, as on macOS, or a read-only one)."""
-    usable = os.path.isdir(MEMORY_ROOT) and os.access(MEMORY_ROOT, os.W_OK | os.X_OK)
-    return MEMORY_ROOT if usable else None
-
-
-def job_folders(folder: str, on_disk: Optional[str] = None) -> Tuple[str, ...]:
-    """The folders that may hold the elastic commits of a job whose folder (hvdrun's
-    ``HVD_ELASTIC_DIR``) is ``folder``: ``folder`` itself and, when it is in memory (under
-    :data:`MEMORY_ROOT`), ``on_disk`` (``HVD_ELASTIC_DISK_DIR``) for commits that do not fit
-    in memory. hvdrun names the two at random, each on its own, so that the name in memory,
-    which every user can list, does not give away the one on disk."""
-    if os.path.dirname(os.path.abspath(folder)) != MEMORY_ROOT or not on_disk:
-        return (folder,)
-    return folder, on_disk
-
-
-def job_secret() -> Optional[bytes]:
-    """The job's secret from ``HVD_JOB_SECRET`` (set by hvdrun), or None outside hvdrun."""
-    value = os.environ.get(SECRET_VARIABLE)
-    return value.encode() if value else None
-
-
-def mac(secret: bytes, *parts: bytes) -> bytes:
-    """HMAC-SHA256 of ``parts`` under ``secret``; each part's length is bound in, so parts
-    cannot be shifted from one into the next."""
-    digest = hmac.new(secret, digestmod=hashlib.sha256)
-    for part in parts:
-        digest.update(memoryview(part).nbytes.to_bytes(8, "big"))
-        digest.update(part)
-    return digest.digest()
-
-
 def sign(secret: bytes, data: bytes) -> bytes:
     """``data`` with a header and its MAC under ``secret`` in front."""
     return _SIGNED + mac(secret, data) + data
@@ -182,68 +143,6 @@ def verify(secret: bytes, signed: Any, what: str) -> memoryview:
         raise ValueError(f"{what} does not match its signature (truncated, altered, or "
                          "signed by another job)")
     return signed[start:]
-
-
-def notice_challenge() -> bytes:
-    """hvdrun's first message of a notice exchange: a fresh random challenge."""
-    return os.urandom(_NONCE_BYTES)
-
-
-# What a rank sends back: its own challenge, the newest commit it has written, the MAC.
-NOTICE_QUESTION_BYTES = _NONCE_BYTES + 8 + _MAC_BYTES
-
-
-class NoticeReply(NamedTuple):
-    """hvdrun's answer to a proved question (:func:`notice_reply`)."""
-    data: bytes  # what to send back
-    written: int  # the newest commit that rank 0 had written when it asked
-
-
-def notice_reply(secret: bytes, challenge: bytes, question: bytes,
-                 number: int) -> Optional[NoticeReply]:
-    """hvdrun's side of the notice exchange, without the socket: given the ``challenge`` it
-    sent and the rank's ``question`` (NOTICE_QUESTION_BYTES), the reply that tells ``number``
-    (the hosts' generation), bound to both challenges so that it cannot be replayed or forged;
-    None when the question does not prove that its sender holds ``secret``."""
-    theirs = question[:_NONCE_BYTES]
-    written = question[_NONCE_BYTES:_NONCE_BYTES + 8]
-    if not hmac.compare_digest(question[_NONCE_BYTES + 8:],
-                               mac(secret, b"ask", challenge, theirs, written)):
-        return None
-    told = number.to_bytes(8, "big")
-    return NoticeReply(told + mac(secret, b"tell", challenge, theirs, told),
-                       int.from_bytes(written, "big"))
-
-
-def answer_notice(conn: socket.socket, secret: bytes, number: int,
-                  deadline: Optional[float] = None) -> Optional[int]:
-    """:func:`notice_reply` over a blocking ``conn``, the whole exchange by ``deadline``:
-    the newest commit the rank reported, or None when it did not prove that it holds
-    ``secret`` (then it is told nothing)."""
-    mine = notice_challenge()
-    conn.sendall(mine)
-    reply = notice_reply(secret, mine, receive(conn, NOTICE_QUESTION_BYTES, deadline), number)
-    if reply is None:
-        return None
-    conn.sendall(reply.data)
-    return reply.written
-
-
-def ask_notice(conn: socket.socket, secret: bytes, written: int = 0,
-               deadline: Optional[float] = None) -> int:
-    """A rank's side of :func:`notice_reply`, telling hvdrun the newest commit this rank has
-    ``written`` (so that a restart that finds none knows that commits were lost), the whole
-    exchange by ``deadline`` (time.monotonic()): the number hvdrun told; ValueError when the
-    reply does not prove that it comes from the holder of ``secret``."""
-    theirs = receive(conn, _NONCE_BYTES, deadline)
-    mine = os.urandom(_NONCE_BYTES)
-    reported = written.to_bytes(8, "big")
-    conn.sendall(mine + reported + mac(secret, b"ask", theirs, mine, reported))
-    told = receive(conn, 8, deadline)
-    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
-                               mac(secret, b"tell", theirs, mine, told)):
-        raise ValueError("the reply is not signed with this job's secret")
-    return int.from_bytes(told, "big")
 
 
 class Output:

@@ -66,7 +66,8 @@ def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
                                      inplace=True)
         else:
             ops.reduce_group(memory.HOST, zeros, ops.ReduceOp[description["op"]],
-                             description["name"], pre, post, process_set, kind, True)
+                             description["name"], pre, post, process_set, kind=kind,
+                             inplace=True)
 
 
 def join() -> int:

@@ -51,6 +51,7 @@ class Memory:
     describe a call alike."""
 
     xp: Any = np  # the array module
+    where = "host"  # what a call's description says of its tensors' memory
     pack = staticmethod(fusion.pack)
     unpack = staticmethod(fusion.unpack)
 

@@ -90,8 +90,8 @@ def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
     """What ranks must agree on about a tensor; host and GPU arrays describe alike except
     for where they live."""
     shape = t.shape if dim0 else t.shape[1:]
-    memory = "gpu" if type(t).__module__.partition(".")[0] == "cupy" else "host"
-    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape), "memory": memory}
+    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape),
+            "memory": memory_of(t).where}
 
 
 def tensor_signature(memory: Memory, tensors: Sequence[Any], dim0: bool = True) -> tuple:
@@ -190,8 +190,9 @@ def _check_list(tensors: Any, memory: Memory, inplace: bool = False) -> List[Any
 
 # -- allreduce ------------------------------------------------------------------------------
 def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
-                 prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
-                 kind: str, inplace: bool) -> List[Any]:
+                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                 process_set: ProcessSet = global_process_set, *, kind: str,
+                 inplace: bool) -> List[Any]:
     """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
@@ -309,7 +310,7 @@ def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across the process set's ranks; return the result as a new array."""
     return reduce_group(memory_of(tensor), [tensor], op, name, prescale_factor,
-                        postscale_factor, process_set, "allreduce", False)[0]
+                        postscale_factor, process_set, kind="allreduce", inplace=False)[0]
 
 
 def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -317,7 +318,7 @@ def allreduce_(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``tensor``."""
     return reduce_group(memory_of(tensor), [tensor], op, name, prescale_factor,
-                        postscale_factor, process_set, "allreduce", True)[0]
+                        postscale_factor, process_set, kind="allreduce", inplace=True)[0]
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
@@ -325,7 +326,7 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: Any = Average, name: Op
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """Allreduce a list of tensors as one fused operation; return new arrays."""
     return reduce_group(memory_of(tensors), tensors, op, name, prescale_factor,
-                        postscale_factor, process_set, "grouped_allreduce", False)
+                        postscale_factor, process_set, kind="grouped_allreduce", inplace=False)
 
 
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: Optional[str] = None,
@@ -333,11 +334,12 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: Any = Average, name: O
                        process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns ``tensors``."""
     return reduce_group(memory_of(tensors), tensors, op, name, prescale_factor,
-                        postscale_factor, process_set, "grouped_allreduce", True)
+                        postscale_factor, process_set, kind="grouped_allreduce", inplace=True)
 
 
 # -- allgather ------------------------------------------------------------------------------
-def gather(memory: Memory, tensor: Any, name: Optional[str], process_set: ProcessSet) -> Any:
+def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
+                   process_set: ProcessSet) -> Any:
     """Allgather: every rank's ``tensor`` concatenated along dimension 0."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, "allgather", name) as call:
@@ -384,7 +386,7 @@ def _concatenated(carried: agreement.Carried, tensor: np.ndarray, row: int) -> n
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0, which may differ per rank."""
-    return gather(memory_of(tensor), tensor, name, process_set)
+    return allgather_rows(memory_of(tensor), tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
@@ -558,12 +560,15 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
 
 
 # -- objects --------------------------------------------------------------------------------
-def _pickled(obj: Any) -> bytes:
-    """``obj`` pickled, as a check: an object that cannot be pickled is a TypeError."""
+def _pickled(obj: Any, what: str = "obj") -> bytes:
+    """``obj`` pickled, as a check: an object that cannot be pickled is a TypeError naming
+    ``what``. Every object collective pickles inside its ``checks()``, before the agreement,
+    so that such an object raises on every rank instead of leaving the others in the data
+    phase."""
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:  # pickling can fail with any error type, e.g. in __reduce__
-        raise TypeError(f"obj cannot be pickled ({type(e).__name__}: {e}); pass a picklable "
+        raise TypeError(f"{what} cannot be pickled ({type(e).__name__}: {e}); pass a picklable "
                         "object") from None
 
 
@@ -575,8 +580,6 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
         payload = None
         with call.checks():
             root = _check_root(root_rank, process_set)
-            # Pickled before the agreement, so that an object the root cannot pickle raises
-            # on every rank instead of leaving the others in the data phase.
             payload = _pickled(obj) if comm.rank == root else None
         carried = call.exchange(lambda: {"root_rank": int(root_rank)},
                                 None if payload is None else np.frombuffer(payload, np.uint8),
@@ -596,7 +599,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     with agreement.collective(comm, "allgather_object", name) as call:
         payload = None
         with call.checks():
-            payload = _pickled(obj)  # before the agreement, as in broadcast_object
+            payload = _pickled(obj)
         carried = call.exchange(dict, None if payload is None
                                 else np.frombuffer(payload, np.uint8), ())
         if carried is not None and carried.every():
@@ -624,10 +627,11 @@ def gather_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     the others: unlike :func:`allgather_object`, no rank but the root receives the others'."""
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "gather_object", name) as call:
+        data = b""
         with call.checks():
             root = _check_root(root_rank, process_set)
+            data = _pickled(obj)
         call.agree(lambda: {"root_rank": int(root_rank)})
-        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         with call.communicate():
             got = _exchange_bytes(comm, [data if r == root else b"" for r in range(comm.size)])
         return [pickle.loads(b) for b in got] if comm.rank == root else None
@@ -645,9 +649,9 @@ def scatter_object(objs: Optional[Sequence[Any]], root_rank: int = 0, name: Opti
                 raise ValueError(f"objs must hold one object per rank of the process set "
                                  f"({comm.size}) on the root rank, got "
                                  f"{None if objs is None else len(objs)}")
+            parts = ([_pickled(o, f"objs[{r}]") for r, o in enumerate(objs)]
+                     if comm.rank == root else [b""] * comm.size)
         call.agree(lambda: {"root_rank": int(root_rank)})
-        parts = ([pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs] if comm.rank == root
-                 else [b""] * comm.size)
         with call.communicate():
             got = _exchange_bytes(comm, parts)
         return pickle.loads(got[root])

@@ -132,7 +132,7 @@ def compression_key(compression: AnyCompressor) -> str:
     return f"{type(compression).__name__}{settings}"
 
 
-class Step:
+class ReducerStep:
     """One step of a :class:`Reducer`: readiness, the launched buckets, the results."""
 
     def __init__(self, count: int, buckets: List[Bucket], bucket_of: Sequence[int],
@@ -211,7 +211,7 @@ class Reducer:
         self._position: Dict[int, int] = {}
         self._bucket_of: List[int] = []
         self._description: Dict[str, Any] = {}
-        self._step: Optional[Step] = None
+        self._step: Optional[ReducerStep] = None
         self._lock = threading.Lock()
         self._launched = 0  # steps launched so far
         self.autotuner = self._autotuner() if runtime.setting("AUTOTUNE") else None
@@ -294,9 +294,10 @@ class Reducer:
                              "memory": g.memory} for g in self.gradients]}
 
     # -- readiness --------------------------------------------------------------------------
-    def _current(self) -> Step:
+    def _current(self) -> ReducerStep:
         if self._step is None:
-            self._step = Step(len(self.gradients), self.buckets, self._bucket_of, self._lock)
+            self._step = ReducerStep(len(self.gradients), self.buckets, self._bucket_of,
+                                     self._lock)
         return self._step
 
     def mark_ready(self, key: int, value: Any = None) -> None:
@@ -347,7 +348,7 @@ class Reducer:
         with self._lock:
             self._start(self._step or self._current())
 
-    def _start(self, step: Step) -> None:
+    def _start(self, step: ReducerStep) -> None:
         # Under the lock: an eager step's program, queued once. Deferred (scheduler.defer):
         # handed to the communication thread when a mark leaves gradients still to come or
         # when this rank starts another collective, and run by launch() otherwise.
@@ -355,7 +356,7 @@ class Reducer:
             step.overlapped = True
             step.program = scheduler.defer(functools.partial(self._run, step, False))
 
-    def launch(self) -> Step:
+    def launch(self) -> ReducerStep:
         """Every gradient not marked ready is stale on this rank; launch what is left.
 
         A collective over the process set. Without ``eager`` this makes the step's agreement
@@ -388,7 +389,7 @@ class Reducer:
         scheduler.run_deferred(step.program)  # nothing came between: run it here
         return step
 
-    def finish(self, step: Step) -> Dict[int, Any]:
+    def finish(self, step: ReducerStep) -> Dict[int, Any]:
         """Wait for ``step``'s reductions; return its reduced per-tensor gradients by key
         (a NumPy array, or (ids, rows) for a row-sparse one). Raises what a reduction raised.
 
@@ -416,17 +417,17 @@ class Reducer:
             if self.gradients:
                 self.lay_out()
 
-    def fresh(self, step: Step, key: int) -> bool:
+    def fresh(self, step: ReducerStep, key: int) -> bool:
         """Whether gradient ``key`` was reduced in ``step``."""
         return bool(step.fresh[self._position[key]])
 
     # -- the step's program -----------------------------------------------------------------
-    def _wait_for(self, step: Step, positions: Sequence[int]) -> None:
+    def _wait_for(self, step: ReducerStep, positions: Sequence[int]) -> None:
         with step.changed:
             while not step.closed and not step.ready[positions].all():
                 step.changed.wait()
 
-    def _run(self, step: Step, flags: bool) -> None:
+    def _run(self, step: ReducerStep, flags: bool) -> None:
         """Agree, reduce the buckets in order, then the per-tensor gradients."""
         comm = runtime.communicator(self.process_set)
         stats = self.stats = CommStats()
@@ -457,14 +458,14 @@ class Reducer:
         finally:
             self.ready_order = step.order
 
-    def _reduce_bucket(self, bucket: Bucket, positions: List[int], step: Step,
+    def _reduce_bucket(self, bucket: Bucket, positions: List[int], step: ReducerStep,
                        stats: CommStats) -> None:
         """Reduce ``bucket`` in place: whole when every member is ready here, otherwise the
         members fresh somewhere (zeros where stale here), in contiguous runs."""
         with bucket.active():
             self._reduce_open_bucket(bucket, positions, step, stats)
 
-    def _reduce_open_bucket(self, bucket: Bucket, positions: List[int], step: Step,
+    def _reduce_open_bucket(self, bucket: Bucket, positions: List[int], step: ReducerStep,
                             stats: CommStats) -> None:
         name = f"{self.prefix}bucket.{bucket.number}"
         with timeline.span(name, "WAIT_FOR_GRADIENT"):
@@ -487,7 +488,7 @@ class Reducer:
             nbytes = sum(b - a for a, b in runs) * host.itemsize
             stats.add_allreduce(nbytes, nbytes, self.size)
 
-    def _reduce_rest(self, step: Step, stats: CommStats) -> None:
+    def _reduce_rest(self, step: ReducerStep, stats: CommStats) -> None:
         """The gradients outside buckets: row-sparse ones, then dense ones by group."""
         in_bucket = {k for b in step.buckets for k in b.keys}
         dense: List[Tuple[int, np.ndarray]] = []
@@ -533,11 +534,15 @@ class Reducer:
         compressor = self.compression if feedback is None else Compression.none
         for group in fusion.split_runs(list(tensors), self.num_groups):
             name = f"{self.prefix}grad.{group[0][0]}:{group[-1][0]}"
-            packed = [(k, t) for k, t in group if feedback and feedback.compressor.accepts(t)]
+            packed, plain = [], []
+            for k, t in group:
+                if feedback and feedback.compressor.accepts(t):
+                    packed.append((k, t))
+                else:
+                    plain.append(t)
             if packed:
                 feedback.sum_(packed, f"{name}.packed", 1.0 / self.predivide, self.process_set,
                               stats)
-            plain = [t for k, t in group if not (feedback and feedback.compressor.accepts(t))]
             if self.compression is Compression.fp16 and self.predivide == 1.0:
                 narrowed, rest = [], []
                 for t in plain:
@@ -580,8 +585,8 @@ class Reducer:
             for t, a, b in zip(tensors, bounds, bounds[1:]):
                 self.kernels.narrow(t.reshape(-1), wire[a:b])
         stats.encode_seconds += time.perf_counter() - tic
-        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name, 1.0, 1.0,
-                         self.process_set, "grouped_allreduce", True)
+        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name,
+                         process_set=self.process_set, kind="grouped_allreduce", inplace=True)
         stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
         tic = time.perf_counter()
         with timeline.span(name, "DECODE"):

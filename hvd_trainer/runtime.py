@@ -1,4 +1,5 @@
-"""The process's place in the job: init/shutdown, ranks and sizes, process sets, configuration.
+"""The process's place in the job: init/shutdown, ranks and sizes, process sets, the agreed
+configuration (read and parsed in config.py; the launcher check is launcher_check.py).
 
 ``init()`` picks the backend: MPI when a launcher started this process (hvdrun, mpiexec,
 srun), otherwise a size-1 local world, so ``python train.py`` needs no MPI at all. Every
@@ -7,56 +8,20 @@ collective calls ``init()`` lazily, and calling it again is harmless.
 import atexit
 import functools
 import logging
-import math
 import operator
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
-from hvd_trainer_launch.protocol import WORKER_VARIABLE
+from hvd_trainer_launch.protocol import NO_FINALIZE_WAIT_VARIABLES, WORKER_VARIABLE
 from . import installs
 from .backends import Communicator
-
-# Variables that MPI launchers and Slurm set in every rank's environment.
-_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
-                  "MPI_LOCALNRANKS", "HVD_LAUNCHED")
-# Where launchers state how many processes they started: Hydra, Open MPI, Slurm (within a
-# task, where SLURM_PROCID is set) and Gloo-style launchers such as horovodrun --gloo.
-_JOB_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "HOROVOD_SIZE")
-# Launchers that may state a rank but no size (PMIx puts none in the environment): a rank
-# above 0 means the job has more than one process.
-_JOB_RANK_VARS = ("PMIX_RANK", "HOROVOD_RANK")
+from .config import agree_settings, env, read_settings
+from .launcher_check import check_launcher, launched_by_mpi
 
 log = logging.getLogger("hvd_trainer")
-
-DEFAULT_FUSION_THRESHOLD = 64 << 20  # bytes; chosen in benchmarks/README.md
-DEFAULT_RING_THRESHOLD = 1 << 20  # bytes; `auto` switches from native to ring here
-DEFAULT_STALL_CHECK_SECONDS = 60.0  # as Horovod
-# The trainer's gradient buckets, and overlap with backward: both measured on 2 ranks
-# sharing 2 cores; see benchmarks/README.md for the figures.
-DEFAULT_BUCKET_THRESHOLD = 16 << 20
-DEFAULT_OVERLAP = 0
-
-
-def env(name: str, default: Optional[str] = None) -> Optional[str]:
-    """Read ``HVD_<name>``, falling back to Horovod's ``HOROVOD_<name>`` spelling."""
-    value = os.environ.get("HVD_" + name)
-    if value is None:
-        value = os.environ.get("HOROVOD_" + name)
-    return default if value in (None, "") else value
-
-
-def env_int(name: str, default: int) -> int:
-    """An integer setting from the environment; a malformed value is an error naming it."""
-    raw = env(name)
-    if raw is None:
-        return default
-    try:
-        return int(float(raw))
-    except ValueError:
-        raise ValueError(f"HVD_{name}={raw!r} is not a number; set it to an integer") from None
 
 
 class ProcessSet:
@@ -104,117 +69,15 @@ def _sorted_ranks(ranks: Iterable[Any]) -> List[Any]:
 global_process_set = ProcessSet()
 
 
-# Settings that decide the wire pattern, so every rank must use the same: rank 0's values,
-# read from its environment at init (Horovod's way). Each is (default, parser).
-
-
-def _algorithm(raw: str) -> str:
-    if raw not in ("ring", "native", "auto"):
-        raise ValueError("is not an allreduce algorithm; use ring, native or auto")
-    return raw
-
-
-def _gpu_communicator(raw: str) -> str:
-    if raw not in ("auto", "nccl", "mpi"):
-        raise ValueError("is not a GPU communicator; use auto, nccl or mpi")
-    return raw
-
-
-def _whole(raw: str, fix: str = "0 or more") -> int:
-    try:
-        number = float(raw)
-    except ValueError:
-        raise ValueError("is not a number; set it to an integer") from None
-    if not math.isfinite(number):
-        raise ValueError(f"is not a finite number; set it to {fix}")
-    if number < 0:
-        raise ValueError(f"is negative; set it to {fix}")
-    return int(number)
-
-
-def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("is not a number of seconds >= 0; set it to 0 (never) or more")
-    return value
-
-
-_count = functools.partial(_whole, fix="a number of bytes, or 0")
-
-
-def _text(raw: str) -> str:
-    return raw
-
-
-AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
-    "FUSION_THRESHOLD": (DEFAULT_FUSION_THRESHOLD, _count),
-    "ALLREDUCE_ALGO": ("auto", _algorithm),
-    "RING_THRESHOLD": (DEFAULT_RING_THRESHOLD, _count),
-    "BUCKET_THRESHOLD": (DEFAULT_BUCKET_THRESHOLD, _count),
-    "OVERLAP": (DEFAULT_OVERLAP, _count),
-    "GPU_COMMUNICATOR": ("auto", _gpu_communicator),
-    # The reducer's autotuner (see hvd_trainer/autotune.py); defaults as Horovod's.
-    "AUTOTUNE": (0, _whole),
-    "AUTOTUNE_LOG": ("", _text),
-    "AUTOTUNE_WARMUP_SAMPLES": (3, _whole),
-    "AUTOTUNE_STEPS_PER_SAMPLE": (10, _whole),
-}
-# Settings that each rank keeps its own value of, read in the same exchange so that a
-# malformed one raises on every rank alike.
-OWN_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
-    # A rank waiting this long for the others logs who is missing (0: never); after the
-    # shutdown time it ends the job (0: never).
-    "STALL_CHECK_TIME_SECONDS": (DEFAULT_STALL_CHECK_SECONDS, _seconds),
-    "STALL_SHUTDOWN_TIME_SECONDS": (0.0, _seconds),
-}
-
-
-def _read_settings() -> Dict[str, Tuple[Optional[str], Any, Optional[str]]]:
-    """This rank's view of each agreed setting: (raw text, value, error or None)."""
-    mine = {}
-    for name, (default, parse) in {**AGREED_SETTINGS, **OWN_SETTINGS}.items():
-        raw = env(name)
-        try:
-            mine[name] = (raw, default if raw is None else parse(raw), None)
-        except ValueError as e:
-            mine[name] = (raw, None, f"HVD_{name}={raw!r} {e}")
-    return mine
-
-
-def _agree_settings(every: Sequence[Dict[str, Tuple[Optional[str], Any, Optional[str]]]],
-                    rank: int) -> Dict[str, Any]:
-    """Rank 0's settings (this rank's own for OWN_SETTINGS), after every rank's parse errors
-    are raised on every rank alike.
-
-    A rank whose own environment says otherwise logs which value it uses instead.
-    """
-    for r, settings in enumerate(every):
-        for raw, value, error in settings.values():
-            if error:
-                raise ValueError(f"rank {r}: {error}; every rank reads its settings at init")
-    chosen = {name: value for name, (raw, value, error) in every[0].items()}
-    for name, (raw, value, error) in every[rank].items():
-        if name in OWN_SETTINGS:
-            chosen[name] = value
-        elif value != chosen[name]:
-            log.warning("HVD_%s is %r on rank %d but %r on rank 0; every rank uses rank 0's "
-                        "value so that all ranks move the same bytes", name, raw, rank,
-                        every[0][name][0])
-    return chosen
-
-
 class _State:
     def __init__(self, world: Communicator, backend: str):
         self.world = world
         self.backend = backend
         self.local, self.cross = world.local_and_cross()
         # One exchange at init: host layout, and the settings every rank must share.
-        every = world.allgather_object((self.local.size, _read_settings()))
+        every = world.allgather_object((self.local.size, read_settings()))
         self.homogeneous = len({local for local, _ in every}) == 1
-        self.settings = _agree_settings([s for _, s in every], world.rank)
+        self.settings = agree_settings([s for _, s in every], world.rank)
         for comm in (world, self.local, self.cross):
             comm.configure(self.settings["ALLREDUCE_ALGO"], self.settings["RING_THRESHOLD"])
         self.fusion_threshold = self.settings["FUSION_THRESHOLD"]
@@ -222,11 +85,13 @@ class _State:
         self.next_set_id = 1
         self.stall_check = self.settings["STALL_CHECK_TIME_SECONDS"]
         self.stall_shutdown = self.settings["STALL_SHUTDOWN_TIME_SECONDS"]
-        self.threads_multiple = backend != "mpi" or _mpi_threads_multiple()
+        # MPI_THREAD_MULTIPLE, asked of MPI once; a world without MPI has no such limit.
+        self.mpi_threads = backend == "mpi" and _mpi_threads_supported()
+        self.threads_multiple = backend != "mpi" or self.mpi_threads
         self.watchdog: Optional[Any] = None
 
 
-def _mpi_threads_multiple() -> bool:
+def _mpi_threads_supported() -> bool:
     from .backends import mpi
     return mpi.threads_supported()
 
@@ -249,69 +114,12 @@ def _check_backend() -> None:
                          "auto) chooses how GPU buffers travel")
 
 
-def _launched_by_mpi() -> bool:
-    if env("BACKEND") == "mpi":
-        return True
-    if env("BACKEND") == "local":
-        return False
-    if any(v in os.environ for v in _LAUNCHER_VARS):
-        return True
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
-
-
-def _launcher_claim() -> Optional[str]:
-    """What the launcher's environment says of a job of more than one process, or None."""
-    def number(name: str) -> int:
-        value = os.environ.get(name, "")
-        return int(value) if value.isdigit() else 0
-
-    for name in _JOB_SIZE_VARS:
-        if number(name) > 1 and (name != "SLURM_NTASKS" or "SLURM_PROCID" in os.environ):
-            return f"{name}={number(name)} says the job has {number(name)} processes"
-    for name in _JOB_RANK_VARS:
-        if number(name) > 0:
-            return f"{name}={number(name)} says this process is rank {number(name)} of a larger job"
-    return None
-
-
-def _check_launcher(world: Communicator, backend: str) -> None:
-    """Refuse a world of 1 where the launcher started several processes: each would train alone.
-
-    It happens when the mpiexec belongs to another MPI than the one mpi4py loaded, or when a
-    launcher that is not MPI's (horovodrun --gloo) sets HOROVOD_SIZE.
-    """
-    if world.size > 1 or env("BACKEND") == "local":
-        return
-    claim = _launcher_claim()
-    if claim is None:
-        return
-    alone = "set HVD_BACKEND=local to run this process alone on purpose"
-    if backend == "mpi":
-        from .backends import mpi
-        # Open MPI ends its version text with a NUL.
-        library = " ".join(mpi.library_version().replace("\0", "").split())
-        raise RuntimeError(
-            f"{claim}, but MPI gives this process a world of 1: the launcher does not belong to "
-            f"the MPI library that mpi4py loaded ({library}). Start the job with "
-            "that library's mpiexec, or with `hvdrun -np N ...`, which finds it (`hvdrun "
-            f"--check-build` prints both); {alone}")
-    raise RuntimeError(
-        f"{claim}, but this process was not started by an MPI launcher, so it would train "
-        "alone in a world of 1: hvd_trainer joins other processes only through MPI. Start the "
-        "job with `hvdrun -np N ...` or with the mpiexec of the MPI library that mpi4py loads "
-        f"(`hvdrun --check-build` names both); {alone}")
-
-
 def _make_world(comm: Any) -> "tuple[Communicator, str]":
-    if comm is None and not _launched_by_mpi():
+    if comm is None and not launched_by_mpi():
         from .backends.local import LocalCommunicator
         return LocalCommunicator(), "local"
-    # MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would hang in it
-    # while the others wait for that rank: the job would never end. Without the wait the rank
-    # exits and the launcher sees its code. MPICH and Open MPI each read their own variable at
-    # MPI_Init (so set them first) and ignore the other's.
-    os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
-    os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
+    for name, value in NO_FINALIZE_WAIT_VARIABLES.items():  # read at MPI_Init: set them first
+        os.environ.setdefault(name, value)
     try:
         from .backends import mpi
     except ImportError as e:
@@ -333,7 +141,7 @@ def init(comm: Any = None) -> None:
             _check_backend()
             world, backend = _make_world(comm)
             if comm is None:
-                _check_launcher(world, backend)
+                check_launcher(world, backend)
             _start(world, backend)
 
 
@@ -586,18 +394,13 @@ def cross_size() -> int:
 
 
 def setting(name: str) -> Any:
-    """An agreed setting (a key of AGREED_SETTINGS): rank 0's value, the same on every rank."""
+    """An agreed setting (a key of config.AGREED_SETTINGS): rank 0's value, the same on every rank."""
     return state().settings[name]
 
 
 def threads_multiple() -> bool:
     """Whether threads may call into the backend concurrently (MPI_THREAD_MULTIPLE)."""
     return state().threads_multiple
-
-
-def backend_name() -> str:
-    """'mpi' or 'local'."""
-    return state().backend
 
 
 def fusion_threshold() -> int:
@@ -620,11 +423,9 @@ def mpi_enabled() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
-    if not mpi_enabled():
-        return False
-    from .backends import mpi
-    return mpi.threads_supported()
+    """Whether MPI was initialised with MPI_THREAD_MULTIPLE (False without MPI; where threads
+    may call concurrently in any world, see :func:`threads_multiple`)."""
+    return state().mpi_threads
 
 
 def is_homogeneous() -> bool:

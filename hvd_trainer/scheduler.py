@@ -71,6 +71,7 @@ Invariants (unit tests drive them without MPI):
   returns True or is forgotten; other threads' collectives never run them.
 """
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -117,9 +118,17 @@ class Entry:
         return self.synchronous or bool(self.job is not None and self.job.awaited)
 
     def summary(self) -> "Summary":
-        """What the other ranks see of this entry when heads differ (its third field says
-        whether a thread waits for it, as of now)."""
-        return self.key, self.description, self.waited(), self.automatic
+        """What the other ranks see of this entry when heads differ."""
+        return Summary(self.key, self.description, self.waited(), self.automatic)
+
+
+@dataclasses.dataclass
+class Claim:
+    """A key that an asynchronous job reserved on one schedule at submission."""
+
+    key: str
+    automatic: bool  # an automatic name, not one the caller gave
+    claimed: bool = False  # its first call here has taken it
 
 
 class Job:
@@ -127,7 +136,7 @@ class Job:
     first collective there; the job's later unnamed calls derive their keys from it."""
 
     def __init__(self, hold: bool = False) -> None:
-        self.claims: Dict["Schedule", List[Any]] = {}  # schedule -> [key, automatic, claimed]
+        self.claims: Dict["Schedule", Claim] = {}
         self.derived = 0
         self.awaited = 0  # threads that wait for this job's handle now (see await_job)
         self.hold = hold  # its given name stays held after it ran (see Schedule.forget)
@@ -142,9 +151,9 @@ class Job:
 
     def release(self) -> None:
         """Give back the reservations the job never used (it ended without that call)."""
-        for schedule, (key, _, claimed) in list(self.claims.items()):
-            if not claimed:
-                schedule.forget(key, self)
+        for schedule, claim in list(self.claims.items()):
+            if not claim.claimed:
+                schedule.forget(claim.key, self)
         self.claims.clear()
 
 
@@ -214,13 +223,38 @@ class _Use:
             self.cv.notify_all()
 
 
-# Verdicts of a round: ("run", entry_key, description), ("raise", key, exception), or
-# ("wait", key, None): this rank's entry stays pending (a barrier, see _differing).
-Verdict = Tuple[str, str, Any]
+class Verdict(NamedTuple):
+    """A round's decision on one entry: ``action`` "run" (``value``: the agreed description
+    or flags), "raise" (``value``: the exception) or "wait" (the entry stays pending: a
+    barrier, see :func:`_verdict_on_mismatch`)."""
+
+    action: str
+    key: str
+    value: Any
+
+
 Round = Callable[[List[Entry]], List[Verdict]]
 
 
-Summary = Tuple[str, Dict[str, Any], bool, bool]  # key, description, waited, automatic
+class Memo(NamedTuple):
+    """The last description agreed on a communicator with its digest: the same ``given``
+    object (and flag ``count``) next time reuses the digest (see agreement.agree)."""
+
+    given: Any
+    count: int
+    digest: int
+    description: Dict[str, Any]
+
+
+class Summary(NamedTuple):
+    """What the other ranks see of a pending entry when the ranks' heads differ."""
+
+    key: str
+    description: Dict[str, Any]
+    waited: bool  # a thread waits for it, as of now
+    automatic: bool  # its key is an automatic name
+
+
 Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
 
 
@@ -238,29 +272,32 @@ def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
 
     The keys pending on every active rank, in the lowest active rank's order; each runs when
     all its descriptions are equal and free of argument errors, else raises
-    ``failure(descriptions by rank)`` (see :func:`_differing` for barriers). ``single``:
+    ``failure(descriptions by rank)`` (see :func:`_verdict_on_mismatch` for barriers). ``single``:
     decide at most the first such key.
     """
     active = [lst for lst in lists if lst is not None]
     if not active:
         return []
-    by_rank = [{key: d for key, d, _, _ in lst} for lst in lists if lst is not None]
+    by_rank = [{s.key: s.description for s in lst} for lst in lists if lst is not None]
     verdicts: List[Verdict] = []
-    for key, _, _, _ in active[0]:
+    for head in active[0]:
+        key = head.key
         if not all(key in d for d in by_rank[1:]):
             continue
-        every = [None if lst is None else {k: d for k, d, _, _ in lst}[key] for lst in lists]
+        every = [None if lst is None else {s.key: s.description for s in lst}[key]
+                 for lst in lists]
         described = [d for d in every if d is not None]
-        if any("error" in d for d in described) or any(d != described[0] for d in described):
-            verdicts.append(_differing(key, every, me, failure))
+        first = described[0] if described else None
+        if any("error" in d for d in described) or any(d != first for d in described):
+            verdicts.append(_verdict_on_mismatch(key, every, me, failure))
         else:
-            verdicts.append(("run", key, described[0]))
+            verdicts.append(Verdict("run", key, first))
         if single:
             break
     return verdicts
 
 
-def _differing(key: str, every: List[Optional[Dict[str, Any]]], me: int,
+def _verdict_on_mismatch(key: str, every: List[Optional[Dict[str, Any]]], me: int,
                failure: Failure) -> Verdict:
     """Rank ``me``'s verdict on calls ``every`` (by rank) that cannot run together.
 
@@ -272,16 +309,16 @@ def _differing(key: str, every: List[Optional[Dict[str, Any]]], me: int,
     """
     at_barrier = [r for r, d in enumerate(every) if d is not None and d.get("kind") == "barrier"]
     if not at_barrier or len(at_barrier) == sum(d is not None for d in every):
-        return "raise", key, failure(every)
+        return Verdict("raise", key, failure(every))
     if me in at_barrier:
-        return "wait", key, None
+        return Verdict("wait", key, None)
     error = failure(every)
     ranks = ", ".join(map(str, at_barrier))
     many = len(at_barrier) > 1
     error.args = (f"{error.args[0]}; rank{'s' if many else ''} {ranks} wait{'' if many else 's'} "
                   "in a barrier for this rank, and go on waiting until it calls barrier() "
                   "too",) + error.args[1:]
-    return "raise", key, error
+    return Verdict("raise", key, error)
 
 
 def _unnamed(description: Any) -> Any:
@@ -295,13 +332,14 @@ def _unnamed(description: Any) -> Any:
 
 def _oldest_waited(lists: Sequence[Optional[Sequence[Summary]]]) -> List[Optional[Summary]]:
     """Each rank's oldest call that a thread waits for (None: a joined rank, or none)."""
-    return [None if lst is None else next((s for s in lst if s[2]), None) for lst in lists]
+    return [None if lst is None else next((s for s in lst if s.waited), None) for lst in lists]
 
 
 def _alike_unnamed(oldest: Sequence[Summary]) -> bool:
     """Whether the calls ``oldest`` are all automatically named and alike but for names."""
-    return bool(oldest) and all(s[3] for s in oldest) and \
-        all(_unnamed(s[1]) == _unnamed(oldest[0][1]) for s in oldest)
+    first = _unnamed(oldest[0].description) if oldest else None
+    return bool(oldest) and all(s.automatic for s in oldest) and \
+        all(_unnamed(s.description) == first for s in oldest)
 
 
 def deadlock_runs(lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
@@ -310,7 +348,7 @@ def deadlock_runs(lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
     names' counts."""
     oldest = [s for s in _oldest_waited(lists) if s is not None]
     return _alike_unnamed(oldest) and \
-        len({automatic_names.thread_of(s[0]) for s in oldest}) == 1
+        len({automatic_names.thread_of(s.key) for s in oldest}) == 1
 
 
 def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
@@ -323,18 +361,19 @@ def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
     call that failed on one rank before it reached the others; no automatic name causes a
     mismatch by itself). Otherwise they cannot run together (the ranks wait for calls that
     differ, or come from threads whose names differ, and none can start another): see
-    :func:`_differing`. Joined ranks (None in ``lists``) serve the calls that run, as in any
-    round; join() itself, like a barrier, waits for every rank.
+    :func:`_verdict_on_mismatch`. Joined ranks (None in ``lists``) serve the calls that run,
+    as in any round; join() itself, like a barrier, waits for every rank.
     """
     oldest = _oldest_waited(lists)
     mine = oldest[me]
     if mine is None:
         return []
     if deadlock_runs(lists):
-        return [("run", mine[0], mine[1])]
-    verdict = _differing(mine[0], [None if s is None else s[1] for s in oldest], me, failure)
-    if verdict[0] == "raise" and _alike_unnamed([s for s in oldest if s is not None]):
-        error = verdict[2]
+        return [Verdict("run", mine.key, mine.description)]
+    verdict = _verdict_on_mismatch(mine.key, [None if s is None else s.description
+                                              for s in oldest], me, failure)
+    if verdict.action == "raise" and _alike_unnamed([s for s in oldest if s is not None]):
+        error = verdict.value
         error.args = (f"{error.args[0]}; automatic names are counted per thread, by the "
                       "thread's name: make unnamed collectives from threads named alike on "
                       "every rank (threads started in the same order have the same default "
@@ -358,7 +397,7 @@ class Schedule:
         self.local = threading.local()  # .covered: this thread's covered-block depth
         self.undecided_since: Optional[float] = None  # rounds have decided nothing since
         self.next_round: Optional[float] = None  # then: no round before this time
-        self.memo: Tuple[Any, int, int, Dict[str, Any]] = (None, -1, 0, {})
+        self.memo = Memo(None, -1, 0, {})
         self.abandoned = False  # see abandon()
 
     def abandon(self) -> bool:
@@ -396,16 +435,16 @@ class Schedule:
             if self.held:
                 self._release_held(given, job)
             claim = job.claims.get(self) if job is not None else None
-            if claim is not None and not claim[2] and (given is None) == claim[1] and \
-                    (given is None or given == claim[0]):
-                claim[2] = True
-                key = claim[0]
+            if claim is not None and not claim.claimed and (given is None) == claim.automatic \
+                    and (given is None or given == claim.key):
+                claim.claimed = True
+                key = claim.key
                 self.keys[key] = owner
             else:
                 if given is not None:
                     key = given
                 elif claim is not None:  # a later unnamed call of the same job
-                    key = f"{claim[0]}.{job.derived}"
+                    key = f"{claim.key}.{job.derived}"
                     job.derived += 1
                 else:
                     key = self._automatic()
@@ -423,7 +462,7 @@ class Schedule:
                 key = given
                 self._reserve(key, job)
             self.keys[key] = job
-            job.claims[self] = [key, given is None, False]
+            job.claims[self] = Claim(key, automatic=given is None)
 
     def _automatic(self) -> str:
         """The calling thread's next automatic key (hold ``use.cv``; see automatic_names)."""
@@ -480,7 +519,8 @@ class Schedule:
             if self.keys.get(key) is owner:
                 del self.keys[key]
                 claim = job.claims.get(self) if job is not None else None
-                if claim is not None and ran and job.hold and claim[0] == key and not claim[1]:
+                if claim is not None and ran and job.hold and claim.key == key \
+                        and not claim.automatic:
                     self.held[key] = job
                     job.held.append(self)
             if self.held:
@@ -580,11 +620,11 @@ class Schedule:
         try:
             verdicts = run_round(entries)
         except BaseException as error:  # the exchange itself failed: so do its entries
-            verdicts = [("raise", e.key, error) for e in entries]
+            verdicts = [Verdict("raise", e.key, error) for e in entries]
         finally:
             use.cv.acquire()
             use.driving = False
-        verdicts = [v for v in verdicts if v[0] != "wait"]
+        verdicts = [v for v in verdicts if v.action != "wait"]
         by_key = {e.key: e for e in entries}
         for verdict, key, value in verdicts:
             entry = by_key[key]
@@ -618,8 +658,8 @@ class Schedule:
         to reach the schedule, and rounds have matched nothing for ``grace`` seconds."""
         since = self.undecided_since
         return (since is not None and time.monotonic() - since >= grace
-                and any(s[2] for s in summaries)
-                and not any(isinstance(owner, Job) and not owner.claims[self][2]
+                and any(s.waited for s in summaries)
+                and not any(isinstance(owner, Job) and not owner.claims[self].claimed
                             for owner in list(self.keys.values())))
 
     # -- covered blocks ---------------------------------------------------------------------
@@ -659,7 +699,14 @@ runtime.at_leave(_leave)
 
 
 # -- the rank's order of work: communication threads, deferred steps, closers --------------
-_Work = Tuple["Future[Any]", Callable[[], Any], Optional[Job]]
+class _Work(NamedTuple):
+    """Work for a communication thread: ``run`` completes ``future``; ``job`` is the
+    asynchronous job it runs for (None for a deferred step)."""
+
+    future: "Future[Any]"
+    run: Callable[[], Any]
+    job: Optional[Job]
+
 
 _lock = threading.Lock()
 _queue: Deque[_Work] = deque()  # handed to the thread, not started
@@ -803,7 +850,7 @@ def start(work: Callable[[], Any], name: Optional[str] = None,
     future: "Future[Any]" = _Submitted(job) if waited else Future()
     with _lock:
         _flush_locked()
-        _hand((future, work, job))
+        _hand(_Work(future, work, job))
     return future
 
 
@@ -816,9 +863,9 @@ def defer(work: Callable[[], Any]) -> "Future[Any]":
     with _lock:
         if _busy or _deferred is not None:
             _flush_locked()
-            _hand((future, work, None))
+            _hand(_Work(future, work, None))
         else:
-            _deferred = (future, work, None)
+            _deferred = _Work(future, work, None)
     return future
 
 
@@ -872,7 +919,7 @@ def flush(here: bool = False) -> None:
             return
         item, _deferred = _deferred, None
     if item is not None:
-        _complete(*item[:2])
+        _complete(item.future, item.run)
 
 
 def run_deferred(future: "Future[Any]") -> None:
@@ -880,7 +927,7 @@ def run_deferred(future: "Future[Any]") -> None:
     the thread (or done), and this does nothing."""
     global _deferred
     with _lock:
-        if _deferred is None or _deferred[0] is not future:
+        if _deferred is None or _deferred.future is not future:
             return
         item, _deferred = _deferred, None
-    _complete(*item[:2])
+    _complete(item.future, item.run)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import joined, ops, scheduler
-from .reducer import Bucket, Gradient, Reducer, Step
+from .reducer import Bucket, Gradient, Reducer, ReducerStep
 
 NONE = 0     # no rank has had a gradient for the parameter yet
 DENSE = 64   # a dense gradient; a row-sparse one with s sparse dimensions has the kind s
@@ -83,7 +83,7 @@ class Steps:
         self._seen = [NONE] * count  # this step's kinds of the undecided gradients
         self._revealing: Dict[int, Any] = {}  # first sparse gradients, by key
         self._begun = False  # this step's reductions have started
-        self._early: Optional[Tuple[Step, bool]] = None  # the step, closed before close()
+        self._early: Optional[Tuple[ReducerStep, bool]] = None  # the step, closed before close()
         self._backed: Optional[List[Bucket]] = None
         self._bucket_of: Dict[int, int] = {}
         self._sizes: List[int] = []
@@ -156,7 +156,7 @@ class Steps:
         self._early = self._launch()
         return True
 
-    def _launch(self) -> Tuple[Step, bool]:
+    def _launch(self) -> Tuple[ReducerStep, bool]:
         marked = self.marked
         every_marked = all(marked)
         if self._fill is not None:
@@ -167,7 +167,7 @@ class Steps:
         self._waiting = [[] for _ in self._sizes]
         return self.reducer.launch(), every_marked
 
-    def close(self) -> Tuple[Step, bool]:
+    def close(self) -> Tuple[ReducerStep, bool]:
         """Close this step (what is not marked is stale here) and launch it, unless a
         collective closed it already; return it and whether every gradient had been marked
         before. A collective."""
@@ -178,7 +178,7 @@ class Steps:
         self._begun = True  # launch() starts the step; no closer from here on
         return self._launch()
 
-    def finish(self, step: Step, on_bucket: Callable[[Bucket], None]
+    def finish(self, step: ReducerStep, on_bucket: Callable[[Bucket], None]
                ) -> Tuple[Dict[int, Any], bool]:
         """Wait for each bucket of ``step`` in launch order and call ``on_bucket`` with it;
         finish the reducer's step and agree on the kinds not agreed yet; return the reduced

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, ContextManager, Dict, Iterator, Optional
 
-from . import files, runtime
+from . import config, files, runtime
 
 class Timeline:
     """A Chrome-trace (Perfetto, chrome://tracing) file of phases, one track per tensor.
@@ -106,7 +106,7 @@ def span(tensor: str, phase: str) -> ContextManager[None]:
 
 def _from_environment(st: Any) -> None:
     """At init: HVD_TIMELINE=file starts the timeline, closed at exit."""
-    trace = runtime.env("TIMELINE")
+    trace = config.env("TIMELINE")
     if trace:
         start_timeline(trace)
         atexit.register(stop_timeline)

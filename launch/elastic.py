@@ -32,21 +32,14 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import hvdrun, mpi, notices, reports
+from hvd_trainer_launch import job, mpi, notices, protocol, reports
+from hvd_trainer_launch.protocol import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE,
+                                         ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_VARIABLE,
+                                         GENERATION_VARIABLE, MIN_NP_VARIABLE, NOTIFY_VARIABLE,
+                                         RESET_EXIT_CODE, RESTART_VARIABLE, ULFM_VARIABLE)
+from hvd_trainer_launch.reaping import kill_processes, launched
 from hvd_trainer_launch.relay import ENDED, Failure, OutputRelay, first_failure, say
 from hvd_trainer_launch.reports import interface_address
-
-# The values hvd_trainer.elastic reads (the launcher does not import hvd_trainer).
-RESET_EXIT_CODE = 75
-DIR_VARIABLE = "HVD_ELASTIC_DIR"
-DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"
-RESTART_VARIABLE = "HVD_ELASTIC_RESTART"
-NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"
-GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"
-COMMITTED_VARIABLE = "HVD_ELASTIC_COMMITTED"
-ALLOW_FRESH_START_VARIABLE = "HVD_ELASTIC_ALLOW_FRESH_START"
-ULFM_VARIABLE = "HVD_ULFM"
-MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"
 
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as horovodrun
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
@@ -465,7 +458,7 @@ def _remove_elsewhere(launcher: mpi.Launcher, mpi_args: List[str], env: Dict[str
                     failed.append(host)
         time.sleep(0.05 if running else 0.0)
     for host, process in running.items():  # out of time
-        hvdrun.kill_processes(hvdrun.launched(process.pid))
+        kill_processes(launched(process.pid))
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -486,12 +479,12 @@ def launch_backoff(failed_launches: int) -> float:
     return min(LAUNCH_BACKOFF_MOST, LAUNCH_BACKOFF_FIRST * 2 ** min(failed_launches - 1, 32))
 
 
-def _job_folders(files) -> Tuple[str, Optional[str]]:
+def _job_folders() -> Tuple[str, Optional[str]]:
     """Make the job's commit folders here, each with a random name (mkdtemp: a new folder,
     0700, never one that exists): in memory where this host has /dev/shm, with one on disk
     for commits that do not fit there; else one on disk. Returns (the folder, the one on disk
     or None)."""
-    memory = files.memory_root()
+    memory = protocol.memory_root()
     folder = tempfile.mkdtemp(prefix="hvd_elastic.", dir=memory)
     if memory is None:
         return folder, None
@@ -506,7 +499,6 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
         command: List[str], fixed_hosts: Hosts) -> int:
     """Run ``command`` elastically until it ends with 0, is interrupted, or a limit ends it;
     return hvdrun's exit code."""
-    from hvd_trainer import files  # the launcher imports the core only where it needs it
     min_np = args.min_np if args.min_np is not None else 1
     timeout = args.elastic_timeout if args.elastic_timeout is not None else DEFAULT_ELASTIC_TIMEOUT
     discovery = Discovery(args.host_discovery_script,
@@ -516,10 +508,10 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     secret = secrets.token_hex(32)  # signs the commits and the notices; only the ranks get it
     generation = Generation(secret.encode(), args.nics or ())
     # Commits live in memory where this host has /dev/shm (the ranks fall back to the folder
-    # on disk where a commit does not fit, or a host lacks it: files.job_folders). The names
+    # on disk where a commit does not fit, or a host lacks it: protocol.job_folders). The names
     # are hvdrun's, random and made here, so no other user can make them first on this host.
-    job_dir, disk_dir = _job_folders(files)
-    folders = files.job_folders(job_dir, disk_dir)
+    job_dir, disk_dir = _job_folders()
+    folders = protocol.job_folders(job_dir, disk_dir)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
     restarts = 0
     unblamed = 0  # failed lives in a row with no host to blame (see below)
@@ -542,15 +534,15 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
                       if args.output_filename else None)
             relay = ElasticRelay(np, args.no_prefix, output, layout, args.ulfm)
             server = reports.serve(secret.encode(), layout, args.nics, relay.deliver)
-            env = hvdrun.rank_environment(args, launcher.flavour)
-            env.update(hvdrun.hosts_variable(launcher.flavour, layout, np))
-            env.update(hvdrun.report_variables(server, secret))
-            env.update({DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
+            env = job.rank_environment(args, launcher.flavour)
+            env.update(job.hosts_variable(launcher.flavour, layout, np))
+            env.update(job.report_variables(server, secret))
+            env.update({ELASTIC_DIR_VARIABLE: job_dir, RESTART_VARIABLE: str(restarts),
                         NOTIFY_VARIABLE: generation.address(layout),
                         GENERATION_VARIABLE: str(generation.number),
                         COMMITTED_VARIABLE: str(generation.committed)})
             if disk_dir is not None:
-                env[DISK_DIR_VARIABLE] = disk_dir
+                env[ELASTIC_DISK_DIR_VARIABLE] = disk_dir
             if args.elastic_allow_fresh_start:
                 env[ALLOW_FRESH_START_VARIABLE] = "1"
             if args.ulfm:
@@ -563,7 +555,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
             watcher = HostWatcher(discovery, blacklist, hosts, generation)
             watcher.start()
             try:
-                code = hvdrun.run_job(mpiexec_command, env, relay, np, args.start_timeout,
+                code = job.run_job(mpiexec_command, env, relay, np, args.start_timeout,
                                       failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS)
             except OSError as error:  # fork or exec of the launcher failed (e.g. a process limit)
                 _say(f"could not start {mpiexec_command[0]}: {error}")
@@ -620,5 +612,5 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
         generation.close()
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-        _remove_elsewhere(launcher, mpi_args, hvdrun.rank_environment(args, launcher.flavour),
+        _remove_elsewhere(launcher, mpi_args, job.rank_environment(args, launcher.flavour),
                           used, folders)

@@ -1,5 +1,5 @@
 """hvdrun's notice port in elastic mode: rank 0 asks it whether the hosts changed, and tells
-it the newest commit rank 0 has written (hvd_trainer.files.notice_reply: both ends prove that
+it the newest commit rank 0 has written (protocol.notice_reply: both ends prove that
 they hold the job's secret).
 
 One thread serves every connection at once through a selector, so that a peer that sends
@@ -13,6 +13,8 @@ import socket
 import threading
 import time
 from typing import Callable, Dict, NamedTuple
+
+from hvd_trainer_launch import protocol
 
 EXCHANGE_SECONDS = 5.0  # a whole exchange, from accept to reply
 MAX_OPEN = 128  # connections served at once; a new one beyond closes the oldest
@@ -31,8 +33,6 @@ class NoticeServer:
 
     def __init__(self, address: str, secret: bytes, number: Callable[[], int],
                  heard: Callable[[int], None]):
-        from hvd_trainer import files  # the launcher imports the core only where it needs it
-        self._files = files
         self.secret, self.number, self.heard = secret, number, heard
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,7 +91,7 @@ class NoticeServer:
             if len(self._open) >= MAX_OPEN:
                 self._drop(next(iter(self._open)))
             conn.setblocking(False)
-            challenge = self._files.notice_challenge()
+            challenge = protocol.notice_challenge()
             try:
                 if conn.send(challenge) != len(challenge):  # a fresh socket takes 16 bytes
                     raise ConnectionError("the challenge did not fit")
@@ -106,7 +106,7 @@ class NoticeServer:
         """Read what ``conn`` sent; once its question is whole, reply if it proves the secret
         (telling the generation and hearing its commit), and close it either way."""
         exchange = self._open[conn]
-        wanted = self._files.NOTICE_QUESTION_BYTES - len(exchange.received)
+        wanted = protocol.NOTICE_QUESTION_BYTES - len(exchange.received)
         try:
             data = conn.recv(wanted)
         except (BlockingIOError, InterruptedError):
@@ -117,9 +117,9 @@ class NoticeServer:
             self._drop(conn)
             return
         exchange.received.extend(data)
-        if len(exchange.received) < self._files.NOTICE_QUESTION_BYTES:
+        if len(exchange.received) < protocol.NOTICE_QUESTION_BYTES:
             return
-        reply = self._files.notice_reply(self.secret, exchange.challenge,
+        reply = protocol.notice_reply(self.secret, exchange.challenge,
                                          bytes(exchange.received), self.number())
         if reply is not None:
             try:

@@ -15,6 +15,11 @@ Three channels, each with one job:
   (:data:`REPORTS_VARIABLE`), never through the output. Each report is bound to a fresh
   challenge of hvdrun's and signed with the job's secret (:data:`SECRET_VARIABLE`), and hvdrun's
   acknowledgement is signed too, so a report cannot be forged, replayed, or lost unnoticed.
+- **Elastic mode.** hvdrun tells each life's ranks where their commits live, how many lives
+  came before, and its notice port (the ``ELASTIC_*`` variables and :func:`job_folders`); a
+  rank that leaves for new hosts exits with :data:`RESET_EXIT_CODE`; rank 0 asks the notice
+  port whether the hosts changed (:func:`ask_notice`, :func:`answer_notice`), both ends
+  proving that they hold the job's secret.
 
 Standard library only: hvdrun, the wrappers (which must start fast) and the ranks import it
 without the rest of hvd_trainer.
@@ -27,7 +32,7 @@ import re
 import select
 import socket
 import time
-from typing import List, Mapping, NamedTuple, Optional, Union
+from typing import Any, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 # Set for every rank: it runs under hvdrun's wrapper, so on an uncaught exception it may simply
 # exit non-zero (hvdrun then ends the job) instead of MPI_Abort, which kills its output relay.
@@ -43,6 +48,26 @@ REPORTS_VARIABLE = "HVDRUN_REPORTS"
 SECRET_VARIABLE = "HVD_JOB_SECRET"
 # Set (to 1) by hvdrun --ulfm: the other ranks go on without a rank that a signal killed.
 ULFM_VARIABLE = "HVD_ULFM"
+
+# Elastic mode: what hvdrun sets for every rank of a life.
+ELASTIC_DIR_VARIABLE = "HVD_ELASTIC_DIR"  # the job's commit folder on each host (job_folders)
+ELASTIC_DISK_DIR_VARIABLE = "HVD_ELASTIC_DISK_DIR"  # on disk, for commits memory cannot hold
+NOTIFY_VARIABLE = "HVD_ELASTIC_NOTIFY"  # host:port of hvdrun's notice port
+RESTART_VARIABLE = "HVD_ELASTIC_RESTART"  # how many times the job was restarted before this life
+GENERATION_VARIABLE = "HVD_ELASTIC_GENERATION"  # the hosts' generation this life started with
+COMMITTED_VARIABLE = "HVD_ELASTIC_COMMITTED"  # the newest commit hvdrun heard was written
+ALLOW_FRESH_START_VARIABLE = "HVD_ELASTIC_ALLOW_FRESH_START"  # "1": a restart may begin anew
+MIN_NP_VARIABLE = "HVD_ELASTIC_MIN_NP"  # --min-np under --ulfm: fewer survivors end the life
+# The exit code of a rank that leaves so that hvdrun restarts the job on new hosts
+# (EX_TEMPFAIL: try again); hvdrun counts it as a reset, not as a failure of the host.
+RESET_EXIT_CODE = 75
+
+# MPI_Finalize waits for every rank, so a rank leaving with sys.exit(n) would wait there for
+# ranks that wait for it, and never report its code. Without the wait it exits and the job
+# ends. MPICH reads the first variable, Open MPI the second (at MPI_Init); each ignores the
+# other's. hvdrun sets them for the ranks, and a rank started otherwise sets them itself.
+NO_FINALIZE_WAIT_VARIABLES = {"MPIR_CVAR_NO_COLLECTIVE_FINALIZE": "1",
+                              "OMPI_MCA_async_mpi_finalize": "1"}
 
 # The wrapper's exit codes when it cannot start the command, as a shell's.
 NOT_FOUND_EXIT_CODE = 127
@@ -130,11 +155,12 @@ def decode(data: bytes) -> Report:
     return report
 
 
-def mac(secret: bytes, *parts: bytes) -> bytes:
-    """HMAC-SHA256 of ``parts`` under ``secret``, each part's length bound in."""
+def mac(secret: bytes, *parts: Any) -> bytes:
+    """HMAC-SHA256 of ``parts`` (bytes or any buffer) under ``secret``; each part's length is
+    bound in, so parts cannot be shifted from one into the next."""
     digest = hmac.new(secret, digestmod=hashlib.sha256)
     for part in parts:
-        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(memoryview(part).nbytes.to_bytes(8, "big"))
         digest.update(part)
     return digest.digest()
 
@@ -202,3 +228,87 @@ def job_secret(environ: Optional[Mapping[str, str]] = None) -> Optional[bytes]:
     """The job's secret from :data:`SECRET_VARIABLE`, or None outside hvdrun."""
     value = (os.environ if environ is None else environ).get(SECRET_VARIABLE)
     return value.encode() if value else None
+
+
+MEMORY_ROOT = "/dev/shm"  # a tmpfs on Linux: its files live in memory
+
+
+def memory_root() -> Optional[str]:
+    """:data:`MEMORY_ROOT` when this user may make folders there, else None (no such
+    folder, as on macOS, or a read-only one)."""
+    usable = os.path.isdir(MEMORY_ROOT) and os.access(MEMORY_ROOT, os.W_OK | os.X_OK)
+    return MEMORY_ROOT if usable else None
+
+
+def job_folders(folder: str, on_disk: Optional[str] = None) -> Tuple[str, ...]:
+    """The folders that may hold the elastic commits of a job whose folder
+    (:data:`ELASTIC_DIR_VARIABLE`) is ``folder``: ``folder`` itself and, when it is in memory
+    (under :data:`MEMORY_ROOT`), ``on_disk`` (:data:`ELASTIC_DISK_DIR_VARIABLE`) for commits
+    that do not fit in memory. hvdrun names the two at random, each on its own, so that the
+    name in memory, which every user can list, does not give away the one on disk."""
+    if os.path.dirname(os.path.abspath(folder)) != MEMORY_ROOT or not on_disk:
+        return (folder,)
+    return folder, on_disk
+
+
+def notice_challenge() -> bytes:
+    """hvdrun's first message of a notice exchange: a fresh random challenge."""
+    return os.urandom(_NONCE_BYTES)
+
+
+# What a rank sends back: its own challenge, the newest commit it has written, the MAC.
+NOTICE_QUESTION_BYTES = _NONCE_BYTES + 8 + _MAC_BYTES
+
+
+class NoticeReply(NamedTuple):
+    """hvdrun's answer to a proved question (:func:`notice_reply`)."""
+
+    data: bytes  # what to send back
+    written: int  # the newest commit that rank 0 had written when it asked
+
+
+def notice_reply(secret: bytes, challenge: bytes, question: bytes,
+                 number: int) -> Optional[NoticeReply]:
+    """hvdrun's side of the notice exchange, without the socket: given the ``challenge`` it
+    sent and the rank's ``question`` (NOTICE_QUESTION_BYTES), the reply that tells ``number``
+    (the hosts' generation), bound to both challenges so that it cannot be replayed or forged;
+    None when the question does not prove that its sender holds ``secret``."""
+    theirs = question[:_NONCE_BYTES]
+    written = question[_NONCE_BYTES:_NONCE_BYTES + 8]
+    if not hmac.compare_digest(question[_NONCE_BYTES + 8:],
+                               mac(secret, b"ask", challenge, theirs, written)):
+        return None
+    told = number.to_bytes(8, "big")
+    return NoticeReply(told + mac(secret, b"tell", challenge, theirs, told),
+                       int.from_bytes(written, "big"))
+
+
+def answer_notice(conn: socket.socket, secret: bytes, number: int,
+                  deadline: Optional[float] = None) -> Optional[int]:
+    """:func:`notice_reply` over a blocking ``conn``, the whole exchange by ``deadline``:
+    the newest commit the rank reported, or None when it did not prove that it holds
+    ``secret`` (then it is told nothing)."""
+    mine = notice_challenge()
+    conn.sendall(mine)
+    reply = notice_reply(secret, mine, receive(conn, NOTICE_QUESTION_BYTES, deadline), number)
+    if reply is None:
+        return None
+    conn.sendall(reply.data)
+    return reply.written
+
+
+def ask_notice(conn: socket.socket, secret: bytes, written: int = 0,
+               deadline: Optional[float] = None) -> int:
+    """A rank's side of :func:`notice_reply`, telling hvdrun the newest commit this rank has
+    ``written`` (so that a restart that finds none knows that commits were lost), the whole
+    exchange by ``deadline`` (time.monotonic()): the number hvdrun told; ValueError when the
+    reply does not prove that it comes from the holder of ``secret``."""
+    theirs = receive(conn, _NONCE_BYTES, deadline)
+    mine = os.urandom(_NONCE_BYTES)
+    reported = written.to_bytes(8, "big")
+    conn.sendall(mine + reported + mac(secret, b"ask", theirs, mine, reported))
+    told = receive(conn, 8, deadline)
+    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
+                               mac(secret, b"tell", theirs, mine, told)):
+        raise ValueError("the reply is not signed with this job's secret")
+    return int.from_bytes(told, "big")

@@ -1,7 +1,7 @@
 """hvdrun's output relay: mpiexec's output shown whole line by line, and the wrappers' reports
 recorded, from which the first failure of a job is chosen and named.
 
-It reads the line format and reports of launch/protocol.py; hvdrun.run_job drives it.
+It reads the line format and reports of launch/protocol.py; job.run_job drives it.
 """
 import os
 import sys

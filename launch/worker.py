@@ -19,7 +19,7 @@ wrapper would lose the traceback that explains the abort, while a relay that the
 not know about can still copy it out. A relay that dies before the child ends the rank with a
 message, rather than losing its output silently.
 
-No rank outlives hvdrun: hvdrun's mpiexec dies with it (hvdrun.run_job), and the wrapper ends
+No rank outlives hvdrun: hvdrun's mpiexec dies with it (job.run_job), and the wrapper ends
 its child (SIGTERM, then SIGKILL) once the launcher process that started it is gone, which
 the kernel signals (PR_SET_PDEATHSIG) and the wrapper also checks while it waits.
 """

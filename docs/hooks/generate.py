@@ -6,7 +6,7 @@ marker comment in its Markdown is replaced:
 - ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``launch/flags.py`` (FLAGS and
   REFUSED, the tables hvdrun's parser is built from);
 - ``<!-- generated: settings -->``: the variables a user may set, their defaults taken from
-  ``hvd_trainer/runtime.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
+  ``hvd_trainer/config.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
 - ``<!-- generated: hvdrun-variables -->``: the variables hvdrun and its wrappers set;
 - ``<!-- api: MODULE -->``: the mkdocstrings directive for MODULE's public names, read from
   its source by griffe (no framework is imported).
@@ -104,8 +104,8 @@ def _sources() -> Iterable[str]:
 
 def variables_in_code() -> List[str]:
     """Every HVD_*/HVDRUN_* variable the package or hvdrun names, and every setting it reads."""
-    from hvd_trainer import runtime
-    found = {"HVD_" + name for name in {**runtime.AGREED_SETTINGS, **runtime.OWN_SETTINGS}}
+    from hvd_trainer import config
+    found = {"HVD_" + name for name in {**config.AGREED_SETTINGS, **config.OWN_SETTINGS}}
     for source in _sources():
         found.update(_LITERAL.findall(source))
         found.update("HVD_" + name for name in _ENV_CALL.findall(source))
@@ -134,15 +134,15 @@ def _default(value: object) -> str:
 
 def settings_table() -> str:
     """The user's variables: name, default, whose value counts, meaning."""
-    from hvd_trainer import runtime
+    from hvd_trainer import config
     check_variables()
     rows = ["| variable | default | whose value | meaning |", "|---|---|---|---|"]
     for name, meaning in SETTINGS.items():
         key = name[len("HVD_"):]
-        if key in runtime.AGREED_SETTINGS:
-            default, whose = _default(runtime.AGREED_SETTINGS[key][0]), "rank 0's"
-        elif key in runtime.OWN_SETTINGS:
-            default, whose = _default(runtime.OWN_SETTINGS[key][0]), "each rank's"
+        if key in config.AGREED_SETTINGS:
+            default, whose = _default(config.AGREED_SETTINGS[key][0]), "rank 0's"
+        elif key in config.OWN_SETTINGS:
+            default, whose = _default(config.OWN_SETTINGS[key][0]), "each rank's"
         else:
             default = OTHER_DEFAULTS[name]
             whose = "hvdrun's" if name in ("HVD_MPIEXEC", "HVD_START_TIMEOUT") else "each rank's"

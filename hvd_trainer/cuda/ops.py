@@ -68,6 +68,7 @@ class DeviceMemory(Memory):
     """CuPy arrays on this rank's GPU, moved by the process set's GPU communicator."""
 
     xp = cupy
+    where = "gpu"
     pack = staticmethod(fusion.pack)
     unpack = staticmethod(fusion.unpack)
 

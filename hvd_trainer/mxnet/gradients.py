@@ -44,7 +44,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import timeline
-from ..reducer import Bucket, Gradient, Step
+from ..reducer import Bucket, Gradient, ReducerStep
 from . import bridge
 from . import sparse as sparse_nd
 from . import sparse_weights
@@ -123,7 +123,7 @@ class ReducedGradients:
             else:
                 self._publish(self._params[i], value, in_place=value is given.get(i))
 
-    def _use_bucket(self, step: Step, update: bool, bucket: Bucket) -> None:
+    def _use_bucket(self, step: ReducerStep, update: bool, bucket: Bucket) -> None:
         """Take a reduced bucket: copy it to the other contexts and, with ``update`` (the
         reductions overlap inside ``step()``), queue its parameters' updates.
 
@@ -220,7 +220,7 @@ class ReducedGradients:
             if k > 0:
                 first += bridge.read_view(grads[k]).reshape(-1)
 
-    def _finish_bucket(self, bucket: Bucket, step: Step) -> None:
+    def _finish_bucket(self, bucket: Bucket, step: ReducerStep) -> None:
         """Copy the reduced members to the other contexts and mark them fresh."""
         if len(self._contexts) == 1 and step.whole[bucket.number]:
             return  # one context, every member already fresh

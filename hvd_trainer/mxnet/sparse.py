@@ -32,13 +32,6 @@ def local_rows(param: mx.gluon.Parameter) -> Optional[Tuple[np.ndarray, np.ndarr
                              np.concatenate([rows for _, rows in parts]))
 
 
-def no_rows(param: mx.gluon.Parameter) -> Tuple[np.ndarray, np.ndarray]:
-    """A stale rank's contribution: no ids and no rows."""
-    grad = param.list_grad()[0]
-    return (np.empty(0, sparse.ID_DTYPE),
-            np.empty((0,) + grad.shape[1:], np.dtype(grad.dtype)))
-
-
 def publish_rows(param: mx.gluon.Parameter, ids: np.ndarray, rows: np.ndarray) -> None:
     """Write the reduced rows into every context's gradient and mark it fresh there.
 

@@ -160,7 +160,7 @@ def _reduce_group(kind: str, inplace: bool) -> Callable[..., List[Any]]:
     go through the core's own function."""
     def collective(arrays: List[Any], *args: Any) -> List[Any]:
         if arrays and all(isinstance(a, np.ndarray) and is_half(a.dtype) for a in arrays):
-            return core.reduce_group(_HOST, arrays, *args, kind, inplace)
+            return core.reduce_group(_HOST, arrays, *args, kind=kind, inplace=inplace)
         if kind == "allreduce":
             return [(core.allreduce_ if inplace else core.allreduce)(arrays[0], *args)]
         return (core.grouped_allreduce_ if inplace else core.grouped_allreduce)(arrays, *args)

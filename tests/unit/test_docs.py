@@ -123,18 +123,18 @@ def test_a_variable_the_docs_do_not_describe_fails_the_build(monkeypatch):
 
 def test_the_variables_found_in_the_code_include_every_kind_of_read():
     names = set(_load_generator().variables_in_code())
-    assert {"HVD_RING_THRESHOLD",  # only in runtime.AGREED_SETTINGS
-            "HVD_TIMELINE",  # read through runtime.env("TIMELINE")
+    assert {"HVD_RING_THRESHOLD",  # only in config.AGREED_SETTINGS
+            "HVD_TIMELINE",  # read through config.env("TIMELINE")
             "HVD_MPIEXEC",  # a literal in launch/
             "HVDRUN_WORKER"} <= names  # set by hvdrun's wrapper
     assert all(re.fullmatch(r"(HVD|HVDRUN)_[A-Z0-9_]+", name) for name in names)
 
 
 def test_the_settings_table_takes_its_defaults_from_the_code():
-    from hvd_trainer import runtime
+    from hvd_trainer import config
     rows = {row.split(" | ")[0].strip("| `"): row
             for row in _load_generator().settings_table().splitlines()[2:]}
-    assert f"| {runtime.DEFAULT_BUCKET_THRESHOLD} ({runtime.DEFAULT_BUCKET_THRESHOLD >> 20} MiB) |" \
+    assert f"| {config.DEFAULT_BUCKET_THRESHOLD} ({config.DEFAULT_BUCKET_THRESHOLD >> 20} MiB) |" \
         in rows["HVD_BUCKET_THRESHOLD"]
     assert "| 60 | each rank's |" in rows["HVD_STALL_CHECK_TIME_SECONDS"]
     assert set(rows) == set(_load_generator().SETTINGS)

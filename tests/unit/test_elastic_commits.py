@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_trainer import elastic, files
+from hvd_trainer_launch import protocol
 
 SECRET = "0123456789abcdef"
 
@@ -21,11 +22,11 @@ def hosts_folders(tmp_path, monkeypatch):
     memory, disk = tmp_path / "shm", tmp_path / "tmp"
     memory.mkdir()
     disk.mkdir()
-    monkeypatch.setattr(files, "MEMORY_ROOT", str(memory))
+    monkeypatch.setattr(protocol, "MEMORY_ROOT", str(memory))
     monkeypatch.setattr(tempfile, "tempdir", str(disk))
-    monkeypatch.setenv(elastic.DIR_VARIABLE, str(memory / "hvd_elastic.job"))
-    monkeypatch.setenv(elastic.DISK_DIR_VARIABLE, str(disk / "hvd_elastic_disk.job"))
-    monkeypatch.setenv(files.SECRET_VARIABLE, SECRET)
+    monkeypatch.setenv(protocol.ELASTIC_DIR_VARIABLE, str(memory / "hvd_elastic.job"))
+    monkeypatch.setenv(protocol.ELASTIC_DISK_DIR_VARIABLE, str(disk / "hvd_elastic_disk.job"))
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, SECRET)
     return memory / "hvd_elastic.job", disk / "hvd_elastic_disk.job"
 
 
@@ -125,7 +126,7 @@ def test_temporary_files_of_earlier_lives_are_removed_at_recovery(hosts_folders,
     other = memory / ".states.abcdefgh.tmp"
     for path in (earlier, mine, other):
         path.write_bytes(b"a killed writer's partial file")
-    monkeypatch.setenv(elastic.RESTART_VARIABLE, "2")
+    monkeypatch.setenv(protocol.RESTART_VARIABLE, "2")
     elastic.ObjectState(step=0).recover()
     assert not earlier.exists() and mine.exists() and other.exists()
 
@@ -225,10 +226,10 @@ def test_a_commit_folder_of_another_user_is_left_out_with_a_warning(hosts_folder
 @pytest.mark.parametrize("allowed", [False, True])
 def test_a_restart_without_a_commit_after_one_was_written_fails_unless_allowed(
         hosts_folders, monkeypatch, caplog, allowed):
-    monkeypatch.setenv(elastic.RESTART_VARIABLE, "1")
-    monkeypatch.setenv(elastic.COMMITTED_VARIABLE, "4")  # hvdrun heard of commit 4
+    monkeypatch.setenv(protocol.RESTART_VARIABLE, "1")
+    monkeypatch.setenv(protocol.COMMITTED_VARIABLE, "4")  # hvdrun heard of commit 4
     if allowed:
-        monkeypatch.setenv(elastic.ALLOW_FRESH_START_VARIABLE, "1")
+        monkeypatch.setenv(protocol.ALLOW_FRESH_START_VARIABLE, "1")
         assert recovered_step() == 0
         assert any("training starts again from the initial state" in r.getMessage()
                    for r in caplog.records)
@@ -237,7 +238,7 @@ def test_a_restart_without_a_commit_after_one_was_written_fails_unless_allowed(
                            r"no commit on any rank, though an earlier life wrote commit 4.*"
                            r"--elastic-allow-fresh-start"):
             recovered_step()
-    monkeypatch.setenv(elastic.COMMITTED_VARIABLE, "0")  # no life wrote one: a plain start
+    monkeypatch.setenv(protocol.COMMITTED_VARIABLE, "0")  # no life wrote one: a plain start
     assert recovered_step() == 0
 
 

@@ -7,8 +7,7 @@ import threading
 import pytest
 
 from hvd_trainer import elastic as core
-from hvd_trainer import files
-from hvd_trainer_launch import elastic, flags, hvdrun, mpi
+from hvd_trainer_launch import elastic, flags, hvdrun, mpi, protocol
 from hvd_trainer_launch.relay import ENDED
 
 
@@ -127,12 +126,12 @@ def test_the_notice_port_tells_only_the_holder_of_the_secret():
     generation.number = 3
     try:
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
-            assert files.ask_notice(conn, SECRET) == 3
+            assert protocol.ask_notice(conn, SECRET) == 3
         # A peer without the secret: its answer to the challenge is wrong, and it is told
         # nothing (the connection closes), so ask_notice cannot read a number either.
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
             with pytest.raises(ConnectionError):
-                files.ask_notice(conn, b"a guess")
+                protocol.ask_notice(conn, b"a guess")
     finally:
         generation.close()
 
@@ -148,9 +147,9 @@ def test_a_rank_ignores_a_notice_that_hvdrun_did_not_sign(monkeypatch, caplog):
             conn.sendall(b"5" * 64)
 
     threading.Thread(target=forge, daemon=True).start()
-    monkeypatch.setenv(core.NOTIFY_VARIABLE, f"127.0.0.1:{server.getsockname()[1]}")
-    monkeypatch.setenv(core.GENERATION_VARIABLE, "0")
-    monkeypatch.setenv(files.SECRET_VARIABLE, SECRET.decode())
+    monkeypatch.setenv(protocol.NOTIFY_VARIABLE, f"127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setenv(protocol.GENERATION_VARIABLE, "0")
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, SECRET.decode())
     try:
         assert not core.ObjectState(step=0)._notices.changed()
     finally:
@@ -162,7 +161,7 @@ def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
     relay = elastic.ElasticRelay(4, False, None)
     relay.record(2, 1, "exited with code")
     relay.record(0, 3, "exited with code")
-    relay.record(1, elastic.RESET_EXIT_CODE, "exited with code")  # left for new hosts
+    relay.record(1, protocol.RESET_EXIT_CODE, "exited with code")  # left for new hosts
     relay.record(3, 143, ENDED)  # mpiexec ended it (Open MPI does, after a failure)
     relay.ending = True  # what run_job sets when it ends the life
     relay.record(3, 143, "exited with code")  # a consequence of the ending

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from hvd_trainer import files, runtime
-from hvd_trainer_launch import elastic, hvdrun, mpi
+from hvd_trainer import runtime
+from hvd_trainer_launch import elastic, hvdrun, job, mpi, protocol
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -43,7 +43,7 @@ def test_slow_and_idle_peers_on_the_notice_port_hold_up_no_proper_question():
         for _ in range(3):
             with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
                 # Within 10 s, though each slow peer would take 24 s to finish its question.
-                assert files.ask_notice(conn, SECRET, 7, time.monotonic() + 10) == 3
+                assert protocol.ask_notice(conn, SECRET, 7, time.monotonic() + 10) == 3
         assert generation.committed == 7
         assert any(thread.is_alive() for thread in slow)  # they were still trickling
     finally:
@@ -60,7 +60,7 @@ def test_a_question_that_does_not_prove_the_secret_is_not_heard():
     try:
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
             with pytest.raises(ConnectionError):
-                files.ask_notice(conn, b"a guess", 9, time.monotonic() + 10)
+                protocol.ask_notice(conn, b"a guess", 9, time.monotonic() + 10)
         assert generation.committed == 0
     finally:
         generation.close()
@@ -108,7 +108,7 @@ def test_lives_whose_launch_fails_back_off_exponentially_up_to_a_cap(monkeypatch
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     waits = []
-    monkeypatch.setattr(hvdrun, "run_job", cannot_fork)
+    monkeypatch.setattr(job, "run_job", cannot_fork)
     monkeypatch.setattr(elastic.time, "sleep", waits.append)
     parser = hvdrun.build_parser()
     args = hvdrun.parse_arguments(parser, ["--min-np", "1", "--reset-limit", "7",

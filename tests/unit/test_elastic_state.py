@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_trainer import elastic, files
+from hvd_trainer_launch import protocol
 from hvd_trainer_launch.elastic import Generation
 
 SECRET = "0123456789abcdef"
@@ -19,8 +20,8 @@ SECRET = "0123456789abcdef"
 def job(tmp_path, monkeypatch):
     """An elastic job's variables, as hvdrun sets them: the commit folder and the secret."""
     folder = tmp_path / "commits"
-    monkeypatch.setenv(elastic.DIR_VARIABLE, str(folder))
-    monkeypatch.setenv(files.SECRET_VARIABLE, SECRET)
+    monkeypatch.setenv(protocol.ELASTIC_DIR_VARIABLE, str(folder))
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, SECRET)
     return folder
 
 
@@ -119,7 +120,7 @@ def test_restore_before_anything_is_committed_says_what_to_do():
 def test_reset_callbacks_run_after_a_restart_only(job, monkeypatch):
     calls = []
     for restart, expected in (("0", []), ("2", ["reset"])):
-        monkeypatch.setenv(elastic.RESTART_VARIABLE, restart)
+        monkeypatch.setenv(protocol.RESTART_VARIABLE, restart)
         state = elastic.ObjectState(step=0)
         state.register_reset_callbacks([lambda: calls.append("reset")])
         calls.clear()
@@ -130,8 +131,8 @@ def test_reset_callbacks_run_after_a_restart_only(job, monkeypatch):
 def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(job, monkeypatch):
     server = Generation(SECRET.encode())
     try:
-        monkeypatch.setenv(elastic.NOTIFY_VARIABLE, f"127.0.0.1:{server.port}")
-        monkeypatch.setenv(elastic.GENERATION_VARIABLE, "0")
+        monkeypatch.setenv(protocol.NOTIFY_VARIABLE, f"127.0.0.1:{server.port}")
+        monkeypatch.setenv(protocol.GENERATION_VARIABLE, "0")
         state = elastic.ObjectState(step=0)
 
         @elastic.run
@@ -144,7 +145,7 @@ def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(job, m
 
         with pytest.raises(SystemExit) as leave:
             train(state)
-        assert leave.value.code == elastic.RESET_EXIT_CODE
+        assert leave.value.code == protocol.RESET_EXIT_CODE
         (commit,) = job.glob("rank0.*.commit")
         data = files.verify(SECRET.encode(), commit.read_bytes(), "commit")
         assert pickle.loads(data) == {"step": 5}
@@ -161,13 +162,13 @@ def test_a_commit_does_not_wait_for_hvdrun_and_a_later_commit_takes_its_answer(j
         conn, _ = server.accept()
         with conn:
             answer_now.wait(30)
-            if files.answer_notice(conn, SECRET.encode(), 1) is not None:
+            if protocol.answer_notice(conn, SECRET.encode(), 1) is not None:
                 told.set()
 
     threading.Thread(target=hvdrun, daemon=True).start()
     try:
-        monkeypatch.setenv(elastic.NOTIFY_VARIABLE, f"127.0.0.1:{server.getsockname()[1]}")
-        monkeypatch.setenv(elastic.GENERATION_VARIABLE, "0")
+        monkeypatch.setenv(protocol.NOTIFY_VARIABLE, f"127.0.0.1:{server.getsockname()[1]}")
+        monkeypatch.setenv(protocol.GENERATION_VARIABLE, "0")
         state = elastic.ObjectState(step=0)
         state.recover()
         state.step = 1
@@ -183,7 +184,7 @@ def test_a_commit_does_not_wait_for_hvdrun_and_a_later_commit_takes_its_answer(j
 
 
 def test_an_unreachable_hvdrun_is_no_host_change(monkeypatch, caplog):
-    monkeypatch.setenv(elastic.NOTIFY_VARIABLE, "127.0.0.1:1")
+    monkeypatch.setenv(protocol.NOTIFY_VARIABLE, "127.0.0.1:1")
     state = elastic.ObjectState(step=0)
     state.check_host_updates()
     state.check_host_updates()

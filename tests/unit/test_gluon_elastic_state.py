@@ -4,7 +4,7 @@ import mxnet as mx
 import numpy as np
 
 import hvd_trainer.mxnet as hvd
-from hvd_trainer import elastic, files
+from hvd_trainer_launch import protocol
 
 
 def make_net():
@@ -31,8 +31,8 @@ def values(net):
 
 
 def test_restore_and_recovery_take_the_steps_of_a_plain_replay(tmp_path, monkeypatch):
-    monkeypatch.setenv(elastic.DIR_VARIABLE, str(tmp_path))
-    monkeypatch.setenv(files.SECRET_VARIABLE, "the job's secret")
+    monkeypatch.setenv(protocol.ELASTIC_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, "the job's secret")
     rng = np.random.default_rng(2)
     batches = [(rng.standard_normal((5, 4)), rng.standard_normal((5, 2))) for _ in range(5)]
     options = {"learning_rate": 0.05, "momentum": 0.9, "wd": 0.01}

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hvd_trainer_launch import config_file, flags, hvdrun, mpi
+from hvd_trainer_launch import config_file, flags, hvdrun, job, mpi
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -113,7 +113,7 @@ def build(monkeypatch, flavour, *options, env=None):
         seen.update(command=command, env=ranks_env, np=np, start_timeout=start_timeout, relay=relay)
         return 0
 
-    monkeypatch.setattr(hvdrun, "run_job", record)
+    monkeypatch.setattr(job, "run_job", record)
     assert hvdrun.main(["-np", "2", *options, *PROGRAM]) == 0
     # hvdrun also always sets HVDRUN_HOSTS (test_wrappers_learn_the_nodes_and_their_ranks),
     # and where and how the wrappers report (tests/unit/test_launch_protocol.py).
@@ -122,7 +122,7 @@ def build(monkeypatch, flavour, *options, env=None):
     always = (HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE)
     added = {name: value for name, value in seen["env"].items()
              if os.environ.get(name) != value and name not in always
-             and hvdrun.LOOPBACK_VARIABLES.get(name) != value}
+             and job.LOOPBACK_VARIABLES.get(name) != value}
     return seen["command"], added, seen
 
 
@@ -362,7 +362,7 @@ def test_version_prints_the_installed_version(capsys):
 def test_num_proc_is_mpiexecs_rank_count(monkeypatch, spelling):
     monkeypatch.setattr(mpi, "find_launcher", lambda requested=None: mpi.Launcher("/x/mpiexec", mpi.HYDRA))
     seen = {}
-    monkeypatch.setattr(hvdrun, "run_job", lambda command, *rest: seen.update(command=command) or 0)
+    monkeypatch.setattr(job, "run_job", lambda command, *rest: seen.update(command=command) or 0)
     assert hvdrun.main([spelling, "3", *PROGRAM]) == 0
     assert seen["command"][1:3] == ["-n", "3"]
 

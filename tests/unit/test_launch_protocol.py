@@ -1,6 +1,9 @@
 """The launcher–rank protocol (hvd_trainer_launch.protocol) and hvdrun's report port: reports
 round-trip only between holders of the job's secret, a silent peer holds up nobody, and the
-wrappers' side imports nothing of hvd_trainer's core."""
+wrappers' side imports nothing of hvd_trainer's core; the protocol is standard library only, and
+no launcher module imports one that imports it back."""
+import ast
+import os
 import socket
 import subprocess
 import sys
@@ -108,3 +111,47 @@ def test_hvdrun_waits_for_a_report_in_flight():
         assert delivered.is_set()
     finally:
         server.close()
+
+
+LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "launch")
+
+
+def _launcher_imports(name: str) -> set:
+    """The modules of hvd_trainer_launch and hvd_trainer that launch/``name``.py imports,
+    in functions too."""
+    with open(os.path.join(LAUNCH, f"{name}.py")) as f:
+        tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.split(".")[0] in ("hvd_trainer", "hvd_trainer_launch")}
+
+
+def test_no_launcher_module_imports_one_that_imports_it_back():
+    names = [f[:-3] for f in os.listdir(LAUNCH) if f.endswith(".py") and f != "__init__.py"]
+    graph = {name: {m.split(".")[1] for m in _launcher_imports(name)
+                    if m.startswith("hvd_trainer_launch.") and m.split(".")[1] in names}
+             for name in names}
+
+    def reaches(start: str, goal: str) -> bool:
+        stack, visited = [start], set()
+        while stack:
+            node = stack.pop()
+            if node == goal:
+                return True
+            if node not in visited:
+                visited.add(node)
+                stack.extend(graph[node])
+        return False
+
+    circles = [(a, b) for a in names for b in graph[a] if b != a and reaches(b, a)]
+    assert circles == []
+
+
+def test_the_protocol_is_standard_library_only():
+    assert _launcher_imports("protocol") == set()

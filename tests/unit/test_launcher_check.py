@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hvd_trainer import runtime
+from hvd_trainer import launcher_check
 
 INIT = "import hvd_trainer; hvd_trainer.init(); print('size', hvd_trainer.size())"
 
@@ -75,9 +75,9 @@ def test_pmix_states_a_rank_but_no_size(monkeypatch):
         if name not in kept:
             monkeypatch.delenv(name)
     monkeypatch.setenv("PMIX_RANK", "0")
-    assert runtime._launcher_claim() is None
+    assert launcher_check.launcher_claim() is None
     monkeypatch.setenv("PMIX_RANK", "5")
-    assert runtime._launcher_claim() == "PMIX_RANK=5 says this process is rank 5 of a larger job"
+    assert launcher_check.launcher_claim() == "PMIX_RANK=5 says this process is rank 5 of a larger job"
 
 
 def test_the_mpi_backend_starts_mpi_after_the_launcher_module_read_its_version():

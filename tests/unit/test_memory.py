@@ -41,7 +41,7 @@ def test_allreduce_family_uses_the_memory_hooks():
     m = Recording()
     xs = [np.arange(3.0), np.ones((2, 2))]
     out = ops.reduce_group(m, xs, hvd.Sum, "g", 2.0, 1.0, hvd.global_process_set,
-                           "grouped_allreduce", False)
+                           kind="grouped_allreduce", inplace=False)
     for x, o in zip(xs, out):
         np.testing.assert_array_equal(o, x * 2)
         assert not np.shares_memory(o, x)
@@ -51,7 +51,7 @@ def test_allreduce_family_uses_the_memory_hooks():
 def test_gather_broadcast_and_reducescatter_use_the_memory_hooks():
     m = Recording()
     x = np.arange(6.0).reshape(3, 2)
-    np.testing.assert_array_equal(ops.gather(m, x, "a", hvd.global_process_set), x)
+    np.testing.assert_array_equal(ops.allgather_rows(m, x, "a", hvd.global_process_set), x)
     y = x.copy()
     assert ops.broadcast_in(m, y, 0, "b", hvd.global_process_set, True) is y
     (share,) = ops.scatter_reduce(m, [x], hvd.Average, "r", hvd.global_process_set, 1.0, 3.0,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_trainer import files
+from hvd_trainer_launch import protocol
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root "
@@ -99,7 +100,7 @@ def test_remove_temporaries_spares_the_tag_kept_and_other_names(tmp_path):
 
 
 def test_mac_binds_the_parts_boundaries():
-    assert files.mac(b"k", b"ab", b"c") != files.mac(b"k", b"a", b"bc")
+    assert protocol.mac(b"k", b"ab", b"c") != protocol.mac(b"k", b"a", b"bc")
 
 
 def test_a_new_output_replaces_a_planted_symlink_with_a_0600_file(tmp_path):

@@ -12,7 +12,8 @@ from hvd_trainer import scheduler
 
 
 def summary(key, shape=(2,), sync=True, automatic=False, name=None):
-    return (key, {"kind": "allreduce", "name": name or key, "shape": shape}, sync, automatic)
+    return scheduler.Summary(key, {"kind": "allreduce", "name": name or key, "shape": shape},
+                             sync, automatic)
 
 
 def failure(every):
@@ -45,7 +46,7 @@ def test_deadlock_runs_drifted_automatic_names_and_raises_differing_names():
 
 
 def barrier(key):
-    return key, {"kind": "barrier", "name": f"barrier.{key}"}, True, True
+    return scheduler.Summary(key, {"kind": "barrier", "name": f"barrier.{key}"}, True, True)
 
 
 def test_deadlock_keeps_a_barrier_waiting_and_raises_the_calls_of_the_others():
@@ -58,7 +59,8 @@ def test_deadlock_keeps_a_barrier_waiting_and_raises_the_calls_of_the_others():
 
 
 def test_match_keeps_a_barrier_waiting_when_another_call_has_its_key():
-    other = ("noname.2", {"kind": "allgather", "name": "allgather.noname.2"}, True, True)
+    other = scheduler.Summary("noname.2", {"kind": "allgather", "name": "allgather.noname.2"},
+                              True, True)
     lists = [[barrier("noname.2")], [other]]
     assert scheduler.match(lists, failure, me=0) == [("wait", "noname.2", None)]
     [(verdict, key, error)] = scheduler.match(lists, failure, me=1)
@@ -82,9 +84,9 @@ def test_an_entry_of_a_job_counts_as_waited_while_a_thread_waits_for_its_handle(
         entry = scheduler.Entry("k", {"name": "k"}, None, 0)
     finally:
         scheduler.set_job(None, None)
-    assert not entry.waited() and not entry.summary()[2]
+    assert not entry.waited() and not entry.summary().waited
     with scheduler.await_job(job):
-        assert entry.waited() and entry.summary()[2]
+        assert entry.waited() and entry.summary().waited
     assert not entry.waited()
     assert scheduler.Entry("s", {"name": "s"}, None, 0).waited()  # a synchronous call's
 
@@ -218,7 +220,8 @@ def test_decided_entries_take_the_turn_one_at_a_time_in_the_rounds_order():
         rounds.append([e.key for e in entries])
         if len(entries) < 2:
             return []  # wait until both threads' entries are pending
-        return [("run", "b", None), ("run", "a", None)]  # the other ranks' order
+        # the other ranks' order
+        return [scheduler.Verdict("run", "b", None), scheduler.Verdict("run", "a", None)]
 
     def call(key):
         entry = scheduler.Entry(key, {"name": key}, None, 0)
@@ -269,7 +272,7 @@ def test_a_claimed_round_that_decides_nothing_goes_on_as_rounds_do():
 
     def later(entries):  # the next rounds, made by settle
         rounds.append([e.key for e in entries])
-        return [("run", "a", "flags")]
+        return [scheduler.Verdict("run", "a", "flags")]
 
     assert sched.claim()
     entry = scheduler.Entry("a", {}, None, 0)

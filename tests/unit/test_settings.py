@@ -1,7 +1,7 @@
 """Wire settings are agreed at init: rank 0's values, and any rank's parse error on every rank.
 
-Each rank's view comes from runtime._read_settings under its own environment; runtime.
-_agree_settings is what every rank computes from all the views.
+Each rank's view comes from config.read_settings under its own environment;
+config.agree_settings is what every rank computes from all the views.
 """
 import logging
 import os
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hvd_trainer import runtime
+from hvd_trainer import config
 
 NAMES = ("FUSION_THRESHOLD", "ALLREDUCE_ALGO", "RING_THRESHOLD", "BUCKET_THRESHOLD", "OVERLAP",
          "GPU_COMMUNICATOR", "AUTOTUNE", "AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
@@ -24,11 +24,11 @@ def view(monkeypatch, **values):
         monkeypatch.delenv(f"HOROVOD_{name}", raising=False)
     for name, value in values.items():
         monkeypatch.setenv(name, value)
-    return runtime._read_settings()
+    return config.read_settings()
 
 
 def test_without_settings_every_rank_uses_the_defaults(monkeypatch):
-    chosen = runtime._agree_settings([view(monkeypatch)] * 2, 1)
+    chosen = config.agree_settings([view(monkeypatch)] * 2, 1)
     assert chosen == {"FUSION_THRESHOLD": 64 << 20, "ALLREDUCE_ALGO": "auto",
                       "RING_THRESHOLD": 1 << 20, "BUCKET_THRESHOLD": 16 << 20, "OVERLAP": 0,
                       "GPU_COMMUNICATOR": "auto", "AUTOTUNE": 0, "AUTOTUNE_LOG": "",
@@ -43,7 +43,7 @@ def test_rank_0s_values_win_and_a_rank_that_differs_says_so(monkeypatch, caplog)
     for rank in range(3):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="hvd_trainer"):
-            chosen = runtime._agree_settings(every, rank)
+            chosen = config.agree_settings(every, rank)
         assert (chosen["FUSION_THRESHOLD"], chosen["ALLREDUCE_ALGO"],
                 chosen["RING_THRESHOLD"]) == (1000, "auto", 1000)
         warned = sorted(r.getMessage() for r in caplog.records)
@@ -76,7 +76,7 @@ def test_a_parse_error_on_one_rank_raises_on_every_rank_naming_it(monkeypatch, v
     every = [view(monkeypatch), view(monkeypatch), view(monkeypatch, **{variable: value})]
     for rank in range(3):
         with pytest.raises(ValueError) as raised:
-            runtime._agree_settings(every, rank)
+            config.agree_settings(every, rank)
         assert str(raised.value).startswith(f"rank 2: {variable}={value!r} {words}")
 
 
@@ -84,14 +84,14 @@ def test_the_first_rank_with_an_error_is_named(monkeypatch):
     every = [view(monkeypatch), view(monkeypatch, HVD_OVERLAP="yes"),
              view(monkeypatch, HVD_FUSION_THRESHOLD="x")]
     with pytest.raises(ValueError, match=r"^rank 1: HVD_OVERLAP='yes' is not a number"):
-        runtime._agree_settings(every, 2)
+        config.agree_settings(every, 2)
 
 
 def test_stall_times_are_each_ranks_own(monkeypatch, caplog):
     every = [view(monkeypatch, HVD_STALL_CHECK_TIME_SECONDS="30"),
              view(monkeypatch, HVD_STALL_CHECK_TIME_SECONDS="5", HVD_STALL_SHUTDOWN_TIME_SECONDS="9")]
     with caplog.at_level(logging.WARNING, logger="hvd_trainer"):
-        chosen = runtime._agree_settings(every, 1)
+        chosen = config.agree_settings(every, 1)
     assert (chosen["STALL_CHECK_TIME_SECONDS"], chosen["STALL_SHUTDOWN_TIME_SECONDS"]) == (5.0, 9.0)
     assert not caplog.records
 

@@ -8,8 +8,8 @@ import torch
 
 import hvd_trainer.torch as hvd
 from hvd_trainer import elastic as core
-from hvd_trainer import files
 from hvd_trainer import runtime
+from hvd_trainer_launch import protocol
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -174,8 +174,8 @@ def test_restore_goes_back_to_the_weights_and_momentum_of_the_commit():
 
 def test_a_new_process_recovers_model_optimizer_scheduler_sampler_and_attributes(
         tmp_path, monkeypatch):
-    monkeypatch.setenv(core.DIR_VARIABLE, str(tmp_path))
-    monkeypatch.setenv(files.SECRET_VARIABLE, "the job's secret")
+    monkeypatch.setenv(protocol.ELASTIC_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, "the job's secret")
 
     def build():
         model, batches = model_and_batches()
@@ -221,8 +221,8 @@ def test_horovod_names_are_the_elastic_core_s():
 
 def test_tensors_of_every_dtype_come_back_exactly_from_memory_and_from_disk(
         tmp_path, monkeypatch):
-    monkeypatch.setenv(core.DIR_VARIABLE, str(tmp_path))
-    monkeypatch.setenv(files.SECRET_VARIABLE, "the job's secret")
+    monkeypatch.setenv(protocol.ELASTIC_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(protocol.SECRET_VARIABLE, "the job's secret")
     torch.manual_seed(4)
     base = torch.randn(6, 8)
     tensors = {"bfloat16": base.bfloat16(), "float16": base.half(), "float64": base.double(),

@@ -14,6 +14,7 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
+from hvd_trainer import ops  # gather_object, scatter_object: internal, behind checkpoints
 
 R, N = hvd.rank(), hvd.size()
 
@@ -178,9 +179,18 @@ CASES = {
     "allgather_object unpicklable": (hvd.allgather_object, lambda r: dict(obj=obj(r)),
                                      lambda: dict(obj=threading.Lock()), TypeError, ["pickle"],
                                      lambda: [obj(r) for r in range(N)]),
+    # Pickled after the agreement, these failed on the unpicklable rank alone: the others went
+    # on into the data phase.
+    "gather_object unpicklable": (ops.gather_object, lambda r: dict(obj=obj(r), root_rank=0),
+                                  lambda: dict(obj=threading.Lock()), TypeError, ["pickle"],
+                                  lambda: [obj(r) for r in range(N)] if R == 0 else None),
+    "scatter_object unpicklable": (ops.scatter_object,
+                                   lambda r: dict(objs=[obj(q) for q in range(N)], root_rank=0),
+                                   lambda: dict(objs=[obj(0)] * (N - 1) + [threading.Lock()]),
+                                   TypeError, ["pickle", f"objs[{N - 1}]"], lambda: obj(R)),
 }
 # Cases whose bad argument only matters on the root (rank 0); the others alternate.
-ROOT_ONLY = {"broadcast_object unpicklable"}
+ROOT_ONLY = {"broadcast_object unpicklable", "scatter_object unpicklable"}
 
 
 def same(got, want):

@@ -28,6 +28,7 @@ import numpy as np
 
 import hvd_trainer as hvd
 from hvd_trainer import elastic, files
+from hvd_trainer_launch import protocol
 
 N = 1 << 20  # float64 weights: 8 MiB, 8 pieces of a write
 K = 3
@@ -84,7 +85,7 @@ def train(state):
         hvd.barrier()  # the ranks wait here until the launcher ends them
         return
     if hvd.rank() == 0:
-        left = [name for f in files.job_folders(os.environ["HVD_ELASTIC_DIR"],
+        left = [name for f in protocol.job_folders(os.environ["HVD_ELASTIC_DIR"],
                                                 os.environ.get("HVD_ELASTIC_DISK_DIR"))
                 if os.path.isdir(f) for name in os.listdir(f) if name.endswith(".tmp")]
         np.save(os.path.join(folder, "restored.npy"), state.weights)

@@ -15,6 +15,7 @@ import tempfile
 
 import hvd_trainer as hvd
 from hvd_trainer import elastic
+from hvd_trainer_launch import protocol
 
 CASE = sys.argv[1]
 NOBODY = 65534
@@ -22,7 +23,7 @@ NOBODY = 65534
 
 def plant() -> None:
     guessed = os.path.join(tempfile.gettempdir(),
-                           os.path.basename(os.environ[elastic.DIR_VARIABLE]))
+                           os.path.basename(os.environ[protocol.ELASTIC_DIR_VARIABLE]))
     os.mkdir(guessed, 0o700)
     os.chown(guessed, NOBODY, NOBODY)
     print(f"PLANTED {guessed}", flush=True)
@@ -30,7 +31,7 @@ def plant() -> None:
 
 @elastic.run
 def train(state):
-    restart = int(os.environ[elastic.RESTART_VARIABLE])
+    restart = int(os.environ[protocol.RESTART_VARIABLE])
     if hvd.rank() == 0:
         print(f"LIFE restart={restart} step={state.step}", flush=True)
     if CASE == "planted" and hvd.rank() == 0 and restart == 0:

@@ -12,13 +12,13 @@ import sys
 import torch
 
 import hvd_trainer.torch as hvd
-from hvd_trainer import elastic, files
 from hvd_trainer.compression import TwoBit
+from hvd_trainer_launch import protocol
 
 hvd.init()
 # What hvdrun's elastic mode sets (this job is a plain one): the folder and the job's secret.
-os.environ[elastic.DIR_VARIABLE] = os.path.join(sys.argv[1], f"rank{hvd.rank()}")
-os.environ[files.SECRET_VARIABLE] = "the job's secret"
+os.environ[protocol.ELASTIC_DIR_VARIABLE] = os.path.join(sys.argv[1], f"rank{hvd.rank()}")
+os.environ[protocol.SECRET_VARIABLE] = "the job's secret"
 torch.manual_seed(5 + hvd.rank())  # each rank its own data
 BATCHES = [(torch.randn(6, 4), torch.randn(6, 2)) for _ in range(5)]
 
@@ -50,7 +50,7 @@ state.commit()
 assert optimizer._reducer.feedback.residuals, "2-bit compression kept no residuals"
 step(model, optimizer, 3)  # lost with the life
 if hvd.rank() == 1:
-    for path in glob.glob(os.path.join(os.environ[elastic.DIR_VARIABLE], "*.commit")):
+    for path in glob.glob(os.path.join(os.environ[protocol.ELASTIC_DIR_VARIABLE], "*.commit")):
         os.remove(path)
 again, again_optimizer = build("again.")
 hvd.elastic.TorchState(again, again_optimizer).recover()

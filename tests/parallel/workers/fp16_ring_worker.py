@@ -70,8 +70,8 @@ def ring_case(kernels, name):
         memory = KernelMemory(KERNELS[kernels])
         for n in LENGTHS:
             parts = [inputs(r, n, dtype).astype(dtype) for r in range(N)]
-            got = ops.reduce_group(memory, [parts[R].copy()], ops.Sum, None, 1.0, 1.0,
-                                   hvd_trainer.global_process_set, "allreduce", True)[0]
+            got = ops.reduce_group(memory, [parts[R].copy()], ops.Sum, None,
+                                   kind="allreduce", inplace=True)[0]
             same(got, ring_sum(parts, dtype), f"{kernels} {name} sum of {n}")
     return run
 

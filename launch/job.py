@@ -1,0 +1,140 @@
+"""One MPI job of hvdrun, start to end: the ranks' environment, then mpiexec run under watch.
+
+The output goes through the relay (launch/relay.py), the reports through the report port;
+after the first failure or a signal the job is ended, and whatever mpiexec started on this
+host that outlives it is killed (launch/reaping.py). hvdrun's plain mode runs one such job,
+its elastic mode one per life (launch/elastic.py).
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+from hvd_trainer_launch import flags, mpi, protocol, reports
+from hvd_trainer_launch.reaping import kill_processes, launched
+from hvd_trainer_launch.relay import OutputRelay, say
+from hvd_trainer_launch.worker import die_with_parent
+
+# After the first failure, how long the other ranks get to report before mpiexec is told to end
+# the job (Hydra does not end it by itself when a rank exits non-zero).
+FAILURE_GRACE_SECONDS = 3.0
+# After asking mpiexec to end the job (failure or signal), how long before it is SIGKILLed.
+KILL_GRACE_SECONDS = 5.0
+
+def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
+    """The caller's whole environment plus the variables that the flags set."""
+    env = dict(os.environ)
+    for name, value in protocol.NO_FINALIZE_WAIT_VARIABLES.items():  # mpirun passes OMPI_MCA_* on
+        env.setdefault(name, value)
+    env.update(flags.rank_variables(args, flavour))
+    return env
+
+
+def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[str, str]:
+    """The variable from which each rank's wrapper sets Horovod's per-rank variables: the nodes
+    the launcher makes of ``hosts`` with their ranks (ValueError when ``np`` exceeds the slots)."""
+    return {protocol.HOSTS_VARIABLE: json.dumps(mpi.placement(flavour, hosts, np))}
+
+
+def report_variables(server: reports.ReportServer, secret: str) -> Dict[str, str]:
+    """The variables that tell each rank's wrapper where and how to report to ``server``."""
+    return {protocol.REPORTS_VARIABLE: server.address, protocol.SECRET_VARIABLE: secret}
+
+
+# What keeps the ranks' network transport on the loopback in a one-host job (unless the caller
+# set it): MPICH's UCX ranks would otherwise listen on every interface.
+LOOPBACK_VARIABLES = {"UCX_NET_DEVICES": "lo"}
+
+
+def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
+            np: int = 0, start_timeout: Optional[float] = None,
+            failure_grace: Optional[float] = FAILURE_GRACE_SECONDS) -> int:
+    """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
+
+    mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
+    it; after a failure or a signal the job is ended, and SIGKILLed if it lingers. mpiexec is
+    SIGKILLed by the kernel when hvdrun dies (even by SIGKILL), and the ranks' wrappers end
+    their ranks when mpiexec goes. With
+    ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
+    ``failure_grace`` is how long the other ranks get to report after the first failure
+    (None: a failure does not end the job, whose survivors go on: hvdrun --ulfm).
+    """
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True, preexec_fn=die_with_parent())
+    readers = [threading.Thread(target=relay.relay, args=(process.stdout, sys.stdout.buffer), daemon=True),
+               threading.Thread(target=relay.relay, args=(process.stderr, sys.stderr.buffer), daemon=True)]
+    for reader in readers:
+        reader.start()
+    received: List[int] = []
+    handled = 0
+    # Forward signals while the job runs; the caller's handlers come back afterwards.
+    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    ending = False
+    kill_at = None
+    left: Dict[int, bytes] = {}  # what mpiexec had started when it was told to end
+    start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
+    while process.poll() is None:
+        now = time.monotonic()
+        if start_deadline is not None and now >= start_deadline:
+            start_deadline = None
+            missing = sorted(set(range(np)) - relay.started)
+            if missing:
+                relay.not_started(missing, start_timeout)
+        if len(received) > handled:
+            handled = len(received)
+            if handled == 1:
+                relay.interrupted = True
+                say(f"received {signal.Signals(received[0]).name}; ending the job")
+                left.update(launched(process.pid))  # mpiexec may orphan them as it ends
+                process.send_signal(received[0])
+                ending, kill_at = True, now + KILL_GRACE_SECONDS
+            else:
+                kill_at = now
+        first = relay.first_report()
+        # After a start timeout (the only failure chosen before this) nobody is left to report.
+        if first is not None and not ending and (relay.failure is not None or (
+                failure_grace is not None and now >= first + failure_grace)):
+            relay.settle()
+            relay.ending = True
+            left.update(launched(process.pid))
+            process.terminate()
+            ending, kill_at = True, now + KILL_GRACE_SECONDS
+        if kill_at is not None and now >= kill_at:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            kill_processes({**left, **launched(process.pid)})
+            kill_at = None
+        time.sleep(0.05)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    kill_processes({**left, **launched(process.pid)})
+    for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
+        reader.join(KILL_GRACE_SECONDS)
+    if not any(reader.is_alive() for reader in readers):
+        relay.close()
+    if received:
+        return 128 + received[0]
+    if relay.settle() is not None:
+        return relay.failure.code or 1
+    code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+    missing = sorted(set(range(np)) - relay.started)
+    if code and missing:
+        say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
+             "its messages above say why (e.g. ssh could not reach a host)")
+    elif code:
+        say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
+             "calls MPI_Abort is killed before it can)")
+    elif np and len(missing) == np:
+        say(f"{command[0]} exited with code 0 but no rank reported its start: it started "
+             "none (is it an MPI launcher? see --mpiexec and HVD_MPIEXEC), or the ranks could "
+             "not reach hvdrun's report port (their warnings above say so)")
+        return 1
+    return code
