@@ -58,7 +58,7 @@ def _worker_sources(text: str) -> str:
 
 
 _FOLDER_MARKS = {"parallel": pytest.mark.parallel, "gpu": pytest.mark.gpu,
-                 "multihost": pytest.mark.multihost}
+                 "multihost": pytest.mark.multihost, "engines": pytest.mark.engines}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,0 +1,35 @@
+"""Helpers of the engine tests: the clusters' sizes, and the processes a job left behind."""
+import os
+from typing import List
+
+RAY_CPUS = 3
+
+
+def spark_session():
+    """A SparkSession on one executor with three slots: a barrier job short of slots fails
+    in seconds (the check's interval and failures lowered), not ten minutes."""
+    from pyspark.sql import SparkSession
+    return (SparkSession.builder.master("local-cluster[1,3,1024]")
+            .appName("hvd_trainer engine tests")
+            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.task.maxFailures", "1")
+            .getOrCreate())
+
+
+def processes_with(variable: str) -> List[int]:
+    """The PIDs of this user's processes whose environment sets ``variable`` (an engine job's
+    proxies, wrappers and ranks all have protocol.ENGINE_FOLDER_VARIABLE)."""
+    wanted = f"{variable}=".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if any(item.startswith(wanted) for item in environ.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
