@@ -49,12 +49,14 @@ class ManualLaunch:
     through MPICH's manual launcher: :meth:`proxies` gives the command line each host's agent
     must run, :meth:`wait` the job's exit code.
 
-    ``env``: variables the ranks get on top of this process's; ``out``/``err``: binary
-    streams for the ranks' output and hvdrun's messages (default: ours)."""
+    ``env``: variables the ranks get on top of this process's; ``out``/``err``: streams for
+    the ranks' output and hvdrun's messages (default: ours); ``hvdrun_args``: more of its
+    flags (--network-interfaces, --prefix-output-with-timestamp)."""
 
     def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str],
                  env: Optional[Dict[str, str]] = None, start_timeout: Optional[float] = None,
-                 mpi_args: Sequence[str] = (), out=None, err=None, verbose: bool = False):
+                 mpi_args: Sequence[str] = (), out=None, err=None, verbose: bool = False,
+                 hvdrun_args: Sequence[str] = ()):
         self.hosts = [(name, count) for name, count in hosts]
         self._lines: List[str] = []
         self._announced = threading.Event()
@@ -68,6 +70,7 @@ class ManualLaunch:
             arguments += ["--start-timeout", str(start_timeout)]
         if verbose:
             arguments.append("--verbose")
+        arguments += list(hvdrun_args)
         self._process = subprocess.Popen(
             [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), self._folder,
              *arguments, "--", *command],

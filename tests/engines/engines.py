@@ -1,5 +1,7 @@
 """Helpers of the engine tests: the clusters' sizes, and the processes a job left behind."""
 import os
+import sys
+import time
 from typing import List
 
 RAY_CPUS = 3
@@ -9,13 +11,21 @@ def spark_session():
     """A SparkSession on one executor with three slots: a barrier job short of slots fails
     in seconds (the check's interval and failures lowered), not ten minutes."""
     from pyspark.sql import SparkSession
-    return (SparkSession.builder.master("local-cluster[1,3,1024]")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one
+    session = (SparkSession.builder.master("local-cluster[1,3,1024]")
             .appName("hvd_trainer engine tests")
             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.task.maxFailures", "1")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.executorEnv.PATH", os.environ.get("PATH", ""))
             .getOrCreate())
+    deadline = time.monotonic() + 60  # the executor registers after the session is up
+    while session.sparkContext.defaultParallelism < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return session
 
 
 def processes_with(variable: str) -> List[int]:
