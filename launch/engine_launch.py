@@ -18,7 +18,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch import horovod_shim, mpi, protocol
 
 # After asking hvdrun to end the job, how long before it is SIGKILLed.
 _KILL_GRACE_SECONDS = 10.0
@@ -51,12 +51,13 @@ class ManualLaunch:
 
     ``env``: variables the ranks get on top of this process's; ``out``/``err``: streams for
     the ranks' output and hvdrun's messages (default: ours); ``hvdrun_args``: more of its
-    flags (--network-interfaces, --prefix-output-with-timestamp)."""
+    flags (--network-interfaces, --prefix-output-with-timestamp); ``horovod``: give the ranks
+    the horovod shim (default: when this process imported horovod from it)."""
 
     def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str],
                  env: Optional[Dict[str, str]] = None, start_timeout: Optional[float] = None,
                  mpi_args: Sequence[str] = (), out=None, err=None, verbose: bool = False,
-                 hvdrun_args: Sequence[str] = ()):
+                 hvdrun_args: Sequence[str] = (), horovod: Optional[bool] = None):
         self.hosts = [(name, count) for name, count in hosts]
         self._lines: List[str] = []
         self._announced = threading.Event()
@@ -71,6 +72,8 @@ class ManualLaunch:
         if verbose:
             arguments.append("--verbose")
         arguments += list(hvdrun_args)
+        if driver_uses_shim() if horovod is None else horovod:  # a horovod script's ranks
+            arguments.append("--horovod")
         self._process = subprocess.Popen(
             [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), self._folder,
              *arguments, "--", *command],
@@ -151,6 +154,14 @@ class ManualLaunch:
             self._watching = -1
         import shutil
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def driver_uses_shim() -> bool:
+    """Whether this process imported ``horovod`` from hvd_trainer's shim (a Horovod script
+    whose import was changed): then the ranks get the shim too (hvdrun --horovod)."""
+    module = sys.modules.get("horovod")
+    origin = getattr(module, "__file__", None)
+    return bool(origin) and horovod_shim.is_shim(origin)
 
 
 def _show(out, data: bytes) -> None:

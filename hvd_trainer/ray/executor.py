@@ -47,6 +47,15 @@ class _Agent:
         return tuple(engine_agent.run_proxy(line, payload, secret))
 
 
+def _driver_path() -> Dict[str, str]:
+    """PYTHONPATH for the ranks: theirs, then the driver's sys.path, as Ray gives its workers
+    the driver's (so functions that refer to the driver's modules load there too)."""
+    import sys
+    entries = [entry or os.getcwd() for entry in sys.path]
+    given = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return {"PYTHONPATH": os.pathsep.join(given + [e for e in entries if os.path.isdir(e)])}
+
+
 class RayExecutor:
     """horovod.ray.RayExecutor: run a function on ``num_workers`` ranks (or ``num_hosts`` ×
     ``num_workers_per_host``) placed by Ray; results come back in rank order."""
@@ -201,7 +210,8 @@ class RayExecutor:
         if not self._agents:
             raise EngineError("RayExecutor: call start() first (or again after shutdown())")
         size = sum(count for _, count in layout)
-        launch = engine_launch.ManualLaunch(layout, engine_launch.rank_command(), env=self._env,
+        launch = engine_launch.ManualLaunch(layout, engine_launch.rank_command(),
+                                            env={**_driver_path(), **self._env},
                                             start_timeout=self.settings.timeout_s,
                                             verbose=self.settings.verbose)
         outcomes: Dict[int, bytes] = {}

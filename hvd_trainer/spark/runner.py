@@ -53,7 +53,7 @@ class _Tee(io.RawIOBase):
 
 
 def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, str],
-          hvdrun_args: List[str], executable: Optional[str]) -> Callable:
+          hvdrun_args: List[str], executable: Optional[str], horovod: bool) -> Callable:
     """The function each barrier task runs over its (unused) partition."""
 
     def task(_partition):
@@ -69,7 +69,8 @@ def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, st
             try:
                 launch = engine_launch.ManualLaunch(
                     layout, engine_launch.rank_command(executable), env=env,
-                    start_timeout=start_timeout, out=out, err=err, hvdrun_args=hvdrun_args)
+                    start_timeout=start_timeout, out=out, err=err, hvdrun_args=hvdrun_args,
+                    horovod=horovod)
                 message = json.dumps({"lines": launch.proxies(start_timeout)})
             except Exception as error:
                 message = json.dumps({"error": str(error)})
@@ -128,7 +129,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         hvdrun_args.append(f"--mpi-args={extra_mpi_args}")
     name = getattr(fn, "__name__", repr(fn))
     task = _task(engine_launch.payload(fn, args, kwargs), os.urandom(32), start_timeout,
-                 {str(k): str(v) for k, v in (env or {}).items()}, hvdrun_args, executable)
+                 {str(k): str(v) for k, v in (env or {}).items()}, hvdrun_args, executable,
+                 engine_launch.driver_uses_shim())
     rows = _collect(context, num_proc, task, start_timeout)
     return _results(rows, num_proc, name, stdout or sys.stdout, stderr or sys.stderr)
 
