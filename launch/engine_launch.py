@@ -79,7 +79,7 @@ class ManualLaunch:
              *arguments, "--", *command],
             env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(watched,),
-            start_new_session=True)
+            start_new_session=True, cwd="/")  # mpiexec's folder must exist on every host
         os.close(watched)
         self._readers = [
             threading.Thread(target=self._read_stdout, args=(out or sys.stdout.buffer,),
@@ -190,10 +190,12 @@ def payload(func: Callable[..., Any], args: Sequence[Any] = (),
 
 
 def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, str],
-           code: int, messages: Sequence[str], lost: Sequence[str] = ()) -> List[Any]:
+           code: int, messages: Sequence[str], lost: Sequence[str] = (),
+           proxies: Sequence[Tuple[str, int, str]] = ()) -> List[Any]:
     """The ranks' results in rank order from the ``outcomes`` that the agents carried back;
     EngineError naming the rank (and host) that raised, the ranks without a result, or the
-    agents ``lost``, with hvdrun's ``messages`` and exit ``code``."""
+    agents ``lost``, with hvdrun's ``messages`` and exit ``code``, and what each proxy that
+    failed (``proxies``: host, exit code, its messages) said."""
     results, raised, missing = {}, [], []
     for rank in range(size):
         if rank not in outcomes:
@@ -209,6 +211,9 @@ def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, st
         else:
             raised.append((rank, *value))
     said = f"\nhvdrun: {'; '.join(messages)}" if messages else ""
+    said += "".join(f"\nthe launcher proxy on {host} exited with code {proxy_code}"
+                    + (f": {text.strip()}" if text.strip() else "")
+                    for host, proxy_code, text in proxies if proxy_code)
     if raised:
         rank, error, text = raised[0]
         others = [r for r, *_ in raised[1:]]

@@ -33,6 +33,10 @@ def main() -> None:
     import cloudpickle
     folder = os.environ.pop(protocol.ENGINE_FOLDER_VARIABLE)  # not for func's own children
     secret = bytes.fromhex(os.environ.pop(protocol.ENGINE_SECRET_VARIABLE))
+    try:  # the agent's working directory (a Spark task's, a Ray actor's), as Horovod's ranks
+        os.chdir(os.environ.pop(protocol.ENGINE_WORKDIR_VARIABLE))
+    except (KeyError, OSError):
+        pass
     rank = int(os.environ["HOROVOD_RANK"])
     label = protocol.ENGINE_RESULT.format(rank=rank)
     func, args, kwargs = pickle.loads(

@@ -49,6 +49,9 @@ ULFM_VARIABLE = "HVD_ULFM"
 # result, and the secret that signs both (hex text).
 ENGINE_FOLDER_VARIABLE = "HVD_ENGINE_FOLDER"
 ENGINE_SECRET_VARIABLE = "HVD_ENGINE_SECRET"
+# ... and the agent's working directory, where its ranks work: the launcher starts them in
+# "/", since its own working directory need not exist on the other hosts.
+ENGINE_WORKDIR_VARIABLE = "HVD_ENGINE_WORKDIR"
 # The labels of those files, which their signatures bind: the function, and rank N's result.
 ENGINE_FUNCTION = "function"
 ENGINE_RESULT = "result.{rank}"

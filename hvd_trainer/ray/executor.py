@@ -216,6 +216,7 @@ class RayExecutor:
                                             verbose=self.settings.verbose)
         outcomes: Dict[int, bytes] = {}
         lost: List[str] = []
+        proxies: List[tuple] = []
         try:
             lines = launch.proxies(self.settings.timeout_s)
             secret = os.urandom(32)
@@ -227,8 +228,9 @@ class RayExecutor:
                 done, pending = ray.wait(pending, timeout=0.2)
                 for ref in done:
                     try:
-                        host, _, found = ray.get(ref)
+                        host, proxy_code, found, said = ray.get(ref)
                         outcomes.update(found)
+                        proxies.append((host, proxy_code, said))
                     except ray.exceptions.RayError:
                         lost.append(refs[ref])
                         launch.end()
@@ -242,7 +244,7 @@ class RayExecutor:
             launch.end()
             raise
         results = engine_launch.gather(outcomes, size, name, engine_launch.host_of_ranks(layout),
-                                       code, launch.messages, lost)
+                                       code, launch.messages, lost, proxies)
         for callback in callbacks or ():
             for result in results:
                 callback(result)

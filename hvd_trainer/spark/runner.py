@@ -204,7 +204,7 @@ def _started(context, group: str) -> int:
 def _results(rows: list, num_proc: int, name: str, stdout, stderr) -> List[Any]:
     """The ranks' results from the tasks' rows, after showing task 0's copy of the output."""
     outcomes: Dict[int, bytes] = {}
-    code, messages, layout, error = 0, [], [], None
+    code, messages, layout, error, proxies = 0, [], [], None, []
     for _, index, (host, outcome, task_code, task_messages, task_error, out, err) in rows:
         if index == 0:
             code, messages, error = task_code, task_messages, task_error
@@ -212,12 +212,13 @@ def _results(rows: list, num_proc: int, name: str, stdout, stderr) -> List[Any]:
             _write(stderr, err)
         if outcome is not None:
             outcomes.update(outcome[2])
+            proxies.append((outcome[0], outcome[1], outcome[3]))
     hosts = [row[2][0] for row in sorted(rows, key=lambda row: row[1])]
     layout = engine_launch.rank_layout(hosts)
     if error:
         raise EngineError(f"hvd_trainer.spark.run: the MPI job did not start: {error}")
     return engine_launch.gather(outcomes, num_proc, name, engine_launch.host_of_ranks(layout),
-                                code or 0, messages)
+                                code or 0, messages, proxies=proxies)
 
 
 def _write(stream, data: bytes) -> None:

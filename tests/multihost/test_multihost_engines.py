@@ -1,6 +1,6 @@
 """hvd_trainer.ray across the test bed: a Ray head on h1 and a Ray node on h2 and h3, each
-started with ``ray start --block`` inside its host and ended by PID (every process in that
-host's PID namespace but its first), never by ``ray stop``. The driver runs on h1; ranks on
+started with ``ray start --block`` inside its host and ended by PID (every process whose
+environment carries the fixture's marker), never by ``ray stop``. The driver runs on h1; ranks on
 other hosts are started by the agents there, with no ssh. Checked: the layout by host
 (local and cross ranks), data across the link against NumPy, and a rank on h3 that raises."""
 import importlib.util
@@ -71,19 +71,20 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
-def _namespace_processes(bed, host):
-    """PIDs (as this machine sees them) in ``host``'s PID namespace, but its first process."""
-    init = bed._host(host)["init"]
-    space = os.readlink(f"/proc/{init}/ns/pid_for_children")
-    found = []
+def _stop_daemons(marker: str) -> None:
+    """SIGKILL, by PID, every process whose environment carries ``marker`` (the daemons a
+    fixture started, and whatever they started: workers, executors, ranks)."""
+    wanted = marker.encode()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != init:
-            try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == space:
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted not in environ.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,9 @@ def ray_bed(bed):
     if importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed here; pip install -e '.[test]'")
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **_TOKEN)
+    marker = f"HVD_TEST_RAY_BED={secrets.token_hex(8)}"
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **_TOKEN,
+               HVD_TEST_RAY_BED=marker.split("=", 1)[1])
     daemons = []
     try:
         for host in bed.hosts:
@@ -108,12 +111,7 @@ def ray_bed(bed):
                 time.sleep(5)  # the head's GCS first
         yield f"{HEAD}:{PORT}"
     finally:
-        for host in bed.hosts:
-            for pid in _namespace_processes(bed, host):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _stop_daemons(marker)
         for daemon in daemons:
             daemon.wait(30)
 
@@ -157,3 +155,129 @@ def test_data_crosses_the_link(driver):
 def test_rank_on_h3_raises_named(driver):
     assert "raised on rank 2 on host h3" in driver[0]["RAISED"]
     assert "the rank on h3 fails" in driver[0]["RAISED"]
+
+
+# -- Spark: a standalone master on h1, a worker with one core on each host ------------------
+
+SPARK_MASTER = f"spark://{HEAD}:7077"
+
+_SPARK_DRIVER = textwrap.dedent("""
+    import json, os, sys, time
+    from pyspark.sql import SparkSession
+    import hvd_trainer.spark
+
+    def place(size):
+        import os, socket
+        import numpy as np
+        import hvd_trainer as hvd
+        hvd.init()
+        total = hvd.allreduce(np.full(size // 8, float(hvd.rank() + 1)), op=hvd.Sum)
+        return {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(),
+                "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+                "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+                "sum": [float(total.min()), float(total.max())]}
+
+    def raise_on_h3():
+        import socket
+        import numpy as np
+        import hvd_trainer as hvd
+        hvd.init()
+        if socket.gethostname() == "h3":
+            raise RuntimeError("the rank on h3 fails")
+        hvd.allreduce(np.ones(4))
+
+    session = (SparkSession.builder.master(sys.argv[1]).appName("hvd_trainer bed")
+               .config("spark.driver.host", sys.argv[3])
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
+               .config("spark.executor.memory", "512m")
+               .getOrCreate())
+    deadline = time.monotonic() + 120
+    while session.sparkContext.defaultParallelism < 3:
+        assert time.monotonic() < deadline, session.sparkContext.defaultParallelism
+        time.sleep(0.5)
+    print("SPARK", json.dumps(hvd_trainer.spark.run(place, args=[int(sys.argv[2])],
+                                                    num_proc=3)), flush=True)
+    try:
+        hvd_trainer.spark.run(raise_on_h3, num_proc=3)
+    except Exception as error:
+        print("RAISED", json.dumps(str(error)), flush=True)
+    session.stop()
+""")
+
+
+@pytest.fixture(scope="module")
+def spark_bed(bed):
+    """A Spark standalone master on h1 and a one-core worker per host; stopped by PID."""
+    if importlib.util.find_spec("pyspark") is None:
+        pytest.skip("pyspark is not installed here; pip install -e '.[test]'")
+    import shutil
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java 17 or later (apt-get install openjdk-17-jre-headless)")
+    import pyspark
+    spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    marker = secrets.token_hex(8)
+    daemons = []
+    try:
+        for host in ["h1", *bed.hosts]:
+            address = bed.address(host)
+            env = dict(os.environ, SPARK_LOCAL_IP=address, PYSPARK_PYTHON=sys.executable,
+                       HVD_TEST_SPARK_BED=marker)
+            master = not daemons
+            argv = ([spark_class, "org.apache.spark.deploy.master.Master", "--host", HEAD,
+                     "--port", "7077"] if master else
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", SPARK_MASTER,
+                     "--host", address, "--cores", "1", "--memory", "1g",
+                     "--work-dir", "/tmp/spark-work"])
+            log_path = os.path.join(bed.shared, f"spark-{'master' if master else host}.log")
+            with open(log_path, "wb") as log:
+                daemons.append(bed.popen(host, argv, cwd=bed.shared, env=env, stdout=log,
+                                         stderr=log, start_new_session=True))
+            if master:
+                _wait_for_text(log_path, "I have been elected leader", 90)
+        yield SPARK_MASTER
+    finally:
+        _stop_daemons(f"HVD_TEST_SPARK_BED={marker}")
+        for daemon in daemons:
+            daemon.wait(30)
+
+
+def _wait_for_text(path: str, text: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with open(path, errors="replace") as log:
+            if text in log.read():
+                return
+        assert time.monotonic() < deadline, f"{path} did not say {text!r}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def spark_driver(bed, spark_bed):
+    before = bed.link_bytes("h2")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD)
+    done = bed.run("h1", [sys.executable, "-c", _SPARK_DRIVER, spark_bed, str(PAYLOAD), HEAD],
+                   cwd=bed.shared, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+             for line in done.stdout.splitlines() if line.startswith(("SPARK ", "RAISED "))}
+    return lines, bed.link_bytes("h2") - before
+
+
+def test_spark_ranks_one_per_executor_host(spark_driver):
+    results, moved = spark_driver[0]["SPARK"], spark_driver[1]
+    assert sorted(r["host"] for r in results) == ["h1", "h2", "h3"]
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    for r in results:
+        assert (r["size"], r["local_rank"], r["local_size"], r["cross_size"]) == (3, 0, 1, 3)
+        assert r["cross_rank"] == r["rank"]
+        assert r["sum"] == [6.0, 6.0]
+    assert moved >= PAYLOAD
+
+
+def test_spark_rank_on_h3_raises_named(spark_driver):
+    text = spark_driver[0]["RAISED"]
+    assert "on host h3" in text and "the rank on h3 fails" in text
