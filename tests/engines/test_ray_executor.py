@@ -163,3 +163,33 @@ def test_ctrl_c_on_the_driver_leaves_nothing(ray_cluster, executor):
         assert time.monotonic() < deadline, "processes left behind"
         time.sleep(0.2)
     executor.start()
+
+
+def _torch_steps(ranks, steps):
+    """Train a small model for ``steps`` SGD-with-momentum steps on this rank's slice of a
+    fixed global batch (one slice per rank; the whole batch when ``ranks`` is None)."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    x, y = torch.randn(4 * RANKS, 6), torch.randn(4 * RANKS, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if ranks is not None:
+        import hvd_trainer.torch as hvd
+        hvd.init()
+        x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+        optimizer = hvd.DistributedOptimizer(optimizer,
+                                             named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def test_torch_training_equals_one_process_on_the_global_batch(executor):
+    pytest.importorskip("torch")
+    reference = _torch_steps(None, 3)
+    for weights in executor.run(_torch_steps, args=[RANKS, 3]):
+        for got, want in zip(weights, reference):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
