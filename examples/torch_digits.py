@@ -57,8 +57,8 @@ def main():
 
 
 def train(epochs=25, batch_size=32, lr=0.004, seed=0):
-    """Train on this rank's shard; return the final test accuracy (every rank's is the same).
-    The Spark and Ray versions (torch_digits_spark.py, torch_digits_ray.py) call it."""
+    """Train for ``epochs``; return the final test accuracy (torch_digits_spark.py and
+    torch_digits_ray.py call the distributed version)."""
     hvd.init()
     torch.set_num_threads(1)
 
