@@ -6,6 +6,7 @@ other hosts are started by the agents there, with no ssh. Checked: the layout by
 import importlib.util
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -153,7 +154,8 @@ def test_data_crosses_the_link(driver):
 
 
 def test_rank_on_h3_raises_named(driver):
-    assert "raised on rank 2 on host h3" in driver[0]["RAISED"]
+    # STRICT_SPREAD's bundles reach the nodes in Ray's order: h3's rank is any of them.
+    assert re.search(r"raised on rank \d on host h3", driver[0]["RAISED"])
     assert "the rank on h3 fails" in driver[0]["RAISED"]
 
 
