@@ -1,6 +1,7 @@
 """hvd_trainer.spark.run on a real local-cluster (one executor JVM with 3 slots): results
 against NumPy, Horovod's per-rank variables, a rank that raises, too few slots, Ctrl-C on
-the driver, a killed executor, and no process left behind."""
+the driver, Gluon's DistributedTrainer against one process on the global batch, a killed
+executor (last: the cluster replaces it slowly), and no process left behind."""
 import os
 import signal
 import sys
@@ -121,6 +122,43 @@ def test_ctrl_c_on_the_driver_cancels_the_job(spark):
     _wait_for_no_engine_processes(20)
 
 
+def _gluon_steps(distributed, steps):
+    """Train a small Gluon net for ``steps`` SGD-with-momentum steps on this rank's slice of a
+    fixed global batch (the whole batch in one process when not ``distributed``)."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd, gluon
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(4 * RANKS, 6).astype("f"), rng.randn(4 * RANKS, 2).astype("f")
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(4, activation="tanh"), gluon.nn.Dense(2))
+    mx.random.seed(0)
+    net.initialize(mx.init.Xavier())
+    params = {"learning_rate": 0.1, "momentum": 0.9}
+    if distributed:
+        import hvd_trainer
+        trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd", params)
+        x, y = x[hvd_trainer.rank()::hvd_trainer.size()], y[hvd_trainer.rank()::hvd_trainer.size()]
+    else:
+        trainer = gluon.Trainer(net.collect_params(), "sgd", params)
+    loss = gluon.loss.L2Loss()
+    for _ in range(steps):
+        with autograd.record():
+            out = loss(net(mx.nd.array(x)), mx.nd.array(y))
+        out.backward()
+        trainer.step(len(x))
+    return [p.data().asnumpy() for p in net.collect_params().values()]
+
+
+def test_gluon_training_equals_one_process_on_the_global_batch(spark):
+    pytest.importorskip("mxnet")
+    import hvd_trainer.spark
+    reference = _gluon_steps(False, 3)
+    for weights in hvd_trainer.spark.run(_gluon_steps, args=(True, 3), num_proc=RANKS):
+        for got, want in zip(weights, reference):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _executors_of(application):
     """PIDs of this Spark application's executor JVMs."""
     found = []
@@ -147,3 +185,4 @@ def test_killed_executor_ends_the_job(spark):
         hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
     assert time.monotonic() - started < 90
     _wait_for_no_engine_processes(20)
+
