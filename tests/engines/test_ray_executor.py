@@ -77,8 +77,10 @@ def test_rank_that_raises_is_named_and_the_executor_goes_on(executor):
     assert isinstance(raised.value.__cause__, KeyError)
     assert time.monotonic() - started < 30
     assert engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE) == []
-    # execute() with an executable class, on the same executor after the failure.
+    # execute() and execute_single(), on the same executor after the failure.
     assert executor.execute(lambda worker: worker is None) == [True] * RANKS
+    assert executor.execute_single(
+        lambda worker: (os.environ["HOROVOD_RANK"], os.environ["HOROVOD_SIZE"])) == ("0", "1")
 
 
 def test_too_few_cpus_is_a_timeout(ray_cluster):
