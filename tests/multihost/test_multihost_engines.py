@@ -100,16 +100,19 @@ def ray_bed(bed):
     daemons = []
     try:
         for host in bed.hosts:
-            role = (["--head", f"--port={PORT}", "--include-dashboard=false"] if host == "h1"
-                    else [f"--address={HEAD}:{PORT}"])
+            # Nothing the tests do not use: no dashboard, autoscaler monitor or log monitor
+            # (the driver does not print the workers' output).
+            role = (["--head", f"--port={PORT}", "--include-dashboard=false", "--no-monitor"]
+                    if host == "h1" else [f"--address={HEAD}:{PORT}"])
             log = open(os.path.join(bed.shared, f"ray-{host}.log"), "wb")
             daemons.append(bed.popen(host, [ray_cli, "start", "--block", *role,
                                             f"--node-ip-address={bed.address(host)}",
-                                            f"--num-cpus={CPUS[host]}", "--disable-usage-stats"],
+                                            f"--num-cpus={CPUS[host]}", "--disable-usage-stats",
+                                            "--include-log-monitor=false"],
                                      cwd=bed.shared, env=env, stdout=log, stderr=log,
                                      start_new_session=True))
-            if host == "h1":
-                time.sleep(5)  # the head's GCS first
+            if host == "h1":  # the head's GCS first: the nodes join it at once
+                _wait_for_text(os.path.join(bed.shared, "ray-h1.log"), "Ray runtime started", 90)
         yield f"{HEAD}:{PORT}"
     finally:
         _stop_daemons(marker)
@@ -161,6 +164,9 @@ def test_rank_on_h3_raises_named(driver):
 # -- Spark: a standalone master on h1, a worker with one core on each host ------------------
 
 SPARK_MASTER = f"spark://{HEAD}:7077"
+# Every JVM of the bed (master, workers, driver, executors), as tests/engines' JVM_OPTIONS: the
+# client compiler only and the serial collector start a JVM several times faster on two cores.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
 _SPARK_DRIVER = textwrap.dedent("""
     import json, os, sys, time
@@ -194,11 +200,13 @@ _SPARK_DRIVER = textwrap.dedent("""
                .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
                .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
                .config("spark.executor.memory", "512m")
+               .config("spark.driver.extraJavaOptions", sys.argv[4])
+               .config("spark.executor.extraJavaOptions", sys.argv[4])
                .getOrCreate())
     deadline = time.monotonic() + 120
     while session.sparkContext.defaultParallelism < 3:
         assert time.monotonic() < deadline, session.sparkContext.defaultParallelism
-        time.sleep(0.5)
+        time.sleep(0.1)
     print("SPARK", json.dumps(hvd_trainer.spark.run(place, args=[int(sys.argv[2])],
                                                     num_proc=3)), flush=True)
     try:
@@ -225,7 +233,8 @@ def spark_bed(bed):
         for host in ["h1", *bed.hosts]:
             address = bed.address(host)
             env = dict(os.environ, SPARK_LOCAL_IP=address, PYSPARK_PYTHON=sys.executable,
-                       HVD_TEST_SPARK_BED=marker)
+                       HVD_TEST_SPARK_BED=marker, SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
+                       SPARK_DAEMON_MEMORY="256m")
             master = not daemons
             argv = ([spark_class, "org.apache.spark.deploy.master.Master", "--host", HEAD,
                      "--port", "7077"] if master else
@@ -252,7 +261,7 @@ def _wait_for_text(path: str, text: str, seconds: float) -> None:
             if text in log.read():
                 return
         assert time.monotonic() < deadline, f"{path} did not say {text!r}"
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +269,8 @@ def spark_driver(bed, spark_bed):
     before = bed.link_bytes("h2")
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD)
-    done = bed.run("h1", [sys.executable, "-c", _SPARK_DRIVER, spark_bed, str(PAYLOAD), HEAD],
+    done = bed.run("h1", [sys.executable, "-c", _SPARK_DRIVER, spark_bed, str(PAYLOAD), HEAD,
+                          JVM_OPTIONS],
                    cwd=bed.shared, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
