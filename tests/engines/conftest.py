@@ -6,6 +6,7 @@ is missing. Every daemon a fixture starts is stopped by its own handle or PID, n
 import importlib.util
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -16,16 +17,21 @@ INSTALL = "pip install -e '.[test]' (which brings ray and pyspark)"
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray instance with engines.RAY_CPUS CPUs (ray.init, ended by ray.shutdown)."""
+    """A Ray head with engines.RAY_CPUS CPUs (engines.ray_head) this process joins; its
+    processes are stopped by PID at the end, never by ``ray stop``."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip(f"ray is not installed here; {INSTALL}")
     import ray
-    ray.init(num_cpus=engines.RAY_CPUS, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    marker = f"HVD_TEST_RAY_HEAD_{os.getpid()}"
+    temp = tempfile.mkdtemp(prefix="hvdray-")  # short: Ray's sockets live under it
     try:
+        address = engines.ray_head(temp, marker)
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
         yield ray
     finally:
         ray.shutdown()
+        engines.stop_processes_with(marker)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
