@@ -53,6 +53,12 @@ def main():
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights and shuffling (the test split is fixed)")
     args = parser.parse_args()
+    train(args.epochs, args.batch_size, args.lr, args.seed)
+
+
+def train(epochs=25, batch_size=32, lr=0.004, seed=0):
+    """Train for ``epochs``; return the final test accuracy (torch_digits_spark.py and
+    torch_digits_ray.py call the distributed version)."""
     hvd.init()
     torch.set_num_threads(1)
 
@@ -63,21 +69,21 @@ def main():
         stratify=digits.target)
     x_mine, y_mine = x_train[hvd.rank()::hvd.size()], y_train[hvd.rank()::hvd.size()]
 
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     net = make_net()
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)
 
-    rng = np.random.RandomState(args.seed)
+    rng = np.random.RandomState(seed)
     start = time.time()
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(1, epochs + 1):
         tic = time.time()
         order = torch.from_numpy(rng.permutation(len(x_mine)))
-        for i in range(0, len(order), args.batch_size):
-            batch = order[i:i + args.batch_size]
+        for i in range(0, len(order), batch_size):
+            batch = order[i:i + batch_size]
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x_mine[batch]), y_mine[batch])
             loss.backward()
@@ -85,6 +91,7 @@ def main():
         scheduler.step()
         if hvd.rank() == 0:
             report(epoch, net, (x_train, y_train, x_test, y_test), time.time() - tic, start)
+    return evaluate(net, x_test, y_test)[1]
 
 
 if __name__ == "__main__":

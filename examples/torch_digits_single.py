@@ -51,6 +51,12 @@ def main():
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights and shuffling (the test split is fixed)")
     args = parser.parse_args()
+    train(args.epochs, args.batch_size, args.lr, args.seed)
+
+
+def train(epochs=25, batch_size=32, lr=0.004, seed=0):
+    """Train for ``epochs``; return the final test accuracy (torch_digits_spark.py and
+    torch_digits_ray.py call the distributed version)."""
     torch.set_num_threads(1)
 
     digits = load_digits()
@@ -60,24 +66,25 @@ def main():
         stratify=digits.target)
     x_mine, y_mine = x_train, y_train
 
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     net = make_net()
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)
 
-    rng = np.random.RandomState(args.seed)
+    rng = np.random.RandomState(seed)
     start = time.time()
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(1, epochs + 1):
         tic = time.time()
         order = torch.from_numpy(rng.permutation(len(x_mine)))
-        for i in range(0, len(order), args.batch_size):
-            batch = order[i:i + args.batch_size]
+        for i in range(0, len(order), batch_size):
+            batch = order[i:i + batch_size]
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x_mine[batch]), y_mine[batch])
             loss.backward()
             optimizer.step()
         scheduler.step()
         report(epoch, net, (x_train, y_train, x_test, y_test), time.time() - tic, start)
+    return evaluate(net, x_test, y_test)[1]
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ REEXPORTS: Dict[str, str] = {
     "horovod.keras": "hvd_trainer.keras",
     "horovod.keras.callbacks": "hvd_trainer.tensorflow.keras.callbacks",
     "horovod.keras.elastic": "hvd_trainer.tensorflow.keras.elastic",
+    # The engines: horovod.spark.run and horovod.ray.RayExecutor over Spark and Ray.
+    "horovod.spark": "hvd_trainer.spark",
+    "horovod.ray": "hvd_trainer.ray",
 }
 # Modules written as they are: the root's public names (horovod.run, __version__), and
 # Horovod's eager-mode helper, which horovod.tensorflow also exports.

@@ -69,6 +69,24 @@ RESET_EXIT_CODE = 75
 NO_FINALIZE_WAIT_VARIABLES = {"MPIR_CVAR_NO_COLLECTIVE_FINALIZE": "1",
                               "OMPI_MCA_async_mpi_finalize": "1"}
 
+# Engines (hvd_trainer.spark, hvd_trainer.ray): each agent hands the launcher proxy it runs
+# the folder, private to that host, where the rank side finds the function and leaves its
+# result, and the secret that signs both (hex text).
+ENGINE_FOLDER_VARIABLE = "HVD_ENGINE_FOLDER"
+ENGINE_SECRET_VARIABLE = "HVD_ENGINE_SECRET"
+# ... and the agent's working directory, where its ranks work: the launcher starts them in
+# "/", since its own working directory need not exist on the other hosts.
+ENGINE_WORKDIR_VARIABLE = "HVD_ENGINE_WORKDIR"
+# The labels of those files, which their signatures bind: the function, and rank N's result.
+ENGINE_FUNCTION = "function"
+ENGINE_RESULT = "result.{rank}"
+# What MPICH's mpiexec -launcher manual prints: one line per host holding the proxy command
+# that host must run, then the end marker, after which it waits for the proxies.
+MANUAL_LAUNCH_PREFIX = "HYDRA_LAUNCH: "
+MANUAL_LAUNCH_END = "HYDRA_LAUNCH_END"
+# The mpiexec argument that selects the manual launcher.
+MANUAL_LAUNCHER_ARGUMENTS = ("-launcher", "manual")
+
 # The wrapper's exit codes when it cannot start the command, as a shell's.
 NOT_FOUND_EXIT_CODE = 127
 CANNOT_EXECUTE_EXIT_CODE = 126

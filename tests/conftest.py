@@ -58,13 +58,13 @@ def _worker_sources(text: str) -> str:
 
 
 _FOLDER_MARKS = {"parallel": pytest.mark.parallel, "gpu": pytest.mark.gpu,
-                 "multihost": pytest.mark.multihost}
+                 "multihost": pytest.mark.multihost, "engines": pytest.mark.engines}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder (markers registered in pyproject.toml), so ``-m`` selects them:
-    ``-m "not parallel and not multihost"`` runs the one-process tests alone."""
+    ``-m "not parallel and not multihost and not engines"`` runs the one-process tests alone."""
     for item in items:
         mark = _FOLDER_MARKS.get(item.path.parent.name)
         if mark is not None:

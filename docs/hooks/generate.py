@@ -68,6 +68,11 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_JOB_SECRET": "the job's 32 random bytes; the wrappers' reports, elastic commits and "
                       "the notice port's answers are signed with it ([Security](security.md))",
     "HVD_RUN_SECRET": "`hvd_trainer.run`'s key, which signs the function and the results",
+    "HVD_ENGINE_FOLDER": "an engine job's folder on one host, private to its agent, where the "
+                         "ranks find the function and leave their results "
+                         "([Running on Spark](spark.md), [Running on Ray](ray.md))",
+    "HVD_ENGINE_SECRET": "an engine job's key, which signs the files in `HVD_ENGINE_FOLDER`",
+    "HVD_ENGINE_WORKDIR": "the working folder of an engine job's agent, where its ranks work",
     "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
     "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",

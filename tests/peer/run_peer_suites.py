@@ -20,6 +20,16 @@ TensorFlow's suites (TF_SUITES) run in the TensorFlow environment: ``--venv .ven
 process's environment: ``TF_USE_LEGACY_KERAS=1 python tests/peer/run_peer_suites.py ...``
 runs them with Keras 2 as ``tf.keras`` (tf-keras installed).
 
+Horovod's Ray suite (ENGINE_SUITES: test/single/test_ray.py) is one pytest process too, whose
+tests start Ray clusters and RayExecutor jobs (``--suite test_ray.py``, which also needs
+grpcio for Ray's client helpers). It gates its executor tests on ``gloo_built()``, Horovod's
+rendezvous for Ray; hvd_trainer's Ray engine needs none, so the harness's test-only
+``horovod.common.util.gloo_built`` opens that gate for this suite (and says so);
+``hvd_trainer.gloo_built()`` itself stays False. Its fixtures pass ``ray.init`` a keyword
+(``_redis_max_memory``) that Ray 2.60 removed; a generated plugin drops it. Horovod's internals that the suite imports
+(``Coordinator``, ``MiniSettings``, ``create_placement_group``, ``BaseHorovodWorker``) are
+stand-ins that raise NotImplementedError: their tests fail, as they should.
+
 Horovod's elastic scenarios (ELASTIC_SUITES, test/integration) are single-process pytest files
 whose tests each launch a job: they run as ``python -m pytest -v <suite>.py`` (no hvdrun
 around pytest), and the shim's ``horovod.runner.launch._run_elastic`` runs each job with
@@ -52,14 +62,22 @@ TF_SUITES = ("test_tensorflow.py", "test_tensorflow2_keras.py")
 ELASTIC_SUITES = {"test_elastic_torch.py": "test/integration/data/elastic_torch_main.py",
                   "test_elastic_tensorflow2.py":
                       "test/integration/data/elastic_tensorflow2_main.py"}
+# Engine suites: single-process pytest files of test/single whose tests start the clusters.
+ENGINE_SUITES = ("test_ray.py",)
+# Single-process suites: pytest alone, no hvdrun around it.
+ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES)
 # What the suites' own imports need beyond pytest, by suite (the default: test/utils/common.py's).
 SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
+                 "test_ray.py": ("ray", "torch", "grpc"),
                  **{suite: ("psutil",) for suite in ELASTIC_SUITES}}
 # Environment by suite. test_tensorflow.py runs each test in a TF1 graph too, where one
 # session.run starts up to 21 independent collectives; hvd_trainer's block a session thread
 # each while they wait for the other ranks, so the session needs that many threads (the
 # TensorFlow limitations in docs/limitations.md), more than this machine's cores give by default.
-SUITE_ENV = {"test_tensorflow.py": {"TF_NUM_INTEROP_THREADS": "32"}}
+# More pytest plugins (from the shim folder) by suite.
+SUITE_PLUGINS = {"test_ray.py": ("peer_ray_compat",)}
+SUITE_ENV = {"test_tensorflow.py": {"TF_NUM_INTEROP_THREADS": "32"},
+             "test_ray.py": {"PEER_OPEN_GLOO_GATE": "1"}}
 HELPER_MODULES = ("cloudpickle", "mock", "packaging")
 # Folders of Horovod's tree whose modules the suites import by bare name (sys.path additions).
 HELPER_FOLDERS = ("test/parallel", "test/integration", "test/utils")
@@ -71,13 +89,68 @@ HOROVOD_MODULES = ("horovod/runner/elastic/constants.py",)
 SHIM_MODULES = {
     "horovod/common/__init__.py": "",
     # test_tensorflow2_keras.py compares TensorFlow versions with this helper.
-    "horovod/common/util.py": '''"""Generated shim: the version helper the TensorFlow suites import."""
+    "horovod/common/util.py": '''"""Generated shim: the helpers the TensorFlow and Ray suites import."""
+import os
+
 from packaging import version
 
 
 def is_version_greater_equal_than(ver, target):
     """Whether version string ``ver`` is ``target`` or later."""
     return version.parse(ver) >= version.parse(target)
+
+
+def gloo_built():
+    """hvd_trainer's answer, except where the harness opens the Ray suite's gate (Horovod's
+    Ray tests need Gloo for its rendezvous, which hvd_trainer's Ray engine does not use)."""
+    import hvd_trainer
+    return os.environ.get("PEER_OPEN_GLOO_GATE") == "1" or hvd_trainer.gloo_built()
+''',
+    # test_ray.py imports Horovod's internals beside RayExecutor: stand-ins that say so.
+    "horovod/ray/runner.py": '''"""Generated shim: RayExecutor, and stand-ins for Horovod's internals."""
+from hvd_trainer.ray import RayExecutor  # noqa: F401
+
+
+class _Internal:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} is Horovod's internal class; "
+                                  "hvd_trainer's RayExecutor has none")
+
+
+class Coordinator(_Internal):
+    pass
+
+
+class MiniSettings(_Internal):
+    pass
+''',
+    "horovod/ray/strategy.py": '''"""Generated shim: a stand-in for Horovod's internal helper."""
+
+
+def create_placement_group(*args, **kwargs):
+    raise NotImplementedError("create_placement_group is Horovod's internal helper; "
+                              "hvd_trainer's RayExecutor has none")
+''',
+    "horovod/ray/worker.py": '''"""Generated shim: a stand-in for Horovod's internal worker class."""
+
+
+class BaseHorovodWorker:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("BaseHorovodWorker is Horovod's internal class; "
+                                  "hvd_trainer's Ray agents are not user classes")
+''',
+    # test_ray.py's fixtures pass ray.init a keyword that Ray 2.60 no longer takes.
+    "peer_ray_compat.py": '''"""Generated pytest plugin: ray.init without _redis_max_memory (gone in Ray 2.60)."""
+import ray
+
+_init = ray.init
+
+
+def _init_without_redis(*args, _redis_max_memory=None, **kwargs):
+    return _init(*args, **kwargs)
+
+
+ray.init = _init_without_redis
 ''',
     "horovod/runner/util/__init__.py": "",
     # test/utils/common.py imports in_thread at module level (for its delay() helper).
@@ -209,6 +282,8 @@ def git_show(mirror: str, tag: str, path: str) -> Optional[bytes]:
 
 def suite_folder(suite: str) -> str:
     """The folder of Horovod's tree that holds ``suite``."""
+    if suite in ENGINE_SUITES:
+        return "test/single"
     return "test/integration" if suite in ELASTIC_SUITES else "test/parallel"
 
 
@@ -304,16 +379,18 @@ def run_job(venv: str, np: int, workdir: str, shim: str, targets: Sequence[str],
     suite = targets[0].split("::")[0]
     # test/integration's suites import test/utils' modules by the path test/conftest.py adds:
     # pytest loads that conftest only when its search for them reaches test/.
-    launch, conftest = (([], ["--confcutdir", os.path.dirname(workdir)]) if suite in ELASTIC_SUITES
+    launch, conftest = (([], ["--confcutdir", os.path.dirname(workdir)])
+                        if suite in ONE_PROCESS_SUITES
                         else ([os.path.join(venv, "bin", "hvdrun"), "--horovod", "-np", str(np)],
                               []))
+    plugins = [arg for name in SUITE_PLUGINS.get(suite, ()) for arg in ("-p", name)]
     cmd = [*launch, os.path.join(venv, "bin", "python"), "-m", "pytest", "-v", "-p", "peer_report",
-           *conftest, *pytest_args, *targets]
+           *plugins, *conftest, *pytest_args, *targets]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [shim] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
         PEER_REPORT_DIR=reports, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
         **SUITE_ENV.get(suite, {}))
-    if suite in ELASTIC_SUITES:  # their command lines start the training script as "python"
+    if suite in ONE_PROCESS_SUITES:  # their jobs start "python": this environment's
         env["PATH"] = os.pathsep.join([os.path.join(venv, "bin"), os.environ.get("PATH", "")])
     start = time.monotonic()
     with open(log, "wb") as out:
@@ -474,6 +551,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.path.exists(os.path.join(venv, "bin", "hvdrun")):
         raise SystemExit(f"{venv} has no bin/hvdrun: install hvd_trainer there or pass --venv")
     suites = args.suite or list(DEFAULT_SUITES)
+    if "test_ray.py" in suites:
+        print("test_ray.py: the harness opens the suite's gloo_built() gate (Horovod's Ray "
+              "tests need Gloo for its rendezvous; hvd_trainer's Ray engine needs none)",
+              flush=True)
     needed = sorted(set(HELPER_MODULES).union(*(SUITE_MODULES.get(s, ()) for s in suites)))
     check = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
                             f"import {', '.join(needed)}, pytest"], capture_output=True)
@@ -492,7 +573,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"exported from {args.tag}: {', '.join(exported)}; work folder {work}", flush=True)
         # An elastic suite is one process; its jobs choose their own sizes.
         results = [run_suite(args, venv, work, shim, suite, np) for suite in suites
-                   for np in ([1] if suite in ELASTIC_SUITES else args.np or [2])]
+                   for np in ([1] if suite in ONE_PROCESS_SUITES else args.np or [2])]
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

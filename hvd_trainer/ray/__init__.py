@@ -1,0 +1,12 @@
+"""``hvd_trainer.ray``: horovod.ray's ``RayExecutor`` on a Ray cluster, without ssh.
+
+:meth:`RayExecutor.start` places one Ray actor per worker (a placement group: STRICT_SPREAD
+over ``num_hosts`` hosts, else packed); the first actor on each node is that host's agent.
+Each :meth:`RayExecutor.run` or :meth:`RayExecutor.execute` is one MPI job: hvdrun on the
+driver runs MPICH's manual launcher, each agent runs its host's proxy command, the proxies
+start the ranks, MPI moves the data, and Ray's object store carries the function out and the
+results back (hvd_trainer_launch.engine_launch, engine_agent, engine_rank).
+"""
+from hvd_trainer.ray.executor import ElasticRayExecutor, RayExecutor, Settings
+
+__all__ = ["RayExecutor", "ElasticRayExecutor", "Settings"]

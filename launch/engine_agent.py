@@ -1,0 +1,85 @@
+"""An engine's agent on one host (a Ray actor, a Spark barrier task): runs the MPI launcher's
+proxy command for this host, in place of ssh, and carries back the results of the ranks that
+the proxy started here.
+
+The proxy dies with the agent's process (PR_SET_PDEATHSIG), and hvdrun's wrapper ends its rank
+when the proxy goes, so killing an agent leaves nothing behind on its host.
+"""
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from typing import Dict, NamedTuple
+
+from hvd_trainer_launch import engine_files, protocol
+from hvd_trainer_launch.worker import die_with_parent
+
+# After a signal asks the proxy to end, how long before it is SIGKILLed.
+_KILL_GRACE_SECONDS = 5.0
+# How much of the end of the proxy's messages comes back.
+_MESSAGE_BYTES = 4096
+
+
+class HostOutcome(NamedTuple):
+    """What an agent carries back: its host, the proxy's exit code, each rank's signed
+    outcome (pickled; the driver unpickles it), and the end of the proxy's own messages."""
+
+    host: str
+    code: int
+    outcomes: Dict[int, bytes]
+    messages: str = ""
+
+
+def hostname() -> str:
+    """The name this host goes by in the job (its rank layout and messages)."""
+    return socket.gethostname()
+
+
+def run_proxy(line: str, payload: bytes, secret: bytes) -> HostOutcome:
+    """Run the proxy ``line`` (what mpiexec's manual launcher printed for this host) with the
+    pickled (function, args, kwargs) ``payload`` where this host's ranks find it, wait for it,
+    and return this host's outcomes. The job's ``secret`` signs the files in between."""
+    folder = tempfile.mkdtemp(prefix="hvd_engine.")
+    try:
+        engine_files.write_signed(folder, protocol.ENGINE_FUNCTION, payload, secret)
+        env = dict(os.environ, **{protocol.ENGINE_FOLDER_VARIABLE: folder,
+                                  protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
+                                  protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()})
+        # The proxy's own messages (the ranks' output travels to mpiexec, not here).
+        messages = tempfile.TemporaryFile()
+        proxy = subprocess.Popen(shlex.split(line), env=env, stdin=subprocess.DEVNULL,
+                                 stderr=messages, start_new_session=True,
+                                 preexec_fn=die_with_parent())
+        try:
+            code = proxy.wait()
+        except BaseException:  # the engine interrupts the agent: end the proxy first
+            _end(proxy)
+            raise
+        messages.seek(max(0, messages.seek(0, os.SEEK_END) - _MESSAGE_BYTES))
+        said = messages.read().decode(errors="replace")
+        messages.close()
+        outcomes = {}
+        prefix = protocol.ENGINE_RESULT.format(rank="")
+        for name in os.listdir(folder):
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                outcomes[int(name[len(prefix):])] = engine_files.read_signed(folder, name, secret)
+        return HostOutcome(hostname(), code if code >= 0 else 128 - code, outcomes, said)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _end(proxy: subprocess.Popen) -> None:
+    """SIGTERM the proxy's session, then SIGKILL it if it lingers."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proxy.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proxy.wait(_KILL_GRACE_SECONDS)
+            return
+        except subprocess.TimeoutExpired:
+            pass

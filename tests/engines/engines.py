@@ -1,0 +1,96 @@
+"""Helpers of the engine tests: the clusters' sizes, and the processes a job left behind."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import List
+
+RAY_CPUS = 3
+# Every Spark JVM (driver, executors, a bed's master and workers) starts with the client
+# compiler only and the serial collector: on two cores, a JVM's start and Spark's class loading
+# are several times faster, and the tests' jobs are too short for C2 to pay back.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+
+
+def ray_head(temp: str, marker: str) -> str:
+    """Start ``ray start --head --block`` with RAY_CPUS CPUs and nothing the tests do not use
+    (no dashboard, autoscaler monitor or log monitor: drivers do not print workers' output),
+    its files (and the address file ray.init() would find) in ``temp``; every process of it
+    carries ``marker`` in its environment. Return its address once up."""
+    log_path = os.path.join(temp, "head.log")
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with open(log_path, "wb") as log:
+        head = subprocess.Popen(
+            [ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={RAY_CPUS}",
+             "--num-gpus=0", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
+             "--include-dashboard=false",
+             "--no-monitor", "--include-log-monitor=false", "--disable-usage-stats"],
+            # Token authentication off, as for the instance ray.init() starts: the tests'
+            # drivers (this process included) have no token.
+            env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
+                     **{marker: "1"}), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        with open(log_path, errors="replace") as log:
+            if "Ray runtime started" in log.read():
+                return f"127.0.0.1:{port}"
+        if head.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ray start --head did not start (exit {head.poll()}); its "
+                               f"output is in {log_path}")
+        time.sleep(0.1)
+
+
+def stop_processes_with(variable: str) -> None:
+    """SIGKILL, by PID, every process whose environment sets ``variable`` (a daemon a fixture
+    started and everything it started)."""
+    for pid in processes_with(variable):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def spark_session():
+    """A SparkSession on one executor with three slots: a barrier job short of slots fails
+    in seconds (the check's interval and failures lowered), not ten minutes."""
+    from pyspark.sql import SparkSession
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one
+    session = (SparkSession.builder.master("local-cluster[1,3,1024]")
+            .appName("hvd_trainer engine tests")
+            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.task.maxFailures", "1")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.executorEnv.PATH", os.environ.get("PATH", ""))
+            .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+            .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
+            .getOrCreate())
+    deadline = time.monotonic() + 60  # the executor registers after the session is up
+    while session.sparkContext.defaultParallelism < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return session
+
+
+def processes_with(variable: str) -> List[int]:
+    """The PIDs of this user's processes whose environment sets ``variable`` (an engine job's
+    proxies, wrappers and ranks all have protocol.ENGINE_FOLDER_VARIABLE)."""
+    wanted = f"{variable}=".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if any(item.startswith(wanted) for item in environ.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found

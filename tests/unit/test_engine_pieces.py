@@ -1,0 +1,80 @@
+"""The engines' pure pieces: the rank layout by host, gathering the ranks' outcomes into
+results or an error that names the rank and host, and the signed files between an agent and
+its ranks (a tampered or foreign file is refused before it is read)."""
+import os
+import pickle
+
+import cloudpickle
+import pytest
+
+from hvd_trainer_launch import engine_files, engine_launch, protocol
+from hvd_trainer_launch.engine_launch import EngineError
+
+
+def test_rank_layout_groups_by_first_appearance():
+    assert engine_launch.rank_layout(["b", "a", "b", "c", "a"]) == [("b", 2), ("a", 2), ("c", 1)]
+    assert engine_launch.host_of_ranks([("b", 2), ("a", 1)]) == {0: "b", 1: "b", 2: "a"}
+
+
+def _ok(value):
+    return cloudpickle.dumps(("ok", value))
+
+
+def test_gather_orders_results_by_rank():
+    outcomes = {2: _ok("two"), 0: _ok("zero"), 1: _ok("one")}
+    assert engine_launch.gather(outcomes, 3, "f", {}, 0, []) == ["zero", "one", "two"]
+
+
+def test_gather_names_the_rank_and_host_that_raised():
+    error = KeyError("boom")
+    outcomes = {0: _ok(0), 1: cloudpickle.dumps(("error", error, "Traceback: KeyError boom"))}
+    with pytest.raises(EngineError, match=r"f raised on rank 1 on host h2:\nTraceback") as raised:
+        engine_launch.gather(outcomes, 2, "f", {0: "h1", 1: "h2"}, 1, ["rank 1 exited"])
+    assert isinstance(raised.value.__cause__, KeyError)
+
+
+def test_gather_names_missing_ranks_lost_agents_and_failed_proxies():
+    with pytest.raises(EngineError, match=r"rank 1 on h2 ended without a result; hvdrun exited "
+                                          r"with code 1(.|\n)*proxy on h2 exited with code 5: "
+                                          r"cannot connect"):
+        engine_launch.gather({0: _ok(0)}, 2, "f", {0: "h1", 1: "h2"}, 1, [],
+                             proxies=[("h1", 0, ""), ("h2", 5, "cannot connect\n")])
+    with pytest.raises(EngineError, match="the agent on h2 was lost"):
+        engine_launch.gather({0: _ok(0)}, 2, "f", {}, 0, [], lost=["h2"])
+
+
+def test_signed_files_round_trip_and_refuse_tampering(tmp_path):
+    secret = os.urandom(32)
+    folder = str(tmp_path)
+    os.chmod(folder, 0o700)
+    engine_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"payload", secret)
+    assert engine_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret) == b"payload"
+    with pytest.raises(FileExistsError):  # never over an existing file
+        engine_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"other", secret)
+    with pytest.raises(ValueError, match="fails its signature check"):
+        engine_files.read_signed(folder, protocol.ENGINE_FUNCTION, os.urandom(32))
+    # A file's signature binds its label: a result cannot stand in for the function.
+    os.rename(os.path.join(folder, protocol.ENGINE_FUNCTION),
+              os.path.join(folder, protocol.ENGINE_RESULT.format(rank=0)))
+    with pytest.raises(ValueError, match="fails its signature check"):
+        engine_files.read_signed(folder, protocol.ENGINE_RESULT.format(rank=0), secret)
+    path = os.path.join(folder, "loose")
+    with open(path, "wb") as f:
+        f.write(b"x" * 40)
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match="not an owner-only file"):
+        engine_files.read_signed(folder, "loose", secret)
+
+
+def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypatch):
+    from hvd_trainer_launch import engine_rank
+    secret, folder = os.urandom(32), str(tmp_path)
+    engine_files.write_signed(folder, protocol.ENGINE_FUNCTION,
+                              cloudpickle.dumps((lambda a, b=0: a + b, (2,), {"b": 3})), secret)
+    monkeypatch.setenv(protocol.ENGINE_FOLDER_VARIABLE, folder)
+    monkeypatch.setenv(protocol.ENGINE_SECRET_VARIABLE, secret.hex())
+    monkeypatch.setenv("HOROVOD_RANK", "4")
+    monkeypatch.chdir(folder)
+    engine_rank.main()
+    label = protocol.ENGINE_RESULT.format(rank=4)
+    assert pickle.loads(engine_files.read_signed(folder, label, secret)) == ("ok", 5)
