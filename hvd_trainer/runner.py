@@ -9,19 +9,18 @@ is verified. The label of each file (its name) is signed with it, so no file can
 another. Pickling is cloudpickle's, as in Horovod, so functions of ``__main__``, lambdas and
 closures travel by value. ``python -m hvd_trainer.runner FOLDER`` is the ranks' side.
 """
-import hashlib
-import hmac
 import os
 import pickle
 import secrets
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from hvd_trainer_launch import signed_files
 
 # The call's secret (hex), for the ranks.
 SECRET_VARIABLE = "HVD_RUN_SECRET"
@@ -37,38 +36,6 @@ _REFUSED = {"min_num_proc": _ELASTIC, "max_num_proc": _ELASTIC, "min_np": _ELAST
 
 def _result_name(rank: int) -> str:
     return f"result.{rank}"
-
-
-def _signature(secret: bytes, label: str, payload: bytes) -> bytes:
-    return hmac.new(secret, label.encode() + b"\0" + payload, hashlib.sha256).digest()
-
-
-def _write_signed(folder: str, label: str, payload: bytes, secret: bytes) -> None:
-    """Create ``folder/label`` (never an existing file or link), owner-only, holding the
-    signature then ``payload``."""
-    fd = os.open(os.path.join(folder, label),
-                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(_signature(secret, label, payload) + payload)
-
-
-def _read_signed(folder: str, label: str, secret: bytes) -> bytes:
-    """The pickle in ``folder/label`` once its owner, mode and signature check out; ValueError
-    names what did not."""
-    path = os.path.join(folder, label)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as source:
-        info = os.fstat(source.fileno())
-        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise ValueError(f"{path} is not an owner-only file of this user; refusing to read it")
-        data = source.read()
-    digest = hashlib.sha256().digest_size
-    payload = data[digest:]
-    if len(data) < digest or not hmac.compare_digest(data[:digest],
-                                                     _signature(secret, label, payload)):
-        raise ValueError(f"{path} fails its signature check: it was not written whole by this "
-                         "hvd_trainer.run call; refusing to unpickle it")
-    return payload
 
 
 def _hvdrun_flags(num_proc: int, given: Dict[str, Any]) -> List[str]:
@@ -142,8 +109,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     # dies (hvd_trainer_launch.guard): it watches a pipe whose write end only we hold.
     watched, watching = os.pipe()
     try:
-        _write_signed(folder, _FUNCTION, cloudpickle.dumps((func, tuple(args), kwargs or {})),
-                      secret)
+        signed_files.write_signed(folder, _FUNCTION,
+                                  cloudpickle.dumps((func, tuple(args), kwargs or {})), secret)
         command = [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), folder,
                    *_hvdrun_flags(num_proc, given), "--",
                    executable or sys.executable, "-m", "hvd_trainer.runner", folder]
@@ -174,7 +141,7 @@ def _collect(folder: str, secret: bytes, ranks: int, code: int, name: str) -> Li
         if not os.path.exists(os.path.join(folder, _result_name(rank))):
             missing.append(rank)
             continue
-        payload = _read_signed(folder, _result_name(rank), secret)
+        payload = signed_files.read_signed(folder, _result_name(rank), secret)
         try:
             kind, *value = pickle.loads(payload)
         except Exception as error:  # e.g. a class this process cannot import
@@ -201,7 +168,7 @@ def _main(folder: str) -> None:
     secret = bytes.fromhex(os.environ.pop(SECRET_VARIABLE))  # not for func's own children
     rank = int(os.environ["HOROVOD_RANK"])
     try:
-        func, args, kwargs = pickle.loads(_read_signed(folder, _FUNCTION, secret))
+        func, args, kwargs = pickle.loads(signed_files.read_signed(folder, _FUNCTION, secret))
     except FileNotFoundError:
         sys.exit(f"hvd_trainer.run: rank {rank} finds no {os.path.join(folder, _FUNCTION)}: "
                  "every host must see the folder the function travels through; set TMPDIR "
@@ -216,9 +183,9 @@ def _main(folder: str) -> None:
             pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
         except Exception:  # then it travels as its text alone
             payload = cloudpickle.dumps(("error", None, text))
-        _write_signed(folder, _result_name(rank), payload, secret)
+        signed_files.write_signed(folder, _result_name(rank), payload, secret)
         raise
-    _write_signed(folder, _result_name(rank), payload, secret)
+    signed_files.write_signed(folder, _result_name(rank), payload, secret)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from typing import Dict, NamedTuple
 
-from hvd_trainer_launch import engine_files, protocol
+from hvd_trainer_launch import signed_files, protocol
 from hvd_trainer_launch.worker import die_with_parent
 
 # After a signal asks the proxy to end, how long before it is SIGKILLed.
@@ -44,7 +44,7 @@ def run_proxy(line: str, payload: bytes, secret: bytes) -> HostOutcome:
     and return this host's outcomes. The job's ``secret`` signs the files in between."""
     folder = tempfile.mkdtemp(prefix="hvd_engine.")
     try:
-        engine_files.write_signed(folder, protocol.ENGINE_FUNCTION, payload, secret)
+        signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, payload, secret)
         env = dict(os.environ, **{protocol.ENGINE_FOLDER_VARIABLE: folder,
                                   protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
                                   protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()})
@@ -65,7 +65,7 @@ def run_proxy(line: str, payload: bytes, secret: bytes) -> HostOutcome:
         prefix = protocol.ENGINE_RESULT.format(rank="")
         for name in os.listdir(folder):
             if name.startswith(prefix) and name[len(prefix):].isdigit():
-                outcomes[int(name[len(prefix):])] = engine_files.read_signed(folder, name, secret)
+                outcomes[int(name[len(prefix):])] = signed_files.read_signed(folder, name, secret)
         return HostOutcome(hostname(), code if code >= 0 else 128 - code, outcomes, said)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -12,7 +12,7 @@ import pickle
 import sys
 import traceback
 
-from hvd_trainer_launch import engine_files, protocol
+from hvd_trainer_launch import signed_files, protocol
 
 
 def _outcome_of_error(error: BaseException) -> bytes:
@@ -40,13 +40,13 @@ def main() -> None:
     rank = int(os.environ["HOROVOD_RANK"])
     label = protocol.ENGINE_RESULT.format(rank=rank)
     func, args, kwargs = pickle.loads(
-        engine_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret))
+        signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret))
     try:
         payload = cloudpickle.dumps(("ok", func(*args, **kwargs)))
     except BaseException as error:
-        engine_files.write_signed(folder, label, _outcome_of_error(error), secret)
+        signed_files.write_signed(folder, label, _outcome_of_error(error), secret)
         raise
-    engine_files.write_signed(folder, label, payload, secret)
+    signed_files.write_signed(folder, label, payload, secret)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pickle
 import cloudpickle
 import pytest
 
-from hvd_trainer_launch import engine_files, engine_launch, protocol
+from hvd_trainer_launch import signed_files, engine_launch, protocol
 from hvd_trainer_launch.engine_launch import EngineError
 
 
@@ -47,29 +47,29 @@ def test_signed_files_round_trip_and_refuse_tampering(tmp_path):
     secret = os.urandom(32)
     folder = str(tmp_path)
     os.chmod(folder, 0o700)
-    engine_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"payload", secret)
-    assert engine_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret) == b"payload"
+    signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"payload", secret)
+    assert signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret) == b"payload"
     with pytest.raises(FileExistsError):  # never over an existing file
-        engine_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"other", secret)
+        signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"other", secret)
     with pytest.raises(ValueError, match="fails its signature check"):
-        engine_files.read_signed(folder, protocol.ENGINE_FUNCTION, os.urandom(32))
+        signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, os.urandom(32))
     # A file's signature binds its label: a result cannot stand in for the function.
     os.rename(os.path.join(folder, protocol.ENGINE_FUNCTION),
               os.path.join(folder, protocol.ENGINE_RESULT.format(rank=0)))
     with pytest.raises(ValueError, match="fails its signature check"):
-        engine_files.read_signed(folder, protocol.ENGINE_RESULT.format(rank=0), secret)
+        signed_files.read_signed(folder, protocol.ENGINE_RESULT.format(rank=0), secret)
     path = os.path.join(folder, "loose")
     with open(path, "wb") as f:
         f.write(b"x" * 40)
     os.chmod(path, 0o644)
     with pytest.raises(ValueError, match="not an owner-only file"):
-        engine_files.read_signed(folder, "loose", secret)
+        signed_files.read_signed(folder, "loose", secret)
 
 
 def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypatch):
     from hvd_trainer_launch import engine_rank
     secret, folder = os.urandom(32), str(tmp_path)
-    engine_files.write_signed(folder, protocol.ENGINE_FUNCTION,
+    signed_files.write_signed(folder, protocol.ENGINE_FUNCTION,
                               cloudpickle.dumps((lambda a, b=0: a + b, (2,), {"b": 3})), secret)
     monkeypatch.setenv(protocol.ENGINE_FOLDER_VARIABLE, folder)
     monkeypatch.setenv(protocol.ENGINE_SECRET_VARIABLE, secret.hex())
@@ -77,4 +77,4 @@ def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypa
     monkeypatch.chdir(folder)
     engine_rank.main()
     label = protocol.ENGINE_RESULT.format(rank=4)
-    assert pickle.loads(engine_files.read_signed(folder, label, secret)) == ("ok", 5)
+    assert pickle.loads(signed_files.read_signed(folder, label, secret)) == ("ok", 5)

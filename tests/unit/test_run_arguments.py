@@ -9,6 +9,7 @@ import pytest
 
 import hvd_trainer
 from hvd_trainer import runner
+from hvd_trainer_launch import signed_files
 
 SECRET = b"s" * 32
 
@@ -44,9 +45,9 @@ def test_accepted_arguments_become_hvdrun_flags():
 
 
 def test_a_signed_file_is_owner_only_and_round_trips(tmp_path):
-    runner._write_signed(str(tmp_path), "result.0", pickle.dumps({"x": 1}), SECRET)
+    signed_files.write_signed(str(tmp_path), "result.0", pickle.dumps({"x": 1}), SECRET)
     assert stat.S_IMODE(os.stat(tmp_path / "result.0").st_mode) == 0o600
-    assert pickle.loads(runner._read_signed(str(tmp_path), "result.0", SECRET)) == {"x": 1}
+    assert pickle.loads(signed_files.read_signed(str(tmp_path), "result.0", SECRET)) == {"x": 1}
 
 
 def test_a_signed_file_never_replaces_a_file_or_follows_a_link(tmp_path):
@@ -55,7 +56,7 @@ def test_a_signed_file_never_replaces_a_file_or_follows_a_link(tmp_path):
     (tmp_path / "result.2").write_bytes(b"")
     for label in ("result.1", "result.2"):
         with pytest.raises(FileExistsError):
-            runner._write_signed(str(tmp_path), label, b"x", SECRET)
+            signed_files.write_signed(str(tmp_path), label, b"x", SECRET)
     assert (tmp_path / "target").read_bytes() == b""
 
 
@@ -75,7 +76,7 @@ class Trap:
 
 def test_signatures_are_checked_per_file_and_key(tmp_path):
     folder = str(tmp_path)
-    runner._write_signed(folder, "result.0", b"payload", SECRET)
+    signed_files.write_signed(folder, "result.0", b"payload", SECRET)
     data = (tmp_path / "result.0").read_bytes()
     (tmp_path / "result.1").write_bytes(data)  # another rank's label
     (tmp_path / "tampered").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -83,10 +84,10 @@ def test_signatures_are_checked_per_file_and_key(tmp_path):
         os.chmod(tmp_path / label, 0o600)
     for label, secret in (("result.0", b"t" * 32), ("result.1", SECRET), ("tampered", SECRET)):
         with pytest.raises(ValueError, match="fails its signature check"):
-            runner._read_signed(folder, label, secret)
+            signed_files.read_signed(folder, label, secret)
     os.chmod(tmp_path / "result.0", 0o644)
     with pytest.raises(ValueError, match="not an owner-only file"):
-        runner._read_signed(folder, "result.0", SECRET)
+        signed_files.read_signed(folder, "result.0", SECRET)
 
 
 def tamper(path):
@@ -96,7 +97,7 @@ def tamper(path):
 
 def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
     folder = str(tmp_path)
-    runner._write_signed(folder, "function", pickle.dumps((Trap(), (), {})), SECRET)
+    signed_files.write_signed(folder, "function", pickle.dumps((Trap(), (), {})), SECRET)
     tamper(tmp_path / "function")
     monkeypatch.setenv("HOROVOD_RANK", "0")
     monkeypatch.setenv(runner.SECRET_VARIABLE, SECRET.hex())
@@ -104,7 +105,7 @@ def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
         runner._main(folder)
     assert LOADED == [] and not (tmp_path / "result.0").exists()
     (tmp_path / "function").unlink()
-    runner._write_signed(folder, "function", pickle.dumps((divmod, (7, 2), {})), SECRET)
+    signed_files.write_signed(folder, "function", pickle.dumps((divmod, (7, 2), {})), SECRET)
     monkeypatch.setenv(runner.SECRET_VARIABLE, SECRET.hex())
     runner._main(folder)
     assert runner.SECRET_VARIABLE not in os.environ  # the function's children do not get it
@@ -113,13 +114,13 @@ def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
 
 def test_the_caller_unpickles_only_verified_results(tmp_path):
     folder = str(tmp_path)
-    runner._write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
+    signed_files.write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
     tamper(tmp_path / "result.0")
     with pytest.raises(ValueError, match="fails its signature check"):
         runner._collect(folder, SECRET, 1, 0, "f")
     assert LOADED == []
     (tmp_path / "result.0").unlink()
-    runner._write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
+    signed_files.write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
     assert runner._collect(folder, SECRET, 1, 0, "f") == [None]
     assert LOADED == ["unpickled"]  # the trap works: the refusals above are real
     LOADED.clear()

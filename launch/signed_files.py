@@ -1,11 +1,12 @@
-"""The files through which an engine's agent and the ranks on its host pass the function and
-the results (hvd_trainer.spark, hvd_trainer.ray).
+"""Signed, owner-only files through which a launching process and its ranks pass a function
+and its results: hvd_trainer.run's folder, and an engine agent's on its host
+(hvd_trainer.spark, hvd_trainer.ray).
 
-They live in a folder private to one host (``tempfile.mkdtemp``: mode 0700) that the agent
-makes and removes; across hosts the engine itself carries them (Ray's object store, Spark's
+Each lives in a folder private to one host (``tempfile.mkdtemp``: mode 0700) that its user
+makes and removes; across hosts an engine itself carries them (Ray's object store, Spark's
 task results). Each file is created with O_EXCL and O_NOFOLLOW, mode 0600, and holds an
 HMAC-SHA256 over its label and contents under the job's secret, checked before anything reads
-the contents, so that no file can stand in for another. Standard library only.
+(or unpickles) the contents, so that no file can stand in for another. Standard library only.
 """
 import hashlib
 import hmac
