@@ -100,6 +100,10 @@ _jobs: Dict[Tuple, Cases] = {}
 TORCH_JOB = ("torch_ops_worker.py", "torch_compression_equivalence.py", "torch_step_order.py",
              "torch_training_worker.py", "torch_sparse_optimizer.py")
 TORCH_JOB_SECONDS = 900
+# The Gluon workers of test_mxnet_ops.py, test_sparse_training.py and test_sparse_weights.py
+# likewise share one 3-rank job (mxnet_bad_arguments.py has its own: its case names are taken).
+MXNET_JOB = ("mxnet_ops_worker.py", "sparse_equivalence.py", "sparse_weights_equivalence.py")
+MXNET_JOB_SECONDS = 420
 
 
 def case_job(script: Union[str, Tuple[str, ...]], np: int, args: Sequence[str] = (),

@@ -1,6 +1,7 @@
 """Row-sparse gradients on 3 ranks against a single-process gluon.Trainer reference.
 
-One launch runs every case of workers/sparse_equivalence.py (see its docstring);
+One launch, shared with the other Gluon workers (runner.MXNET_JOB), runs every case of
+workers/sparse_equivalence.py (see its docstring);
 one more runs the example on a small vocabulary.
 """
 import os
@@ -8,13 +9,13 @@ import re
 
 import pytest
 
-from runner import REPO, case_job, case_names, run_ranks
+from runner import MXNET_JOB, MXNET_JOB_SECONDS, REPO, case_job, case_names, run_ranks
 
 
 @pytest.mark.parametrize("case", case_names("sparse_equivalence.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_sparse_gradients_match_one_process_on_the_global_batch(np_, case):
-    case_job("sparse_equivalence.py", np_, timeout=120).check(case)
+    case_job(MXNET_JOB, np_, timeout=MXNET_JOB_SECONDS).check(case)
 
 
 def test_example_reports_both_paths_and_the_sparse_one_moves_fewer_bytes():

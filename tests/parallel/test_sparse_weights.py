@@ -1,19 +1,20 @@
 """row_sparse weights on 3 ranks against gluon.Trainer(kvstore='device') on the global
 batch (with a dense gradient: against a dense twin, see the worker), and broadcast_parameters
-of them (see workers/sparse_weights_equivalence.py); the
+of them (see workers/sparse_weights_equivalence.py, in the Gluon workers' shared job,
+runner.MXNET_JOB); the
 recommendation example on 2 ranks."""
 import os
 import re
 
 import pytest
 
-from runner import REPO, case_job, case_names, run_ranks
+from runner import MXNET_JOB, MXNET_JOB_SECONDS, REPO, case_job, case_names, run_ranks
 
 
 @pytest.mark.parametrize("case", case_names("sparse_weights_equivalence.py"))
 @pytest.mark.parametrize("np_", [3])
 def test_row_sparse_weights_match_gluon_trainer_on_the_global_batch(np_, case):
-    case_job("sparse_weights_equivalence.py", np_, timeout=180).check(case)
+    case_job(MXNET_JOB, np_, timeout=MXNET_JOB_SECONDS).check(case)
 
 
 def test_recommendation_example_learns_and_moves_less_than_its_tables():
