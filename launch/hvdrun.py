@@ -111,9 +111,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         mpi_args = flags.launcher_arguments(args, launcher.flavour)
         if elastic.requested(args):
             elastic.check(args, launcher.flavour)
-        elif args.ulfm:
-            raise ValueError("--ulfm is an elastic-mode flag: give --min-np (and -np) too")
         else:
+            for name, given in (("--ulfm", args.ulfm),
+                                ("--elastic-allow-fresh-start", args.elastic_allow_fresh_start)):
+                if given:
+                    raise ValueError(f"{name} is an elastic-mode flag: give --min-np (and "
+                                     f"-np) too, or drop it")
             # Without hosts every rank runs here, as horovodrun's default localhost:np; inside
             # a Slurm allocation mpiexec puts them on its nodes by itself.
             nodes = hosts or mpi.slurm_allocation(os.environ) or [("localhost", args.np)]

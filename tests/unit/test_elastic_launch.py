@@ -91,6 +91,14 @@ def test_ulfm_asks_open_mpi_for_its_fault_tolerance():
     assert "--with-ft" not in flags.launcher_arguments(parse("--min-np", "2"), mpi.OPENMPI)
 
 
+@pytest.mark.parametrize("flag", ["--ulfm", "--elastic-allow-fresh-start"])
+def test_an_elastic_mode_flag_without_elastic_mode_is_refused_not_ignored(flag, capsys):
+    with pytest.raises(SystemExit) as end:
+        hvdrun.main(["-np", "2", flag, "python", "train.py"])
+    assert end.value.code == 2
+    assert f"{flag} is an elastic-mode flag: give --min-np" in capsys.readouterr().err
+
+
 def test_plain_flags_are_not_elastic():
     assert not elastic.requested(parse("-np", "2"))
     assert isinstance(parse("-np", "2"), argparse.Namespace)
