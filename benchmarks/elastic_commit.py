@@ -171,7 +171,8 @@ def timed(action) -> float:
 
 def commit_worker(framework: str) -> None:
     import hvd_trainer
-    from hvd_trainer import elastic, runtime
+    from hvd_trainer import elastic
+    from hvd_trainer.runtime import runtime
     rows = []
     for mib in SIZES_MIB:
         state, _, copy = STATES[framework](mib, f"w{mib}.", epoch=0)

@@ -68,7 +68,8 @@ class OutputRelay:
         self._gone: Set[int] = set()  # the outputs whose reader went away, by id()
         self._files: Dict[Tuple[int, bytes], Any] = {}
         if output_dir:
-            from hvd_trainer import files  # the launcher imports the core only where it needs it
+            # the launcher imports the core only where it needs it
+            from hvd_trainer.runtime import files
             for rank in range(np):
                 folder = os.path.join(output_dir, f"rank.{rank}")
                 try:

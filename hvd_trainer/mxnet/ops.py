@@ -26,9 +26,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import mxnet as mx
 import numpy as np
 
-from .. import ops as core
-from ..ops import Average, Sum
-from ..runtime import ProcessSet, global_process_set
+from ..collectives import ops as core
+from ..collectives.ops import Average, Sum
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .errors import raises_mxnet_errors
 

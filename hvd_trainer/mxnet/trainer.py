@@ -1,9 +1,9 @@
 """DistributedTrainer: gluon.Trainer whose gradients are summed across ranks by the core's reducer.
 
-The reducer (:mod:`hvd_trainer.reducer`) and the step protocol around it
-(:mod:`hvd_trainer.steps`) own the gradient machinery: buckets, the step's agreement and
+The reducer (:mod:`hvd_trainer.training.reducer`) and the step protocol around it
+(:mod:`hvd_trainer.training.steps`) own the gradient machinery: buckets, the step's agreement and
 freshness flags, compression, row-sparse gradients, the communication thread, the residuals
-of exact resume, the collective side of checkpoints (:mod:`hvd_trainer.checkpoint`). This
+of exact resume, the collective side of checkpoints (:mod:`hvd_trainer.training.checkpoint`). This
 module keeps what is Gluon's: the parameter list, ``rescale_grad``, Horovod's and Gluon's
 arguments, the files of states and checkpoints; :mod:`.gradients` bridges the step's
 gradients (buckets as NDArrays, contexts, per-bucket updates).
@@ -15,14 +15,15 @@ from typing import Any, Dict, List, Optional, Type, Union
 import mxnet as mx
 import numpy as np
 
-from .. import checkpoint, files, runtime
+from ..training import checkpoint
+from ..runtime import files, runtime
 from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
-from ..reducer import Reducer, check_settings
-from ..runtime import ProcessSet, global_process_set
-from ..sparse import Exchange
-from ..steps import Steps
-from ..traffic import CommStats
+from ..training.reducer import Reducer, check_settings
+from ..runtime.runtime import ProcessSet, global_process_set
+from ..collectives.sparse import Exchange
+from ..training.steps import Steps
+from ..collectives.traffic import CommStats
 from . import bridge
 from . import sparse_weights
 from .errors import raises_mxnet_errors

@@ -1,7 +1,7 @@
 """horovod.tensorflow's collectives on tf.Tensor and tf.Variable, over the core.
 
-Each collective runs on the core's communication thread (``hvd_trainer/scheduler.py``) in the
-order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
+Each collective runs on the core's communication thread (``hvd_trainer/coordination/scheduler.py``)
+in the order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
 the call; inside a ``tf.function`` (or a TF1 graph) it is an op that runs when the graph does
 (see bridge.py). Results are new tensors on the host.
 
@@ -17,11 +17,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import tensorflow as tf
 
-from .. import scheduler, sparse
-from .. import joined as core_join
-from .. import ops as core
-from ..ops import Average, Sum
-from ..runtime import ProcessSet, global_process_set, rank
+from ..coordination import scheduler
+from ..collectives import sparse
+from ..collectives import joined as core_join
+from ..collectives import ops as core
+from ..collectives.ops import Average, Sum
+from ..runtime.runtime import ProcessSet, global_process_set, rank
 from . import bridge
 from .compression import Compression
 from .bridge import plain_python
@@ -524,5 +525,5 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
 def join() -> tf.Tensor:
     """This rank has no more data: serve the other ranks' reductions with zeros until every
     rank has joined; returns the global rank that joined last (see
-    :mod:`hvd_trainer.joined`). Eager only."""
+    :mod:`hvd_trainer.collectives.joined`). Eager only."""
     return tf.constant(run(core_join.join), tf.int32)

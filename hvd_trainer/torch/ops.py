@@ -1,10 +1,11 @@
 """horovod.torch's collectives on torch.Tensor, synchronous and asynchronous, over the core.
 
-Every collective runs on the core's communication thread (see ``hvd_trainer/scheduler.py``) in
-the order of the calls, as Horovod's background thread runs them: an ``*_async`` function
-returns a handle at once, :func:`poll` says whether it has finished and :func:`synchronize`
-waits for it and returns its result (or raises its error). A synchronous function is its
-``*_async`` form followed by :func:`synchronize`, so both kinds may be mixed freely.
+Every collective runs on the core's communication thread (see
+``hvd_trainer/coordination/scheduler.py``) in the order of the calls, as Horovod's background thread
+runs them: an ``*_async`` function returns a handle at once, :func:`poll` says whether it has
+finished and :func:`synchronize` waits for it and returns its result (or raises its error). A
+synchronous function is its ``*_async`` form followed by :func:`synchronize`, so both kinds may be
+mixed freely.
 
 CPU tensors are reduced through views of their memory (bridge.py): an in-place function
 writes into the tensor it is given, an out-of-place one returns a tensor that adopts the
@@ -27,22 +28,23 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import torch
 
-from .. import adasum, scheduler, sparse
-from .. import joined as core_join
-from .. import ops as core
+from ..collectives import adasum, sparse
+from ..coordination import scheduler
+from ..collectives import joined as core_join
+from ..collectives import ops as core
 from ..backends.halves import is_half
-from ..handles import Handle
-from ..memory import KernelMemory
-from ..ops import Average, Sum
-from ..runtime import ProcessSet, global_process_set, rank
-from ..steps import table_shape
+from ..coordination.handles import Handle
+from ..collectives.memory import KernelMemory
+from ..collectives.ops import Average, Sum
+from ..runtime.runtime import ProcessSet, global_process_set, rank
+from ..training.steps import table_shape
 from . import bridge
 from . import sparse as torch_sparse
 from .compression import KERNELS, Compression
 from .errors import as_horovod_error
 
 # Horovod's value of op=Adasum: allreduce and grouped_allreduce combine by adaptive summation
-# (see hvd_trainer/adasum.py).
+# (see hvd_trainer/collectives/adasum.py).
 Adasum = 2
 _SPARSE = "sparse_allreduce"  # the base name of an unnamed sparse allreduce's collectives
 T = TypeVar("T")
@@ -693,7 +695,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
 def join(device: int = -1) -> int:
     """This rank has no more data: serve the other ranks' reductions with zeros until every
     rank has called join; return the global rank that joined last (of several joining
-    together, the highest). See :mod:`hvd_trainer.joined` for what a joined rank serves.
+    together, the highest). See :mod:`hvd_trainer.collectives.joined` for what a joined rank serves.
 
     Meanwhile the other ranks' ``allreduce``, ``grouped_allreduce`` (their async forms and
     Adasum included), ``barrier`` and ``DistributedOptimizer`` steps run with zeros for this
@@ -702,7 +704,7 @@ def join(device: int = -1) -> int:
     a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter), and
     so do calls that differ between the other ranks once each waits for its own (after a
     failure caught on some ranks only, say): this rank stays in join() until every rank has
-    called it, never leaving the others waiting (see :func:`hvd_trainer.joined.join`).
+    called it, never leaving the others waiting (see :func:`hvd_trainer.collectives.joined.join`).
     ``device`` says where Horovod makes its zeros; it is accepted and not used: a joined
     rank serves host tensors only (a collective on CUDA tensors raises while a rank is
     joined), and its zeros are host arrays.

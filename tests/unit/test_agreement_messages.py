@@ -4,8 +4,9 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_trainer.agreement import describe_mismatch, pack_flags, refusal_while_joined, unpack_flags
-from hvd_trainer.stall import StallInspector, drain_posts
+from hvd_trainer.coordination.agreement import (describe_mismatch, pack_flags,
+                                                refusal_while_joined, unpack_flags)
+from hvd_trainer.coordination.stall import StallInspector, drain_posts
 
 
 def test_names_first_differing_top_level_field():

@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_trainer import agreement, ops
+from hvd_trainer.coordination import agreement
+from hvd_trainer.collectives import ops
 from hvd_trainer.backends import mpi
 from hvd_trainer.backends.local import LocalCommunicator
-from hvd_trainer.memory import HOST
+from hvd_trainer.collectives.memory import HOST
 
 
 class Ranks(LocalCommunicator):
@@ -68,7 +69,7 @@ def test_carried_payloads_are_each_ranks_bytes_and_none_where_a_rank_sent_none()
     assert gathered([(1, ACTIVE, 2, b"xy"), (1, ACTIVE, 1, b"z")]).carried().every()
 
 
-DIGEST = ("import sys; from hvd_trainer import agreement; "
+DIGEST = ("import sys; from hvd_trainer.coordination import agreement; "
           "print(agreement._signed_digest('allreduce', sys.argv[1], (3, 0.5, (True, (('<f4', "
           "(2, 3)),)))))")
 

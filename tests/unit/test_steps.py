@@ -1,13 +1,13 @@
-"""The step protocol (hvd_trainer.steps), driven without MPI through a stand-in reducer that
-records what it is given: bucket marks batched, an early close by the thread's own next
+"""The step protocol (hvd_trainer.training.steps), driven without MPI through a stand-in reducer
+that records what it is given: bucket marks batched, an early close by the thread's own next
 collective (not inside backward, not by another thread), the step launched once."""
 import threading
 
 import numpy as np
 
-from hvd_trainer import scheduler
-from hvd_trainer.reducer import Bucket, Gradient
-from hvd_trainer.steps import DENSE, NONE, Steps, table_shape
+from hvd_trainer.coordination import scheduler
+from hvd_trainer.training.reducer import Bucket, Gradient
+from hvd_trainer.training.steps import DENSE, NONE, Steps, table_shape
 
 
 class Recorder:

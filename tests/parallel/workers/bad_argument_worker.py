@@ -14,7 +14,8 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import ops  # gather_object, scatter_object: internal, behind checkpoints
+# gather_object, scatter_object: internal, behind checkpoints
+from hvd_trainer.collectives import ops
 
 R, N = hvd.rank(), hvd.size()
 

@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import elastic, files
+from hvd_trainer import elastic
+from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 
 N = 1 << 20  # float64 weights: 8 MiB, 8 pieces of a write

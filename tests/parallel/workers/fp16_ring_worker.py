@@ -14,11 +14,11 @@ import ml_dtypes
 import numpy as np
 
 import hvd_trainer
-from hvd_trainer import ops
+from hvd_trainer.collectives import ops
 from hvd_trainer.backends.halves import NUMPY
 from hvd_trainer.compression import Compression
-from hvd_trainer.memory import KernelMemory
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.collectives.memory import KernelMemory
+from hvd_trainer.training.reducer import Gradient, Reducer
 from hvd_trainer.torch.compression import KERNELS as TORCH
 
 hvd_trainer.init()

@@ -47,7 +47,8 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import agreement, handles, runtime, scheduler
+from hvd_trainer.coordination import agreement, handles, scheduler
+from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
 # Calls that can never match raise once every rank's rounds matched nothing for this grace;

@@ -14,9 +14,11 @@ import numpy as np
 
 import hvd_trainer
 from case_runner import run_cases
-from hvd_trainer import agreement, ops, runtime
+from hvd_trainer.coordination import agreement
+from hvd_trainer.collectives import ops
+from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import Compression, TwoBit
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training.reducer import Gradient, Reducer
 
 hvd_trainer.init()
 R, N = hvd_trainer.rank(), hvd_trainer.size()

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import agreement, runtime
+from hvd_trainer.coordination import agreement
+from hvd_trainer.runtime import runtime
 
 case = sys.argv[1]
 R, N = hvd.rank(), hvd.size()

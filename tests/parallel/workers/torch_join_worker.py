@@ -26,7 +26,7 @@ from torch import nn
 import hvd_trainer
 import hvd_trainer.torch as hvd
 from case_runner import run_cases
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training.reducer import Gradient, Reducer
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

@@ -11,7 +11,7 @@ from typing import Any, Dict, Hashable, Optional, Sequence, Tuple
 import numpy as np
 
 from . import ops
-from .runtime import ProcessSet, global_process_set
+from ..runtime.runtime import ProcessSet, global_process_set
 from .traffic import CommStats
 
 

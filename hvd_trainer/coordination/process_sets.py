@@ -2,8 +2,9 @@
 public :func:`init`, which joins the job and registers the sets it is given."""
 from typing import Any, Optional, Sequence, Union
 
-from . import agreement, runtime
-from .runtime import ProcessSet, global_process_set, state
+from . import agreement
+from ..runtime import runtime
+from ..runtime.runtime import ProcessSet, global_process_set, state
 
 
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:

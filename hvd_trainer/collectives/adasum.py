@@ -16,8 +16,10 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from . import agreement, memory, ops, runtime
-from .runtime import ProcessSet, global_process_set
+from ..coordination import agreement
+from . import memory, ops
+from ..runtime import runtime
+from ..runtime.runtime import ProcessSet, global_process_set
 
 _TINY = float(np.sqrt(np.finfo(np.float64).tiny))  # squared norms below keep coefficient 1
 

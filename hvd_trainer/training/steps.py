@@ -1,4 +1,5 @@
-"""The step protocol around a :class:`~hvd_trainer.reducer.Reducer`, once for every adapter.
+"""The step protocol around a :class:`~hvd_trainer.training.reducer.Reducer`, once for every
+adapter.
 
 An adapter (the torch ``DistributedOptimizer``, the MXNet ``DistributedTrainer``) bridges its
 framework's tensors: it backs the reducer's buckets with its flat storage, turns gradients into
@@ -11,8 +12,8 @@ here, so that a fix reaches every adapter:
   one wake-up of the step's program per bucket instead of per gradient. With an eager reducer
   the step begins at its first mark (see the reducer's ``begin``).
 - **Early close.** From its beginning until it is closed, a step is the thread's *closer*
-  (:func:`hvd_trainer.scheduler.on_own_collective`): a collective that the thread which began
-  it starts before :meth:`Steps.close` first closes it, as ``close()`` would (gradients not
+  (:func:`hvd_trainer.coordination.scheduler.on_own_collective`): a collective that the thread which
+  began it starts before :meth:`Steps.close` first closes it, as ``close()`` would (gradients not
   marked by then count as stale on this rank: zeros), so the step does not wait for
   ``close()`` while ``close()`` waits for that collective. Not while ``inside()`` says the
   thread still computes gradients (a collective made by an autograd function in backward).
@@ -33,7 +34,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import joined, ops, scheduler
+from ..collectives import joined, ops
+from ..coordination import scheduler
 from .reducer import Bucket, Gradient, Reducer, ReducerStep
 
 NONE = 0     # no rank has had a gradient for the parameter yet

@@ -13,9 +13,10 @@ from typing import Any, ContextManager, Dict
 
 import numpy as np
 
-from . import fusion, runtime
-from .backends.halves import Kernels
-from .runtime import ProcessSet
+from . import fusion
+from ..runtime import runtime
+from ..backends.halves import Kernels
+from ..runtime.runtime import ProcessSet
 
 _SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
 # Host fusion buffers per communicator.

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 from hvd_trainer_launch.protocol import NO_FINALIZE_WAIT_VARIABLES, WORKER_VARIABLE
 from . import installs
-from .backends import Communicator
+from ..backends import Communicator
 from .config import agree_settings, env, read_settings
 from .launcher_check import check_launcher, launched_by_mpi
 
@@ -92,7 +92,7 @@ class _State:
 
 
 def _mpi_threads_supported() -> bool:
-    from .backends import mpi
+    from ..backends import mpi
     return mpi.threads_supported()
 
 
@@ -116,12 +116,12 @@ def _check_backend() -> None:
 
 def _make_world(comm: Any) -> "tuple[Communicator, str]":
     if comm is None and not launched_by_mpi():
-        from .backends.local import LocalCommunicator
+        from ..backends.local import LocalCommunicator
         return LocalCommunicator(), "local"
     for name, value in NO_FINALIZE_WAIT_VARIABLES.items():  # read at MPI_Init: set them first
         os.environ.setdefault(name, value)
     try:
-        from .backends import mpi
+        from ..backends import mpi
     except ImportError as e:
         raise RuntimeError(
             "this process was started by an MPI launcher but mpi4py cannot be imported "
@@ -134,7 +134,7 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
 def init(comm: Any = None) -> None:
     """Join the job. ``comm`` may be an mpi4py communicator to run on instead of COMM_WORLD.
     A second call does nothing. (The public ``init``, which also registers process sets, is
-    :func:`hvd_trainer.process_sets.init`.)"""
+    :func:`hvd_trainer.coordination.process_sets.init`.)"""
     with _lock:
         if _state is None:
             _configure_logging()
@@ -171,7 +171,7 @@ def lost_peer(error: BaseException) -> bool:
     world: a framework may have turned MPI's error into its own (TensorFlow's graphs do)."""
     if _state is None or _state.backend != "mpi":
         return False
-    from .backends import mpi
+    from ..backends import mpi
     seen: Set[int] = set()
     found: Optional[BaseException] = error
     while found is not None and id(found) not in seen:
@@ -411,7 +411,7 @@ def fusion_threshold() -> int:
 def mpi_built() -> bool:
     """Whether the MPI backend can run here (mpi4py imports)."""
     try:
-        from .backends import mpi  # noqa: F401
+        from ..backends import mpi  # noqa: F401
     except ImportError:
         return False
     return True
@@ -467,7 +467,7 @@ def nccl_built() -> bool:
     """Whether :func:`cuda_built` and CuPy found an NCCL library to call."""
     if not cuda_built():
         return False
-    from .backends import nccl
+    from ..backends import nccl
     return nccl.available()
 
 

@@ -40,8 +40,8 @@ start (:meth:`scheduler.Schedule.claim`); only if that round does not run it doe
 go the way of the schedule. A thread that already holds the turn (inside another call's
 data phase) agrees in step with the other ranks, without the schedule.
 
-**Joined ranks.** A rank that called :func:`hvd_trainer.joined.join` (it ran out of data)
-takes part in every agreement without a call of its own: its record carries a *joined*
+**Joined ranks.** A rank that called :func:`hvd_trainer.collectives.joined.join` (it ran out of
+data) takes part in every agreement without a call of its own: its record carries a *joined*
 state bit and no digest, so the others' digests are still compared among themselves. When an
 agreement finds a joined rank, the ranks make one more exchange (only then), in which the
 joined ranks learn the full description of the call, so they can run its data phase with
@@ -65,10 +65,11 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, List, NamedTu
 
 import numpy as np
 
-from . import runtime, scheduler, stall, timeline
-from .backends import Communicator
+from ..runtime import runtime, timeline
+from . import scheduler, stall
+from ..backends import Communicator
 from .stall import drain_posts, waiting
-from .timeline import span
+from ..runtime.timeline import span
 
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6

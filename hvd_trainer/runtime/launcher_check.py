@@ -4,7 +4,7 @@ where the launcher started several processes (each would otherwise train alone).
 import os
 from typing import Optional
 
-from .backends import Communicator
+from ..backends import Communicator
 from .config import env
 
 # Variables that MPI launchers and Slurm set in every rank's environment.
@@ -58,7 +58,7 @@ def check_launcher(world: Communicator, backend: str) -> None:
         return
     alone = "set HVD_BACKEND=local to run this process alone on purpose"
     if backend == "mpi":
-        from .backends import mpi
+        from ..backends import mpi
         # Open MPI ends its version text with a NUL.
         library = " ".join(mpi.library_version().replace("\0", "").split())
         raise RuntimeError(

@@ -94,7 +94,7 @@ AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
     "BUCKET_THRESHOLD": (DEFAULT_BUCKET_THRESHOLD, _count),
     "OVERLAP": (DEFAULT_OVERLAP, _count),
     "GPU_COMMUNICATOR": ("auto", _gpu_communicator),
-    # The reducer's autotuner (see hvd_trainer/autotune.py); defaults as Horovod's.
+    # The reducer's autotuner (see hvd_trainer/training/autotune.py); defaults as Horovod's.
     "AUTOTUNE": (0, _whole),
     "AUTOTUNE_LOG": ("", _text),
     "AUTOTUNE_WARMUP_SAMPLES": (3, _whole),

@@ -37,8 +37,9 @@ from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_
                                          GENERATION_VARIABLE, MIN_NP_VARIABLE, NOTIFY_VARIABLE,
                                          RESET_EXIT_CODE, SECRET_VARIABLE,
                                          ULFM_VARIABLE)
-from . import files, ops, runtime
-from .elastic_lives import CommitsLostError, count_variable, no_commit_found, restarts
+from ..runtime import files, runtime
+from ..collectives import ops
+from .lives import CommitsLostError, count_variable, no_commit_found, restarts
 
 log = logging.getLogger("hvd_trainer")
 
@@ -290,7 +291,7 @@ class _CommitStore:
     them; a host that crashes takes its ranks, and their commits in /dev/shm, with it
     whatever was synced, and every other host holds its own copy of the same commits (every
     rank writes each one). Files that must outlive the job (checkpoints, ``save_states``)
-    are fsynced (:func:`hvd_trainer.files.write_atomically`).
+    are fsynced (:func:`hvd_trainer.runtime.files.write_atomically`).
     """
 
     def __init__(self, folder: Optional[str]):

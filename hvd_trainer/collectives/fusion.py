@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
-from .backends import split_evenly, widened
+from ..backends import split_evenly, widened
 
 
 def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], threshold: int) -> List[List[int]]:

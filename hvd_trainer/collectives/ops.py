@@ -29,10 +29,12 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tupl
 
 import numpy as np
 
-from . import agreement, fusion, runtime, timeline
-from .backends import REDUCE_UFUNCS, split_evenly, widened
+from ..coordination import agreement
+from . import fusion
+from ..runtime import runtime, timeline
+from ..backends import REDUCE_UFUNCS, split_evenly, widened
 from .memory import HOST, Memory, check_array, memory_of
-from .runtime import ProcessSet, global_process_set
+from ..runtime.runtime import ProcessSet, global_process_set
 
 
 class ReduceOp(enum.IntEnum):

@@ -1,5 +1,5 @@
 """Reducing a set of gradients handed over all at once as NumPy arrays: the core's
-:class:`~hvd_trainer.reducer.Reducer` with host buckets that this module owns.
+:class:`~hvd_trainer.training.reducer.Reducer` with host buckets that this module owns.
 
 For adapters whose framework produces a whole step's gradients at once as values that cannot
 become views of a bucket (TensorFlow's immutable tensors, from ``GradientTape.gradient`` or a
@@ -11,17 +11,17 @@ zeros, autotuning.
 **Kinds.** A gradient is dense (an array), row-sparse (``(ids, rows)``, ids may repeat) or
 missing on a rank (None: that rank contributes zeros). The ranks agree on each gradient's
 kind, dense winning over row-sparse, in one small allreduce at the steps in which a gradient
-has had no kind agreed yet (usually the first only; :func:`hvd_trainer.steps.agree_kinds`);
+has had no kind agreed yet (usually the first only; :func:`hvd_trainer.training.steps.agree_kinds`);
 a rank whose gradient has the other form converts it. A gradient missing on every rank so far stays out of the step.
 """
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import sparse
-from .compression import Compression
+from ..collectives import sparse
+from ..compression import Compression
 from .reducer import AnyCompressor, Gradient, Reducer
-from .runtime import ProcessSet, global_process_set
+from ..runtime.runtime import ProcessSet, global_process_set
 from .steps import DENSE, NONE, agree_kinds
 
 Rows = Tuple[np.ndarray, np.ndarray]

@@ -16,8 +16,9 @@ import time
 import weakref
 from typing import Any, ContextManager, Dict, Optional, Tuple
 
-from . import runtime, scheduler
-from .backends import Communicator, Request
+from ..runtime import runtime
+from . import scheduler
+from ..backends import Communicator, Request
 
 log = logging.getLogger("hvd_trainer")
 _OFF = contextlib.nullcontext()

@@ -83,8 +83,9 @@ import weakref
 
 import numpy as np
 
-from . import automatic_names, runtime
-from .backends import Communicator
+from . import automatic_names
+from ..runtime import runtime
+from ..backends import Communicator
 
 
 class DuplicateNameError(ValueError):

@@ -20,9 +20,9 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter to install new views, and at step-time readiness (MXNet) the order is only the
   adapter's loop.
 - **Handles.** Reductions run in one program per step: on the communication thread
-  (:mod:`hvd_trainer.scheduler`), or on the calling thread when overlap is off. Each launched
-  bucket has a :class:`~hvd_trainer.handles.Handle`; the adapter waits for it and then uses
-  the bucket (an optimizer update while the next bucket is on the wire).
+  (:mod:`hvd_trainer.coordination.scheduler`), or on the calling thread when overlap is off. Each
+  launched bucket has a :class:`~hvd_trainer.coordination.handles.Handle`; the adapter waits for it
+  and then uses the bucket (an optimizer update while the next bucket is on the wire).
 - **Agreement.** Each step makes one exchange (:func:`agreement.agree`) that checks every
   rank has the same gradients (names, shapes, dtypes, storage, memory) and settings. With
   step-time readiness it carries the freshness flags: a gradient fresh on some rank is
@@ -30,8 +30,8 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   With hook readiness the step starts before freshness is known, so every gradient is
   reduced and a rank that never marked one ready contributes zeros. The step's collectives
   then run inside :func:`agreement.covered` and skip their own exchanges, except while a
-  rank is joined (:mod:`hvd_trainer.joined`): then each makes its own agreement, from which
-  the joined rank learns what to serve with zeros.
+  rank is joined (:mod:`hvd_trainer.collectives.joined`): then each makes its own agreement, from
+  which the joined rank learns what to serve with zeros.
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
   :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
   compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
@@ -40,7 +40,7 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
   the sum; the adapter folds f/size into its optimizer.
 - **Autotuning.** With ``HVD_AUTOTUNE=1`` the first steps try bucket thresholds and overlap
-  on and off on a schedule of step numbers (:mod:`hvd_trainer.autotune`), the same on every
+  on and off on a schedule of step numbers (:mod:`hvd_trainer.training.autotune`), the same on every
   rank; :meth:`Reducer.finish` moves to the next step's setting (laying out new buckets, which
   the adapter backs before the next step). After the last sample the process set's first
   rank broadcasts its fastest setting, and every rank keeps it from the next step on.
@@ -61,13 +61,16 @@ from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optiona
 
 import numpy as np
 
-from . import agreement, autotune, fusion, handles, ops, runtime, scheduler, sparse, timeline
-from .backends.halves import NUMPY, Kernels
-from .compression import Compression, Compressor, GatherCompressor
-from .feedback import ErrorFeedbackSum
-from .memory import KernelMemory
-from .runtime import ProcessSet, global_process_set
-from .traffic import CommStats
+from ..coordination import agreement, handles, scheduler
+from . import autotune
+from ..collectives import fusion, ops, sparse
+from ..runtime import runtime, timeline
+from ..backends.halves import NUMPY, Kernels
+from ..compression import Compression, Compressor, GatherCompressor
+from ..collectives.feedback import ErrorFeedbackSum
+from ..collectives.memory import KernelMemory
+from ..runtime.runtime import ProcessSet, global_process_set
+from ..collectives.traffic import CommStats
 
 AnyCompressor = Union[Type[Compressor], GatherCompressor]
 
@@ -170,7 +173,7 @@ class Reducer:
     ``eager=True`` launches buckets as
     their gradients become ready (hooks during backward); otherwise nothing moves before
     :meth:`launch`, which then knows every gradient's freshness. An eager step holds the
-    process set's turn (see :mod:`hvd_trainer.scheduler`) from its first ready gradient
+    process set's turn (see :mod:`hvd_trainer.coordination.scheduler`) from its first ready gradient
     until its reductions end, so other collectives on the set wait for it: call
     :meth:`launch` every step, from a thread that is not itself waiting for such a
     collective. ``overlap`` runs the

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import ops
-from .runtime import ProcessSet, global_process_set
+from ..runtime.runtime import ProcessSet, global_process_set
 
 ID_DTYPE = np.dtype(np.int64)
 

@@ -1,6 +1,6 @@
 """The autotuner's schedule and choice: which reducer setting each of the first steps uses.
 
-With ``HVD_AUTOTUNE=1`` a :class:`~hvd_trainer.reducer.Reducer` spends its first steps in
+With ``HVD_AUTOTUNE=1`` a :class:`~hvd_trainer.training.reducer.Reducer` spends its first steps in
 samples of ``HVD_AUTOTUNE_STEPS_PER_SAMPLE`` steps each: first
 ``HVD_AUTOTUNE_WARMUP_SAMPLES`` samples of the configured setting (discarded: first steps pay
 for allocation and caches), then one sample per candidate (a fixed grid of bucket thresholds,
@@ -16,7 +16,7 @@ import csv
 import io
 from typing import List, NamedTuple, Optional, Sequence
 
-from . import files
+from ..runtime import files
 
 # The bucket thresholds tried: a fixed grid (no Bayesian optimisation).
 THRESHOLDS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)

@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from . import files, ops, runtime
+from ..runtime import files, runtime
+from ..collectives import ops
 from .reducer import Reducer
 
 _MAGIC = b"hvd_trainer residuals 1\n"

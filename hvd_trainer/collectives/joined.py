@@ -24,8 +24,10 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, agreement, installs, memory, ops, runtime, scheduler, stall
-from .runtime import ProcessSet, global_process_set
+from . import adasum, memory, ops
+from ..coordination import agreement, scheduler, stall
+from ..runtime import installs, runtime
+from ..runtime.runtime import ProcessSet, global_process_set
 
 
 # Bound methods to call at the end of each join(), in registration order (see after_join).
