@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 
 from . import adasum, memory, ops
-from ..coordination import agreement, scheduler, stall
+from ..coordination import agreement, stall, work_order
 from ..runtime import installs, runtime
 from ..runtime.runtime import ProcessSet, global_process_set
 
@@ -90,7 +90,7 @@ def join() -> int:
     join() with its shut-down error instead; README Limitations).
     """
     runtime.init()
-    scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
+    work_order.flush(here=True)  # a deferred training step goes first (see work_order.py)
     world = runtime.communicator(global_process_set)
     if world.size == 1:
         return runtime.rank()

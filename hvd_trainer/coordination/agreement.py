@@ -66,7 +66,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, List, NamedTu
 import numpy as np
 
 from ..runtime import runtime, timeline
-from . import scheduler, stall
+from . import jobs, matching, scheduler, stall, work_order
 from ..backends import Communicator
 from .stall import drain_posts, waiting
 from ..runtime.timeline import span
@@ -154,7 +154,7 @@ class RoundShare(NamedTuple):
     its counts of automatic names."""
 
     stuck: bool
-    pending: List[scheduler.Summary]
+    pending: List[matching.Summary]
     counts: Any  # scheduler.Counts; 0 where a disagreement is raised in step
 
 
@@ -184,7 +184,7 @@ def _raise_error(comm: Communicator, every: Sequence[Optional[Dict[str, Any]]]) 
 def _raise_disagreement(comm: Communicator, key: str, description: Dict[str, Any]) -> None:
     """Inside a held turn, where ranks run in step: exchange full descriptions (in the form
     of a round's lists, which a joined rank reads) and raise the same error on every rank."""
-    mine = scheduler.Summary(key, description, waited=True, automatic=False)
+    mine = matching.Summary(key, description, waited=True, automatic=False)
     gathered = comm.allgather_object(RoundShare(stuck=False, pending=[mine], counts=0))
     raise _failure(comm, [None if g is None else _first(g.pending).description
                           for g in gathered])
@@ -234,7 +234,7 @@ def unpack_flags(words: np.ndarray, count: int) -> np.ndarray:
     return np.unpackbits(np.ascontiguousarray(words).view(np.uint8))[:count].astype(bool)
 
 
-class _Entry(scheduler.Entry):
+class _Entry(jobs.Entry):
     """A scheduler entry whose description is made only when needed (a call whose digest
     comes from a signature, see :func:`_signed_digest`, and that every rank agrees on at
     once never needs it), with the payload its record carries."""
@@ -254,7 +254,7 @@ class _Entry(scheduler.Entry):
             self.description = self.describe()
         return self.description
 
-    def summary(self) -> scheduler.Summary:
+    def summary(self) -> matching.Summary:
         self.described()
         return super().summary()
 
@@ -371,7 +371,7 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
     return Agreed(flags, entry.carried)
 
 
-def _reraise(error: BaseException, entries: List[_Entry]) -> List[scheduler.Verdict]:
+def _reraise(error: BaseException, entries: List[_Entry]) -> List[matching.Verdict]:
     """A round whose exchange failed with ``error`` (the schedule makes it its entries')."""
     raise error
 
@@ -529,7 +529,7 @@ def _all_stuck(gathered: Sequence[Any]) -> bool:
 
 
 def _round(comm: Communicator, sched: scheduler.Schedule,
-           entries: List[_Entry]) -> List[scheduler.Verdict]:
+           entries: List[_Entry]) -> List[matching.Verdict]:
     """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
     oldest entry is the same call, decide it; else exchange the lists and match by key."""
     head = entries[0]
@@ -538,7 +538,7 @@ def _round(comm: Communicator, sched: scheduler.Schedule,
 
 
 def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
-            entries: List[_Entry]) -> List[scheduler.Verdict]:
+            entries: List[_Entry]) -> List[matching.Verdict]:
     """The rest of a round whose first exchange, of ``entries[0]``'s record, ``gathered``."""
     head = entries[0]
     joined = sched.peers_joined
@@ -547,29 +547,29 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
             if joined:
                 _meet_joined(comm, head.described())
         except Exception as error:
-            return [scheduler.Verdict("raise", head.key, error)]
-        return [scheduler.Verdict("run", head.key, _outcome(comm, head, gathered))]
+            return [matching.Verdict("raise", head.key, error)]
+        return [matching.Verdict("run", head.key, _outcome(comm, head, gathered))]
     summaries = [e.summary() for e in entries]
     stuck = sched.stuck(summaries, _MATCH_GRACE_SECONDS)
     shared = comm.allgather_object(RoundShare(stuck, summaries, sched.counts()))
     lists = [None if g is None else g.pending for g in shared]
     failure = functools.partial(_failure, comm)
-    verdicts = scheduler.match(lists, failure, single=joined, me=comm.rank)
+    verdicts = matching.match(lists, failure, single=joined, me=comm.rank)
     if not verdicts and _all_stuck(shared):
-        verdicts = scheduler.deadlock(lists, comm.rank, failure)
+        verdicts = matching.deadlock(lists, comm.rank, failure)
         if verdicts and _first(verdicts).action == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
             # from here they count on from the same number.
             sched.align_counts(_first(verdicts).key, [g.counts for g in shared if g is not None])
     by_key = {e.key: e for e in entries}
-    decided: List[scheduler.Verdict] = []
+    decided: List[matching.Verdict] = []
     for verdict, key, value in verdicts:
         if verdict == "run":
             try:
                 if joined:
                     _meet_joined(comm, value)
             except Exception as error:
-                decided.append(scheduler.Verdict("raise", key, error))
+                decided.append(matching.Verdict("raise", key, error))
                 continue
             flags = by_key[key].flags
             if flags is not None:  # every rank runs this exchange for this entry, in order
@@ -577,7 +577,7 @@ def _decide(comm: Communicator, sched: scheduler.Schedule, gathered: _Gathered,
                 comm.allreduce(words, "bor")
                 flags = unpack_flags(words, len(flags))
             value = flags
-        decided.append(scheduler.Verdict(verdict, key, value))
+        decided.append(matching.Verdict(verdict, key, value))
     return decided
 
 
@@ -615,9 +615,9 @@ class JoinedRecord:
             # is stuck, their oldest waited calls run together or raise (see _round).
             gathered = comm.allgather_object(None)
             lists = [None if g is None else g.pending for g in gathered]
-            verdicts = scheduler.match(lists, lambda every: RuntimeError(), single=True)
+            verdicts = matching.match(lists, lambda every: RuntimeError(), single=True)
             runs = (_first(verdicts).action == "run" if verdicts else
-                    _all_stuck(gathered) and scheduler.deadlock_runs(lists))
+                    _all_stuck(gathered) and matching.deadlock_runs(lists))
             if not runs:
                 return {}
             words_total = 0
@@ -709,7 +709,7 @@ class Call:
         self._held = False
 
     def __enter__(self) -> "Call":
-        scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
+        work_order.flush(here=True)  # a deferred training step goes first (see work_order.py)
         given = self._given
         if given is not None and not isinstance(given, str):
             self.error = TypeError(f"name={given!r} must be a string or None")
@@ -806,7 +806,7 @@ def covered(comm: Communicator) -> Iterator[None]:
     it in step). The block holds ``comm``'s turn: other threads' collectives on it wait until
     it ends.
     """
-    scheduler.flush(here=True)  # a deferred training step goes first (see scheduler.py)
+    work_order.flush(here=True)  # a deferred training step goes first (see work_order.py)
     sched = scheduler.of(comm)
     sched.take()
     depth = sched.covered_depth()

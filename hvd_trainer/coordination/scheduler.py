@@ -1,37 +1,15 @@
-"""What runs next on a communicator, on which thread, and how calls are matched across ranks.
+"""What runs next on a communicator, and how calls are matched across ranks.
 
-Every collective on a process set's communicator is an :class:`Entry` in that
+Every collective on a process set's communicator is an :class:`~.jobs.Entry` in that
 communicator's :class:`Schedule`: its matching key (the name the user gave, or an automatic
 one, see automatic_names.py), its description and its flags. A thread that makes a
 collective enqueues its entry and waits; one waiting thread at a time *drives* a round of
 agreement (the exchange itself is the caller's function, see agreement.py) over the entries
-pending at that moment, and the round decides, identically on every rank, which entries
-run, in which order, and which raise. Then each decided entry's own thread takes the *turn*
-in that order and runs its data phase; the next round waits for the turn to be free.
-
-Before a call reaches a schedule, the rank's *order of work* decides when it is made, and on
-which thread; it is one per process, since a rank's program order spans its process sets
-(and, where MPI serialises calls, its communicators share one user). Every way of making a
-collective goes through it: a synchronous call (:func:`flush` with ``here``, from
-agreement.py and joined.py), an asynchronous one (:func:`start`, under handles.py's
-``submit`` and the adapters' ``*_async``) and a training step's program (:func:`defer`,
-:func:`start` and :func:`run_deferred`, from reducer.py):
-
-- :func:`start` hands work to a *communication thread*, which runs the handed work in order.
-  When that work waits for a match that has not come (other ranks submitted theirs in another
-  order), its thread *parks*: the next work starts on another thread, so calls submitted in
-  different orders on different ranks still meet.
-- :func:`defer` queues work in that order without waking the thread (a training step whose
-  gradients are still to come): whatever the process starts next goes behind it. The next
-  :func:`start` hands it to the thread first, a synchronous call (``flush(here=True)``) runs
-  it first on the calling thread, and if nothing comes first :func:`run_deferred` runs it
-  where its result is needed: a step whose gradients all came at once costs no thread
-  switches, yet is ordered as if it had been submitted.
-- A thread may register a *closer* (:func:`on_own_collective`): a collective that the same
-  thread starts later (submitted, or synchronous) runs it first. A training step that began
-  at a hook registers one (steps.py), so that a collective the script starts between backward
-  and the step's close first closes the step, instead of waiting behind a step that waits
-  for the script.
+pending at that moment, and the round decides (matching.py), identically on every rank, which
+entries run, in which order, and which raise. Then each decided entry's own thread takes the
+*turn* in that order and runs its data phase; the next round waits for the turn to be free.
+When and on which thread a call reaches its schedule is the rank's order of work
+(work_order.py).
 
 Invariants (unit tests drive them without MPI):
 
@@ -39,15 +17,8 @@ Invariants (unit tests drive them without MPI):
   thread holds the turn (a data phase, a covered block, a joined rank's service); never both,
   never two. The turn is re-entrant for its holder.
 - **Same decisions everywhere.** A round's decisions are a pure function of what every rank
-  contributed (:func:`match`), so every rank runs the same entries in the same order.
-- **Fast path.** When every rank's oldest pending entry is the same call, one small exchange
-  decides it; otherwise the ranks exchange their pending lists and match by key (Horovod's
-  coordinator matches by name): the keys pending on every rank run in the order of the lowest
-  active rank's list; a key whose descriptions differ raises a mismatch on every rank; keys
-  not yet pending everywhere wait for a later round.
-- **No wait forever.** When every active rank waits for a call (its own thread's, or an
-  asynchronous one whose handle a thread waits for) and rounds match nothing for a moment,
-  the ranks settle it by :func:`deadlock`, joined ranks or not.
+  contributed (:func:`~.matching.match`), so every rank runs the same entries in the same
+  order.
 - **Keys are unique while pending.** A second call with a key that is still pending raises
   :class:`DuplicateNameError` on the rank that made it, at the call, and changes nothing else.
   A named asynchronous call that has run keeps its name *held* until its handle is polled
@@ -58,27 +29,14 @@ Invariants (unit tests drive them without MPI):
 - **Automatic names never mismatch by themselves.** They are taken in program order on the
   thread that makes (or submits) the call, counted per thread (automatic_names.py), so
   threads that interleave their calls differently on different ranks still pair thread by
-  thread; an asynchronous job takes its key at submission (:class:`Job`), and the further
-  unnamed calls of the same job derive theirs from it. Calls that fail locally before they
-  reach the schedule take no key.
-- **Handed work runs in the order of handing.** Work handed to the communication thread
-  starts in that order; a later one starts before an earlier one ends only when the earlier
-  one has parked (it waits for a match).
-- **Deferred work goes first.** At most one work is deferred at a time; it runs before any
-  work the process starts after it (on the thread, or here for a synchronous call), and
-  exactly once.
-- **Closers run on their own thread only,** before that thread's next collective, until one
-  returns True or is forgotten; other threads' collectives never run them.
+  thread; an asynchronous job takes its key at submission (:class:`~.jobs.Job`), and the
+  further unnamed calls of the same job derive theirs from it. Calls that fail locally before
+  they reach the schedule take no key.
 """
-import contextlib
-import dataclasses
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
-from typing import (Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Sequence,
-                    Tuple)
-
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import weakref
 
 import numpy as np
@@ -86,115 +44,12 @@ import numpy as np
 from . import automatic_names
 from ..runtime import runtime
 from ..backends import Communicator
+from .jobs import Claim, Entry, Job, running_job, running_park
+from .matching import Summary, Verdict
 
 
 class DuplicateNameError(ValueError):
     """A collective was started with a name that a pending collective of this rank still has."""
-
-
-class Entry:
-    """One collective waiting for its round: ``key`` matches it across ranks, ``description``
-    (a dict of plain values with its kind and name) is compared, ``flags`` (booleans or None)
-    are or-ed across the ranks that run it."""
-
-    __slots__ = ("key", "description", "flags", "digest", "state", "failure", "flags_out",
-                 "synchronous", "automatic", "job")
-
-    def __init__(self, key: str, description: Dict[str, Any], flags: Optional[np.ndarray],
-                 digest: int, automatic: bool = False):
-        self.key, self.description, self.flags, self.digest = key, description, flags, digest
-        self.automatic = automatic  # its key is an automatic name
-        self.state = "pending"  # then "run" or "raise"
-        self.failure: Optional[BaseException] = None
-        self.flags_out: Optional[np.ndarray] = None
-        # Made by a thread that waits for it (not an asynchronous job's): while it waits, that
-        # thread cannot start the call another rank waits for.
-        self.job = running_job()
-        self.synchronous = self.job is None
-
-    def waited(self) -> bool:
-        """Whether a thread waits for this entry: the thread that made it (a synchronous
-        call), or one that waits for its asynchronous job's handle (Horovod's
-        ``synchronize``, the torch adapter's synchronous calls)."""
-        return self.synchronous or bool(self.job is not None and self.job.awaited)
-
-    def summary(self) -> "Summary":
-        """What the other ranks see of this entry when heads differ."""
-        return Summary(self.key, self.description, self.waited(), self.automatic)
-
-
-@dataclasses.dataclass
-class Claim:
-    """A key that an asynchronous job reserved on one schedule at submission."""
-
-    key: str
-    automatic: bool  # an automatic name, not one the caller gave
-    claimed: bool = False  # its first call here has taken it
-
-
-class Job:
-    """The keys an asynchronous job reserved when it was submitted, one per schedule, for its
-    first collective there; the job's later unnamed calls derive their keys from it."""
-
-    def __init__(self, hold: bool = False) -> None:
-        self.claims: Dict["Schedule", Claim] = {}
-        self.derived = 0
-        self.awaited = 0  # threads that wait for this job's handle now (see await_job)
-        self.hold = hold  # its given name stays held after it ran (see Schedule.forget)
-        self.held: List["Schedule"] = []
-
-    def unhold(self) -> None:
-        """Its handle was polled done or waited on: the name it held is free again."""
-        with _await_lock:  # a handle may be polled on several threads
-            held, self.held = self.held, []
-        for schedule in held:
-            schedule.unhold(self)
-
-    def release(self) -> None:
-        """Give back the reservations the job never used (it ended without that call)."""
-        for schedule, claim in list(self.claims.items()):
-            if not claim.claimed:
-                schedule.forget(claim.key, self)
-        self.claims.clear()
-
-
-class _Context(threading.local):
-    """Per thread: the Job it runs, and how it parks (see Schedule.settle). Defaults as class
-    attributes: a getattr default would cost a caught exception in every collective."""
-
-    job: Optional[Job] = None
-    park: Optional[Callable[[], None]] = None
-
-
-_context = _Context()
-_await_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def await_job(job: Optional[Job]) -> Iterator[None]:
-    """The calling thread waits for ``job``'s handle in this block: the job's entries count
-    as waited for (see :meth:`Schedule.stuck`), as a synchronous call's do."""
-    if job is None:
-        yield
-        return
-    with _await_lock:
-        job.awaited += 1
-    try:
-        yield
-    finally:
-        with _await_lock:
-            job.awaited -= 1
-
-
-def running_job() -> Optional[Job]:
-    """The asynchronous job the calling thread runs, if any."""
-    return _context.job
-
-
-def set_job(job: Optional[Job], park: Optional[Callable[[], None]]) -> None:
-    """Mark the calling thread as running ``job``; ``park()`` lets the next job start while
-    this one waits for a match (the communication thread's, see :func:`start`)."""
-    _context.job, _context.park = job, park
 
 
 class _Use:
@@ -224,16 +79,6 @@ class _Use:
             self.cv.notify_all()
 
 
-class Verdict(NamedTuple):
-    """A round's decision on one entry: ``action`` "run" (``value``: the agreed description
-    or flags), "raise" (``value``: the exception) or "wait" (the entry stays pending: a
-    barrier, see :func:`_verdict_on_mismatch`)."""
-
-    action: str
-    key: str
-    value: Any
-
-
 Round = Callable[[List[Entry]], List[Verdict]]
 
 
@@ -247,139 +92,12 @@ class Memo(NamedTuple):
     description: Dict[str, Any]
 
 
-class Summary(NamedTuple):
-    """What the other ranks see of a pending entry when the ranks' heads differ."""
-
-    key: str
-    description: Dict[str, Any]
-    waited: bool  # a thread waits for it, as of now
-    automatic: bool  # its key is an automatic name
-
-
-Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
-
-
 class Counts(NamedTuple):
     """A rank's counts of automatic names on a communicator: the shared one and each
     thread's that counts its own (see automatic_names)."""
 
     shared: int
     threads: Dict[str, int]
-
-
-def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
-          single: bool = False, me: int = -1) -> List[Verdict]:
-    """Decide a round from every rank's pending list (None: a joined rank), for rank ``me``.
-
-    The keys pending on every active rank, in the lowest active rank's order; each runs when
-    all its descriptions are equal and free of argument errors, else raises
-    ``failure(descriptions by rank)`` (see :func:`_verdict_on_mismatch` for barriers). ``single``:
-    decide at most the first such key.
-    """
-    active = [lst for lst in lists if lst is not None]
-    if not active:
-        return []
-    by_rank = [{s.key: s.description for s in lst} for lst in lists if lst is not None]
-    verdicts: List[Verdict] = []
-    for head in active[0]:
-        key = head.key
-        if not all(key in d for d in by_rank[1:]):
-            continue
-        every = [None if lst is None else {s.key: s.description for s in lst}[key]
-                 for lst in lists]
-        described = [d for d in every if d is not None]
-        first = described[0] if described else None
-        if any("error" in d for d in described) or any(d != first for d in described):
-            verdicts.append(_verdict_on_mismatch(key, every, me, failure))
-        else:
-            verdicts.append(Verdict("run", key, first))
-        if single:
-            break
-    return verdicts
-
-
-def _verdict_on_mismatch(key: str, every: List[Optional[Dict[str, Any]]], me: int,
-               failure: Failure) -> Verdict:
-    """Rank ``me``'s verdict on calls ``every`` (by rank) that cannot run together.
-
-    A barrier waits for every rank: when some ranks wait in one and the others in other
-    calls, the others' calls raise, naming the barrier, and the barrier goes on waiting (a
-    rank that ran ahead or fell behind, as a script that caught a failure on some ranks only
-    does, gets an error at each call until it reaches the barrier too, where the ranks meet
-    again). Otherwise every rank raises.
-    """
-    at_barrier = [r for r, d in enumerate(every) if d is not None and d.get("kind") == "barrier"]
-    if not at_barrier or len(at_barrier) == sum(d is not None for d in every):
-        return Verdict("raise", key, failure(every))
-    if me in at_barrier:
-        return Verdict("wait", key, None)
-    error = failure(every)
-    ranks = ", ".join(map(str, at_barrier))
-    many = len(at_barrier) > 1
-    error.args = (f"{error.args[0]}; rank{'s' if many else ''} {ranks} wait{'' if many else 's'} "
-                  "in a barrier for this rank, and go on waiting until it calls barrier() "
-                  "too",) + error.args[1:]
-    return Verdict("raise", key, error)
-
-
-def _unnamed(description: Any) -> Any:
-    """``description`` without names, which hold the automatic counters."""
-    if isinstance(description, dict):
-        return {k: _unnamed(v) for k, v in description.items() if k != "name"}
-    if isinstance(description, list):
-        return [_unnamed(v) for v in description]
-    return description
-
-
-def _oldest_waited(lists: Sequence[Optional[Sequence[Summary]]]) -> List[Optional[Summary]]:
-    """Each rank's oldest call that a thread waits for (None: a joined rank, or none)."""
-    return [None if lst is None else next((s for s in lst if s.waited), None) for lst in lists]
-
-
-def _alike_unnamed(oldest: Sequence[Summary]) -> bool:
-    """Whether the calls ``oldest`` are all automatically named and alike but for names."""
-    first = _unnamed(oldest[0].description) if oldest else None
-    return bool(oldest) and all(s.automatic for s in oldest) and \
-        all(_unnamed(s.description) == first for s in oldest)
-
-
-def deadlock_runs(lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
-    """Whether, in a deadlock (see :func:`deadlock`), the active ranks' oldest waited calls
-    run together: all automatically named by threads of one name, and alike but for their
-    names' counts."""
-    oldest = [s for s in _oldest_waited(lists) if s is not None]
-    return _alike_unnamed(oldest) and \
-        len({automatic_names.thread_of(s.key) for s in oldest}) == 1
-
-
-def deadlock(lists: Sequence[Optional[Sequence[Summary]]], me: int,
-             failure: Failure) -> List[Verdict]:
-    """When no key matched and every active rank is stuck (see :meth:`Schedule.stuck`), each
-    active rank's oldest waited call decides.
-
-    If all are automatically named by threads of one name and alike but for their names,
-    they run together (the ranks' counts of automatic names had drifted apart, say after a
-    call that failed on one rank before it reached the others; no automatic name causes a
-    mismatch by itself). Otherwise they cannot run together (the ranks wait for calls that
-    differ, or come from threads whose names differ, and none can start another): see
-    :func:`_verdict_on_mismatch`. Joined ranks (None in ``lists``) serve the calls that run,
-    as in any round; join() itself, like a barrier, waits for every rank.
-    """
-    oldest = _oldest_waited(lists)
-    mine = oldest[me]
-    if mine is None:
-        return []
-    if deadlock_runs(lists):
-        return [Verdict("run", mine.key, mine.description)]
-    verdict = _verdict_on_mismatch(mine.key, [None if s is None else s.description
-                                              for s in oldest], me, failure)
-    if verdict.action == "raise" and _alike_unnamed([s for s in oldest if s is not None]):
-        error = verdict.value
-        error.args = (f"{error.args[0]}; automatic names are counted per thread, by the "
-                      "thread's name: make unnamed collectives from threads named alike on "
-                      "every rank (threads started in the same order have the same default "
-                      "names), or give each call a name=",) + error.args[1:]
-    return [verdict]
 
 
 class Schedule:
@@ -645,7 +363,7 @@ class Schedule:
             self.next_round = time.monotonic() + pace(self.undecided_since)
         use.wake()
         if mine.state == "pending":
-            park = _context.park
+            park = running_park()
             if park is not None:  # let the next asynchronous job start while this one waits
                 use.cv.release()
                 try:
@@ -697,238 +415,3 @@ def _leave(comm: Communicator) -> bool:
 
 
 runtime.at_leave(_leave)
-
-
-# -- the rank's order of work: communication threads, deferred steps, closers --------------
-class _Work(NamedTuple):
-    """Work for a communication thread: ``run`` completes ``future``; ``job`` is the
-    asynchronous job it runs for (None for a deferred step)."""
-
-    future: "Future[Any]"
-    run: Callable[[], Any]
-    job: Optional[Job]
-
-
-_lock = threading.Lock()
-_queue: Deque[_Work] = deque()  # handed to the thread, not started
-_busy = 0  # work handed to the thread and not finished
-_slot = False  # a thread runs the queue's work in order (none is parked)
-_idle: List["_Worker"] = []
-_deferred: Optional[_Work] = None
-_closers: Dict[int, List[Callable[[], bool]]] = {}  # by thread ident
-_IDLE_SECONDS = 30.0  # an idle worker thread ends after this long without work
-
-
-class _Worker:
-    """A thread that runs handed work in order while it holds the slot (see park())."""
-
-    def __init__(self, work: _Work):
-        self.work: Optional[_Work] = work
-        self.parked = False
-        self.wake = threading.Condition(_lock)
-        threading.Thread(target=self._loop, name="hvd_trainer-comm", daemon=True).start()
-
-    def _park(self) -> None:
-        """This work waits for a match: let the next work start on another thread."""
-        global _slot
-        with _lock:
-            if not self.parked:
-                self.parked = True
-                _slot = False
-                _dispatch_locked()
-
-    def _loop(self) -> None:
-        global _busy, _slot
-        automatic_names.share_count()  # it runs work in the order the work was handed
-        while True:
-            future, work, job = self.work
-            set_job(job, self._park)
-            try:
-                _complete(future, work)
-            finally:
-                set_job(None, None)
-                if job is not None:
-                    job.release()
-            with _lock:
-                _busy -= 1
-                self.work = None
-                if self.parked:  # the slot went on without it
-                    self.parked = False
-                elif _queue:
-                    self.work = _queue.popleft()
-                    continue
-                else:
-                    _slot = False
-                if _queue and not _slot:
-                    _slot = True
-                    self.work = _queue.popleft()
-                    continue
-                _idle.append(self)
-                if not self.wake.wait_for(lambda: self.work is not None, _IDLE_SECONDS):
-                    _idle.remove(self)
-                    return
-
-
-def _dispatch_locked() -> None:
-    """Start the queue's next work if no thread runs the queue (the caller holds ``_lock``)."""
-    global _slot
-    if _slot or not _queue:
-        return
-    _slot = True
-    work = _queue.popleft()
-    if _idle:
-        worker = _idle.pop()
-        worker.work = work
-        worker.wake.notify()
-    else:
-        _Worker(work)
-
-
-class _Submitted(Future):
-    """The future of submitted work, with the key reservations of its collective (if any):
-    while a thread waits for its result, the collective counts as waited for (see
-    :func:`await_job`), so ranks that all wait for calls that cannot match raise instead
-    of waiting forever."""
-
-    def __init__(self, job: Optional[Job]):
-        super().__init__()
-        self.job = job
-
-    def result(self, timeout: Optional[float] = None) -> Any:
-        with await_job(self.job):
-            try:
-                return super().result(timeout)
-            finally:
-                if self.job is not None and super().done():
-                    self.job.unhold()
-
-    def done(self) -> bool:
-        finished = super().done()
-        if finished and self.job is not None:
-            self.job.unhold()
-        return finished
-
-
-def _complete(future: "Future[Any]", work: Callable[[], Any]) -> None:
-    try:
-        result = work()
-    except BaseException as e:  # the waiter raises it
-        future.set_exception(e)
-    else:
-        future.set_result(result)
-
-
-def _hand(item: _Work) -> None:
-    """Give ``item`` to the thread (the caller holds ``_lock``)."""
-    global _busy
-    _busy += 1
-    _queue.append(item)
-    _dispatch_locked()
-
-
-def _job(name: Optional[str], process_set: Any, hold: bool) -> Optional[Job]:
-    """The key reservation of a collective submitted now (see Job)."""
-    if process_set is None:
-        return None
-    job = Job(hold)
-    of(runtime.communicator(process_set)).reserve_for(job, name)
-    return job
-
-
-def start(work: Callable[[], Any], name: Optional[str] = None,
-          process_set: Any = None, waited: bool = True) -> "Future[Any]":
-    """Run ``work()`` on the communication thread, behind what was submitted or deferred
-    before (after this thread's closers); its future holds the result.
-
-    With ``process_set``, ``work`` is a collective named ``name`` on it: its name (or its
-    automatic one) is taken now, in this thread's program order, and a name still pending
-    raises :class:`DuplicateNameError` here. With ``waited=False`` a thread waiting for the
-    future does not make the collective count as waited for (a graph op that TensorFlow runs
-    beside the graph's others, in any order): it waits for its match however long.
-    """
-    _close()
-    job = _job(name, process_set, waited)
-    future: "Future[Any]" = _Submitted(job) if waited else Future()
-    with _lock:
-        _flush_locked()
-        _hand(_Work(future, work, job))
-    return future
-
-
-def defer(work: Callable[[], Any]) -> "Future[Any]":
-    """Queue ``work()`` in the thread's order without waking it (see the module docstring);
-    handed to the thread at once when the thread still has work, or when something else is
-    deferred."""
-    global _deferred
-    future: "Future[Any]" = Future()
-    with _lock:
-        if _busy or _deferred is not None:
-            _flush_locked()
-            _hand(_Work(future, work, None))
-        else:
-            _deferred = _Work(future, work, None)
-    return future
-
-
-def _flush_locked() -> None:
-    global _deferred
-    if _deferred is not None:
-        _hand(_deferred)
-        _deferred = None
-
-
-def on_own_collective(closer: Callable[[], bool]) -> None:
-    """Call ``closer()`` when this thread next starts a collective (before it), until it
-    returns True once or :func:`forget_closer` removes it."""
-    with _lock:
-        _closers.setdefault(threading.get_ident(), []).append(closer)
-
-
-def forget_closer(closer: Callable[[], bool]) -> None:
-    """Remove ``closer`` (registered by this thread), if it is still there."""
-    with _lock:
-        mine = _closers.get(threading.get_ident(), [])
-        if closer in mine:
-            mine.remove(closer)
-
-
-def _close() -> None:
-    """Run this thread's closers (see :func:`on_own_collective`)."""
-    if not _closers:
-        return
-    me = threading.get_ident()
-    with _lock:  # off the list while they run: a closer's own collectives skip it
-        mine = _closers.pop(me, [])
-    keep = [closer for closer in mine if not closer()]
-    if keep:
-        with _lock:
-            _closers.setdefault(me, [])[:0] = keep
-
-
-def flush(here: bool = False) -> None:
-    """Start the deferred work, if any, ahead of what the caller starts next: on the thread,
-    or with ``here`` on the calling thread, before it returns (for a synchronous collective,
-    which would otherwise overtake it); with ``here``, this thread's closers run first."""
-    global _deferred
-    if here:
-        _close()
-    if _deferred is None:  # the common case, without the lock
-        return
-    with _lock:
-        if not here:
-            _flush_locked()
-            return
-        item, _deferred = _deferred, None
-    if item is not None:
-        _complete(item.future, item.run)
-
-
-def run_deferred(future: "Future[Any]") -> None:
-    """Run the work of ``future`` here and now if it is still deferred; otherwise it is on
-    the thread (or done), and this does nothing."""
-    global _deferred
-    with _lock:
-        if _deferred is None or _deferred.future is not future:
-            return
-        item, _deferred = _deferred, None
-    _complete(item.future, item.run)

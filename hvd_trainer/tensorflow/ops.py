@@ -1,6 +1,6 @@
 """horovod.tensorflow's collectives on tf.Tensor and tf.Variable, over the core.
 
-Each collective runs on the core's communication thread (``hvd_trainer/coordination/scheduler.py``)
+Each collective runs on the core's communication thread (``hvd_trainer/coordination/work_order.py``)
 in the order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
 the call; inside a ``tf.function`` (or a TF1 graph) it is an op that runs when the graph does
 (see bridge.py). Results are new tensors on the host.
@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import tensorflow as tf
 
-from ..coordination import scheduler
+from ..coordination import work_order
 from ..collectives import sparse
 from ..collectives import joined as core_join
 from ..collectives import ops as core
@@ -40,11 +40,11 @@ def run(work: Callable[[], T], name: Optional[str] = None,
     """Run ``work`` on the communication thread, in order with every other collective of
     this process, and return its result; its error is raised as TensorFlow's (errors.py).
     With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
-    scheduler.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
+    work_order.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
     its own threads in any order, so a rank may wait on one op while its next is not yet
     submitted, and the op waits for its match, as in Horovod."""
     try:
-        return scheduler.start(work, name, process_set, waited).result()
+        return work_order.start(work, name, process_set, waited).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:

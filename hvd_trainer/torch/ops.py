@@ -1,8 +1,8 @@
 """horovod.torch's collectives on torch.Tensor, synchronous and asynchronous, over the core.
 
 Every collective runs on the core's communication thread (see
-``hvd_trainer/coordination/scheduler.py``) in the order of the calls, as Horovod's background thread
-runs them: an ``*_async`` function returns a handle at once, :func:`poll` says whether it has
+``hvd_trainer/coordination/work_order.py``) in the order of the calls, as Horovod's background
+thread runs them: an ``*_async`` function returns a handle at once, :func:`poll` says whether it has
 finished and :func:`synchronize` waits for it and returns its result (or raises its error). A
 synchronous function is its ``*_async`` form followed by :func:`synchronize`, so both kinds may be
 mixed freely.
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ..collectives import adasum, sparse
-from ..coordination import scheduler
 from ..collectives import joined as core_join
 from ..collectives import ops as core
+from ..coordination import work_order
 from ..backends.halves import is_half
 from ..coordination.handles import Handle
 from ..collectives.memory import KernelMemory
@@ -97,13 +97,13 @@ def _start(collective: Callable[..., Any], *args: Any,
     """
     ordered = None if on is None else bridge.ordered(on, gpu_core)
     if ordered is None:
-        return handle(scheduler.start(lambda: finish(collective(*args)), name, process_set))
+        return handle(work_order.start(lambda: finish(collective(*args)), name, process_set))
 
     def run() -> Any:
         with ordered():
             return finish(collective(*args))
 
-    return handle(scheduler.start(run, name, process_set))
+    return handle(work_order.start(run, name, process_set))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:

@@ -20,7 +20,7 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter to install new views, and at step-time readiness (MXNet) the order is only the
   adapter's loop.
 - **Handles.** Reductions run in one program per step: on the communication thread
-  (:mod:`hvd_trainer.coordination.scheduler`), or on the calling thread when overlap is off. Each
+  (:mod:`hvd_trainer.coordination.work_order`), or on the calling thread when overlap is off. Each
   launched bucket has a :class:`~hvd_trainer.coordination.handles.Handle`; the adapter waits for it
   and then uses the bucket (an optimizer update while the next bucket is on the wire).
 - **Agreement.** Each step makes one exchange (:func:`agreement.agree`) that checks every
@@ -61,7 +61,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optiona
 
 import numpy as np
 
-from ..coordination import agreement, handles, scheduler
+from ..coordination import agreement, handles, work_order
 from . import autotune
 from ..collectives import fusion, ops, sparse
 from ..runtime import runtime, timeline
@@ -339,7 +339,7 @@ class Reducer:
                     step.changed.notify_all()
                 self._start(step)
                 if step._unmarked:  # gradients are still to come: reduce while they do
-                    scheduler.flush()
+                    work_order.flush()
 
     def begin(self) -> None:
         """Queue this step's reductions now (``eager`` only), before any gradient is marked:
@@ -352,12 +352,12 @@ class Reducer:
             self._start(self._step or self._current())
 
     def _start(self, step: ReducerStep) -> None:
-        # Under the lock: an eager step's program, queued once. Deferred (scheduler.defer):
+        # Under the lock: an eager step's program, queued once. Deferred (work_order.defer):
         # handed to the communication thread when a mark leaves gradients still to come or
         # when this rank starts another collective, and run by launch() otherwise.
         if step.program is None:
             step.overlapped = True
-            step.program = scheduler.defer(functools.partial(self._run, step, False))
+            step.program = work_order.defer(functools.partial(self._run, step, False))
 
     def launch(self) -> ReducerStep:
         """Every gradient not marked ready is stale on this rank; launch what is left.
@@ -383,13 +383,13 @@ class Reducer:
             elif step.program is None and self.overlap and self.size > 1 and \
                     runtime.mpi_threads_supported():
                 step.overlapped = True
-                step.program = scheduler.start(functools.partial(self._run, step, True))
+                step.program = work_order.start(functools.partial(self._run, step, True))
         if not self.eager and step.program is None:
             # Overlap off: reduce here, now, unless this rank's earlier work (an asynchronous
             # collective submitted before the step) is still on the communication thread;
             # then behind it there, so that every rank runs the two in the same order.
-            step.program = scheduler.defer(functools.partial(self._run, step, True))
-        scheduler.run_deferred(step.program)  # nothing came between: run it here
+            step.program = work_order.defer(functools.partial(self._run, step, True))
+        work_order.run_deferred(step.program)  # nothing came between: run it here
         return step
 
     def finish(self, step: ReducerStep) -> Dict[int, Any]:

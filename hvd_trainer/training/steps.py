@@ -12,9 +12,9 @@ here, so that a fix reaches every adapter:
   one wake-up of the step's program per bucket instead of per gradient. With an eager reducer
   the step begins at its first mark (see the reducer's ``begin``).
 - **Early close.** From its beginning until it is closed, a step is the thread's *closer*
-  (:func:`hvd_trainer.coordination.scheduler.on_own_collective`): a collective that the thread which
-  began it starts before :meth:`Steps.close` first closes it, as ``close()`` would (gradients not
-  marked by then count as stale on this rank: zeros), so the step does not wait for
+  (:func:`hvd_trainer.coordination.work_order.on_own_collective`): a collective that the thread
+  which began it starts before :meth:`Steps.close` first closes it, as ``close()`` would (gradients
+  not marked by then count as stale on this rank: zeros), so the step does not wait for
   ``close()`` while ``close()`` waits for that collective. Not while ``inside()`` says the
   thread still computes gradients (a collective made by an autograd function in backward).
   A step that begins and closes in one call (step-time readiness) never is a closer.
@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..collectives import joined, ops
-from ..coordination import scheduler
+from ..coordination import work_order
 from .reducer import Bucket, Gradient, Reducer, ReducerStep
 
 NONE = 0     # no rank has had a gradient for the parameter yet
@@ -119,7 +119,7 @@ class Steps:
         self._begun = True
         if self.reducer.eager:
             self.reducer.begin()
-            scheduler.on_own_collective(self._close_early)
+            work_order.on_own_collective(self._close_early)
 
     def see(self, k: int, kind: int, revealing: Any = None) -> None:
         """This rank's gradient ``k``, of a kind not agreed yet, is of ``kind``; a sparse one
@@ -173,7 +173,7 @@ class Steps:
         """Close this step (what is not marked is stale here) and launch it, unless a
         collective closed it already; return it and whether every gradient had been marked
         before. A collective."""
-        scheduler.forget_closer(self._close_early)
+        work_order.forget_closer(self._close_early)
         if self._early is not None:
             closed, self._early = self._early, None
             return closed

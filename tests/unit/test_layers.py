@@ -156,14 +156,13 @@ def test_the_reader_finds_module_bindings():
 # there are named (NamedTuples, dataclasses), so no tuple element is read by position. The
 # reads by a literal index that remain are the heads of lists (a round's entries, the ranks'
 # values) and an exception's message, each listed here by module and expression.
-COORDINATION = ["hvd_trainer.coordination.scheduler", "hvd_trainer.coordination.agreement",
-                "hvd_trainer.coordination.stall", "hvd_trainer.coordination.handles",
-                "hvd_trainer.collectives.joined", "hvd_trainer.coordination.automatic_names",
-                "hvd_trainer.coordination.process_sets"]
+COORDINATION = sorted(n for n in MODULES if n.startswith("hvd_trainer.coordination.")) + [
+    "hvd_trainer.collectives.joined"]
 LIST_HEADS = {
-    "hvd_trainer.coordination.scheduler": {"active[0]", "described[0]", "oldest[0]",
-                                           "self.ready[0]", "error.args[0]", "error.args[1:]",
-                                           "by_rank[1:]", "_closers.setdefault(me, [])[:0]"},
+    "hvd_trainer.coordination.matching": {"active[0]", "described[0]", "oldest[0]",
+                                          "error.args[0]", "error.args[1:]", "by_rank[1:]"},
+    "hvd_trainer.coordination.scheduler": {"self.ready[0]"},
+    "hvd_trainer.coordination.work_order": {"_closers.setdefault(me, [])[:0]"},
     "hvd_trainer.coordination.agreement": {"entries[0]", "values[0]", "every[0]"},
     "hvd_trainer.collectives.joined": {"sets[1:]"},
     "hvd_trainer.coordination.process_sets": {"odd[0]"},
@@ -204,8 +203,7 @@ def test_the_index_reader_finds_positional_reads():
 # wait for their split along their jobs (issue 35): each may shrink, none may grow past the
 # size it has now, and a module that fits comes off the list.
 CORE_MODULE_LINES = 500
-AWAITING_SPLIT = {"hvd_trainer.coordination.scheduler": 934,
-                  "hvd_trainer.coordination.agreement": 894, "hvd_trainer.elastic": 839,
+AWAITING_SPLIT = {"hvd_trainer.coordination.agreement": 894, "hvd_trainer.elastic": 839,
                   "hvd_trainer.collectives.ops": 682, "hvd_trainer.training.reducer": 650}
 
 
