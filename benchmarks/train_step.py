@@ -199,13 +199,13 @@ CHECKS_MODEL, CHECKS_ROUNDS, CHECKS_STEPS = "40 x Dense(256)", 30, 10
 
 def exchange_only(comm, describe, flags=None):  # same signature as agreement.agree
     """agreement.agree without the checks: just or the freshness flags (when given)."""
-    from hvd_trainer.coordination import agreement
+    from hvd_trainer.coordination import records
     from hvd_trainer.runtime import timeline
     if flags is None or comm.size == 1:
         return flags
-    words = agreement.pack_flags(flags)
+    words = records.pack_flags(flags)
     comm.allreduce(words, "bor")
-    return agreement.unpack_flags(words, len(flags))
+    return records.unpack_flags(words, len(flags))
 
 
 def measure_checks() -> dict:

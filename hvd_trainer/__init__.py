@@ -6,7 +6,7 @@ the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists i
 so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name. ``run`` is
 horovod.run (:mod:`hvd_trainer.runner`).
 """
-from .coordination.agreement import MismatchError
+from .coordination.messages import MismatchError
 from .runtime.timeline import start_timeline, stop_timeline
 from .collectives.joined import join
 from .collectives.ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather,

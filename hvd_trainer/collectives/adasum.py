@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from ..coordination import agreement
+from ..coordination import agreement, messages
 from . import memory, ops
 from ..runtime import runtime
 from ..runtime.runtime import ProcessSet, global_process_set
@@ -25,7 +25,7 @@ _TINY = float(np.sqrt(np.finfo(np.float64).tiny))  # squared norms below keep co
 
 
 # Horovod raises NotImplementedError for this size; the ValueError base keeps our own callers'.
-@agreement.carried
+@messages.carried
 class AdasumSizeError(ValueError, NotImplementedError):
     """op=Adasum on a process set whose size is not a power of two: a ValueError, and the
     NotImplementedError Horovod raises, so a drop-in script's ``except`` catches it."""

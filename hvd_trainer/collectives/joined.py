@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 
 from . import adasum, memory, ops
-from ..coordination import agreement, stall, work_order
+from ..coordination import agreement, rounds, stall, work_order
 from ..runtime import installs, runtime
 from ..runtime.runtime import ProcessSet, global_process_set
 
@@ -100,7 +100,7 @@ def join() -> int:
     with contextlib.ExitStack() as turns:
         for ps in sets:
             turns.enter_context(agreement.turn(runtime.communicator(ps)))
-        pending = {ps.process_set_id: (ps, agreement.JoinedRecord(runtime.communicator(ps)))
+        pending = {ps.process_set_id: (ps, rounds.JoinedRecord(runtime.communicator(ps)))
                    for ps in sets}
         start = time.monotonic()
         while pending:
@@ -115,7 +115,7 @@ def join() -> int:
                 newly = newly and ps is not global_process_set
                 if description:
                     _serve(description, ps)
-                pending[key] = (ps, agreement.JoinedRecord(record.comm))
+                pending[key] = (ps, rounds.JoinedRecord(record.comm))
                 start = time.monotonic()
             stall.pause(start)
         last = agreement.finish_join(world, newly)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ..coordination import agreement
+from ..coordination import agreement, records
 from . import fusion
 from ..runtime import runtime, timeline
 from ..backends import REDUCE_UFUNCS, split_evenly, widened
@@ -213,7 +213,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         signature = reduction_signature(memory, tensors, op, prescale_factor, postscale_factor)
         pre, post = scales(op, comm, prescale_factor, postscale_factor)
         wide = [half_in_float32(t, op, pre, post) for t in tensors]
-        wire = _carried_dtype(memory, tensors, wide, agreement.room(comm))
+        wire = _carried_dtype(memory, tensors, wide, records.room(comm))
         if wire is None:
             call.agree(describe, signature=signature)
         else:
@@ -359,7 +359,7 @@ def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
         row = math.prod(tensor.shape[1:])
         if memory is HOST and row:  # the ranks agree on row, so the bytes tell the rows
             carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
-                                    if tensor.nbytes <= agreement.room(comm) else None,
+                                    if tensor.nbytes <= records.room(comm) else None,
                                     signature)
             if carried is not None and carried.every():
                 return _concatenated(carried, tensor, row)
@@ -373,7 +373,7 @@ def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
         return out
 
 
-def _concatenated(carried: agreement.Carried, tensor: np.ndarray, row: int) -> np.ndarray:
+def _concatenated(carried: records.Carried, tensor: np.ndarray, row: int) -> np.ndarray:
     """The ranks' carried rows of ``tensor``'s shape and dtype (``row`` elements each, which
     the ranks agreed on), concatenated."""
     out = np.empty((sum(carried.lengths) // (row * tensor.itemsize),) + tensor.shape[1:],
@@ -423,7 +423,7 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
         signature = (int(root_rank), tensor_signature(memory, [tensor]))
-        if memory is HOST and tensor.nbytes <= agreement.room(comm):
+        if memory is HOST and tensor.nbytes <= records.room(comm):
             carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
                                     if comm.rank == root else None, signature)
             sent = None if carried is None else carried.of(root)

@@ -7,7 +7,7 @@ from ..runtime.installs import MXNET, require
 
 require("mxnet", MXNET, "hvd_trainer.mxnet")  # first: a missing MXNet says how to add it
 from ..compression import Compression  # noqa: E402
-from ..coordination.agreement import MismatchError
+from ..coordination.messages import MismatchError
 from ..runtime.timeline import start_timeline, stop_timeline
 from ..collectives.ops import Average, Max, Min, Product, Sum
 from ..coordination.process_sets import add_process_set, init, remove_process_set

@@ -13,7 +13,7 @@ from ..runtime.installs import TENSORFLOW, require
 
 tf = require("tensorflow", TENSORFLOW, "hvd_trainer.tensorflow")  # first: says how to add it
 
-from ..coordination.agreement import MismatchError
+from ..coordination.messages import MismatchError  # noqa: E402
 from ..collectives.ops import Average, Max, Min, Product, Sum
 from ..coordination.process_sets import add_process_set, init, remove_process_set
 from ..runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,

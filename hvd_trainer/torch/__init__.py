@@ -6,7 +6,7 @@ collectives here take and return torch tensors. CPU tensors only.
 from ..runtime.installs import PYTORCH, require
 
 require("torch", PYTORCH, "hvd_trainer.torch")  # first: a missing PyTorch says how to add it
-from ..coordination.agreement import MismatchError  # noqa: E402
+from ..coordination.messages import MismatchError
 from ..runtime.timeline import start_timeline, stop_timeline
 from ..collectives.ops import Average, Max, Min, Product, Sum
 from ..coordination.process_sets import add_process_set, init, remove_process_set

@@ -4,8 +4,8 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_trainer.coordination.agreement import (describe_mismatch, pack_flags,
-                                                refusal_while_joined, unpack_flags)
+from hvd_trainer.coordination.messages import describe_mismatch, refusal_while_joined
+from hvd_trainer.coordination.records import pack_flags, unpack_flags
 from hvd_trainer.coordination.stall import StallInspector, drain_posts
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 import hvd_trainer
 from case_runner import run_cases
-from hvd_trainer.coordination import agreement
+from hvd_trainer.coordination import agreement, messages
 from hvd_trainer.collectives import ops
 from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import Compression, TwoBit
@@ -176,13 +176,13 @@ def mismatch_then_work(eager):
     step = reducer.launch()
     try:
         reducer.finish(step)
-    except agreement.MismatchError as e:
+    except messages.MismatchError as e:
         assert "ranks disagree on shape of tensor 0 'grad.0'" in str(e), e
     else:
         raise AssertionError(f"rank {R}: no MismatchError (eager={eager})")
     try:  # the bucket's handle raises it too
         step.handles[0].wait()
-    except agreement.MismatchError:
+    except messages.MismatchError:
         pass
     else:
         raise AssertionError(f"rank {R}: the handle did not raise (eager={eager})")
