@@ -180,10 +180,10 @@ def commit_worker(framework: str) -> None:
         state.commit()
         times = {"commit": [], "write": [], "check": [], "copy": []}
         for _ in range(REPETITIONS):
-            elastic._writer.wait()
+            store.writer.wait()
             hvd_trainer.barrier()
             times["commit"].append(timed(state.commit))
-            times["write"].append(timed(elastic._writer.wait))
+            times["write"].append(timed(store.writer.wait))
             hvd_trainer.barrier()
             times["check"].append(timed(state.check_host_updates))
             hvd_trainer.barrier()
@@ -205,6 +205,7 @@ def recovery_worker(framework: str, folder: str) -> None:
     marks["framework"] = time.time()
     hvd = importlib.import_module(f"hvd_trainer.{framework}")
     from hvd_trainer import elastic
+    from hvd_trainer.elastic import store
     marks["adapter"] = time.time()
     hvd.init()
     marks["init"] = time.time()
