@@ -9,10 +9,11 @@ horovod.run (:mod:`hvd_trainer.runner`).
 from .coordination.messages import MismatchError
 from .runtime.timeline import start_timeline, stop_timeline
 from .collectives.joined import join
-from .collectives.ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
-                              allgather_object, allreduce, allreduce_, alltoall, barrier, broadcast,
-                              broadcast_, broadcast_object, grouped_allgather, grouped_allreduce,
-                              grouped_allreduce_, grouped_reducescatter, reducescatter)
+from .collectives.arguments import Average, Max, Min, Product, ReduceOp, Sum
+from .collectives.ops import (allgather, allreduce, allreduce_, alltoall, barrier, broadcast,
+                              broadcast_, grouped_allgather, grouped_allreduce, grouped_allreduce_,
+                              grouped_reducescatter, reducescatter)
+from .collectives.objects import allgather_object, broadcast_object
 from .coordination.process_sets import add_process_set, init, remove_process_set
 from .runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                               gloo_built, gloo_enabled, global_process_set, is_homogeneous,

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from ..coordination import agreement, messages
-from . import memory, ops
+from . import arguments, memory, ops
 from ..runtime import runtime
 from ..runtime.runtime import ProcessSet, global_process_set
 
@@ -71,9 +71,9 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], name: Optional[str] = None,
             tensors = [memory.check_array(t, f"tensors[{i}]", inplace)
                        for i, t in enumerate(tensors)]
             _check(tensors, comm.size)
-            ops.check_reduction(ops.Sum, prescale_factor, postscale_factor)
-        call.agree(lambda: ops.describe_reduction(call.name, tensors, ops.Sum, prescale_factor,
-                                                  postscale_factor))
+            arguments.check_reduction(arguments.Sum, prescale_factor, postscale_factor)
+        call.agree(lambda: arguments.describe_reduction(call.name, tensors, arguments.Sum,
+                                                        prescale_factor, postscale_factor))
         with agreement.covered(comm):  # each allgather below is fixed by that agreement
             gathered = ops.grouped_allgather([t.reshape(1, -1) for t in tensors], call.name,
                                              process_set)

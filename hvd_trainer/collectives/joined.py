@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from . import adasum, memory, ops
+from . import adasum, arguments, memory, ops
 from ..coordination import agreement, rounds, stall, work_order
 from ..runtime import installs, runtime
 from ..runtime.runtime import ProcessSet, global_process_set
@@ -67,7 +67,7 @@ def _serve(description: Dict[str, Any], process_set: ProcessSet) -> None:
             adasum.grouped_allreduce(zeros, description["name"], pre, post, process_set,
                                      inplace=True)
         else:
-            ops.reduce_group(memory.HOST, zeros, ops.ReduceOp[description["op"]],
+            ops.reduce_group(memory.HOST, zeros, arguments.ReduceOp[description["op"]],
                              description["name"], pre, post, process_set, kind=kind,
                              inplace=True)
 

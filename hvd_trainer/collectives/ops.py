@@ -21,11 +21,8 @@ logical or.
 """
 from __future__ import annotations  # the nested functions' annotations cost each call else
 
-import enum
 import math
-import pickle
-import warnings
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -35,159 +32,9 @@ from ..runtime import runtime, timeline
 from ..backends import REDUCE_UFUNCS, split_evenly, widened
 from .memory import HOST, Memory, check_array, memory_of
 from ..runtime.runtime import ProcessSet, global_process_set
-
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operators, named as in Horovod."""
-
-    AVERAGE = 0
-    SUM = 1
-    MIN = 3
-    MAX = 4
-    PRODUCT = 5
-
-
-Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN,
-                                   ReduceOp.MAX, ReduceOp.PRODUCT)
-_BACKEND_OP = {ReduceOp.AVERAGE: "sum", ReduceOp.SUM: "sum", ReduceOp.MIN: "min",
-               ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
-
-
-# -- argument checks (each runs inside a Call's checks(), so a failure is collective) --------
-def _check_rows(tensor: Any, arg: str, kind: str) -> None:
-    if tensor.ndim == 0:
-        raise ValueError(f"{arg} must have at least one dimension for {kind}; "
-                         "reshape a scalar to shape (1,)")
-
-
-def _check_op(op: Any) -> ReduceOp:
-    if type(op) is ReduceOp:
-        return op
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        valid = ", ".join(o.name.title() for o in ReduceOp)
-        raise ValueError(f"op={op!r} is not a reduction operator; use one of {valid}") from None
-
-
-def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
-    """The position in the process set of ``root_rank``, a global rank (Horovod's rule)."""
-    if not isinstance(root_rank, (int, np.integer)) or root_rank not in process_set.ranks:
-        where = ("the world" if process_set is global_process_set
-                 else f"process set {process_set.process_set_id}")
-        raise ValueError(f"root_rank={root_rank!r} is not a rank of {where}; it must be one of "
-                         f"its global ranks {process_set.ranks}")
-    return process_set.ranks.index(int(root_rank))
-
-
-def _check_scale(value: Any, arg: str) -> float:
-    if type(value) is float:
-        return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise TypeError(f"{arg}={value!r} must be a number")
-    return float(value)
-
-
-def describe_tensor(t: Any, name: str, dim0: bool = True) -> dict:
-    """What ranks must agree on about a tensor; host and GPU arrays describe alike except
-    for where they live."""
-    shape = t.shape if dim0 else t.shape[1:]
-    return {"name": name, "dtype": t.dtype.str, "shape": tuple(shape),
-            "memory": memory_of(t).where}
-
-
-def tensor_signature(memory: Memory, tensors: Sequence[Any], dim0: bool = True) -> tuple:
-    """What fixes the :func:`describe_tensor` of each of ``tensors`` (checked arrays of
-    ``memory``) but for the names: a part of a call's signature (see agreement.Call.agree),
-    which costs a fraction of the description."""
-    if dim0:
-        return memory is HOST, tuple([(t.dtype.str, t.shape) for t in tensors])
-    return memory is HOST, tuple([(t.dtype.str, t.shape[1:]) for t in tensors])
-
-
-def tensor_names(base: str, count: int) -> List[str]:
-    """The names of a group's tensors: the base name alone, or ``base.i``."""
-    return [base] if count == 1 else [f"{base}.{i}" for i in range(count)]
-
-
-def scales(op: ReduceOp, comm, prescale: float, postscale: float) -> Tuple[float, float]:
-    """Pre- and postscale factors, with Average's 1/size folded into the postscale."""
-    if op == ReduceOp.AVERAGE:
-        # float() first: NumPy 2 would divide an np.float32 factor in float32.
-        postscale = float(postscale) / comm.size
-    return float(prescale), float(postscale)
-
-
-def requested_op(op: Any, average: Optional[bool], stacklevel: int = 4) -> Any:
-    """Horovod's rule for the adapters' ``op=``/``average=``: ``op`` wins, ``average`` is its
-    deprecated spelling (warned about at the caller ``stacklevel`` frames up), Average by
-    default."""
-    if op is not None and average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if average is not None:
-        warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=stacklevel)
-        return Average if average else Sum
-    return Average if op is None else op
-
-
-def half_in_float32(tensor: Any, op: ReduceOp, pre: float, post: float) -> bool:
-    """Whether a half-precision ``tensor`` is reduced in float32: a scaled sum (Average, pre-
-    or postscale) is summed and postscaled in float32 and rounded to half once, the result
-    Horovod's own tests expect on up to 3 ranks (scaling a sum already rounded to half would
-    round twice). A prescale is applied first, rounded to half (see :func:`prescaled`)."""
-    return ((pre, post) != (1.0, 1.0) and op in (ReduceOp.SUM, ReduceOp.AVERAGE)
-            and widened(tensor.dtype) is not None)
-
-
-def prescaled(memory: Memory, tensor: Any, factor: float) -> Any:
-    """A flat copy of ``tensor`` times ``factor``, rounded to the tensor's own dtype: Horovod
-    scales into a buffer of that dtype, so a half-precision tensor's prescaled values are
-    half-precision numbers before they are summed (its tests expect those bits)."""
-    flat = memory.xp.empty(tensor.size, tensor.dtype)
-    memory.pack([memory.xp.ascontiguousarray(tensor)], flat, factor)
-    return flat
-
-
-def check_reduction(op: Any, prescale: Any, postscale: Any) -> ReduceOp:
-    """Check an allreduce's or reducescatter's op and scale factors; return the op."""
-    _check_scale(prescale, "prescale_factor")
-    _check_scale(postscale, "postscale_factor")
-    return _check_op(op)
-
-
-def describe_reduction(name: str, tensors: Sequence[Any], op: ReduceOp, prescale: float,
-                       postscale: float) -> Dict[str, Any]:
-    """What ranks must agree on about an allreduce or reducescatter."""
-    names = tensor_names(name, len(tensors))
-    return {"op": op.name, "prescale_factor": float(prescale),
-            "postscale_factor": float(postscale),
-            "tensors": [describe_tensor(t, n) for t, n in zip(tensors, names)]}
-
-
-def reduction_signature(memory: Memory, tensors: Sequence[Any], op: ReduceOp, prescale: float,
-                        postscale: float) -> tuple:
-    """What fixes :func:`describe_reduction` but for the names (see :func:`tensor_signature`)."""
-    return op, float(prescale), float(postscale), tensor_signature(memory, tensors)
-
-
-def refuse(error: Exception, kind: str, name: Optional[str],
-           process_set: ProcessSet = global_process_set) -> NoReturn:
-    """Raise a framework adapter's argument error on every rank of the process set.
-
-    The other ranks are in the collective ``kind`` (named ``name``): they meet this rank in
-    its agreement and raise the same error, so an adapter's checks are collective too.
-    """
-    comm = runtime.communicator(process_set)
-    with agreement.collective(comm, kind, name) as call:
-        call.error = error
-        call.agree(dict)  # raises ``error`` here and on the other ranks
-
-
-def _check_list(tensors: Any, memory: Memory, inplace: bool = False) -> List[Any]:
-    if isinstance(tensors, memory.xp.ndarray):
-        raise TypeError("tensors must be a list of arrays, got a single array; wrap it in a list")
-    return [memory.check(t, f"tensors[{i}]", inplace) for i, t in enumerate(tensors)]
+from .arguments import (BACKEND_OP, Average, ReduceOp, check_list, check_reduction, check_root,
+                        check_rows, describe_reduction, describe_tensor, half_in_float32,
+                        prescaled, reduction_signature, scales, tensor_signature)
 
 
 # -- allreduce ------------------------------------------------------------------------------
@@ -202,7 +49,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
             else:
-                tensors = _check_list(tensors, memory, inplace)
+                tensors = check_list(tensors, memory, inplace)
             op = check_reduction(op, prescale_factor, postscale_factor)
 
         def describe() -> Dict[str, Any]:
@@ -227,7 +74,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
             tensors = [memory.xp.asarray(t, order="C") for t in tensors]  # keeps 0-d arrays
             outputs = [memory.xp.empty(t.shape, t.dtype) for t in tensors]
         data = memory.mover(process_set)
-        backend_op = _BACKEND_OP[op]
+        backend_op = BACKEND_OP[op]
         halves = outputs
         if any(wide):
             if pre != 1.0:
@@ -304,7 +151,7 @@ def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, An
     return outputs
 
 
-_REDUCE = {op: REDUCE_UFUNCS[name] for op, name in _BACKEND_OP.items()}
+_REDUCE = {op: REDUCE_UFUNCS[name] for op, name in BACKEND_OP.items()}
 
 
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -347,7 +194,7 @@ def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
     with memory.active(), agreement.collective(comm, "allgather", name) as call:
         with call.checks():
             memory.check(tensor, "tensor")
-            _check_rows(tensor, "tensor", "allgather")
+            check_rows(tensor, "tensor", "allgather")
             tensor = memory.xp.ascontiguousarray(tensor)
 
         def describe() -> Dict[str, Any]:
@@ -397,9 +244,9 @@ def grouped_allgather(tensors: Sequence[np.ndarray], name: Optional[str] = None,
     comm = runtime.communicator(process_set)
     with agreement.collective(comm, "grouped_allgather", name) as call:
         with call.checks():
-            tensors = _check_list(tensors, memory_of(tensors))
+            tensors = check_list(tensors, memory_of(tensors))
             for i, t in enumerate(tensors):
-                _check_rows(t, f"tensors[{i}]", "allgather")
+                check_rows(t, f"tensors[{i}]", "allgather")
         names = [f"{call.name}.{i}" for i in range(len(tensors))]
         call.agree(lambda: {"tensors": [describe_tensor(t, n, dim0=False)
                                         for t, n in zip(tensors, names)]})
@@ -415,7 +262,7 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
     with memory.active(), agreement.collective(comm, "broadcast", name) as call:
         with call.checks():
             memory.check(tensor, "tensor", inplace)
-            root = _check_root(root_rank, process_set)
+            root = check_root(root_rank, process_set)
 
         def describe() -> Dict[str, Any]:
             return {"root_rank": int(root_rank), "tensors": [describe_tensor(tensor, call.name)]}
@@ -489,7 +336,7 @@ def alltoall(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: O
     with agreement.collective(comm, "alltoall", name) as call:
         with call.checks():
             check_array(tensor, "tensor")
-            _check_rows(tensor, "tensor", "alltoall")
+            check_rows(tensor, "tensor", "alltoall")
             tensor = np.ascontiguousarray(tensor)
             send_rows = _check_splits(splits, tensor.shape[0], comm.size)
         call.agree(lambda: {"tensors": [describe_tensor(tensor, call.name, dim0=False)]})
@@ -538,9 +385,9 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
             if kind == "reducescatter":
                 tensors, arg = [memory.check(tensors[0], "tensor")], "tensor"
             else:
-                tensors, arg = _check_list(tensors, memory), "tensors[{}]"
+                tensors, arg = check_list(tensors, memory), "tensors[{}]"
             for i, t in enumerate(tensors):
-                _check_rows(t, arg.format(i), "reducescatter")
+                check_rows(t, arg.format(i), "reducescatter")
             op = check_reduction(op, prescale_factor, postscale_factor)
         call.agree(lambda: describe_reduction(call.name, tensors, op, prescale_factor,
                                               postscale_factor))
@@ -554,109 +401,11 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
             if half_in_float32(t, op, pre, post):
                 work = work.astype(memory.xp.float32)
             with call.communicate():
-                mine = data.reduce_scatter(work, [s * row for s in shares], _BACKEND_OP[op])
+                mine = data.reduce_scatter(work, [s * row for s in shares], BACKEND_OP[op])
             out = memory.xp.empty((shares[comm.rank],) + t.shape[1:], work.dtype)
             memory.unpack(mine, [out], post)
             results.append(out.astype(t.dtype, copy=False))
         return results
-
-
-# -- objects --------------------------------------------------------------------------------
-def _pickled(obj: Any, what: str = "obj") -> bytes:
-    """``obj`` pickled, as a check: an object that cannot be pickled is a TypeError naming
-    ``what``. Every object collective pickles inside its ``checks()``, before the agreement,
-    so that such an object raises on every rank instead of leaving the others in the data
-    phase."""
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:  # pickling can fail with any error type, e.g. in __reduce__
-        raise TypeError(f"{what} cannot be pickled ({type(e).__name__}: {e}); pass a picklable "
-                        "object") from None
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> Any:
-    """Return the root rank's picklable ``obj`` on every rank (``root_rank`` is global)."""
-    comm = runtime.communicator(process_set)
-    with agreement.collective(comm, "broadcast_object", name) as call:
-        payload = None
-        with call.checks():
-            root = _check_root(root_rank, process_set)
-            payload = _pickled(obj) if comm.rank == root else None
-        carried = call.exchange(lambda: {"root_rank": int(root_rank)},
-                                None if payload is None else np.frombuffer(payload, np.uint8),
-                                None if call.error else (int(root_rank),))
-        sent = None if carried is None else carried.of(root)
-        if sent is not None:
-            return obj if comm.rank == root else pickle.loads(sent)
-        with call.communicate():
-            payload = comm.broadcast_object(payload, root)
-        return obj if comm.rank == root else pickle.loads(payload)
-
-
-def allgather_object(obj: Any, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> List[Any]:
-    """Return the list of every rank's picklable ``obj``, in rank order."""
-    comm = runtime.communicator(process_set)
-    with agreement.collective(comm, "allgather_object", name) as call:
-        payload = None
-        with call.checks():
-            payload = _pickled(obj)
-        carried = call.exchange(dict, None if payload is None
-                                else np.frombuffer(payload, np.uint8), ())
-        if carried is not None and carried.every():
-            return [pickle.loads(carried.of(rank)) for rank in range(comm.size)]
-        with call.communicate():
-            every = comm.allgather_object(payload)
-        return [pickle.loads(p) for p in every]
-
-
-def _exchange_bytes(comm: Any, parts: Sequence[bytes]) -> List[bytes]:
-    """Send ``parts[r]`` to rank r and return what each rank sent here, in rank order."""
-    send_counts = np.array([len(p) for p in parts], np.int64)
-    recv_counts = np.empty(comm.size, np.int64)
-    comm.alltoallv(send_counts, [1] * comm.size, recv_counts, [1] * comm.size)
-    send = np.frombuffer(b"".join(parts), np.uint8)
-    recv = np.empty(int(recv_counts.sum()), np.uint8)
-    comm.alltoallv(send, send_counts.tolist(), recv, recv_counts.tolist())
-    bounds = np.concatenate([[0], np.cumsum(recv_counts)])
-    return [recv[a:b].tobytes() for a, b in zip(bounds, bounds[1:])]
-
-
-def gather_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                  process_set: ProcessSet = global_process_set) -> Optional[List[Any]]:
-    """Every rank's picklable ``obj`` in rank order on the root rank (a global rank), None on
-    the others: unlike :func:`allgather_object`, no rank but the root receives the others'."""
-    comm = runtime.communicator(process_set)
-    with agreement.collective(comm, "gather_object", name) as call:
-        data = b""
-        with call.checks():
-            root = _check_root(root_rank, process_set)
-            data = _pickled(obj)
-        call.agree(lambda: {"root_rank": int(root_rank)})
-        with call.communicate():
-            got = _exchange_bytes(comm, [data if r == root else b"" for r in range(comm.size)])
-        return [pickle.loads(b) for b in got] if comm.rank == root else None
-
-
-def scatter_object(objs: Optional[Sequence[Any]], root_rank: int = 0, name: Optional[str] = None,
-                   process_set: ProcessSet = global_process_set) -> Any:
-    """Give rank r of the process set ``objs[r]`` from the root rank (a global rank; ``objs``
-    is read there only and must hold one picklable object per rank)."""
-    comm = runtime.communicator(process_set)
-    with agreement.collective(comm, "scatter_object", name) as call:
-        with call.checks():
-            root = _check_root(root_rank, process_set)
-            if comm.rank == root and (objs is None or len(objs) != comm.size):
-                raise ValueError(f"objs must hold one object per rank of the process set "
-                                 f"({comm.size}) on the root rank, got "
-                                 f"{None if objs is None else len(objs)}")
-            parts = ([_pickled(o, f"objs[{r}]") for r, o in enumerate(objs)]
-                     if comm.rank == root else [b""] * comm.size)
-        call.agree(lambda: {"root_rank": int(root_rank)})
-        with call.communicate():
-            got = _exchange_bytes(comm, parts)
-        return pickle.loads(got[root])
 
 
 def any_rank(flags: Sequence[bool], name: str,

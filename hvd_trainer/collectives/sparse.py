@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from . import ops
+from . import arguments, ops
 from ..runtime.runtime import ProcessSet, global_process_set
 
 ID_DTYPE = np.dtype(np.int64)
@@ -98,7 +98,7 @@ def allreduce_rows(ids: np.ndarray, rows: np.ndarray, num_rows: Optional[int], n
     if force_dense or use_dense(gathered, num_rows):
         table = np.zeros((num_rows,) + rows.shape[1:], rows.dtype)
         table[ids] = rows
-        ops.allreduce_(table, ops.Sum, f"{name}.dense", prescale_factor=prescale_factor,
+        ops.allreduce_(table, arguments.Sum, f"{name}.dense", prescale_factor=prescale_factor,
                        process_set=process_set)
         union = np.unique(all_ids)
         return union, table[union], Exchange(True, gathered,

@@ -6,7 +6,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..runtime import runtime
-from ..collectives import ops
+from ..collectives import arguments, ops
 
 
 class ElasticSampler:
@@ -80,7 +80,7 @@ class ElasticSampler:
         """Merge every rank's processed samples (a collective)."""
         runtime.init()
         if runtime.size() > 1:
-            merged = ops.allreduce(self.processed.astype(np.uint8), op=ops.Max,
+            merged = ops.allreduce(self.processed.astype(np.uint8), op=arguments.Max,
                                    name="elastic.sampler")
             self.processed = merged.astype(bool)
 

@@ -22,7 +22,7 @@ from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, GENERATION_VARIAB
                                          NOTIFY_VARIABLE, RESET_EXIT_CODE, ULFM_VARIABLE)
 
 from ..runtime import runtime
-from ..collectives import ops
+from ..collectives import objects, ops
 from .lives import count_variable, no_commit_found, restarts
 from .commits import Commit, Pickler, aligned_empty
 from .notices import HostNotices
@@ -177,7 +177,7 @@ class State(abc.ABC):
         runtime.init()
         data = pickle.dumps(self.save(), pickle.HIGHEST_PROTOCOL)
         if runtime.size() > 1:
-            data = ops.broadcast_object(data if runtime.rank() == 0 else None, 0,
+            data = objects.broadcast_object(data if runtime.rank() == 0 else None, 0,
                                         name="elastic.sync")
         self._committed = Commit(data)
         self.load(self._committed.load())
@@ -195,7 +195,7 @@ class State(abc.ABC):
         if runtime.size() > 1:  # one small exchange; the failures' text only when there is one
             changed, failed = ops.any_rank([changed, failure is not None], "elastic.hosts")
             if failed:
-                every = ops.allgather_object(failure, name="elastic.failures")
+                every = objects.allgather_object(failure, name="elastic.failures")
                 failure = next(f for f in every if f)
         if failure:
             raise OSError(failure)
@@ -234,7 +234,7 @@ class State(abc.ABC):
         after ``on_none()`` (which may raise, on every rank)."""
         found = (number, payload.nbytes if payload is not None else 0, error)
         every = ([found] if runtime.size() == 1 else
-                 ops.allgather_object(found, name="elastic.commits"))
+                 objects.allgather_object(found, name="elastic.commits"))
         error = next((e for _, _, e in every if e), None)
         if error:
             raise OSError(error)

@@ -9,7 +9,7 @@ require("mxnet", MXNET, "hvd_trainer.mxnet")  # first: a missing MXNet says how 
 from ..compression import Compression  # noqa: E402
 from ..coordination.messages import MismatchError
 from ..runtime.timeline import start_timeline, stop_timeline
-from ..collectives.ops import Average, Max, Min, Product, Sum
+from ..collectives.arguments import Average, Max, Min, Product, Sum
 from ..coordination.process_sets import add_process_set, init, remove_process_set
 from ..runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                                gloo_built, gloo_enabled, global_process_set, is_homogeneous,

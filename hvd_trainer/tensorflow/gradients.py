@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from .. import compression as core_compression
 from ..training.array_reducer import ArrayReducer
-from ..collectives.ops import Average, Sum
+from ..collectives.arguments import Average, Sum
 from ..training.reducer import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge

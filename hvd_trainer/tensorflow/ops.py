@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from ..coordination import work_order
-from ..collectives import sparse
+from ..collectives import arguments, objects, sparse
 from ..collectives import joined as core_join
 from ..collectives import ops as core
-from ..collectives.ops import Average, Sum
+from ..collectives.arguments import Average, Sum
 from ..runtime.runtime import ProcessSet, global_process_set, rank
 from . import bridge
 from .compression import Compression
@@ -70,7 +70,7 @@ def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Call
         return check()
     except (TypeError, ValueError) as error:
         if bridge.eager():
-            run(lambda: core.refuse(error, kind, name, process_set))
+            run(lambda: arguments.refuse(error, kind, name, process_set))
         raise
 
 
@@ -79,12 +79,12 @@ def _reduce_op(op: Any, average: Optional[bool]) -> Any:
     if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
         raise ValueError("op=Adasum is not supported by hvd_trainer.tensorflow; use "
                          "op=hvd.Average or op=hvd.Sum")
-    return core.requested_op(op, average, stacklevel=5)
+    return arguments.requested_op(op, average, stacklevel=5)
 
 
 def _differentiable(kind: str, op: Any) -> None:
     if op not in (Average, Sum):
-        raise RuntimeError(f"{kind} with op={core.ReduceOp(op).name.title()} has no gradient "
+        raise RuntimeError(f"{kind} with op={arguments.ReduceOp(op).name.title()} has no gradient "
                            "here; only Average and Sum are differentiable")
 
 
@@ -343,7 +343,7 @@ def _broadcast_group(values: List[tf.Tensor], root_rank: int, name: Optional[str
     name = bridge.graph_name("broadcast_variables", name)
 
     def work(*arrays):
-        names = core.tensor_names(name or "broadcast_variables", len(arrays))
+        names = arguments.tensor_names(name or "broadcast_variables", len(arrays))
         return [core.broadcast(a, root_rank, n, process_set) for a, n in zip(arrays, names)]
 
     return _collective(work, values, [v.dtype for v in values], [v.shape for v in values],
@@ -507,7 +507,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank (``root_rank`` is global).
     ``session`` is accepted for Horovod's sake: objects travel at the call, in Python."""
-    return run(lambda: core.broadcast_object(obj, root_rank, name, process_set))
+    return run(lambda: objects.broadcast_object(obj, root_rank, name, process_set))
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
@@ -519,7 +519,7 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
-    return run(lambda: core.allgather_object(obj, name, process_set))
+    return run(lambda: objects.allgather_object(obj, name, process_set))
 
 
 def join() -> tf.Tensor:

@@ -5,7 +5,7 @@ from typing import Any, Dict, List
 
 import tensorflow as tf
 
-from ..collectives.ops import Average
+from ..collectives.arguments import Average
 from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .compression import Compression

@@ -8,7 +8,7 @@ from ..runtime.installs import PYTORCH, require
 require("torch", PYTORCH, "hvd_trainer.torch")  # first: a missing PyTorch says how to add it
 from ..coordination.messages import MismatchError
 from ..runtime.timeline import start_timeline, stop_timeline
-from ..collectives.ops import Average, Max, Min, Product, Sum
+from ..collectives.arguments import Average, Max, Min, Product, Sum
 from ..coordination.process_sets import add_process_set, init, remove_process_set
 from ..runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                                gloo_built, gloo_enabled, global_process_set, is_homogeneous,

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .. import compression as core_compression
-from ..collectives.ops import Average
+from ..collectives.arguments import Average
 from ..training.reducer import Bucket, Gradient, Reducer
 from ..runtime.runtime import ProcessSet
 from ..training.steps import DENSE, NONE, Steps, table_shape

@@ -28,14 +28,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import torch
 
-from ..collectives import adasum, sparse
+from ..collectives import adasum, arguments, objects, sparse
 from ..collectives import joined as core_join
 from ..collectives import ops as core
 from ..coordination import work_order
 from ..backends.halves import is_half
 from ..coordination.handles import Handle
 from ..collectives.memory import KernelMemory
-from ..collectives.ops import Average, Sum
+from ..collectives.arguments import Average, Sum
 from ..runtime.runtime import ProcessSet, global_process_set, rank
 from ..training.steps import table_shape
 from . import bridge
@@ -115,7 +115,7 @@ def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Call
     try:
         return check()
     except (TypeError, ValueError) as error:
-        synchronize(_start(core.refuse, error, kind, name, process_set, name=name,
+        synchronize(_start(arguments.refuse, error, kind, name, process_set, name=name,
                            process_set=process_set))
         raise AssertionError("unreachable: ops.refuse raises") from error
 
@@ -147,7 +147,7 @@ def _no_adasum(op: Any, kind: str) -> Any:
 
 def _not_differentiable(kind: str, op: Any) -> None:
     if op not in (Average, Sum):
-        what = "Adasum" if _is_adasum(op) else core.ReduceOp(op).name.title()
+        what = "Adasum" if _is_adasum(op) else arguments.ReduceOp(op).name.title()
         raise RuntimeError(f"{kind} with op={what} has no gradient here; only Average and Sum "
                            "are differentiable")
 
@@ -173,7 +173,7 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
                      name: Optional[str], op: Any, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> Handle:
     op, tensor = checked("allreduce", name, process_set, lambda: (
-        core.requested_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
+        arguments.requested_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
     if _is_adasum(op):
         staged = bridge.host_view(tensor)
         return _start(adasum.grouped_allreduce, [staged], name, prescale_factor,
@@ -225,7 +225,8 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = checked("allreduce", name, process_set, lambda: core.requested_op(op, average))
+        ctx.op = checked("allreduce", name, process_set,
+                         lambda: arguments.requested_op(op, average))
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
@@ -259,7 +260,7 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                              prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet) -> Handle:
     op, tensors = checked("grouped_allreduce", name, process_set, lambda: (
-        core.requested_op(op, average), _tensors(tensors, inplace)))
+        arguments.requested_op(op, average), _tensors(tensors, inplace)))
     first = tensors[0] if tensors else None
     if _is_adasum(op):
         staged = [bridge.host_view(t) for t in tensors]
@@ -310,7 +311,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
                 *tensors):
         ctx.op = checked("grouped_allreduce", name, process_set,
-                          lambda: core.requested_op(op, average))
+                          lambda: arguments.requested_op(op, average))
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(
@@ -355,7 +356,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
         if tensor.device.type not in ("cpu", "cuda"):
             raise TypeError(f"tensor is on {tensor.device}; hvd_trainer.torch takes CPU and "
                             "CUDA tensors (pass tensor.cpu())")
-        reduce_op = _no_adasum(core.requested_op(op, None), "sparse_allreduce_async")
+        reduce_op = _no_adasum(arguments.requested_op(op, None), "sparse_allreduce_async")
         if reduce_op not in (Average, Sum):
             raise ValueError(f"op={reduce_op!r}: sparse_allreduce_async takes Average or Sum")
         return reduce_op, tensor.detach().coalesce().cpu()
@@ -579,7 +580,8 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[
     """Start reducing ``tensor`` across the set; :func:`synchronize` returns this rank's rows
     of the result (dim 0 split as evenly as possible, lower ranks taking one more)."""
     op, tensor = checked("reducescatter", name, process_set, lambda: (
-        _no_adasum(core.requested_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
+        _no_adasum(arguments.requested_op(op, None), "reducescatter"),
+        bridge.check_tensor(tensor, "tensor")))
     return _start(core.reducescatter, bridge.view(tensor), op, name, process_set,
                   prescale_factor, postscale_factor, on=tensor, name=name, process_set=process_set)
 
@@ -591,7 +593,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
                                 postscale_factor: float = 1.0) -> Handle:
     """:func:`reducescatter_async` of each tensor of a list, agreed on in one exchange."""
     op, tensors = checked("grouped_reducescatter", name, process_set, lambda: (
-        _no_adasum(core.requested_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
+        _no_adasum(arguments.requested_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
     return _start(core.grouped_reducescatter, [bridge.view(t) for t in tensors], op, name,
                   process_set, prescale_factor, postscale_factor,
                   finish=lambda out: [bridge.adopt(a) for a in out],
@@ -618,7 +620,8 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = checked("reducescatter", name, process_set, lambda: core.requested_op(op, None))
+        ctx.op = checked("reducescatter", name, process_set,
+                         lambda: arguments.requested_op(op, None))
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
         return synchronize(reducescatter_async(tensor, ctx.op, name, process_set,
@@ -647,7 +650,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.op = checked("grouped_reducescatter", name, process_set,
-                          lambda: core.requested_op(op, None))
+                          lambda: arguments.requested_op(op, None))
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
         return tuple(synchronize(grouped_reducescatter_async(
@@ -681,14 +684,14 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank (``root_rank`` is global)."""
-    return synchronize(_start(core.broadcast_object, obj, root_rank, name, process_set,
+    return synchronize(_start(objects.broadcast_object, obj, root_rank, name, process_set,
                               finish=lambda result: result, name=name, process_set=process_set))
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
-    return synchronize(_start(core.allgather_object, obj, name, process_set,
+    return synchronize(_start(objects.allgather_object, obj, name, process_set,
                               finish=lambda result: result, name=name, process_set=process_set))
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from ..collectives.ops import Average, Sum
+from ..collectives.arguments import Average, Sum
 from ..training.reducer import Reducer, check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.sparse import Exchange

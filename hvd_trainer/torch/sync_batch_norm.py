@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..collectives.ops import Sum
+from ..collectives.arguments import Sum
 from ..runtime.runtime import ProcessSet, global_process_set
 from . import backward_collectives, ops
 

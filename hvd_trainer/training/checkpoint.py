@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import numpy as np
 
 from ..runtime import files, runtime
-from ..collectives import ops
+from ..collectives import objects
 from .reducer import Reducer
 
 _MAGIC = b"hvd_trainer residuals 1\n"
@@ -219,7 +219,7 @@ def _write_on_root(fname: str, build: Callable[[], bytes], process_set: Any, nam
         except Exception as e:  # noqa: BLE001 - every member raises it
             failure, original = _Failure.of(e, fname, "write"), e
     if process_set.included():
-        outcomes = ops.allgather_object(failure, name, process_set)
+        outcomes = objects.allgather_object(failure, name, process_set)
         failure = next((f for f in outcomes if f is not None), None)
     _raise(failure, original)
 
@@ -238,7 +238,7 @@ def _read_on_root(fname: str, process_set: Any, name: str) -> Tuple[Dict[str, An
         except Exception as e:  # noqa: BLE001 - every member raises it
             failure, original = _Failure.of(e, fname, "read"), e
     if process_set.included():
-        checkpoint, failure = ops.allgather_object((checkpoint, failure) if writes else None,
+        checkpoint, failure = objects.allgather_object((checkpoint, failure) if writes else None,
                                                    name, process_set)[0]
     _raise(failure, original)
     return checkpoint, residuals

@@ -63,7 +63,7 @@ import numpy as np
 
 from ..coordination import agreement, handles, work_order
 from . import autotune
-from ..collectives import fusion, ops, sparse
+from ..collectives import arguments, fusion, objects, ops, sparse
 from ..runtime import runtime, timeline
 from ..backends.halves import NUMPY, Kernels
 from ..compression import Compression, Compressor, GatherCompressor
@@ -407,7 +407,7 @@ class Reducer:
         if tuner is not None and step.number <= tuner.last_step:
             if step.number == tuner.last_step:
                 mine = tuple(tuner.best()) if self.process_set.rank() == 0 else None
-                tuner.adopt(ops.broadcast_object(mine, self.process_set.ranks[0],
+                tuner.adopt(objects.broadcast_object(mine, self.process_set.ranks[0],
                                                  f"{self.prefix}autotune", self.process_set))
             self._use(tuner.setting(step.number + 1))
         return step.results
@@ -485,7 +485,7 @@ class Reducer:
             else:
                 runs.append([start, end])
         if self.size > 1 and runs:
-            ops.grouped_allreduce_([host[a:b] for a, b in runs], ops.Sum, name,
+            ops.grouped_allreduce_([host[a:b] for a, b in runs], arguments.Sum, name,
                                    prescale_factor=1.0 / self.predivide,
                                    process_set=self.process_set)
             nbytes = sum(b - a for a, b in runs) * host.itemsize
@@ -560,7 +560,7 @@ class Reducer:
             with timeline.span(name, "COMPRESS"):
                 payloads, ctxs = zip(*(compressor.compress(t) for t in plain))
             stats.encode_seconds += time.perf_counter() - tic
-            ops.grouped_allreduce_(list(payloads), ops.Sum, name,
+            ops.grouped_allreduce_(list(payloads), arguments.Sum, name,
                                    prescale_factor=1.0 / self.predivide,
                                    process_set=self.process_set)
             stats.add_allreduce(sum(p.nbytes for p in payloads),
@@ -588,7 +588,7 @@ class Reducer:
             for t, a, b in zip(tensors, bounds, bounds[1:]):
                 self.kernels.narrow(t.reshape(-1), wire[a:b])
         stats.encode_seconds += time.perf_counter() - tic
-        ops.reduce_group(KernelMemory(self.kernels), [wire], ops.Sum, name,
+        ops.reduce_group(KernelMemory(self.kernels), [wire], arguments.Sum, name,
                          process_set=self.process_set, kind="grouped_allreduce", inplace=True)
         stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
         tic = time.perf_counter()
@@ -614,7 +614,7 @@ class Reducer:
         (None on the others); None everywhere without error feedback. A collective."""
         if self.feedback is None:
             return None
-        every = ops.gather_object(self.feedback.residuals, self.process_set.ranks[0],
+        every = objects.gather_object(self.feedback.residuals, self.process_set.ranks[0],
                                   name, self.process_set)
         return None if every is None else dict(self._settings(), residuals=every)
 
@@ -623,7 +623,7 @@ class Reducer:
         one rank's copy may have to restore, holds every member's residuals. A collective."""
         if self.feedback is None:
             return None
-        return ops.broadcast_object(self.gather_state(name), self.process_set.ranks[0], name,
+        return objects.broadcast_object(self.gather_state(name), self.process_set.ranks[0], name,
                                     self.process_set)
 
     def scatter_state(self, state: Optional[Dict[str, Any]], name: str) -> None:
@@ -646,5 +646,5 @@ class Reducer:
                               "; they start again from zero")
         if root and every is None:
             every = [None] * self.size
-        mine = ops.scatter_object(every, self.process_set.ranks[0], name, self.process_set)
+        mine = objects.scatter_object(every, self.process_set.ranks[0], name, self.process_set)
         self.feedback.residuals = {} if mine is None else dict(mine)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..collectives import joined, ops
+from ..collectives import arguments, joined, ops
 from ..coordination import work_order
 from .reducer import Bucket, Gradient, Reducer, ReducerStep
 
@@ -53,7 +53,7 @@ def agree_kinds(kinds: List[int], keys: Sequence[int], mine: Sequence[int], name
                 process_set: Any) -> List[int]:
     """Set ``kinds[k]`` for each of ``keys`` to the largest of the ranks' kinds (``mine`` here)
     and return the keys agreed row-sparse. A collective (a small allreduce over the set)."""
-    agreed = ops.allreduce(np.array(mine, np.int8), ops.Max, name, process_set=process_set)
+    agreed = ops.allreduce(np.array(mine, np.int8), arguments.Max, name, process_set=process_set)
     for k, kind in zip(keys, agreed):
         kinds[k] = int(kind)
     return [k for k, kind in zip(keys, agreed) if NONE < kind < DENSE]

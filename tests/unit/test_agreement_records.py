@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvd_trainer.coordination import records
-from hvd_trainer.collectives import ops
+from hvd_trainer.collectives import arguments
 from hvd_trainer.backends import mpi
 from hvd_trainer.backends.local import LocalCommunicator
 from hvd_trainer.collectives.memory import HOST
@@ -94,13 +94,13 @@ def variants():
     shapes, dtypes = [(2,), (3,), (2, 1), (1, 2), ()], [np.float32, np.float64, np.int32]
     for shape in shapes:
         for dtype in dtypes:
-            yield [np.zeros(shape, dtype)], ops.Sum, 1.0, 1.0
-    yield [np.zeros(2, np.float32), np.zeros(3, np.float32)], ops.Sum, 1.0, 1.0
-    yield [np.zeros(3, np.float32), np.zeros(2, np.float32)], ops.Sum, 1.0, 1.0
-    for op in (ops.Average, ops.Max):
+            yield [np.zeros(shape, dtype)], arguments.Sum, 1.0, 1.0
+    yield [np.zeros(2, np.float32), np.zeros(3, np.float32)], arguments.Sum, 1.0, 1.0
+    yield [np.zeros(3, np.float32), np.zeros(2, np.float32)], arguments.Sum, 1.0, 1.0
+    for op in (arguments.Average, arguments.Max):
         yield [np.zeros(2, np.float32)], op, 1.0, 1.0
-    yield [np.zeros(2, np.float32)], ops.Sum, 0.5, 1.0
-    yield [np.zeros(2, np.float32)], ops.Sum, 1.0, 0.5
+    yield [np.zeros(2, np.float32)], arguments.Sum, 0.5, 1.0
+    yield [np.zeros(2, np.float32)], arguments.Sum, 1.0, 0.5
 
 
 def test_equal_reduction_signatures_are_equal_descriptions_but_for_the_names():
@@ -109,9 +109,9 @@ def test_equal_reduction_signatures_are_equal_descriptions_but_for_the_names():
     calls = list(variants())
     for a in calls:
         for b in calls:
-            described = [ops.describe_reduction("x", tensors, op, pre, post)
+            described = [arguments.describe_reduction("x", tensors, op, pre, post)
                          for tensors, op, pre, post in (a, b)]
-            signed = [ops.reduction_signature(HOST, tensors, op, pre, post)
+            signed = [arguments.reduction_signature(HOST, tensors, op, pre, post)
                       for tensors, op, pre, post in (a, b)]
             assert (signed[0] == signed[1]) == (described[0] == described[1]), (a, b)
 
@@ -122,10 +122,10 @@ def test_equal_tensor_signatures_are_equal_tensor_descriptions_with_or_without_d
     for dim0 in (True, False):
         for a in tensors:
             for b in tensors:
-                same_signature = (ops.tensor_signature(HOST, [a], dim0)
-                                  == ops.tensor_signature(HOST, [b], dim0))
-                same_description = (ops.describe_tensor(a, "x", dim0)
-                                    == ops.describe_tensor(b, "x", dim0))
+                same_signature = (arguments.tensor_signature(HOST, [a], dim0)
+                                  == arguments.tensor_signature(HOST, [b], dim0))
+                same_description = (arguments.describe_tensor(a, "x", dim0)
+                                    == arguments.describe_tensor(b, "x", dim0))
                 assert same_signature == same_description, (a.shape, b.shape, dim0)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import keras
 
-from ...collectives.ops import Average, Sum
+from ...collectives.arguments import Average, Sum
 from ...coordination.process_sets import add_process_set, init, remove_process_set
 from ...runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built,
                                 ddl_built, gloo_built, gloo_enabled, global_process_set,

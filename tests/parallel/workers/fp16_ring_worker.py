@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 import hvd_trainer
-from hvd_trainer.collectives import ops
+from hvd_trainer.collectives import arguments, ops
 from hvd_trainer.backends.halves import NUMPY
 from hvd_trainer.compression import Compression
 from hvd_trainer.collectives.memory import KernelMemory
@@ -70,7 +70,7 @@ def ring_case(kernels, name):
         memory = KernelMemory(KERNELS[kernels])
         for n in LENGTHS:
             parts = [inputs(r, n, dtype).astype(dtype) for r in range(N)]
-            got = ops.reduce_group(memory, [parts[R].copy()], ops.Sum, None,
+            got = ops.reduce_group(memory, [parts[R].copy()], arguments.Sum, None,
                                    kind="allreduce", inplace=True)[0]
             same(got, ring_sum(parts, dtype), f"{kernels} {name} sum of {n}")
     return run

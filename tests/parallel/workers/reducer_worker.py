@@ -15,7 +15,7 @@ import numpy as np
 import hvd_trainer
 from case_runner import run_cases
 from hvd_trainer.coordination import agreement, messages
-from hvd_trainer.collectives import ops
+from hvd_trainer.collectives import objects
 from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import Compression, TwoBit
 from hvd_trainer.training.reducer import Gradient, Reducer
@@ -210,9 +210,9 @@ def one_agreement_per_step(eager):
 
 
 def gather_and_scatter_objects():
-    got = ops.gather_object(("rank", R), root_rank=N - 1)
+    got = objects.gather_object(("rank", R), root_rank=N - 1)
     assert got == ([("rank", r) for r in range(N)] if R == N - 1 else None), got
-    assert ops.scatter_object([r * 10 for r in range(N)] if R == 1 else None,
+    assert objects.scatter_object([r * 10 for r in range(N)] if R == 1 else None,
                               root_rank=1) == R * 10
 
 
