@@ -44,10 +44,9 @@ import mxnet as mx
 import numpy as np
 
 from ..runtime import timeline
-from ..training.reducer import Bucket, Gradient, ReducerStep
-from . import bridge
+from ..training.buckets import Bucket, Gradient, ReducerStep
+from . import bridge, sparse_weights
 from . import sparse as sparse_nd
-from . import sparse_weights
 from .errors import raises_mxnet_errors
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import mxnet as mx
 
 from ..runtime import runtime
-from ..training.reducer import Reducer, check_settings
+from ..training.reducer import Reducer
+from ..training.buckets import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .errors import raises_mxnet_errors

@@ -19,13 +19,13 @@ from ..training import checkpoint
 from ..runtime import files, runtime
 from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
-from ..training.reducer import Reducer, check_settings
+from ..training.reducer import Reducer
+from ..training.buckets import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.sparse import Exchange
 from ..training.steps import Steps
 from ..collectives.traffic import CommStats
-from . import bridge
-from . import sparse_weights
+from . import bridge, sparse_weights
 from .errors import raises_mxnet_errors
 from .halves import KERNELS
 from .gradients import ReducedGradients

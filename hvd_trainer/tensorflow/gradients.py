@@ -22,7 +22,7 @@ import tensorflow as tf
 from .. import compression as core_compression
 from ..training.array_reducer import ArrayReducer
 from ..collectives.arguments import Average, Sum
-from ..training.reducer import check_settings
+from ..training.buckets import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .compression import Compression, FP16Compressor

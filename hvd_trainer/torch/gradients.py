@@ -42,7 +42,8 @@ import torch
 
 from .. import compression as core_compression
 from ..collectives.arguments import Average
-from ..training.reducer import Bucket, Gradient, Reducer
+from ..training.buckets import Bucket, Gradient
+from ..training.reducer import Reducer
 from ..runtime.runtime import ProcessSet
 from ..training.steps import DENSE, NONE, Steps, table_shape
 from . import backward_collectives, bridge

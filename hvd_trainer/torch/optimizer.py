@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from ..collectives.arguments import Average, Sum
-from ..training.reducer import Reducer, check_settings
+from ..training.reducer import Reducer
+from ..training.buckets import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.sparse import Exchange
 from ..training.steps import Steps

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..collectives import sparse
 from ..compression import Compression
-from .reducer import AnyCompressor, Gradient, Reducer
+from .buckets import AnyCompressor, Gradient
+from .reducer import Reducer
 from ..runtime.runtime import ProcessSet, global_process_set
 from .steps import DENSE, NONE, agree_kinds
 

@@ -1,8 +1,8 @@
 """The gradient reducer: sums one set of gradients across a process set, step after step.
 
 A framework adapter (the MXNet trainer, a PyTorch optimizer) describes its gradients as
-:class:`Gradient` records and hands their values over as NumPy arrays; the reducer owns the
-rest, as PyTorch DDP's ``Reducer`` does for DDP:
+:class:`~.buckets.Gradient` records and hands their values over as NumPy arrays; the reducer owns
+the rest, as PyTorch DDP's ``Reducer`` does for DDP:
 
 - **Buckets.** Dense gradients (without a compressor) are laid out in flat buckets:
   in reverse registration order (backward produces the last layers' gradients first), one
@@ -33,8 +33,8 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   rank is joined (:mod:`hvd_trainer.collectives.joined`): then each makes its own agreement, from
   which the joined rank learns what to serve with zeros.
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
-  :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
-  compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
+  :func:`sparse.allreduce_rows`; dense ones (dense_sums.py) in ``num_groups`` grouped calls, through
+  the compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
   error-feedback residuals). fp16 rounds the float32 gradients straight into one float16
   buffer, sums it and widens the sums straight back, on the adapter's ``kernels`` (see
   backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
@@ -53,117 +53,20 @@ import functools
 import threading
 import time
 import warnings
-from concurrent.futures import Future
-from dataclasses import dataclass
-from itertools import accumulate
-from typing import (Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence,
-                    Tuple, Type, Union)
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..coordination import agreement, handles, work_order
+from ..coordination import agreement, work_order
 from . import autotune
 from ..collectives import arguments, fusion, objects, ops, sparse
 from ..runtime import runtime, timeline
 from ..backends.halves import NUMPY, Kernels
-from ..compression import Compression, Compressor, GatherCompressor
-from ..collectives.feedback import ErrorFeedbackSum
-from ..collectives.memory import KernelMemory
+from ..compression import Compression
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.traffic import CommStats
-
-AnyCompressor = Union[Type[Compressor], GatherCompressor]
-
-
-@dataclass(frozen=True)
-class Gradient:
-    """One gradient as the ranks must agree on it.
-
-    ``key`` identifies it among the adapter's gradients (its name is ``prefix + grad.key``,
-    and its residual is kept under ``key``); ``sparse`` marks a row-sparse gradient, whose
-    value is a pair (ids, rows); ``memory`` is "host" or "gpu" (they travel different ways).
-    """
-
-    key: int
-    shape: Tuple[int, ...]
-    dtype: str
-    sparse: bool = False
-    memory: str = "host"
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
-
-
-class Bucket:
-    """A flat run of gradients of one dtype, reduced together.
-
-    ``keys`` are its gradients in bucket order; gradient k is ``flat[bounds[k]:bounds[k+1]]``.
-    The adapter sets ``open``: a callable returning the NumPy (or CuPy) view of the bucket's
-    storage once every write into it has finished; ``host`` is that view, taken when it is
-    launched. ``active`` makes the context that the bucket is opened and reduced in (a GPU
-    bucket's stream, ordered after the writes; none by default).
-    """
-
-    def __init__(self, number: int, keys: List[int], bounds: List[int], dtype: np.dtype,
-                 memory: str = "host"):
-        self.number = number
-        self.keys = keys
-        self.bounds = bounds
-        self.dtype = dtype
-        self.memory = memory
-        self.open: Optional[Callable[[], np.ndarray]] = None
-        self.active: Callable[[], ContextManager[Any]] = contextlib.nullcontext
-        self.host: Optional[np.ndarray] = None
-
-
-def check_settings(gradient_predivide_factor: float, num_groups: int) -> None:
-    """Refuse a non-positive ``gradient_predivide_factor`` or a bad ``num_groups``."""
-    if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} must "
-                         "be positive")
-    if int(num_groups) != num_groups or num_groups < 0:
-        raise ValueError(f"num_groups={num_groups!r} must be a non-negative integer")
-
-
-def compression_key(compression: AnyCompressor) -> str:
-    """The compressor and its settings as text that is the same on every rank."""
-    if isinstance(compression, type):
-        return compression.__name__
-    settings = sorted((key, str(value)) for key, value in vars(compression).items())
-    return f"{type(compression).__name__}{settings}"
-
-
-class ReducerStep:
-    """One step of a :class:`Reducer`: readiness, the launched buckets, the results."""
-
-    def __init__(self, count: int, buckets: List[Bucket], bucket_of: Sequence[int],
-                 lock: threading.Lock):
-        self._marks = bytearray(count)           # cheap to set one by one; ready views it
-        # What the program waits for: each bucket complete, then every gradient. A mark
-        # wakes it only when it completes one of those, not once per gradient.
-        self._bucket_of = bucket_of              # position -> bucket number, or -1
-        self._unmarked_in = [len(b.keys) for b in buckets]
-        self._unmarked = count
-        self.ready = np.frombuffer(self._marks, bool)  # ready on this rank, by position
-        self.fresh = np.zeros(count, bool)       # reduced this step (agreed), by position
-        self.values: Dict[int, Any] = {}         # per-tensor gradients given, by position
-        self.results: Dict[int, Any] = {}        # reduced per-tensor gradients, by key
-        self.order: List[int] = []               # keys in the order they became ready
-        self.closed = False                      # no more gradients become ready
-        self.whole: Dict[int, bool] = {}         # bucket number -> reduced in one piece
-        self.number = -1                         # the reducer's count of steps, from 0
-        self._done: List["Future[Bucket]"] = [Future() for _ in buckets]
-        self.handles = [handles.Handle(f) for f in self._done]
-        self.buckets = buckets
-        self.program: Optional["Future[None]"] = None
-        self.overlapped = False                  # the program runs on the communication thread
-        self.changed = threading.Condition(lock)  # the reducer's lock
-
-    def launched(self) -> List[Tuple[Bucket, handles.Handle]]:
-        """Every bucket with its handle, in launch order (the same on every rank)."""
-        return list(zip(self.buckets, self.handles))
+from .dense_sums import DenseSums
+from .buckets import AnyCompressor, Bucket, Gradient, ReducerStep, check_settings, compression_key
 
 
 class Reducer:
@@ -195,13 +98,14 @@ class Reducer:
         self.prefix = prefix
         self.compression = compression
         self.kernels = kernels
-        self._wire = fusion.BufferPool()  # fp16's float16 buffer, kept from step to step
-        self.feedback = (ErrorFeedbackSum(compression)
-                         if isinstance(compression, GatherCompressor) else None)
         self.predivide = float(gradient_predivide_factor)
         self.num_groups = int(num_groups)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
+        self.dense = DenseSums(prefix=prefix, compression=compression, predivide=self.predivide,
+                               num_groups=self.num_groups, process_set=process_set,
+                               kernels=kernels)
+        self.feedback = self.dense.feedback  # a GatherCompressor's residuals, or None
         self.eager = eager
         # Rank 0's settings, so that every rank lays out the same buckets.
         self.bucket_threshold = runtime.setting("BUCKET_THRESHOLD")
@@ -504,7 +408,7 @@ class Reducer:
             else:
                 dense.append((g.key, np.zeros(g.shape, g.dtype) if value is None else value))
         if self.size > 1 and dense:
-            self._sum_tensors(dense, stats)
+            self.dense.sum_(dense, stats)
         step.results.update(dense)
 
     def _sum_rows(self, g: Gradient, value: Optional[Tuple[np.ndarray, np.ndarray]]
@@ -527,83 +431,13 @@ class Reducer:
         row-sparse. A collective."""
         return self._sum_rows(self.gradients[self._position[key]], value)
 
-    def _sum_tensors(self, tensors: Sequence[Tuple[int, np.ndarray]], stats: CommStats) -> None:
-        """Sum (key, array) pairs across ranks in place, in ``num_groups`` grouped calls.
-
-        Arrays a GatherCompressor accepts go by one allgather per group (with error feedback,
-        see ``compression.ErrorFeedbackSum``), the others by allreduce through the compressor.
-        """
-        feedback = self.feedback
-        compressor = self.compression if feedback is None else Compression.none
-        for group in fusion.split_runs(list(tensors), self.num_groups):
-            name = f"{self.prefix}grad.{group[0][0]}:{group[-1][0]}"
-            packed, plain = [], []
-            for k, t in group:
-                if feedback and feedback.compressor.accepts(t):
-                    packed.append((k, t))
-                else:
-                    plain.append(t)
-            if packed:
-                feedback.sum_(packed, f"{name}.packed", 1.0 / self.predivide, self.process_set,
-                              stats)
-            if self.compression is Compression.fp16 and self.predivide == 1.0:
-                narrowed, rest = [], []
-                for t in plain:
-                    (narrowed if t.dtype == np.float32 and t.flags.c_contiguous else rest).append(t)
-                if narrowed:
-                    self._sum_narrowed(narrowed, name, stats)
-                    name = f"{name}.rest"
-                plain = rest
-            if not plain:
-                continue
-            tic = time.perf_counter()
-            with timeline.span(name, "COMPRESS"):
-                payloads, ctxs = zip(*(compressor.compress(t) for t in plain))
-            stats.encode_seconds += time.perf_counter() - tic
-            ops.grouped_allreduce_(list(payloads), arguments.Sum, name,
-                                   prescale_factor=1.0 / self.predivide,
-                                   process_set=self.process_set)
-            stats.add_allreduce(sum(p.nbytes for p in payloads),
-                                sum(t.nbytes for t in plain), self.size)
-            tic = time.perf_counter()
-            with timeline.span(name, "DECODE"):
-                for t, payload, ctx in zip(plain, payloads, ctxs):
-                    if payload is not t:
-                        t[...] = compressor.decompress(payload, ctx)
-            stats.decode_seconds += time.perf_counter() - tic
-
-    def _sum_narrowed(self, tensors: Sequence[np.ndarray], name: str, stats: CommStats) -> None:
-        """fp16 compression of C-contiguous float32 arrays, in place, with one pass each way
-        and no new arrays: each is rounded to float16 straight into its slice of one wire
-        buffer, the buffer is summed around the ring (each hop's float16 sum rounded once),
-        and the sums are widened straight back into the arrays.
-
-        Only without a predivide factor: a scaled float16 sum is summed in float32 (see
-        ``ops.half_in_float32``), so the generic path keeps that rule.
-        """
-        bounds = list(accumulate((t.size for t in tensors), initial=0))
-        wire = self._wire.get(np.dtype(np.float16), 0, bounds[-1])
-        tic = time.perf_counter()
-        with timeline.span(name, "COMPRESS"):
-            for t, a, b in zip(tensors, bounds, bounds[1:]):
-                self.kernels.narrow(t.reshape(-1), wire[a:b])
-        stats.encode_seconds += time.perf_counter() - tic
-        ops.reduce_group(KernelMemory(self.kernels), [wire], arguments.Sum, name,
-                         process_set=self.process_set, kind="grouped_allreduce", inplace=True)
-        stats.add_allreduce(wire.nbytes, 2 * wire.nbytes, self.size)
-        tic = time.perf_counter()
-        with timeline.span(name, "DECODE"):
-            for t, a, b in zip(tensors, bounds, bounds[1:]):
-                self.kernels.widen(wire[a:b], t.reshape(-1))
-        stats.decode_seconds += time.perf_counter() - tic
-
     def sum_now(self, tensors: Sequence[Tuple[int, np.ndarray]]) -> None:
         """Sum (key, array) pairs across the process set in place, right now, outside any step:
         ``num_groups`` grouped calls, each with its own agreement (for callers that reduce a
         few gradients at a time, such as an optimizer's update). A collective."""
         if self.size > 1 and tensors:
             stats = self.stats = CommStats()
-            self._sum_tensors(tensors, stats)
+            self.dense.sum_(tensors, stats)
 
     # -- state for exact resume -------------------------------------------------------------
     def _settings(self) -> Dict[str, Any]:

@@ -36,7 +36,8 @@ import numpy as np
 
 from ..collectives import arguments, joined, ops
 from ..coordination import work_order
-from .reducer import Bucket, Gradient, Reducer, ReducerStep
+from .buckets import Bucket, Gradient, ReducerStep
+from .reducer import Reducer
 
 NONE = 0     # no rank has had a gradient for the parameter yet
 DENSE = 64   # a dense gradient; a row-sparse one with s sparse dimensions has the kind s

@@ -200,11 +200,8 @@ def test_the_index_reader_finds_positional_reads():
         "item[:2]", "g[2]", "s[-1]"}
 
 
-# A core module does one job in at most this many lines. The modules below are over it and
-# wait for their split along their jobs (issue 35): each may shrink, none may grow past the
-# size it has now, and a module that fits comes off the list.
+# A core module does one job in at most this many lines.
 CORE_MODULE_LINES = 500
-AWAITING_SPLIT = {"hvd_trainer.training.reducer": 650}
 
 
 def _lines(name: str) -> int:
@@ -214,9 +211,4 @@ def _lines(name: str) -> int:
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.startswith(ADAPTERS)))
 def test_a_core_module_fits_the_size_limit(name):
-    assert _lines(name) <= AWAITING_SPLIT.get(name, CORE_MODULE_LINES)
-
-
-@pytest.mark.parametrize("name", sorted(AWAITING_SPLIT))
-def test_a_module_awaiting_its_split_is_still_over_the_limit(name):
-    assert _lines(name) > CORE_MODULE_LINES, f"{name} fits now: take it off AWAITING_SPLIT"
+    assert _lines(name) <= CORE_MODULE_LINES

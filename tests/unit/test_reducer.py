@@ -11,7 +11,8 @@ import hvd_trainer
 from hvd_trainer.collectives import objects
 from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import TwoBit
-from hvd_trainer.training.reducer import Gradient, Reducer
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 
 
 def make(**settings):

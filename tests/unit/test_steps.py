@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from hvd_trainer.coordination import work_order
-from hvd_trainer.training.reducer import Bucket, Gradient
+from hvd_trainer.training.buckets import Bucket, Gradient
 from hvd_trainer.training.steps import DENSE, NONE, Steps, table_shape
 
 

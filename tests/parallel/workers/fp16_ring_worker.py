@@ -18,7 +18,8 @@ from hvd_trainer.collectives import arguments, ops
 from hvd_trainer.backends.halves import NUMPY
 from hvd_trainer.compression import Compression
 from hvd_trainer.collectives.memory import KernelMemory
-from hvd_trainer.training.reducer import Gradient, Reducer
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 from hvd_trainer.torch.compression import KERNELS as TORCH
 
 hvd_trainer.init()

@@ -18,7 +18,8 @@ from hvd_trainer.coordination import agreement, messages
 from hvd_trainer.collectives import objects
 from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import Compression, TwoBit
-from hvd_trainer.training.reducer import Gradient, Reducer
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 
 hvd_trainer.init()
 R, N = hvd_trainer.rank(), hvd_trainer.size()
