@@ -1,30 +1,28 @@
-"""Safe files: the one place where the package and hvdrun write files and sign what they
-read back.
+"""Safe files: the one place where the package writes whole files and signs what it reads
+back.
 
 A planted symlink or a file that another user prepared must never be written through, read
 as ours, or unpickled. So whole files are written to a new temporary file in the target's
 folder (``mkstemp``: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) and renamed over the target;
-outputs written as they go (logs, traces, copies of a rank's output) are opened the same way,
-or appended to only when the file is our own regular file; folders that hold the job's state
+outputs written as they go (logs, traces, copies of a rank's output:
+:class:`hvd_trainer_launch.outputs.Output`, which hvdrun shares) are opened the same way, or
+appended to only when the file is our own regular file; folders that hold the job's state
 are 0700 and refused when another user owns them or may write into them. Bytes that the job
 reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun
 generates and hands to the ranks in ``HVD_JOB_SECRET`` (:mod:`hvd_trainer_launch.protocol`),
 and verified before they are unpickled.
 
-Standard library only: hvdrun imports it without the rest of the package's dependencies.
+Standard library only.
 """
 import glob
 import hashlib
 import hmac
-import logging
 import os
 import stat
 import tempfile
-from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Sequence
 
 from hvd_trainer_launch.protocol import mac
-
-log = logging.getLogger("hvd_trainer")
 
 _SIGNED = b"hvd_trainer signed 1\n"
 _MAC_BYTES = hashlib.sha256().digest_size
@@ -143,93 +141,3 @@ def verify(secret: bytes, signed: Any, what: str) -> memoryview:
         raise ValueError(f"{what} does not match its signature (truncated, altered, or "
                          "signed by another job)")
     return signed[start:]
-
-
-class Output:
-    """A file written as the job goes (a log, a trace, a copy of a rank's output) that can
-    never end the job: a failure to open or write it (folder missing, disk full) warns once,
-    naming the file, and stops that output; writes after it do nothing.
-
-    A new output replaces ``path`` with a fresh 0600 file (made like :func:`write_atomically`'s
-    temporary file, then renamed into place). With ``append``, ``path`` is opened without
-    following a symlink, created 0600 when missing, and used only when it is a regular file
-    of this process's user. ``warn`` receives the one message (the 'hvd_trainer' logger's
-    warning by default).
-    """
-
-    def __init__(self, path: str, append: bool = False, what: str = "output",
-                 warn: Optional[Callable[[str], None]] = None):
-        self.path, self.what = path, what
-        self._warn = warn or log.warning
-        self._file: Optional[BinaryIO] = None
-        self.was_empty = False  # whether the file held nothing when it was opened
-        try:
-            fd = self._open_append() if append else self._open_new()
-            self._file = os.fdopen(fd, "wb")
-            self.was_empty = os.fstat(fd).st_size == 0
-        except OSError as error:
-            self._stop(error)
-
-    @property
-    def active(self) -> bool:
-        """Whether the output is still written (it opened and no write has failed)."""
-        return self._file is not None
-
-    def _open_new(self) -> int:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.", suffix=".tmp",
-                                   dir=os.path.dirname(os.path.abspath(self.path)))
-        try:
-            os.replace(tmp, self.path)
-        except OSError:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        return fd
-
-    def _open_append(self) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(self.path, flags, 0o600)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            os.close(fd)
-            raise PermissionError(f"it is not a regular file of this job's user (id {os.geteuid()})")
-        return fd
-
-    def write(self, data: Union[bytes, str]) -> None:
-        """Write ``data`` (text as UTF-8); buffered until :meth:`flush`."""
-        if self._file is None:
-            return
-        try:
-            self._file.write(data.encode() if isinstance(data, str) else data)
-        except OSError as error:
-            self._stop(error)
-
-    def flush(self) -> None:
-        """Hand what was written to the operating system."""
-        if self._file is None:
-            return
-        try:
-            self._file.flush()
-        except OSError as error:
-            self._stop(error)
-
-    def close(self) -> None:
-        """Flush and close; the output stops."""
-        if self._file is None:
-            return
-        try:
-            self._file.close()
-        except OSError as error:
-            self._stop(error)
-        self._file = None
-
-    def _stop(self, error: OSError) -> None:
-        """Warn once, naming the file and the error, and drop the file without raising."""
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:  # the buffer that failed to write fails again; it is dropped
-                pass
-            self._file = None
-        self._warn(f"cannot write the {self.what} {self.path!r} ({error}); this output stops "
-                   "here and the job goes on")

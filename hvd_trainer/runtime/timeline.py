@@ -10,7 +10,9 @@ import threading
 import time
 from typing import Any, ContextManager, Dict, Iterator, Optional
 
-from . import config, files, runtime
+from hvd_trainer_launch.outputs import Output
+
+from . import config, runtime
 
 class Timeline:
     """A Chrome-trace (Perfetto, chrome://tracing) file of phases, one track per tensor.
@@ -26,7 +28,7 @@ class Timeline:
     def __init__(self, path: str):
         # A fresh owner-only file, never through a symlink; a write error (a full disk, a
         # missing folder) warns once on this rank and stops the timeline, not the training.
-        self._file = files.Output(path, what="timeline")
+        self._file = Output(path, what="timeline")
         self._file.write("[\n")
         self._tracks: Dict[str, int] = {}
         self._origin = time.perf_counter()

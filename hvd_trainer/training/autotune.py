@@ -10,13 +10,14 @@ consecutive steps, so forward and backward count; rank 0's measurements decide, 
 reducer sends rank 0's choice to every rank. This module holds no communication: it is the
 arithmetic, so it can be tested with made-up times. Its CSV log is opened when the autotuner
 is made, so a log that cannot be written says so at the start; it warns once and stops, and
-training goes on (files.Output).
+training goes on (hvd_trainer_launch.outputs.Output).
 """
 import csv
 import io
 from typing import List, NamedTuple, Optional, Sequence
 
-from ..runtime import files
+from hvd_trainer_launch.outputs import Output
+
 
 # The bucket thresholds tried: a fixed grid (no Bayesian optimisation).
 THRESHOLDS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -56,7 +57,7 @@ class Autotuner:
         self.steps_per_sample = int(steps_per_sample)
         self.samples = [self.start] * self.warmup_samples + [Setting(*s) for s in tried]
         self.name = name
-        self._log = (files.Output(log_path, append=True, what="autotune log")
+        self._log = (Output(log_path, append=True, what="autotune log")
                      if log_path else None)
         if self._log is not None and self._log.was_empty:
             self._write_row(LOG_COLUMNS)
