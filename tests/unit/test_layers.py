@@ -1,6 +1,7 @@
-"""The package's layers, read from its source: no import circles, and nothing reaches around a
-layer (adapters never import mpi4py; backends never import a framework; the core never
-imports an adapter). Imports inside functions count too."""
+"""The package's layers, read from its source: no import circles; each subpackage imports only
+the layers pinned for it, never one above its own; nothing reaches around a layer (adapters
+never import mpi4py; backends never import a framework; the core never imports an adapter);
+the launcher does not import the package. Imports inside functions count too."""
 import ast
 import os
 from typing import Dict, List, Set
@@ -101,6 +102,92 @@ def test_backends_never_import_a_framework(name):
                                         and n != "hvd_trainer"))
 def test_the_core_never_imports_an_adapter(name):
     assert not any(m.startswith(ADAPTERS) for m in _imports(name))
+
+
+# The layers, lowest first, as the imports are after the core's move into subpackages
+# (issue 35). A layer's modules may import each other and the layers pinned for it below;
+# two layers of one rank (training and elastic, say) do not import each other.
+LAYER_RANKS = {
+    "backends": 0,                      # Communicator implementations over MPI, NCCL, one rank
+    "runtime": 1,                       # the world, settings, safe files, timeline
+    "coordination": 2,                  # scheduling, matching, agreement
+    "collectives": 3, "compression": 3,  # operations on arrays and objects; codecs
+    "training": 4, "elastic": 4, "cuda": 4,  # reducer and steps; elastic state; GPU kernels
+    "mxnet": 5, "torch": 5, "tensorflow": 5, "keras": 5,  # framework adapters
+    "runner": 5, "spark": 5, "ray": 5,  # hvd_trainer.run and the engines: launcher side
+}
+ALLOWED_IMPORTS = {
+    "backends": set(),
+    "runtime": {"backends"},
+    "coordination": {"backends", "runtime"},
+    "collectives": {"backends", "runtime", "coordination"},
+    "compression": set(),
+    "training": {"backends", "runtime", "coordination", "collectives", "compression"},
+    "elastic": {"runtime", "collectives"},
+    "cuda": {"backends", "runtime", "collectives", "compression"},
+    "mxnet": {"backends", "runtime", "coordination", "collectives", "compression", "training",
+              "elastic"},
+    "torch": {"backends", "runtime", "coordination", "collectives", "compression", "training",
+              "elastic", "cuda"},
+    "tensorflow": {"runtime", "coordination", "collectives", "compression", "training",
+                   "elastic"},
+    "keras": {"tensorflow"},
+    "runner": set(), "spark": set(), "ray": set(),
+}
+
+
+def _layer(name: str) -> str:
+    """The layer of module ``name``: its subpackage, or a top-level module's own name."""
+    return name.split(".")[1]
+
+
+LAYERED = sorted(n for n in MODULES if n != "hvd_trainer")
+LAYER_IMPORTS = {layer: {_layer(m) for n in LAYERED if _layer(n) == layer for m in GRAPH[n]
+                         if m != "hvd_trainer"} - {layer} for layer in LAYER_RANKS}
+
+
+@pytest.mark.parametrize("name", LAYERED)
+def test_every_module_has_a_layer(name):
+    assert _layer(name) in LAYER_RANKS and _layer(name) in ALLOWED_IMPORTS
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_RANKS))
+def test_a_layer_imports_only_the_layers_pinned_for_it(layer):
+    assert LAYER_IMPORTS[layer] <= ALLOWED_IMPORTS[layer]
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_RANKS))
+def test_nothing_imports_upward_or_sideways(layer):
+    assert {m for m in LAYER_IMPORTS[layer] if LAYER_RANKS[m] >= LAYER_RANKS[layer]} \
+        <= ({"tensorflow"} if layer == "keras" else set())  # keras is tensorflow.keras's alias
+
+
+def test_the_pinned_layers_point_down():
+    for layer, allowed in ALLOWED_IMPORTS.items():
+        assert all(LAYER_RANKS[m] < LAYER_RANKS[layer] for m in allowed if layer != "keras")
+
+
+def test_the_layer_reader_sees_the_layers():
+    assert LAYER_IMPORTS["collectives"] == {"backends", "runtime", "coordination"}
+    assert "hvd_trainer.coordination.agreement" in GRAPH["hvd_trainer.collectives.ops"]
+
+
+LAUNCH = os.path.join(os.path.dirname(ROOT), "launch")
+# What of the package the launcher imports: only hvdrun --check-build, which reports the
+# package's install (it runs where the package is installed).
+LAUNCHER_IMPORTS = {"check_build.py": {"hvd_trainer.runtime.installs"}}
+
+
+@pytest.mark.parametrize("file", sorted(f for f in os.listdir(LAUNCH) if f.endswith(".py")))
+def test_the_launcher_does_not_import_the_package(file):
+    found = set()
+    for node in ast.walk(ast.parse(open(os.path.join(LAUNCH, file)).read())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    assert {m for m in found if m.split(".")[0] == "hvd_trainer"} == \
+        LAUNCHER_IMPORTS.get(file, set())
 
 
 def test_the_reader_finds_imports_inside_functions():
