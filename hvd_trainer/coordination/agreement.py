@@ -113,7 +113,7 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
         what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     if holder:
         entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
-                       carries)
+                          carries)
         return Agreed(agree_in_step(comm, sched, entry, what), entry.carried)
     with waiting(comm, what, "agreement", sched.exchanges):
         claimed = None
@@ -132,7 +132,7 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
             except BaseException as failure:  # the schedule fails the call, freeing the turn
                 claimed = functools.partial(_reraise, failure)
         entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
-                       carries)
+                          carries)
         flags = sched.settle(entry, functools.partial(run_round, comm, sched), stall.pace, claimed)
     if not keep:
         sched.give()

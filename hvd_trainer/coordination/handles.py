@@ -38,4 +38,4 @@ def submit(collective: Callable[..., Any], *args: Any, **kwargs: Any) -> Handle:
     if process_set is None:
         process_set = runtime.global_process_set
     return Handle(work_order.start(lambda: collective(*args, **kwargs), kwargs.get("name"),
-                                  process_set))
+                                   process_set))

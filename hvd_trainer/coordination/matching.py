@@ -72,7 +72,7 @@ def match(lists: Sequence[Optional[Sequence[Summary]]], failure: Failure,
 
 
 def _verdict_on_mismatch(key: str, every: List[Optional[Dict[str, Any]]], me: int,
-               failure: Failure) -> Verdict:
+                         failure: Failure) -> Verdict:
     """Rank ``me``'s verdict on calls ``every`` (by rank) that cannot run together.
 
     A barrier waits for every rank: when some ranks wait in one and the others in other

@@ -42,7 +42,7 @@ def _raise_disagreement(comm: Communicator, key: str, description: Dict[str, Any
     mine = matching.Summary(key, description, waited=True, automatic=False)
     gathered = comm.allgather_object(RoundShare(stuck=False, pending=[mine], counts=0))
     raise failure_for(comm, [None if g is None else first_of(g.pending).description
-                          for g in gathered])
+                             for g in gathered])
 
 
 def _meet_joined(comm: Communicator, description: Dict[str, Any]) -> None:
@@ -111,7 +111,7 @@ def _exchange(comm: Communicator, sched: scheduler.Schedule, digest: int, state:
 
 
 def post_record(comm: Communicator, sched: scheduler.Schedule, digest: int,
-            flags: Optional[np.ndarray], payload: Optional[np.ndarray]) -> Gathered:
+                flags: Optional[np.ndarray], payload: Optional[np.ndarray]) -> Gathered:
     """Exchange an active rank's record and return every rank's."""
     records, request = _exchange(comm, sched, digest, ACTIVE, flags, payload)
     stall.poll(request, sched)
@@ -130,7 +130,7 @@ def _outcome(comm: Communicator, entry: CallEntry, gathered: Gathered) -> Option
 
 
 def agree_in_step(comm: Communicator, sched: scheduler.Schedule, entry: CallEntry,
-             what: str) -> Optional[np.ndarray]:
+                  what: str) -> Optional[np.ndarray]:
     """An agreement made by the turn's holder, in step with the other ranks' holders."""
     with waiting(comm, what, "agreement"):
         gathered = post_record(comm, sched, entry.digest, entry.flags, entry.payload)
@@ -147,7 +147,7 @@ def _all_stuck(gathered: Sequence[Any]) -> bool:
 
 
 def run_round(comm: Communicator, sched: scheduler.Schedule,
-           entries: List[CallEntry]) -> List[matching.Verdict]:
+              entries: List[CallEntry]) -> List[matching.Verdict]:
     """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
     oldest entry is the same call, decide it; else exchange the lists and match by key."""
     head = entries[0]

@@ -178,7 +178,7 @@ class State(abc.ABC):
         data = pickle.dumps(self.save(), pickle.HIGHEST_PROTOCOL)
         if runtime.size() > 1:
             data = objects.broadcast_object(data if runtime.rank() == 0 else None, 0,
-                                        name="elastic.sync")
+                                            name="elastic.sync")
         self._committed = Commit(data)
         self.load(self._committed.load())
 

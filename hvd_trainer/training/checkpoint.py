@@ -239,7 +239,7 @@ def _read_on_root(fname: str, process_set: Any, name: str) -> Tuple[Dict[str, An
             failure, original = _Failure.of(e, fname, "read"), e
     if process_set.included():
         checkpoint, failure = objects.allgather_object((checkpoint, failure) if writes else None,
-                                                   name, process_set)[0]
+                                                       name, process_set)[0]
     _raise(failure, original)
     return checkpoint, residuals
 

@@ -312,7 +312,7 @@ class Reducer:
             if step.number == tuner.last_step:
                 mine = tuple(tuner.best()) if self.process_set.rank() == 0 else None
                 tuner.adopt(objects.broadcast_object(mine, self.process_set.ranks[0],
-                                                 f"{self.prefix}autotune", self.process_set))
+                                                     f"{self.prefix}autotune", self.process_set))
             self._use(tuner.setting(step.number + 1))
         return step.results
 
@@ -449,7 +449,7 @@ class Reducer:
         if self.feedback is None:
             return None
         every = objects.gather_object(self.feedback.residuals, self.process_set.ranks[0],
-                                  name, self.process_set)
+                                      name, self.process_set)
         return None if every is None else dict(self._settings(), residuals=every)
 
     def shared_state(self, name: str) -> Optional[Dict[str, Any]]:
@@ -458,7 +458,7 @@ class Reducer:
         if self.feedback is None:
             return None
         return objects.broadcast_object(self.gather_state(name), self.process_set.ranks[0], name,
-                                    self.process_set)
+                                        self.process_set)
 
     def scatter_state(self, state: Optional[Dict[str, Any]], name: str) -> None:
         """Give each member its residuals from ``state`` (what :meth:`gather_state` returned,

@@ -124,7 +124,7 @@ def test_an_appended_output_refuses_a_symlink_and_warns_once(tmp_path):
     (tmp_path / "log.csv").symlink_to(victim)
     said = []
     output = outputs.Output(str(tmp_path / "log.csv"), append=True, what="autotune log",
-                          warn=said.append)
+                            warn=said.append)
     output.write("row\n")
     output.flush()
     assert not output.active

@@ -214,7 +214,7 @@ def gather_and_scatter_objects():
     got = objects.gather_object(("rank", R), root_rank=N - 1)
     assert got == ([("rank", r) for r in range(N)] if R == N - 1 else None), got
     assert objects.scatter_object([r * 10 for r in range(N)] if R == 1 else None,
-                              root_rank=1) == R * 10
+                                  root_rank=1) == R * 10
 
 
 run_cases({"eager_any_order": eager_any_order, "step_time_stale": step_time_stale,
