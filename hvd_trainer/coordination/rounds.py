@@ -34,7 +34,7 @@ from .records import (ACTIVE, DIGEST, FLAGS_AT, HEADER_WORDS, INLINE_FLAG_WORDS,
 
 
 # Ranks whose synchronous calls have matched nothing for this long, with nothing else to
-# come, raise instead of waiting forever (see scheduler.deadlock).
+# come, raise instead of waiting forever (see matching.deadlock).
 _MATCH_GRACE_SECONDS = 0.5
 def _raise_disagreement(comm: Communicator, key: str, description: Dict[str, Any]) -> None:
     """Inside a held turn, where ranks run in step: exchange full descriptions (in the form
