@@ -30,7 +30,8 @@ def worker(iters: int) -> None:
     from mpi4py import MPI
 
     import hvd_trainer as hvd
-    from hvd_trainer import agreement, runtime
+    from hvd_trainer.coordination import agreement
+    from hvd_trainer.runtime import runtime
 
     world = MPI.COMM_WORLD
     buf = np.ones(1024, np.float32)

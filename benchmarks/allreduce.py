@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvd_trainer as hvd
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 
 
 def timed(fn, iters):

@@ -171,7 +171,8 @@ def timed(action) -> float:
 
 def commit_worker(framework: str) -> None:
     import hvd_trainer
-    from hvd_trainer import elastic, runtime
+    from hvd_trainer import elastic
+    from hvd_trainer.runtime import runtime
     rows = []
     for mib in SIZES_MIB:
         state, _, copy = STATES[framework](mib, f"w{mib}.", epoch=0)
@@ -179,10 +180,10 @@ def commit_worker(framework: str) -> None:
         state.commit()
         times = {"commit": [], "write": [], "check": [], "copy": []}
         for _ in range(REPETITIONS):
-            elastic._writer.wait()
+            store.writer.wait()
             hvd_trainer.barrier()
             times["commit"].append(timed(state.commit))
-            times["write"].append(timed(elastic._writer.wait))
+            times["write"].append(timed(store.writer.wait))
             hvd_trainer.barrier()
             times["check"].append(timed(state.check_host_updates))
             hvd_trainer.barrier()
@@ -204,6 +205,7 @@ def recovery_worker(framework: str, folder: str) -> None:
     marks["framework"] = time.time()
     hvd = importlib.import_module(f"hvd_trainer.{framework}")
     from hvd_trainer import elastic
+    from hvd_trainer.elastic import store
     marks["adapter"] = time.time()
     hvd.init()
     marks["init"] = time.time()

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import hvd_trainer as hvd
 from allreduce import best_of
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 from hvd_trainer.backends.mpi import nan_or_negative_zero
 
 

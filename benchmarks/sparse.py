@@ -6,8 +6,8 @@ fixed number of distinct random rows per step. At each density it times full tra
 (forward, backward, allreduce_grads, update with Adam), and the exchange (allreduce_grads)
 alone, of the sparse path (allgather) and of the dense path (sparse_as_dense=True);
 repetitions interleaved, the median kept, each timed on the slowest rank. The sparse path is
-forced past the automatic switch (hvd_trainer.sparse.use_dense patched) to measure where it
-really stops paying. At 1% it also times a plain dense embedding (sparse_grad=False).
+forced past the automatic switch (hvd_trainer.collectives.sparse.use_dense patched) to measure where
+it really stops paying. At 1% it also times a plain dense embedding (sparse_grad=False).
 
 Bytes are per rank and step, for the embedding gradient: "payload" is what the automatic rule
 compares (gathered ids + gathered rows, or gathered ids + the dense table); "received" is what
@@ -24,7 +24,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer
-from hvd_trainer import sparse
+from hvd_trainer.collectives import sparse
 
 ROWS, DIM, BATCH = 200_000, 64, 100
 DENSITIES = [0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0]

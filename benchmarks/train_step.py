@@ -122,7 +122,7 @@ def buckets_of(trainer) -> list:
 def bare_allreduce(trainer) -> float:
     """Best seconds of allreducing the trainer's buckets with nothing else running."""
     import hvd_trainer
-    from hvd_trainer import runtime
+    from hvd_trainer.runtime import runtime
     comm = runtime.communicator(hvd_trainer.global_process_set)
     best = float("inf")
     for _ in range(REPETITIONS * 2):
@@ -143,7 +143,8 @@ def measure_overhead() -> dict:
     import numpy as np
     from mxnet import autograd
     import hvd_trainer
-    from hvd_trainer import fusion, runtime
+    from hvd_trainer.collectives import fusion
+    from hvd_trainer.runtime import runtime
 
     net = mlp(64, 64, OVERHEAD_LAYERS, head=False)
     trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
@@ -198,12 +199,13 @@ CHECKS_MODEL, CHECKS_ROUNDS, CHECKS_STEPS = "40 x Dense(256)", 30, 10
 
 def exchange_only(comm, describe, flags=None):  # same signature as agreement.agree
     """agreement.agree without the checks: just or the freshness flags (when given)."""
-    from hvd_trainer import agreement, timeline
+    from hvd_trainer.coordination import records
+    from hvd_trainer.runtime import timeline
     if flags is None or comm.size == 1:
         return flags
-    words = agreement.pack_flags(flags)
+    words = records.pack_flags(flags)
     comm.allreduce(words, "bor")
-    return agreement.unpack_flags(words, len(flags))
+    return records.unpack_flags(words, len(flags))
 
 
 def measure_checks() -> dict:
@@ -212,7 +214,8 @@ def measure_checks() -> dict:
     import mxnet as mx
     import numpy as np
     import hvd_trainer
-    from hvd_trainer import agreement, runtime, timeline
+    from hvd_trainer.coordination import agreement
+    from hvd_trainer.runtime import runtime, timeline
 
     inputs, width, layers, _ = MODELS[CHECKS_MODEL]
     net = mlp(inputs, width, layers)

@@ -6,19 +6,20 @@ the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists i
 so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name. ``run`` is
 horovod.run (:mod:`hvd_trainer.runner`).
 """
-from .agreement import MismatchError
-from .timeline import start_timeline, stop_timeline
-from .joined import join
-from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
-                  allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, broadcast_object,
-                  grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter,
-                  reducescatter)
-from .process_sets import add_process_set, init, remove_process_set
-from .runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                      gloo_built, gloo_enabled, global_process_set, is_homogeneous,
-                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
-from .scheduler import DuplicateNameError
+from .coordination.messages import MismatchError
+from .runtime.timeline import start_timeline, stop_timeline
+from .collectives.joined import join
+from .collectives.arguments import Average, Max, Min, Product, ReduceOp, Sum
+from .collectives.ops import (allgather, allreduce, allreduce_, alltoall, barrier, broadcast,
+                              broadcast_, grouped_allgather, grouped_allreduce, grouped_allreduce_,
+                              grouped_reducescatter, reducescatter)
+from .collectives.objects import allgather_object, broadcast_object
+from .coordination.process_sets import add_process_set, init, remove_process_set
+from .runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                              gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                              is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from .coordination.scheduler import DuplicateNameError
 
 __version__ = "0.1.0"
 

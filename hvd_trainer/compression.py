@@ -5,7 +5,7 @@ Two kinds, by transport:
 - Horovod's :class:`Compressor` (``Compression.none``, ``Compression.fp16``): the payload is an
   array that can be summed where it is, so it rides the ring allreduce.
 - :class:`GatherCompressor` (2-bit, 1-bit, top-k): packed payloads that cannot be summed.
-  They travel by allgather with per-rank residuals (:mod:`hvd_trainer.feedback`).
+  They travel by allgather with per-rank residuals (:mod:`hvd_trainer.collectives.feedback`).
 
 :func:`from_params` maps MXNet's ``compression_params`` onto one of these. Tensors may be NumPy
 arrays or, for :class:`Compressor`, anything with ``dtype`` and ``astype`` (NDArrays), so

@@ -10,6 +10,7 @@ import time
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch import protocol
+from hvd_trainer_launch.outputs import Output
 
 # How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
 ENDED = "was ended by the launcher, with code"
@@ -68,7 +69,6 @@ class OutputRelay:
         self._gone: Set[int] = set()  # the outputs whose reader went away, by id()
         self._files: Dict[Tuple[int, bytes], Any] = {}
         if output_dir:
-            from hvd_trainer import files  # the launcher imports the core only where it needs it
             for rank in range(np):
                 folder = os.path.join(output_dir, f"rank.{rank}")
                 try:
@@ -78,7 +78,7 @@ class OutputRelay:
                          "is not written to files")
                     continue
                 for stream in (b"stdout", b"stderr"):
-                    self._files[rank, stream] = files.Output(
+                    self._files[rank, stream] = Output(
                         os.path.join(folder, stream.decode()), what=f"rank {rank}'s {stream.decode()} copy",
                         warn=lambda message: say(f"warning: {message}"))
 

@@ -6,7 +6,7 @@ marker comment in its Markdown is replaced:
 - ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``launch/flags.py`` (FLAGS and
   REFUSED, the tables hvdrun's parser is built from);
 - ``<!-- generated: settings -->``: the variables a user may set, their defaults taken from
-  ``hvd_trainer/config.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
+  ``hvd_trainer/runtime/config.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
 - ``<!-- generated: hvdrun-variables -->``: the variables hvdrun and its wrappers set;
 - ``<!-- api: MODULE -->``: the mkdocstrings directive for MODULE's public names, read from
   its source by griffe (no framework is imported).
@@ -109,7 +109,7 @@ def _sources() -> Iterable[str]:
 
 def variables_in_code() -> List[str]:
     """Every HVD_*/HVDRUN_* variable the package or hvdrun names, and every setting it reads."""
-    from hvd_trainer import config
+    from hvd_trainer.runtime import config
     found = {"HVD_" + name for name in {**config.AGREED_SETTINGS, **config.OWN_SETTINGS}}
     for source in _sources():
         found.update(_LITERAL.findall(source))
@@ -139,7 +139,7 @@ def _default(value: object) -> str:
 
 def settings_table() -> str:
     """The user's variables: name, default, whose value counts, meaning."""
-    from hvd_trainer import config
+    from hvd_trainer.runtime import config
     check_variables()
     rows = ["| variable | default | whose value | meaning |", "|---|---|---|---|"]
     for name, meaning in SETTINGS.items():

@@ -18,9 +18,9 @@ import numpy as np
 
 from .. import compression
 from ..compression import GatherCompressor
-from ..feedback import decode_sum
-from ..traffic import CommStats
-from ..runtime import ProcessSet, global_process_set
+from ..collectives.feedback import decode_sum
+from ..collectives.traffic import CommStats
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import ops
 
 _KERNELS = cupy.RawModule(code=resources.files(__package__).joinpath("compression.cu").read_text())

@@ -11,7 +11,7 @@ from typing import Dict, Sequence, Tuple
 import cupy
 import numpy as np
 
-from ..fusion import BufferPool
+from ..collectives.fusion import BufferPool
 
 _SOURCE = resources.files(__package__).joinpath("fusion.cu").read_text()
 _ITEMS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}

@@ -14,13 +14,13 @@ from typing import Any, Callable, ContextManager, TypeVar
 
 import cupy
 
-from .. import installs, runtime
+from ..runtime import installs, runtime
 from ..backends import nccl
 from ..backends.companions import Companions
 from ..backends.host_staged import HostStagedCommunicator
-from ..fusion import BufferPool
-from ..memory import Memory, register
-from ..runtime import ProcessSet, global_process_set
+from ..collectives.fusion import BufferPool
+from ..collectives.memory import Memory, register
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import fusion
 
 # A process set's host communicator -> its GPU communicator, which holds the host one only

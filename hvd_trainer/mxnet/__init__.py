@@ -3,18 +3,18 @@
 Runtime functions, process sets, reduction ops and compressors come from the framework-free
 core; the collectives here take and return NDArrays.
 """
-from ..installs import MXNET, require
+from ..runtime.installs import MXNET, require
 
 require("mxnet", MXNET, "hvd_trainer.mxnet")  # first: a missing MXNet says how to add it
 from ..compression import Compression  # noqa: E402
-from ..agreement import MismatchError
-from ..timeline import start_timeline, stop_timeline
-from ..ops import Average, Max, Min, Product, Sum
-from ..process_sets import add_process_set, init, remove_process_set
-from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                       gloo_built, gloo_enabled, global_process_set, is_homogeneous,
-                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ..coordination.messages import MismatchError
+from ..runtime.timeline import start_timeline, stop_timeline
+from ..collectives.arguments import Average, Max, Min, Product, Sum
+from ..coordination.process_sets import add_process_set, init, remove_process_set
+from ..runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                               gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                               is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                               mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from .ops import (allgather, allgather_object, allreduce, allreduce_, alltoall, broadcast,
                   broadcast_, broadcast_object, grouped_allgather, grouped_allreduce,
                   grouped_allreduce_, grouped_reducescatter, reducescatter)

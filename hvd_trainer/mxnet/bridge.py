@@ -39,13 +39,13 @@ def to_cupy(array: mx.nd.NDArray) -> Any:
     """A writable ``cupy.ndarray`` view of a GPU NDArray, through DLPack, once MXNet's pending
     accesses to it have finished. Finish the device work on it before MXNet uses it again."""
     import cupy
-    from ..dlpack import CUDA, Capsule
+    from ..collectives.dlpack import CUDA, Capsule
     return cupy.from_dlpack(Capsule(array.to_dlpack_for_write(), (CUDA, array.context.device_id)))
 
 
 def on_cupy_gpus(arrays: "list[mx.nd.NDArray]") -> bool:
     """Whether every array is on a GPU and CuPy can run there, so they can skip host copies."""
-    from .. import runtime
+    from ..runtime import runtime
     return bool(arrays) and all(a.context.device_type == "gpu" for a in arrays) \
         and runtime.cuda_built()
 

@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 
 from mxnet.base import MXNetError
 
-from ..agreement import also_raised_as
+from ..coordination.messages import also_raised_as
 
 _F = TypeVar("_F", bound=Callable)
 

@@ -32,8 +32,8 @@ context, so all ranks apply the same update (the fresh ranks' sum over the globa
 One fresh nowhere is left untouched, so Gluon's ``ignore_stale_grad`` decides alike.
 
 **Row-sparse gradients** (``sparse_grad=True``) are allgathered as ids and rows, duplicates
-summed, and stay row_sparse (:mod:`hvd_trainer.sparse`), or go by dense allreduce when that
-moves fewer bytes (always with ``sparse_as_dense=True``); compression applies to dense
+summed, and stay row_sparse (:mod:`hvd_trainer.collectives.sparse`), or go by dense allreduce when
+that moves fewer bytes (always with ``sparse_as_dense=True``); compression applies to dense
 gradients only. row_sparse *weights* are held whole on every rank and updated once per step
 with the gathered rows (:mod:`.sparse_weights`).
 """
@@ -43,11 +43,10 @@ from typing import Any, Dict, List, Optional
 import mxnet as mx
 import numpy as np
 
-from .. import timeline
-from ..reducer import Bucket, Gradient, ReducerStep
-from . import bridge
+from ..runtime import timeline
+from ..training.buckets import Bucket, Gradient, ReducerStep
+from . import bridge, sparse_weights
 from . import sparse as sparse_nd
-from . import sparse_weights
 from .errors import raises_mxnet_errors
 
 

@@ -26,9 +26,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import mxnet as mx
 import numpy as np
 
-from .. import ops as core
-from ..ops import Average, Sum
-from ..runtime import ProcessSet, global_process_set
+from ..collectives import arguments, objects
+from ..collectives import ops as core
+from ..collectives.arguments import Average, Sum
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .errors import raises_mxnet_errors
 
@@ -41,10 +42,10 @@ def _checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Cal
     try:
         return check()
     except (TypeError, ValueError) as e:
-        core.refuse(e, kind, name, process_set)
+        arguments.refuse(e, kind, name, process_set)
 
-broadcast_object = raises_mxnet_errors(core.broadcast_object)
-allgather_object = raises_mxnet_errors(core.allgather_object)
+broadcast_object = raises_mxnet_errors(objects.broadcast_object)
+allgather_object = raises_mxnet_errors(objects.allgather_object)
 
 
 def _resolve_op(op: Any, average: Optional[bool]) -> Any:

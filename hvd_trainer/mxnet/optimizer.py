@@ -9,9 +9,10 @@ from typing import Any
 
 import mxnet as mx
 
-from .. import runtime
-from ..reducer import Reducer, check_settings
-from ..runtime import ProcessSet, global_process_set
+from ..runtime import runtime
+from ..training.reducer import Reducer
+from ..training.buckets import check_settings
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .errors import raises_mxnet_errors
 
@@ -21,8 +22,8 @@ _OWN = ("_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """Wraps an ``mx.optimizer.Optimizer`` so that ``update`` allreduces gradients first
-    (through a :class:`hvd_trainer.reducer.Reducer`, without buckets: Module hands over a few
-    gradients at a time).
+    (through a :class:`hvd_trainer.training.reducer.Reducer`, without buckets: Module hands over a
+    few gradients at a time).
 
     ``gradient_predivide_factor`` f scales gradients by 1/f before the sum and f/size after
     (through ``rescale_grad``). ``num_groups`` > 0 reduces each update's gradients in that

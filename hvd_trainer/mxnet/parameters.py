@@ -10,8 +10,9 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import mxnet as mx
 
-from .. import ops, runtime
-from ..runtime import ProcessSet, global_process_set
+from ..collectives import ops
+from ..runtime import runtime
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge, sparse_weights
 from .errors import raises_mxnet_errors
 

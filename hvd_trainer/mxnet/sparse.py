@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import mxnet as mx
 import numpy as np
 
-from .. import sparse
+from ..collectives import sparse
 from . import bridge
 from .sparse_weights import weight_arrays
 

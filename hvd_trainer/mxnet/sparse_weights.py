@@ -7,9 +7,9 @@ with the summed row_sparse gradient. DistributedTrainer has no KVStore, so :clas
 takes that part on every rank: it holds each weight as the KVStore stores it (a row_sparse
 NDArray holding every row), serves rows from it, and applies the optimizer to it once per step
 through MXNet's own updater, after the trainer has summed the gradient rows across ranks
-(:mod:`hvd_trainer.sparse`). Lazy updates (``lazy_update=True``, SGD's and Adam's default)
-thus touch only rows some rank touched, and every rank's copy equals a gluon.Trainer's on the
-global batch.
+(:mod:`hvd_trainer.collectives.sparse`). Lazy updates (``lazy_update=True``, SGD's and Adam's
+default) thus touch only rows some rank touched, and every rank's copy equals a gluon.Trainer's on
+the global batch.
 
 A row_sparse weight may also have a dense gradient (``grad_stype='default'``). gluon.Trainer
 means to push it to the KVStore, which updates its whole copy of the weight with it (every
@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, List, Sequence, Union
 import mxnet as mx
 import numpy as np
 
-from .. import ops
-from ..runtime import ProcessSet
+from ..collectives import ops
+from ..runtime.runtime import ProcessSet
 
 
 def weight_arrays(param: mx.gluon.Parameter) -> List[mx.nd.NDArray]:

@@ -1,9 +1,9 @@
 """DistributedTrainer: gluon.Trainer whose gradients are summed across ranks by the core's reducer.
 
-The reducer (:mod:`hvd_trainer.reducer`) and the step protocol around it
-(:mod:`hvd_trainer.steps`) own the gradient machinery: buckets, the step's agreement and
+The reducer (:mod:`hvd_trainer.training.reducer`) and the step protocol around it
+(:mod:`hvd_trainer.training.steps`) own the gradient machinery: buckets, the step's agreement and
 freshness flags, compression, row-sparse gradients, the communication thread, the residuals
-of exact resume, the collective side of checkpoints (:mod:`hvd_trainer.checkpoint`). This
+of exact resume, the collective side of checkpoints (:mod:`hvd_trainer.training.checkpoint`). This
 module keeps what is Gluon's: the parameter list, ``rescale_grad``, Horovod's and Gluon's
 arguments, the files of states and checkpoints; :mod:`.gradients` bridges the step's
 gradients (buckets as NDArrays, contexts, per-bucket updates).
@@ -15,21 +15,23 @@ from typing import Any, Dict, List, Optional, Type, Union
 import mxnet as mx
 import numpy as np
 
-from .. import checkpoint, files, runtime
+from ..training import checkpoint
+from ..runtime import files, runtime
 from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
-from ..reducer import Reducer, check_settings
-from ..runtime import ProcessSet, global_process_set
-from ..sparse import Exchange
-from ..steps import Steps
-from ..traffic import CommStats
-from . import bridge
-from . import sparse_weights
+from ..training.reducer import Reducer
+from ..training.buckets import check_settings
+from ..runtime.runtime import ProcessSet, global_process_set
+from ..collectives.sparse import Exchange
+from ..training.steps import Steps
+from ..collectives.traffic import CommStats
+from . import bridge, sparse_weights
 from .errors import raises_mxnet_errors
 from .halves import KERNELS
 from .gradients import ReducedGradients
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named, parameter_list
+from .trainer_arguments import read_positional
 
 def _compressor(compression: Union[Type[Compressor], GatherCompressor],
                 compression_params: Optional[Dict[str, Any]]
@@ -40,13 +42,6 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
     if compression is not Compression.none:
         raise ValueError("pass either compression= or compression_params=, not both")
     return compression_from_params(compression_params)
-
-
-def _is_compression(value: Any) -> bool:
-    """Whether ``value`` is a compression (``Compression.none``/``fp16``, a Compressor class
-    of one's own, or a ``GatherCompressor``) rather than a kvstore."""
-    return isinstance(value, GatherCompressor) or (isinstance(value, type)
-                                                  and issubclass(value, Compressor))
 
 
 class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
@@ -103,26 +98,13 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
-        if _is_compression(kvstore):  # horovod.mxnet's positional order
-            if compression is not Compression.none:
-                raise TypeError("DistributedTrainer got compression twice: as its 4th argument "
-                                "(horovod.mxnet's order) and as compression=")
-            compression, kvstore = kvstore, "device"
-            if isinstance(compression_params, (int, float)) and not isinstance(compression_params,
-                                                                               bool):
-                if gradient_predivide_factor != 1.0:
-                    raise TypeError("DistributedTrainer got gradient_predivide_factor twice: as "
-                                    "its 5th argument (horovod.mxnet's order) and as a keyword")
-                gradient_predivide_factor, compression_params = float(compression_params), None
-            if isinstance(update_on_kvstore, str):
-                if prefix is not None:
-                    raise TypeError("DistributedTrainer got prefix twice: as its 6th argument "
-                                    "(horovod.mxnet's order) and as prefix=")
-                prefix, update_on_kvstore = update_on_kvstore, None
-        elif not (kvstore is None or isinstance(kvstore, (str, mx.kvstore.KVStoreBase))):
-            raise TypeError(f"DistributedTrainer's 4th argument is {kvstore!r}: give gluon."
-                            "Trainer's kvstore (a str or KVStore) or horovod.mxnet's compression "
-                            "(Compression.none, Compression.fp16 or a GatherCompressor)")
+        given = read_positional(kvstore, compression_params, update_on_kvstore,
+                                compression=compression,
+                                gradient_predivide_factor=gradient_predivide_factor, prefix=prefix)
+        kvstore, compression_params, update_on_kvstore = (
+            given.kvstore, given.compression_params, given.update_on_kvstore)
+        compression, gradient_predivide_factor, prefix = (
+            given.compression, given.gradient_predivide_factor, given.prefix)
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
                              "allreduces gradients and updates on every rank; pass "

@@ -9,18 +9,18 @@ package is.
 """
 from typing import Any
 
-from ..installs import TENSORFLOW, require
+from ..runtime.installs import TENSORFLOW, require
 
 tf = require("tensorflow", TENSORFLOW, "hvd_trainer.tensorflow")  # first: says how to add it
 
-from ..agreement import MismatchError
-from ..ops import Average, Max, Min, Product, Sum
-from ..process_sets import add_process_set, init, remove_process_set
-from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                       gloo_built, gloo_enabled, global_process_set, is_homogeneous,
-                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
-from ..timeline import start_timeline, stop_timeline
+from ..coordination.messages import MismatchError  # noqa: E402
+from ..collectives.arguments import Average, Max, Min, Product, Sum
+from ..coordination.process_sets import add_process_set, init, remove_process_set
+from ..runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                               gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                               is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                               mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ..runtime.timeline import start_timeline, stop_timeline
 from . import elastic
 from .compression import Compression
 from .tape import DistributedGradientTape, PartialDistributedGradientTape

@@ -15,7 +15,7 @@ from typing import Callable, TypeVar
 
 import tensorflow as tf
 
-from ..agreement import also_raised_as
+from ..coordination.messages import also_raised_as
 
 _F = TypeVar("_F", bound=Callable)
 

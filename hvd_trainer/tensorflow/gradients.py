@@ -1,7 +1,7 @@
 """Reducing a step's gradients across ranks: the reduction that ``DistributedGradientTape``
 (tape.py) and the Keras ``DistributedOptimizer`` share.
 
-A step's gradients go to the core's :class:`~hvd_trainer.array_reducer.ArrayReducer` in one
+A step's gradients go to the core's :class:`~hvd_trainer.training.array_reducer.ArrayReducer` in one
 call: dense ones as arrays (copied into buckets), ``tf.IndexedSlices`` as row-sparse
 ``(ids, rows)`` (summed by the core's row allgather, or by a dense allreduce where that moves
 fewer bytes), missing ones (None) as zeros from this rank. The reduced gradients are
@@ -20,10 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from .. import compression as core_compression
-from ..array_reducer import ArrayReducer
-from ..ops import Average, Sum
-from ..reducer import check_settings
-from ..runtime import ProcessSet, global_process_set
+from ..training.array_reducer import ArrayReducer
+from ..collectives.arguments import Average, Sum
+from ..training.buckets import check_settings
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .compression import Compression, FP16Compressor
 from .errors import raises_tensorflow_errors

@@ -1,7 +1,7 @@
 """horovod.tensorflow's collectives on tf.Tensor and tf.Variable, over the core.
 
-Each collective runs on the core's communication thread (``hvd_trainer/scheduler.py``) in the
-order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
+Each collective runs on the core's communication thread (``hvd_trainer/coordination/work_order.py``)
+in the order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
 the call; inside a ``tf.function`` (or a TF1 graph) it is an op that runs when the graph does
 (see bridge.py). Results are new tensors on the host.
 
@@ -17,11 +17,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import tensorflow as tf
 
-from .. import scheduler, sparse
-from .. import joined as core_join
-from .. import ops as core
-from ..ops import Average, Sum
-from ..runtime import ProcessSet, global_process_set, rank
+from ..coordination import work_order
+from ..collectives import arguments, objects, sparse
+from ..collectives import joined as core_join
+from ..collectives import ops as core
+from ..collectives.arguments import Average, Sum
+from ..runtime.runtime import ProcessSet, global_process_set, rank
 from . import bridge
 from .compression import Compression
 from .bridge import plain_python
@@ -39,11 +40,11 @@ def run(work: Callable[[], T], name: Optional[str] = None,
     """Run ``work`` on the communication thread, in order with every other collective of
     this process, and return its result; its error is raised as TensorFlow's (errors.py).
     With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
-    scheduler.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
+    work_order.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
     its own threads in any order, so a rank may wait on one op while its next is not yet
     submitted, and the op waits for its match, as in Horovod."""
     try:
-        return scheduler.start(work, name, process_set, waited).result()
+        return work_order.start(work, name, process_set, waited).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:
@@ -69,7 +70,7 @@ def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Call
         return check()
     except (TypeError, ValueError) as error:
         if bridge.eager():
-            run(lambda: core.refuse(error, kind, name, process_set))
+            run(lambda: arguments.refuse(error, kind, name, process_set))
         raise
 
 
@@ -78,12 +79,12 @@ def _reduce_op(op: Any, average: Optional[bool]) -> Any:
     if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
         raise ValueError("op=Adasum is not supported by hvd_trainer.tensorflow; use "
                          "op=hvd.Average or op=hvd.Sum")
-    return core.requested_op(op, average, stacklevel=5)
+    return arguments.requested_op(op, average, stacklevel=5)
 
 
 def _differentiable(kind: str, op: Any) -> None:
     if op not in (Average, Sum):
-        raise RuntimeError(f"{kind} with op={core.ReduceOp(op).name.title()} has no gradient "
+        raise RuntimeError(f"{kind} with op={arguments.ReduceOp(op).name.title()} has no gradient "
                            "here; only Average and Sum are differentiable")
 
 
@@ -342,7 +343,7 @@ def _broadcast_group(values: List[tf.Tensor], root_rank: int, name: Optional[str
     name = bridge.graph_name("broadcast_variables", name)
 
     def work(*arrays):
-        names = core.tensor_names(name or "broadcast_variables", len(arrays))
+        names = arguments.tensor_names(name or "broadcast_variables", len(arrays))
         return [core.broadcast(a, root_rank, n, process_set) for a, n in zip(arrays, names)]
 
     return _collective(work, values, [v.dtype for v in values], [v.shape for v in values],
@@ -506,7 +507,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank (``root_rank`` is global).
     ``session`` is accepted for Horovod's sake: objects travel at the call, in Python."""
-    return run(lambda: core.broadcast_object(obj, root_rank, name, process_set))
+    return run(lambda: objects.broadcast_object(obj, root_rank, name, process_set))
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
@@ -518,11 +519,11 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
-    return run(lambda: core.allgather_object(obj, name, process_set))
+    return run(lambda: objects.allgather_object(obj, name, process_set))
 
 
 def join() -> tf.Tensor:
     """This rank has no more data: serve the other ranks' reductions with zeros until every
     rank has joined; returns the global rank that joined last (see
-    :mod:`hvd_trainer.joined`). Eager only."""
+    :mod:`hvd_trainer.collectives.joined`). Eager only."""
     return tf.constant(run(core_join.join), tf.int32)

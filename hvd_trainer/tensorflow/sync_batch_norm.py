@@ -16,7 +16,7 @@ from typing import Any, Optional, Tuple
 
 import tensorflow as tf
 
-from ..ops import Sum
+from ..collectives.arguments import Sum
 from . import keras2
 from .ops import allreduce
 

@@ -5,8 +5,8 @@ from typing import Any, Dict, List
 
 import tensorflow as tf
 
-from ..ops import Average
-from ..runtime import ProcessSet, global_process_set
+from ..collectives.arguments import Average
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
 from .compression import Compression
 from .gradients import Reduction

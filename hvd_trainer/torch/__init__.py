@@ -3,17 +3,17 @@
 Runtime functions, process sets and reduction ops come from the framework-free core; the
 collectives here take and return torch tensors. CPU tensors only.
 """
-from ..installs import PYTORCH, require
+from ..runtime.installs import PYTORCH, require
 
 require("torch", PYTORCH, "hvd_trainer.torch")  # first: a missing PyTorch says how to add it
-from ..agreement import MismatchError  # noqa: E402
-from ..timeline import start_timeline, stop_timeline
-from ..ops import Average, Max, Min, Product, Sum
-from ..process_sets import add_process_set, init, remove_process_set
-from ..runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                       gloo_built, gloo_enabled, global_process_set, is_homogeneous,
-                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ..coordination.messages import MismatchError
+from ..runtime.timeline import start_timeline, stop_timeline
+from ..collectives.arguments import Average, Max, Min, Product, Sum
+from ..coordination.process_sets import add_process_set, init, remove_process_set
+from ..runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                               gloo_built, gloo_enabled, global_process_set, is_homogeneous,
+                               is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                               mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from . import elastic
 from .compression import Compression
 from .errors import HorovodInternalError

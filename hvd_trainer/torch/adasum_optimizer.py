@@ -3,8 +3,8 @@ gradients, by adaptive summation, as Horovod's Adasum optimizer does.
 
 At ``step()`` each rank applies the wrapped optimizer to its own gradients, which moves its
 weights by an update (its delta); the ranks then combine their deltas by the core's Adasum
-(:mod:`hvd_trainer.adasum`, each parameter with its own coefficients, in one grouped call),
-and every rank sets its weights to where they were before the step plus the combined delta.
+(:mod:`hvd_trainer.collectives.adasum`, each parameter with its own coefficients, in one grouped
+call), and every rank sets its weights to where they were before the step plus the combined delta.
 So the weights stay equal on every rank while the optimizer's state (momentum, Adam's
 moments) follows each rank's own gradients, as in Horovod.
 
@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..adasum import AdasumSizeError
-from ..runtime import ProcessSet
+from ..collectives.adasum import AdasumSizeError
+from ..runtime.runtime import ProcessSet
 from . import ops
 from .compression import Compression
 

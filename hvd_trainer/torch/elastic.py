@@ -15,9 +15,9 @@ import torch
 import torch.utils.data
 
 from .. import elastic as core
-from .. import runtime
+from ..runtime import runtime
 from ..elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run
-from ..reducer import Reducer
+from ..training.reducer import Reducer
 from .optimizer import _Distributed
 
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",

@@ -9,7 +9,7 @@ deriving from both ``HorovodInternalError`` and the core's class, with the same 
 ``HorovodInternalError`` is the elastic core's class, so ``hvd.HorovodInternalError`` and
 ``hvd.elastic.HorovodInternalError`` are one class, as in Horovod.
 """
-from ..agreement import also_raised_as
+from ..coordination.messages import also_raised_as
 from ..elastic import HorovodInternalError
 
 

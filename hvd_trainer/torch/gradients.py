@@ -26,12 +26,12 @@ CUDA parameters need ``compression=Compression.none`` and at least one element e
 sparse gradients are reduced densely.
 
 **Sparse gradients** (``nn.Embedding(sparse=True)``) are summed by the core's row allgather
-(:func:`hvd_trainer.sparse.allreduce_rows`, dense fallback included) unless
+(:func:`hvd_trainer.collectives.sparse.allreduce_rows`, dense fallback included) unless
 ``sparse_as_dense``; which gradients are sparse shows only in backward, so the ranks agree on
-it after the first steps (see :mod:`hvd_trainer.steps`).
+it after the first steps (see :mod:`hvd_trainer.training.steps`).
 
 The step protocol around the reducer (readiness batching, early close, the kinds' agreement)
-is the core's (:mod:`hvd_trainer.steps`); this module turns tensors into what it takes.
+is the core's (:mod:`hvd_trainer.training.steps`); this module turns tensors into what it takes.
 """
 import contextlib
 import functools
@@ -41,10 +41,11 @@ import numpy as np
 import torch
 
 from .. import compression as core_compression
-from ..ops import Average
-from ..reducer import Bucket, Gradient, Reducer
-from ..runtime import ProcessSet
-from ..steps import DENSE, NONE, Steps, table_shape
+from ..collectives.arguments import Average
+from ..training.buckets import Bucket, Gradient
+from ..training.reducer import Reducer
+from ..runtime.runtime import ProcessSet
+from ..training.steps import DENSE, NONE, Steps, table_shape
 from . import backward_collectives, bridge
 from . import sparse as torch_sparse
 from .compression import KERNELS, Compression, FP16Compressor

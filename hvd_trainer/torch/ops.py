@@ -1,10 +1,11 @@
 """horovod.torch's collectives on torch.Tensor, synchronous and asynchronous, over the core.
 
-Every collective runs on the core's communication thread (see ``hvd_trainer/scheduler.py``) in
-the order of the calls, as Horovod's background thread runs them: an ``*_async`` function
-returns a handle at once, :func:`poll` says whether it has finished and :func:`synchronize`
-waits for it and returns its result (or raises its error). A synchronous function is its
-``*_async`` form followed by :func:`synchronize`, so both kinds may be mixed freely.
+Every collective runs on the core's communication thread (see
+``hvd_trainer/coordination/work_order.py``) in the order of the calls, as Horovod's background
+thread runs them: an ``*_async`` function returns a handle at once, :func:`poll` says whether it has
+finished and :func:`synchronize` waits for it and returns its result (or raises its error). A
+synchronous function is its ``*_async`` form followed by :func:`synchronize`, so both kinds may be
+mixed freely.
 
 CPU tensors are reduced through views of their memory (bridge.py): an in-place function
 writes into the tensor it is given, an out-of-place one returns a tensor that adopts the
@@ -27,22 +28,23 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 import torch
 
-from .. import adasum, scheduler, sparse
-from .. import joined as core_join
-from .. import ops as core
+from ..collectives import adasum, arguments, objects, sparse
+from ..collectives import joined as core_join
+from ..collectives import ops as core
+from ..coordination import work_order
 from ..backends.halves import is_half
-from ..handles import Handle
-from ..memory import KernelMemory
-from ..ops import Average, Sum
-from ..runtime import ProcessSet, global_process_set, rank
-from ..steps import table_shape
+from ..coordination.handles import Handle
+from ..collectives.memory import KernelMemory
+from ..collectives.arguments import Average, Sum
+from ..runtime.runtime import ProcessSet, global_process_set, rank
+from ..training.steps import table_shape
 from . import bridge
 from . import sparse as torch_sparse
 from .compression import KERNELS, Compression
 from .errors import as_horovod_error
 
 # Horovod's value of op=Adasum: allreduce and grouped_allreduce combine by adaptive summation
-# (see hvd_trainer/adasum.py).
+# (see hvd_trainer/collectives/adasum.py).
 Adasum = 2
 _SPARSE = "sparse_allreduce"  # the base name of an unnamed sparse allreduce's collectives
 T = TypeVar("T")
@@ -95,13 +97,13 @@ def _start(collective: Callable[..., Any], *args: Any,
     """
     ordered = None if on is None else bridge.ordered(on, gpu_core)
     if ordered is None:
-        return handle(scheduler.start(lambda: finish(collective(*args)), name, process_set))
+        return handle(work_order.start(lambda: finish(collective(*args)), name, process_set))
 
     def run() -> Any:
         with ordered():
             return finish(collective(*args))
 
-    return handle(scheduler.start(run, name, process_set))
+    return handle(work_order.start(run, name, process_set))
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
@@ -113,7 +115,7 @@ def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Call
     try:
         return check()
     except (TypeError, ValueError) as error:
-        synchronize(_start(core.refuse, error, kind, name, process_set, name=name,
+        synchronize(_start(arguments.refuse, error, kind, name, process_set, name=name,
                            process_set=process_set))
         raise AssertionError("unreachable: ops.refuse raises") from error
 
@@ -145,7 +147,7 @@ def _no_adasum(op: Any, kind: str) -> Any:
 
 def _not_differentiable(kind: str, op: Any) -> None:
     if op not in (Average, Sum):
-        what = "Adasum" if _is_adasum(op) else core.ReduceOp(op).name.title()
+        what = "Adasum" if _is_adasum(op) else arguments.ReduceOp(op).name.title()
         raise RuntimeError(f"{kind} with op={what} has no gradient here; only Average and Sum "
                            "are differentiable")
 
@@ -171,7 +173,7 @@ def _allreduce_async(tensor: torch.Tensor, inplace: bool, average: Optional[bool
                      name: Optional[str], op: Any, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> Handle:
     op, tensor = checked("allreduce", name, process_set, lambda: (
-        core.requested_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
+        arguments.requested_op(op, average), bridge.check_tensor(tensor, "tensor", inplace)))
     if _is_adasum(op):
         staged = bridge.host_view(tensor)
         return _start(adasum.grouped_allreduce, [staged], name, prescale_factor,
@@ -223,7 +225,8 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = checked("allreduce", name, process_set, lambda: core.requested_op(op, average))
+        ctx.op = checked("allreduce", name, process_set,
+                         lambda: arguments.requested_op(op, average))
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
@@ -257,7 +260,7 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], inplace: bool,
                              prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet) -> Handle:
     op, tensors = checked("grouped_allreduce", name, process_set, lambda: (
-        core.requested_op(op, average), _tensors(tensors, inplace)))
+        arguments.requested_op(op, average), _tensors(tensors, inplace)))
     first = tensors[0] if tensors else None
     if _is_adasum(op):
         staged = [bridge.host_view(t) for t in tensors]
@@ -308,7 +311,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
                 *tensors):
         ctx.op = checked("grouped_allreduce", name, process_set,
-                          lambda: core.requested_op(op, average))
+                          lambda: arguments.requested_op(op, average))
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(
@@ -353,7 +356,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
         if tensor.device.type not in ("cpu", "cuda"):
             raise TypeError(f"tensor is on {tensor.device}; hvd_trainer.torch takes CPU and "
                             "CUDA tensors (pass tensor.cpu())")
-        reduce_op = _no_adasum(core.requested_op(op, None), "sparse_allreduce_async")
+        reduce_op = _no_adasum(arguments.requested_op(op, None), "sparse_allreduce_async")
         if reduce_op not in (Average, Sum):
             raise ValueError(f"op={reduce_op!r}: sparse_allreduce_async takes Average or Sum")
         return reduce_op, tensor.detach().coalesce().cpu()
@@ -577,7 +580,8 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[
     """Start reducing ``tensor`` across the set; :func:`synchronize` returns this rank's rows
     of the result (dim 0 split as evenly as possible, lower ranks taking one more)."""
     op, tensor = checked("reducescatter", name, process_set, lambda: (
-        _no_adasum(core.requested_op(op, None), "reducescatter"), bridge.check_tensor(tensor, "tensor")))
+        _no_adasum(arguments.requested_op(op, None), "reducescatter"),
+        bridge.check_tensor(tensor, "tensor")))
     return _start(core.reducescatter, bridge.view(tensor), op, name, process_set,
                   prescale_factor, postscale_factor, on=tensor, name=name, process_set=process_set)
 
@@ -589,7 +593,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: Any = Avera
                                 postscale_factor: float = 1.0) -> Handle:
     """:func:`reducescatter_async` of each tensor of a list, agreed on in one exchange."""
     op, tensors = checked("grouped_reducescatter", name, process_set, lambda: (
-        _no_adasum(core.requested_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
+        _no_adasum(arguments.requested_op(op, None), "grouped_reducescatter"), _tensors(tensors)))
     return _start(core.grouped_reducescatter, [bridge.view(t) for t in tensors], op, name,
                   process_set, prescale_factor, postscale_factor,
                   finish=lambda out: [bridge.adopt(a) for a in out],
@@ -616,7 +620,8 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = checked("reducescatter", name, process_set, lambda: core.requested_op(op, None))
+        ctx.op = checked("reducescatter", name, process_set,
+                         lambda: arguments.requested_op(op, None))
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
         return synchronize(reducescatter_async(tensor, ctx.op, name, process_set,
@@ -645,7 +650,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.op = checked("grouped_reducescatter", name, process_set,
-                          lambda: core.requested_op(op, None))
+                          lambda: arguments.requested_op(op, None))
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
         return tuple(synchronize(grouped_reducescatter_async(
@@ -679,21 +684,21 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank (``root_rank`` is global)."""
-    return synchronize(_start(core.broadcast_object, obj, root_rank, name, process_set,
+    return synchronize(_start(objects.broadcast_object, obj, root_rank, name, process_set,
                               finish=lambda result: result, name=name, process_set=process_set))
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
-    return synchronize(_start(core.allgather_object, obj, name, process_set,
+    return synchronize(_start(objects.allgather_object, obj, name, process_set,
                               finish=lambda result: result, name=name, process_set=process_set))
 
 
 def join(device: int = -1) -> int:
     """This rank has no more data: serve the other ranks' reductions with zeros until every
     rank has called join; return the global rank that joined last (of several joining
-    together, the highest). See :mod:`hvd_trainer.joined` for what a joined rank serves.
+    together, the highest). See :mod:`hvd_trainer.collectives.joined` for what a joined rank serves.
 
     Meanwhile the other ranks' ``allreduce``, ``grouped_allreduce`` (their async forms and
     Adasum included), ``barrier`` and ``DistributedOptimizer`` steps run with zeros for this
@@ -702,7 +707,7 @@ def join(device: int = -1) -> int:
     a rank is joined (Horovod refuses allgather, broadcast, alltoall and reducescatter), and
     so do calls that differ between the other ranks once each waits for its own (after a
     failure caught on some ranks only, say): this rank stays in join() until every rank has
-    called it, never leaving the others waiting (see :func:`hvd_trainer.joined.join`).
+    called it, never leaving the others waiting (see :func:`hvd_trainer.collectives.joined.join`).
     ``device`` says where Horovod makes its zeros; it is accepted and not used: a joined
     rank serves host tensors only (a collective on CUDA tensors raises while a rank is
     joined), and its zeros are host arrays.

@@ -12,11 +12,12 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from ..ops import Average, Sum
-from ..reducer import Reducer, check_settings
-from ..runtime import ProcessSet, global_process_set
-from ..sparse import Exchange
-from ..steps import Steps
+from ..collectives.arguments import Average, Sum
+from ..training.reducer import Reducer
+from ..training.buckets import check_settings
+from ..runtime.runtime import ProcessSet, global_process_set
+from ..collectives.sparse import Exchange
+from ..training.steps import Steps
 from .adasum_optimizer import AdasumDistributed, check_adasum
 from .compression import Compression
 from .gradients import ReducedGradients
@@ -49,7 +50,7 @@ class _Distributed(ReducedGradients):
     @property
     def sparse_exchanges(self) -> Dict[str, Exchange]:
         """How each sparse gradient travelled in the last step, by parameter name:
-        ``Exchange(dense, gathered_rows, bytes)`` (see :mod:`hvd_trainer.sparse`)."""
+        ``Exchange(dense, gathered_rows, bytes)`` (see :mod:`hvd_trainer.collectives.sparse`)."""
         if self._reducer is None:
             return {}
         return {self._names[k]: e for k, e in self._reducer.sparse_exchanges.items()}

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from ..runtime import ProcessSet, global_process_set, rank
+from ..runtime.runtime import ProcessSet, global_process_set, rank
 from . import ops
 
 

@@ -2,8 +2,8 @@
 
 A COO tensor of shape ``sparse_shape + dense_shape`` is a table of
 ``prod(sparse_shape)`` rows of ``dense_shape``: each index tuple becomes one row id (its
-row-major position), each entry's values one row. :mod:`hvd_trainer.sparse` sums such pairs
-across ranks.
+row-major position), each entry's values one row. :mod:`hvd_trainer.collectives.sparse` sums such
+pairs across ranks.
 """
 from typing import Sequence, Tuple
 

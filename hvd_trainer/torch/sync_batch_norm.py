@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..ops import Sum
-from ..runtime import ProcessSet, global_process_set
+from ..collectives.arguments import Sum
+from ..runtime.runtime import ProcessSet, global_process_set
 from . import backward_collectives, ops
 
 _NAME = "sync_batch_norm"

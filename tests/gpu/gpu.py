@@ -1,7 +1,7 @@
 """What every GPU test module starts with: skip on machines without CuPy and a CUDA GPU."""
 import pytest
 
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 
 REASON = ("needs CuPy and a CUDA GPU (pip install '.[gpu]'); benchmarks/gpu_check.sh runs "
           "these tests on a GPU machine")

@@ -9,7 +9,7 @@ from gpu import require_gpu
 require_gpu()
 import cupy  # noqa: E402
 
-from hvd_trainer.dlpack import CUDA, Capsule  # noqa: E402
+from hvd_trainer.collectives.dlpack import CUDA, Capsule  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="PyTorch provides the CUDA DLPack capsule here")
 

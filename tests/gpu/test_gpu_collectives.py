@@ -9,7 +9,9 @@ require_gpu()
 import cupy  # noqa: E402
 
 import hvd_trainer as hvd  # noqa: E402
-from hvd_trainer import compression, cuda, feedback, runtime  # noqa: E402
+from hvd_trainer import compression, cuda
+from hvd_trainer.collectives import feedback
+from hvd_trainer.runtime import runtime  # noqa: E402
 from hvd_trainer.backends import nccl  # noqa: E402
 
 rng = np.random.default_rng(3)

@@ -39,7 +39,7 @@ def test_uncaught_mismatch_ends_the_job_and_every_rank_says_why(case, np_, messa
     assert time.monotonic() - start < 30
     ended(proc, 1)
     for rank in range(np_):
-        assert f"[{rank}]<stderr>:hvd_trainer.agreement.{message}" in proc.stderr
+        assert f"[{rank}]<stderr>:hvd_trainer.coordination.messages.{message}" in proc.stderr
     assert "exited with code 1 (first failure)" in proc.stderr
 
 

@@ -4,8 +4,9 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_trainer.agreement import describe_mismatch, pack_flags, refusal_while_joined, unpack_flags
-from hvd_trainer.stall import StallInspector, drain_posts
+from hvd_trainer.coordination.messages import describe_mismatch, refusal_while_joined
+from hvd_trainer.coordination.records import pack_flags, unpack_flags
+from hvd_trainer.coordination.stall import StallInspector, drain_posts
 
 
 def test_names_first_differing_top_level_field():

@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_trainer import agreement, ops
+from hvd_trainer.coordination import records
+from hvd_trainer.collectives import arguments
 from hvd_trainer.backends import mpi
 from hvd_trainer.backends.local import LocalCommunicator
-from hvd_trainer.memory import HOST
+from hvd_trainer.collectives.memory import HOST
 
 
 class Ranks(LocalCommunicator):
@@ -27,23 +28,23 @@ class Ranks(LocalCommunicator):
 def test_the_room_is_4_kib_up_to_4_ranks_then_16_kib_shared_and_none_below_64_bytes(size,
                                                                                       room):
     # 16384 // 5 = 3276, rounded down to whole words; 16384 // 257 = 63 is under 64.
-    assert agreement.room(Ranks(size)) == room
+    assert records.room(Ranks(size)) == room
 
 
 def test_a_single_rank_has_no_room():
-    assert agreement.room(LocalCommunicator()) == 0
+    assert records.room(LocalCommunicator()) == 0
 
 
 def gathered(rows):
     """The records of ``rows`` (digest, state, payload length, payload bytes) as read."""
-    records = agreement._Records(Ranks(len(rows)))
+    buffers = records.Records(Ranks(len(rows)))
     for r, (digest, state, length, payload) in enumerate(rows):
-        records.recv[r, :3] = digest, state, length
-        records.carried[r, :len(payload)] = np.frombuffer(payload, np.uint8)
-    return agreement._Gathered(records)
+        buffers.recv[r, :3] = digest, state, length
+        buffers.carried[r, :len(payload)] = np.frombuffer(payload, np.uint8)
+    return records.Gathered(buffers)
 
 
-ACTIVE, JOINED = agreement._ACTIVE, agreement._JOINED
+ACTIVE, JOINED = records.ACTIVE, records.JOINED
 
 
 def test_records_agree_when_every_active_digest_is_the_same():
@@ -68,23 +69,23 @@ def test_carried_payloads_are_each_ranks_bytes_and_none_where_a_rank_sent_none()
     assert gathered([(1, ACTIVE, 2, b"xy"), (1, ACTIVE, 1, b"z")]).carried().every()
 
 
-DIGEST = ("import sys; from hvd_trainer import agreement; "
-          "print(agreement._signed_digest('allreduce', sys.argv[1], (3, 0.5, (True, (('<f4', "
+DIGEST = ("import sys; from hvd_trainer.coordination import records; "
+          "print(records.signed_digest('allreduce', sys.argv[1], (3, 0.5, (True, (('<f4', "
           "(2, 3)),)))))")
 
 
 def test_a_signed_digest_is_the_same_in_every_process_and_differs_with_name_or_signature():
-    mine = agreement._signed_digest("allreduce", "w", (3, 0.5, (True, (("<f4", (2, 3)),))))
+    mine = records.signed_digest("allreduce", "w", (3, 0.5, (True, (("<f4", (2, 3)),))))
     # Another process, whose str hashes differ (the digest must not depend on them).
     env = dict(os.environ, PYTHONHASHSEED="12345")
     theirs = subprocess.run([sys.executable, "-c", DIGEST, "w"], capture_output=True,
                             text=True, env=env, check=True).stdout.strip()
     assert int(theirs) == mine
-    assert agreement._signed_digest("allreduce", "v", (3, 0.5, (True, (("<f4", (2, 3)),)))) \
+    assert records.signed_digest("allreduce", "v", (3, 0.5, (True, (("<f4", (2, 3)),)))) \
         != mine
-    assert agreement._signed_digest("allreduce", "w", (3, 0.5, (True, (("<f8", (2, 3)),)))) \
+    assert records.signed_digest("allreduce", "w", (3, 0.5, (True, (("<f8", (2, 3)),)))) \
         != mine
-    assert agreement._signed_digest("broadcast", "w", (3, 0.5, (True, (("<f4", (2, 3)),)))) \
+    assert records.signed_digest("broadcast", "w", (3, 0.5, (True, (("<f4", (2, 3)),)))) \
         != mine
 
 
@@ -93,13 +94,13 @@ def variants():
     shapes, dtypes = [(2,), (3,), (2, 1), (1, 2), ()], [np.float32, np.float64, np.int32]
     for shape in shapes:
         for dtype in dtypes:
-            yield [np.zeros(shape, dtype)], ops.Sum, 1.0, 1.0
-    yield [np.zeros(2, np.float32), np.zeros(3, np.float32)], ops.Sum, 1.0, 1.0
-    yield [np.zeros(3, np.float32), np.zeros(2, np.float32)], ops.Sum, 1.0, 1.0
-    for op in (ops.Average, ops.Max):
+            yield [np.zeros(shape, dtype)], arguments.Sum, 1.0, 1.0
+    yield [np.zeros(2, np.float32), np.zeros(3, np.float32)], arguments.Sum, 1.0, 1.0
+    yield [np.zeros(3, np.float32), np.zeros(2, np.float32)], arguments.Sum, 1.0, 1.0
+    for op in (arguments.Average, arguments.Max):
         yield [np.zeros(2, np.float32)], op, 1.0, 1.0
-    yield [np.zeros(2, np.float32)], ops.Sum, 0.5, 1.0
-    yield [np.zeros(2, np.float32)], ops.Sum, 1.0, 0.5
+    yield [np.zeros(2, np.float32)], arguments.Sum, 0.5, 1.0
+    yield [np.zeros(2, np.float32)], arguments.Sum, 1.0, 0.5
 
 
 def test_equal_reduction_signatures_are_equal_descriptions_but_for_the_names():
@@ -108,9 +109,9 @@ def test_equal_reduction_signatures_are_equal_descriptions_but_for_the_names():
     calls = list(variants())
     for a in calls:
         for b in calls:
-            described = [ops.describe_reduction("x", tensors, op, pre, post)
+            described = [arguments.describe_reduction("x", tensors, op, pre, post)
                          for tensors, op, pre, post in (a, b)]
-            signed = [ops.reduction_signature(HOST, tensors, op, pre, post)
+            signed = [arguments.reduction_signature(HOST, tensors, op, pre, post)
                       for tensors, op, pre, post in (a, b)]
             assert (signed[0] == signed[1]) == (described[0] == described[1]), (a, b)
 
@@ -121,10 +122,10 @@ def test_equal_tensor_signatures_are_equal_tensor_descriptions_with_or_without_d
     for dim0 in (True, False):
         for a in tensors:
             for b in tensors:
-                same_signature = (ops.tensor_signature(HOST, [a], dim0)
-                                  == ops.tensor_signature(HOST, [b], dim0))
-                same_description = (ops.describe_tensor(a, "x", dim0)
-                                    == ops.describe_tensor(b, "x", dim0))
+                same_signature = (arguments.tensor_signature(HOST, [a], dim0)
+                                  == arguments.tensor_signature(HOST, [b], dim0))
+                same_description = (arguments.describe_tensor(a, "x", dim0)
+                                    == arguments.describe_tensor(b, "x", dim0))
                 assert same_signature == same_description, (a.shape, b.shape, dim0)
 
 
@@ -157,12 +158,12 @@ def test_the_mpi_repeated_allgather_gathers_again_on_the_same_buffers(monkeypatc
 def test_inline_flags_are_or_ed_over_every_ranks_record():
     rng = np.random.default_rng(5)
     every = [rng.random(70) < 0.2 for _ in range(3)]  # two inline words each
-    records = agreement._Records(Ranks(3))
+    buffers = records.Records(Ranks(3))
     for r, flags in enumerate(every):
-        words = agreement.pack_flags(flags)
-        records.recv[r, :3] = 7, ACTIVE, -1
-        records.recv[r, agreement._FLAGS_AT:agreement._FLAGS_AT + words.size] = words
-    records.words = agreement.pack_flags(every[0])  # this rank's, as its exchange left them
-    got = agreement._Gathered(records).flags(None, 70)
+        words = records.pack_flags(flags)
+        buffers.recv[r, :3] = 7, ACTIVE, -1
+        buffers.recv[r, records.FLAGS_AT:records.FLAGS_AT + words.size] = words
+    buffers.words = records.pack_flags(every[0])  # this rank's, as its exchange left them
+    got = records.Gathered(buffers).flags(None, 70)
     assert got.tolist() == np.logical_or.reduce(every).tolist()
-    assert agreement._Gathered(records).flags(None, 0).size == 0
+    assert records.Gathered(buffers).flags(None, 0).size == 0

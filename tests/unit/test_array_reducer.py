@@ -4,8 +4,8 @@ missing gradients and the postscale. Across ranks (sums, the predivide factor, c
 it runs under the TensorFlow adapter (tests/parallel/test_tf.py)."""
 import numpy as np
 
-from hvd_trainer import runtime
-from hvd_trainer.array_reducer import DENSE, NONE, SPARSE, ArrayReducer
+from hvd_trainer.runtime import runtime
+from hvd_trainer.training.array_reducer import DENSE, NONE, SPARSE, ArrayReducer
 
 
 def make(**settings):

@@ -7,10 +7,11 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_trainer import reducer as reducer_module
-from hvd_trainer import runtime
-from hvd_trainer.autotune import Autotuner, Setting, candidates
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training import reducer as reducer_module
+from hvd_trainer.runtime import runtime
+from hvd_trainer.training.autotune import Autotuner, Setting, candidates
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 
 MiB = 1 << 20
 START = Setting(16 * MiB, False)

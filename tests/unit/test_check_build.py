@@ -10,7 +10,7 @@ from importlib import metadata
 
 import pytest
 
-from hvd_trainer import installs
+from hvd_trainer.runtime import installs
 from hvd_trainer_launch import mpi
 
 

@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from hvd_trainer.dlpack import CPU, Capsule
+from hvd_trainer.collectives.dlpack import CPU, Capsule
 from hvd_trainer.mxnet.bridge import _data_pointer
 
 

@@ -131,7 +131,7 @@ def test_the_variables_found_in_the_code_include_every_kind_of_read():
 
 
 def test_the_settings_table_takes_its_defaults_from_the_code():
-    from hvd_trainer import config
+    from hvd_trainer.runtime import config
     rows = {row.split(" | ")[0].strip("| `"): row
             for row in _load_generator().settings_table().splitlines()[2:]}
     assert f"| {config.DEFAULT_BUCKET_THRESHOLD} ({config.DEFAULT_BUCKET_THRESHOLD >> 20} MiB) |" \

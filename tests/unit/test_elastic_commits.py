@@ -9,7 +9,9 @@ import tempfile
 import numpy as np
 import pytest
 
-from hvd_trainer import elastic, files
+from hvd_trainer import elastic
+from hvd_trainer.elastic import store
+from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 
 SECRET = "0123456789abcdef"
@@ -37,7 +39,7 @@ def commits(folder):
 def commit(state, step):
     state.step = step
     state.commit()
-    elastic._writer.wait()
+    store.writer.wait()
 
 
 def recovered_step():

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 from hvd_trainer_launch import elastic, hvdrun, job, mpi, protocol
 
 SECRET = b"0123456789abcdef0123456789abcdef"

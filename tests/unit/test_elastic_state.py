@@ -9,7 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from hvd_trainer import elastic, files
+from hvd_trainer import elastic
+from hvd_trainer.elastic import store
+from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.elastic import Generation
 
@@ -99,7 +101,7 @@ def test_commit_survives_the_process_and_restore_goes_back(job):
     sampler.record([3])
     state.commit()
     state.epoch = 3
-    elastic._writer.wait()  # commits reach the folder in the background
+    store.writer.wait()  # commits reach the folder in the background
     assert len(list(job.glob("rank0.*.commit"))) == 2  # the newest and the one before
     state.restore()
     assert state.epoch == 2
@@ -195,7 +197,7 @@ def test_commits_are_signed_owner_only_files_in_an_owner_only_folder(job):
     state = elastic.ObjectState(step=1)
     state.recover()
     state.commit()
-    elastic._writer.wait()
+    store.writer.wait()
     (commit,) = job.glob("rank0.*.commit")
     assert stat.S_IMODE(job.stat().st_mode) == 0o700
     assert stat.S_IMODE(commit.stat().st_mode) == 0o600
@@ -220,7 +222,7 @@ def test_a_bad_newest_commit_falls_back_to_the_one_before_naming_the_file(job, d
     state.recover()
     for state.step in (1, 2):
         state.commit()
-    elastic._writer.wait()
+    store.writer.wait()
     marker = job.parent / "code ran"
     newest = job / "rank0.000000000002.commit"
     if damage == "unsigned pickle":

@@ -1,7 +1,7 @@
 """Bucket planning and packing, against hand-worked plans and NumPy."""
 import numpy as np
 
-from hvd_trainer import fusion
+from hvd_trainer.collectives import fusion
 
 
 def test_plan_fills_buckets_in_order_up_to_threshold():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hvd_trainer as hvd
-from hvd_trainer import handles
+from hvd_trainer.coordination import handles
 
 
 def test_submitted_work_runs_in_order_on_one_other_thread_while_none_waits_for_a_match():

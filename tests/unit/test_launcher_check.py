@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hvd_trainer import launcher_check
+from hvd_trainer.runtime import launcher_check
 
 INIT = "import hvd_trainer; hvd_trainer.init(); print('size', hvd_trainer.size())"
 

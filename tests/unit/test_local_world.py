@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hvd_trainer as hvd
-from hvd_trainer import config
+from hvd_trainer.runtime import config
 from hvd_trainer.backends import split_evenly
 from hvd_trainer.backends.mpi import _pieces
 

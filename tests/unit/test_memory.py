@@ -3,7 +3,8 @@ Memory whose hooks record what the collectives ask of them, in a size-1 world.""
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import fusion, memory, ops, runtime
+from hvd_trainer.collectives import fusion, memory, ops
+from hvd_trainer.runtime import runtime
 
 
 class Recording(memory.Memory):

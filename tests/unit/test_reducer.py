@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import hvd_trainer
-from hvd_trainer import ops, runtime
+from hvd_trainer.collectives import objects
+from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import TwoBit
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 
 
 def make(**settings):
@@ -202,8 +204,8 @@ def test_state_round_trip_and_other_settings_start_from_zero():
 
 
 def test_gather_and_scatter_object_in_a_size_one_world():
-    assert ops.gather_object({"a": 1}, 0) == [{"a": 1}]
-    assert ops.scatter_object([("x", 2)], 0) == ("x", 2)
+    assert objects.gather_object({"a": 1}, 0) == [{"a": 1}]
+    assert objects.scatter_object([("x", 2)], 0) == ("x", 2)
     with pytest.raises(ValueError, match="one object per rank"):
-        ops.scatter_object([1, 2], 0)
+        objects.scatter_object([1, 2], 0)
     assert hvd_trainer.rank() == 0

@@ -1,5 +1,6 @@
-"""hvd_trainer.files: whole-file writes, private folders, signatures and outputs that never
-end the job, against what the file system then holds (modes, owners, symlink targets)."""
+"""hvd_trainer.runtime.files (whole-file writes, private folders, signatures) and
+hvd_trainer_launch.outputs (outputs that never end the job), against what the file system then
+holds (modes, owners, symlink targets)."""
 import os
 import stat
 import subprocess
@@ -9,8 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from hvd_trainer import files
-from hvd_trainer_launch import protocol
+from hvd_trainer.runtime import files
+from hvd_trainer_launch import outputs, protocol
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root "
@@ -108,7 +109,7 @@ def test_a_new_output_replaces_a_planted_symlink_with_a_0600_file(tmp_path):
     victim.write_bytes(b"precious")
     path = tmp_path / "timeline.json"
     path.symlink_to(victim)
-    output = files.Output(str(path), what="timeline")
+    output = outputs.Output(str(path), what="timeline")
     output.write("[\n")
     output.write(b"{}\n")
     output.close()
@@ -122,8 +123,8 @@ def test_an_appended_output_refuses_a_symlink_and_warns_once(tmp_path):
     victim.write_bytes(b"precious")
     (tmp_path / "log.csv").symlink_to(victim)
     said = []
-    output = files.Output(str(tmp_path / "log.csv"), append=True, what="autotune log",
-                          warn=said.append)
+    output = outputs.Output(str(tmp_path / "log.csv"), append=True, what="autotune log",
+                            warn=said.append)
     output.write("row\n")
     output.flush()
     assert not output.active
@@ -134,11 +135,11 @@ def test_an_appended_output_refuses_a_symlink_and_warns_once(tmp_path):
 
 def test_an_appended_output_keeps_what_the_file_held(tmp_path):
     path = tmp_path / "log.csv"
-    first = files.Output(str(path), append=True)
+    first = outputs.Output(str(path), append=True)
     assert first.was_empty
     first.write("a\n")
     first.close()
-    second = files.Output(str(path), append=True)
+    second = outputs.Output(str(path), append=True)
     assert not second.was_empty
     second.write("b\n")
     second.close()
@@ -147,7 +148,7 @@ def test_an_appended_output_keeps_what_the_file_held(tmp_path):
 
 def test_a_missing_folder_warns_once_at_open_and_writes_do_nothing(tmp_path):
     said = []
-    output = files.Output(str(tmp_path / "missing" / "out"), what="output", warn=said.append)
+    output = outputs.Output(str(tmp_path / "missing" / "out"), what="output", warn=said.append)
     for _ in range(3):
         output.write(b"line\n")
         output.flush()
@@ -162,10 +163,10 @@ def test_a_write_error_after_opening_warns_once_and_stops_that_output(tmp_path):
     # (ENOSPC); in a child process, so that the limit binds nothing else.
     program = textwrap.dedent(f"""
         import resource, signal
-        from hvd_trainer import files
+        from hvd_trainer_launch import outputs
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         said = []
-        output = files.Output({str(tmp_path / "out")!r}, warn=said.append)
+        output = outputs.Output({str(tmp_path / "out")!r}, warn=said.append)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
         for _ in range(100):
             output.write(b"x" * 99 + b"\\n")

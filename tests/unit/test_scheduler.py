@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import hvd_trainer as hvd
-from hvd_trainer import scheduler
+from hvd_trainer.coordination import jobs, matching, scheduler, work_order
 
 
 def summary(key, shape=(2,), sync=True, automatic=False, name=None):
-    return scheduler.Summary(key, {"kind": "allreduce", "name": name or key, "shape": shape},
+    return matching.Summary(key, {"kind": "allreduce", "name": name or key, "shape": shape},
                              sync, automatic)
 
 
@@ -22,73 +22,73 @@ def failure(every):
 
 def test_match_runs_common_keys_in_the_lowest_ranks_order_and_leaves_the_rest():
     lists = [[summary("a"), summary("b"), summary("c")], [summary("c"), summary("a")]]
-    verdicts = scheduler.match(lists, failure)
+    verdicts = matching.match(lists, failure)
     assert [(v, k) for v, k, _ in verdicts] == [("run", "a"), ("run", "c")]
 
 
 def test_match_raises_a_key_whose_descriptions_differ_and_skips_joined_ranks():
     lists = [[summary("a", (2,))], None, [summary("a", (3,))]]
-    [(verdict, key, error)] = scheduler.match(lists, failure)
+    [(verdict, key, error)] = matching.match(lists, failure)
     assert (verdict, key) == ("raise", "a") and error.args[0] == [(2,), None, (3,)]
 
 
 def test_match_single_decides_at_most_one():
     lists = [[summary("a"), summary("b")], [summary("b"), summary("a")]]
-    assert [k for _, k, _ in scheduler.match(lists, failure, single=True)] == ["a"]
+    assert [k for _, k, _ in matching.match(lists, failure, single=True)] == ["a"]
 
 
 def test_deadlock_runs_drifted_automatic_names_and_raises_differing_names():
     drifted = [[summary("noname.3", automatic=True, name="allreduce.noname.3")],
                [summary("noname.5", automatic=True, name="allreduce.noname.5")]]
-    assert scheduler.deadlock(drifted, 1, failure)[0][:2] == ("run", "noname.5")
+    assert matching.deadlock(drifted, 1, failure)[0][:2] == ("run", "noname.5")
     named = [[summary("x")], [summary("y")]]
-    assert scheduler.deadlock(named, 0, failure)[0][:2] == ("raise", "x")
+    assert matching.deadlock(named, 0, failure)[0][:2] == ("raise", "x")
 
 
 def barrier(key):
-    return scheduler.Summary(key, {"kind": "barrier", "name": f"barrier.{key}"}, True, True)
+    return matching.Summary(key, {"kind": "barrier", "name": f"barrier.{key}"}, True, True)
 
 
 def test_deadlock_keeps_a_barrier_waiting_and_raises_the_calls_of_the_others():
     lists = [[barrier("noname.7")], [summary("x")], None, [barrier("noname.7")]]  # 2 joined
-    assert scheduler.deadlock(lists, 0, failure) == [("wait", "noname.7", None)]
-    assert scheduler.deadlock(lists, 3, failure) == [("wait", "noname.7", None)]
-    [(verdict, key, error)] = scheduler.deadlock(lists, 1, failure)
+    assert matching.deadlock(lists, 0, failure) == [("wait", "noname.7", None)]
+    assert matching.deadlock(lists, 3, failure) == [("wait", "noname.7", None)]
+    [(verdict, key, error)] = matching.deadlock(lists, 1, failure)
     assert (verdict, key) == ("raise", "x")
     assert "ranks 0, 3 wait in a barrier for this rank" in str(error)
 
 
 def test_match_keeps_a_barrier_waiting_when_another_call_has_its_key():
-    other = scheduler.Summary("noname.2", {"kind": "allgather", "name": "allgather.noname.2"},
+    other = matching.Summary("noname.2", {"kind": "allgather", "name": "allgather.noname.2"},
                               True, True)
     lists = [[barrier("noname.2")], [other]]
-    assert scheduler.match(lists, failure, me=0) == [("wait", "noname.2", None)]
-    [(verdict, key, error)] = scheduler.match(lists, failure, me=1)
+    assert matching.match(lists, failure, me=0) == [("wait", "noname.2", None)]
+    [(verdict, key, error)] = matching.match(lists, failure, me=1)
     assert (verdict, key) == ("raise", "noname.2") and "rank 0 waits in a barrier" in str(error)
     both = [[barrier("noname.2")], [barrier("noname.2")]]
-    assert [v for v, _, _ in scheduler.match(both, failure, me=0)] == ["run"]
+    assert [v for v, _, _ in matching.match(both, failure, me=0)] == ["run"]
 
 
 def test_deadlock_looks_at_each_ranks_oldest_waited_call_only():
     unwaited = summary("early", sync=False)
     lists = [[unwaited, summary("noname.1", automatic=True, name="allreduce.noname.1")],
              [summary("noname.4", automatic=True, name="allreduce.noname.4")]]
-    assert scheduler.deadlock(lists, 0, failure)[0][:2] == ("run", "noname.1")
-    assert scheduler.deadlock_runs(lists) and not scheduler.deadlock_runs([[unwaited]])
+    assert matching.deadlock(lists, 0, failure)[0][:2] == ("run", "noname.1")
+    assert matching.deadlock_runs(lists) and not matching.deadlock_runs([[unwaited]])
 
 
 def test_an_entry_of_a_job_counts_as_waited_while_a_thread_waits_for_its_handle():
-    job = scheduler.Job()
-    scheduler.set_job(job, None)
+    job = jobs.Job()
+    jobs.set_job(job, None)
     try:
-        entry = scheduler.Entry("k", {"name": "k"}, None, 0)
+        entry = jobs.Entry("k", {"name": "k"}, None, 0)
     finally:
-        scheduler.set_job(None, None)
+        jobs.set_job(None, None)
     assert not entry.waited() and not entry.summary().waited
-    with scheduler.await_job(job):
+    with jobs.await_job(job):
         assert entry.waited() and entry.summary().waited
     assert not entry.waited()
-    assert scheduler.Entry("s", {"name": "s"}, None, 0).waited()  # a synchronous call's
+    assert jobs.Entry("s", {"name": "s"}, None, 0).waited()  # a synchronous call's
 
 
 def test_a_pending_name_is_unique_and_freed_afterwards():
@@ -122,25 +122,25 @@ def test_a_started_thread_counts_its_own_automatic_names_under_its_name():
 def test_deadlock_raises_automatic_names_of_threads_named_apart():
     apart = [[summary("noname[rank0].0", automatic=True, name="allreduce.noname[rank0].0")],
              [summary("noname[rank1].0", automatic=True, name="allreduce.noname[rank1].0")]]
-    (verdict, key, error), = scheduler.deadlock(apart, 1, failure)
+    (verdict, key, error), = matching.deadlock(apart, 1, failure)
     assert (verdict, key) == ("raise", "noname[rank1].0")
     assert "counted per thread" in str(error) and "name=" in str(error)
     drifted = [[summary("noname[w].3", automatic=True, name="allreduce.noname[w].3")],
                [summary("noname[w].0", automatic=True, name="allreduce.noname[w].0")]]
-    assert scheduler.deadlock(drifted, 0, failure)[0][:2] == ("run", "noname[w].3")
+    assert matching.deadlock(drifted, 0, failure)[0][:2] == ("run", "noname[w].3")
 
 
 def test_a_job_takes_its_automatic_name_at_submission_and_derives_the_rest():
     sched = scheduler.Schedule(scheduler._Use())
-    job = scheduler.Job()
+    job = jobs.Job()
     sched.reserve_for(job, None)  # submitted first: noname.0
     assert sched.name("barrier", None, object())[1] == "noname.1"  # a later synchronous call
-    scheduler.set_job(job, None)
+    jobs.set_job(job, None)
     try:
         assert sched.name("allreduce", None, object())[1] == "noname.0"
         assert sched.name("allgather", None, object())[1] == "noname.0.0"
     finally:
-        scheduler.set_job(None, None)
+        jobs.set_job(None, None)
 
 
 def _ran_as_job(sched, job, calls):
@@ -148,14 +148,14 @@ def _ran_as_job(sched, job, calls):
     communication thread does: the first name is reserved at submission and claimed, each
     call's name is forgotten after it ran."""
     sched.reserve_for(job, calls[0][0])
-    scheduler.set_job(job, None)
+    jobs.set_job(job, None)
     try:
         for given, ran in calls:
             owner = object()
             key = sched.name("allreduce", given, owner)[1]
             sched.forget(key, owner, ran=ran)
     finally:
-        scheduler.set_job(None, None)
+        jobs.set_job(None, None)
     job.release()
 
 
@@ -163,10 +163,10 @@ def test_a_named_async_call_that_ran_holds_its_name_until_waited_on():
     """Horovod's duplicate-name check: reusing a name back to back raises even when the
     first call already finished (the peers were waiting for it)."""
     sched = scheduler.Schedule(scheduler._Use())
-    job = scheduler.Job(hold=True)
+    job = jobs.Job(hold=True)
     _ran_as_job(sched, job, [("dup", True)])
     with pytest.raises(scheduler.DuplicateNameError, match="'dup'.*not waited on"):
-        sched.reserve_for(scheduler.Job(hold=True), "dup")
+        sched.reserve_for(jobs.Job(hold=True), "dup")
     with pytest.raises(scheduler.DuplicateNameError, match="'dup'"):
         sched.name("allreduce", "dup", object())  # a synchronous call too
     job.unhold()  # its handle was waited on
@@ -178,14 +178,14 @@ def test_a_named_async_call_that_ran_holds_its_name_until_waited_on():
 def test_another_call_starting_or_ending_frees_a_held_name_but_the_same_jobs_do_not():
     sched = scheduler.Schedule(scheduler._Use())
     # The job's own further (derived) call does not free its name.
-    _ran_as_job(sched, scheduler.Job(hold=True), [("x", True), (None, True)])
+    _ran_as_job(sched, jobs.Job(hold=True), [("x", True), (None, True)])
     with pytest.raises(scheduler.DuplicateNameError):
-        sched.reserve_for(scheduler.Job(hold=True), "x")
+        sched.reserve_for(jobs.Job(hold=True), "x")
     other = object()
     sched.forget(sched.name("barrier", None, other)[1], other)  # another name: "x" is free
     earlier = object()  # a synchronous call that started before "x" ran, and ends after
     key = sched.name("allreduce", "y", earlier)[1]
-    _ran_as_job(sched, scheduler.Job(hold=True), [("x", True)])
+    _ran_as_job(sched, jobs.Job(hold=True), [("x", True)])
     assert "x" in sched.held
     sched.forget(key, earlier)
     assert not sched.held
@@ -193,19 +193,19 @@ def test_another_call_starting_or_ending_frees_a_held_name_but_the_same_jobs_do_
 
 def test_only_a_named_call_that_ran_of_a_holding_job_holds_its_name():
     sched = scheduler.Schedule(scheduler._Use())
-    _ran_as_job(sched, scheduler.Job(hold=False), [("graph", True)])  # a TF graph op's
-    _ran_as_job(sched, scheduler.Job(hold=False), [("graph", True)])
-    _ran_as_job(sched, scheduler.Job(hold=True), [(None, True)])  # automatic names: never reused
-    _ran_as_job(sched, scheduler.Job(hold=True), [("failed", False)])  # it raised
+    _ran_as_job(sched, jobs.Job(hold=False), [("graph", True)])  # a TF graph op's
+    _ran_as_job(sched, jobs.Job(hold=False), [("graph", True)])
+    _ran_as_job(sched, jobs.Job(hold=True), [(None, True)])  # automatic names: never reused
+    _ran_as_job(sched, jobs.Job(hold=True), [("failed", False)])  # it raised
     assert not sched.held
 
 
 def test_a_handle_polled_done_or_waited_on_frees_its_name():
     for wait in (lambda f: f.done(), lambda f: f.result()):
         sched = scheduler.Schedule(scheduler._Use())
-        job = scheduler.Job(hold=True)
+        job = jobs.Job(hold=True)
         _ran_as_job(sched, job, [("h", True)])
-        future = scheduler._Submitted(job)
+        future = work_order._Submitted(job)
         assert not future.done() and "h" in sched.held  # not finished: still held
         future.set_result(1)
         wait(future)
@@ -221,10 +221,10 @@ def test_decided_entries_take_the_turn_one_at_a_time_in_the_rounds_order():
         if len(entries) < 2:
             return []  # wait until both threads' entries are pending
         # the other ranks' order
-        return [scheduler.Verdict("run", "b", None), scheduler.Verdict("run", "a", None)]
+        return [matching.Verdict("run", "b", None), matching.Verdict("run", "a", None)]
 
     def call(key):
-        entry = scheduler.Entry(key, {"name": key}, None, 0)
+        entry = jobs.Entry(key, {"name": key}, None, 0)
         sched.settle(entry, run_round, lambda since: 0.001)
         order.append(key)
         assert sched.holds()
@@ -248,7 +248,7 @@ def test_a_failed_round_fails_its_entries():
         raise OSError("link down")
 
     with pytest.raises(OSError, match="link down"):
-        sched.settle(scheduler.Entry("a", {}, np.zeros(1, bool), 0), broken, lambda s: 0.0)
+        sched.settle(jobs.Entry("a", {}, np.zeros(1, bool), 0), broken, lambda s: 0.0)
     assert not sched.pending and sched.use.free()
 
 
@@ -257,7 +257,7 @@ def test_a_claim_takes_the_turn_only_where_nothing_else_waits_or_runs():
     assert sched.claim() and sched.holds()
     sched.give()
     assert sched.use.free()
-    sched.pending.append(scheduler.Entry("a", {}, None, 0))
+    sched.pending.append(jobs.Entry("a", {}, None, 0))
     assert not sched.claim() and sched.use.free()
     sched.pending.clear()
     other = threading.Thread(target=sched.take)
@@ -272,10 +272,10 @@ def test_a_claimed_round_that_decides_nothing_goes_on_as_rounds_do():
 
     def later(entries):  # the next rounds, made by settle
         rounds.append([e.key for e in entries])
-        return [scheduler.Verdict("run", "a", "flags")]
+        return [matching.Verdict("run", "a", "flags")]
 
     assert sched.claim()
-    entry = scheduler.Entry("a", {}, None, 0)
+    entry = jobs.Entry("a", {}, None, 0)
     # The claim's first exchange matched nothing: its round ends with no verdict.
     assert sched.settle(entry, later, lambda since: 0.0, lambda entries: []) == "flags"
     assert rounds == [["a"]] and sched.holds()
@@ -291,7 +291,7 @@ def test_a_claimed_round_that_fails_frees_the_communicator():
 
     assert sched.claim()
     with pytest.raises(OSError, match="link down"):
-        sched.settle(scheduler.Entry("a", {}, None, 0), broken, lambda s: 0.0, broken)
+        sched.settle(jobs.Entry("a", {}, None, 0), broken, lambda s: 0.0, broken)
     assert not sched.pending and sched.use.free()
 
 
@@ -305,8 +305,8 @@ def _recorder(seen):
 
 
 def _idle():
-    scheduler.start(lambda: None).result(10)  # the thread has nothing left
-    while scheduler._busy:
+    work_order.start(lambda: None).result(10)  # the thread has nothing left
+    while work_order._busy:
         pass
 
 
@@ -314,12 +314,12 @@ def test_deferred_work_runs_where_it_is_needed_if_nothing_comes_first():
     _idle()
     seen = []
     record = _recorder(seen)
-    future = scheduler.defer(record("step"))
+    future = work_order.defer(record("step"))
     assert not future.done() and seen == []  # queued, the thread not woken
-    scheduler.run_deferred(future)
+    work_order.run_deferred(future)
     assert future.result(0) == "step"
     assert seen == [("step", threading.current_thread().name)]
-    scheduler.run_deferred(future)  # once only
+    work_order.run_deferred(future)  # once only
     assert len(seen) == 1
 
 
@@ -327,19 +327,19 @@ def test_what_starts_after_deferred_work_goes_behind_it():
     _idle()
     seen = []
     record = _recorder(seen)
-    step = scheduler.defer(record("step"))
-    later = scheduler.start(record("async collective"))
+    step = work_order.defer(record("step"))
+    later = work_order.start(record("async collective"))
     assert later.result(10) == "async collective" and step.result(10) == "step"
     assert [label for label, _ in seen] == ["step", "async collective"]
     assert len({name for _, name in seen}) == 1
     assert seen[0][1].startswith("hvd_trainer-comm")
-    scheduler.run_deferred(step)  # already ran on the thread: nothing more
+    work_order.run_deferred(step)  # already ran on the thread: nothing more
     assert len(seen) == 2
 
     _idle()
     seen.clear()
-    step = scheduler.defer(record("step"))
-    scheduler.flush(here=True)  # a synchronous collective on this thread: the step first, here
+    step = work_order.defer(record("step"))
+    work_order.flush(here=True)  # a synchronous collective on this thread: the step first, here
     assert step.result(0) == "step"
     assert seen == [("step", threading.current_thread().name)]
 
@@ -348,9 +348,9 @@ def test_deferring_while_the_thread_has_work_hands_it_over_in_order():
     seen = []
     record = _recorder(seen)
     release = threading.Event()
-    busy = scheduler.start(lambda: release.wait(10))
-    step = scheduler.defer(record("step"))
-    assert scheduler._deferred is None  # handed to the thread behind the busy work
+    busy = work_order.start(lambda: release.wait(10))
+    step = work_order.defer(record("step"))
+    assert work_order._deferred is None  # handed to the thread behind the busy work
     release.set()
     busy.result(10)
     assert step.result(10) == "step" and seen[0][1].startswith("hvd_trainer-comm")
@@ -360,7 +360,7 @@ def test_a_synchronous_collective_runs_a_deferred_step_first():
     _idle()
     x = np.arange(3.0)
     results = []
-    step = scheduler.defer(lambda: results.append(hvd.allreduce(x, op=hvd.Sum)))
+    step = work_order.defer(lambda: results.append(hvd.allreduce(x, op=hvd.Sum)))
     assert hvd.allreduce(x, op=hvd.Max) is not None  # runs the step first, on this thread
     assert step.done() and np.array_equal(results[0], x)
 
@@ -374,23 +374,24 @@ def test_a_closer_runs_before_its_own_threads_next_collective_only():
         seen.append("closer")
         return answers.pop(0)
 
-    scheduler.on_own_collective(closer)
-    other = threading.Thread(target=lambda: scheduler.start(lambda: seen.append("other")).result(10))
+    work_order.on_own_collective(closer)
+    other = threading.Thread(
+        target=lambda: work_order.start(lambda: seen.append("other")).result(10))
     other.start()
     other.join()
     assert seen == ["other"]  # another thread's collective does not run it
-    scheduler.start(lambda: seen.append("first")).result(10)
-    scheduler.start(lambda: seen.append("second")).result(10)
-    scheduler.start(lambda: seen.append("third")).result(10)
+    work_order.start(lambda: seen.append("first")).result(10)
+    work_order.start(lambda: seen.append("second")).result(10)
+    work_order.start(lambda: seen.append("third")).result(10)
     assert seen == ["other", "closer", "first", "closer", "second", "third"]
 
     def forgotten():
         seen.append("forgotten")
         return True
 
-    scheduler.on_own_collective(forgotten)
-    scheduler.forget_closer(forgotten)
-    scheduler.flush(here=True)
+    work_order.on_own_collective(forgotten)
+    work_order.forget_closer(forgotten)
+    work_order.flush(here=True)
     assert "forgotten" not in seen
 
 
@@ -400,7 +401,7 @@ def test_work_that_parks_lets_the_next_start_on_another_thread():
     matched = threading.Event()
 
     def waits_for_a_match():
-        scheduler._context.park()  # as a round that matched nothing parks its job
+        jobs._context.park()  # as a round that matched nothing parks its job
         matched.wait(10)
         seen.append(("first", threading.get_ident()))
 
@@ -408,8 +409,8 @@ def test_work_that_parks_lets_the_next_start_on_another_thread():
         seen.append(("second", threading.get_ident()))
         matched.set()
 
-    first = scheduler.start(waits_for_a_match)
-    second = scheduler.start(meets_it)
+    first = work_order.start(waits_for_a_match)
+    second = work_order.start(meets_it)
     second.result(10)
     first.result(10)
     assert [label for label, _ in seen] == ["second", "first"]
@@ -420,9 +421,9 @@ def test_a_second_deferred_work_hands_the_first_to_the_thread_ahead_of_it():
     _idle()
     seen = []
     record = _recorder(seen)
-    first = scheduler.defer(record("first"))
-    second = scheduler.defer(record("second"))
-    assert scheduler._deferred is None  # both handed to the thread, in order
-    scheduler.run_deferred(second)  # not deferred any more: nothing to run here
+    first = work_order.defer(record("first"))
+    second = work_order.defer(record("second"))
+    assert work_order._deferred is None  # both handed to the thread, in order
+    work_order.run_deferred(second)  # not deferred any more: nothing to run here
     assert first.result(10) == "first" and second.result(10) == "second"
     assert [label for label, _ in seen] == ["first", "second"]

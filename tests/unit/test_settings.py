@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hvd_trainer import config
+from hvd_trainer.runtime import config
 
 NAMES = ("FUSION_THRESHOLD", "ALLREDUCE_ALGO", "RING_THRESHOLD", "BUCKET_THRESHOLD", "OVERLAP",
          "GPU_COMMUNICATOR", "AUTOTUNE", "AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",

@@ -1,9 +1,9 @@
-"""hvd_trainer.sparse on NumPy in a one-rank world: merging rows, the dense-fallback rule, and
-the reduction's result and byte count, against plain NumPy references."""
+"""hvd_trainer.collectives.sparse on NumPy in a one-rank world: merging rows, the dense-fallback
+rule, and the reduction's result and byte count, against plain NumPy references."""
 import numpy as np
 import pytest
 
-from hvd_trainer import sparse
+from hvd_trainer.collectives import sparse
 
 
 def reference_merge(ids, rows, num_rows):

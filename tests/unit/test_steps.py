@@ -1,13 +1,13 @@
-"""The step protocol (hvd_trainer.steps), driven without MPI through a stand-in reducer that
-records what it is given: bucket marks batched, an early close by the thread's own next
+"""The step protocol (hvd_trainer.training.steps), driven without MPI through a stand-in reducer
+that records what it is given: bucket marks batched, an early close by the thread's own next
 collective (not inside backward, not by another thread), the step launched once."""
 import threading
 
 import numpy as np
 
-from hvd_trainer import scheduler
-from hvd_trainer.reducer import Bucket, Gradient
-from hvd_trainer.steps import DENSE, NONE, Steps, table_shape
+from hvd_trainer.coordination import work_order
+from hvd_trainer.training.buckets import Bucket, Gradient
+from hvd_trainer.training.steps import DENSE, NONE, Steps, table_shape
 
 
 class Recorder:
@@ -68,11 +68,11 @@ def test_the_threads_own_next_collective_closes_a_begun_step_once():
     reducer = Recorder()
     steps, _ = steps_of(reducer)
     steps.mark(2)
-    other = threading.Thread(target=lambda: scheduler.flush(here=True))
+    other = threading.Thread(target=lambda: work_order.flush(here=True))
     other.start()
     other.join()
     assert "launch" not in reducer.calls  # another thread's collective leaves it open
-    scheduler.flush(here=True)  # this thread starts a collective: the step closes first
+    work_order.flush(here=True)  # this thread starts a collective: the step closes first
     assert reducer.calls.count("launch") == 1
     assert steps.close() == ("step", False)  # close() takes the closed step
     assert reducer.calls.count("launch") == 1
@@ -83,12 +83,12 @@ def test_a_collective_made_inside_backward_leaves_the_step_open():
     computing = [True]
     steps, _ = steps_of(reducer, inside=lambda: computing[0])
     steps.mark(2)
-    scheduler.flush(here=True)
+    work_order.flush(here=True)
     assert "launch" not in reducer.calls
     computing[0] = False
     steps.close()
     assert reducer.calls.count("launch") == 1
-    scheduler.flush(here=True)  # the closer is gone once the step closed
+    work_order.flush(here=True)  # the closer is gone once the step closed
     assert reducer.calls.count("launch") == 1
 
 

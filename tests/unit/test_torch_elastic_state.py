@@ -8,7 +8,7 @@ import torch
 
 import hvd_trainer.torch as hvd
 from hvd_trainer import elastic as core
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 from hvd_trainer_launch import protocol
 
 

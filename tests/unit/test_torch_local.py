@@ -149,7 +149,7 @@ def test_broadcast_optimizer_state_leaves_horovods_zero_gradients(make, model_gi
 
 
 def test_adasum_tree_combines_pairs_level_by_level():
-    from hvd_trainer.adasum import tree
+    from hvd_trainer.collectives.adasum import tree
     vectors = [np.array(v, np.float64) for v in ([1, 0], [0, 1], [2, 0], [2, 0])]
     # Orthogonal (1,0),(0,1) add to (1,1); equal (2,0),(2,0) average to (2,0); then
     # (1,1) and (2,0): a.b = 2, so 0.5 * (1,1) + 0.75 * (2,0).
@@ -159,7 +159,7 @@ def test_adasum_tree_combines_pairs_level_by_level():
 
 @pytest.mark.parametrize("scale", [1e-30, 1e-60])
 def test_adasum_averages_parallel_gradients_however_small(scale):
-    from hvd_trainer.adasum import tree
+    from hvd_trainer.collectives.adasum import tree
     # b = 3a: a.b = 3|a|^2 = |b|^2 / 3, so (1 - 3/2) a + (1 - 1/6) 3a = 2a, the mean of a and
     # b, however small the gradients (|a|^2 is about 5e-60 or 5e-120 here).
     a = np.array([1.0, -2.0, 0.5]) * scale

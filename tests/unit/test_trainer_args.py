@@ -12,6 +12,7 @@ from hvd_trainer.compression import Compression, TopK
 from hvd_trainer.mxnet.optimizer import DistributedOptimizer
 from hvd_trainer.mxnet.parameters import broadcast_parameters
 from hvd_trainer.mxnet.trainer import DistributedTrainer
+from hvd_trainer.mxnet.trainer_arguments import TrainerArguments, read_positional
 
 
 def dense(in_units=3, units=2):
@@ -111,6 +112,28 @@ def test_fourth_positional_is_horovod_s_compression_or_gluon_s_kvstore():
             gluon_order = DistributedTrainer(params, "sgd", {}, kvstore, {"type": "fp16"}, False)
         assert "ignores kvstore" in str(caught[0].message)
         assert settings(gluon_order) == (Compression.fp16, 1.0, "")
+
+
+KEYWORDS = {"compression": Compression.none, "gradient_predivide_factor": 1.0, "prefix": None}
+
+
+@pytest.mark.parametrize("positional, keywords, expected", [
+    # gluon's order passes through as given
+    (("local", {"type": "fp16"}, False), {}, TrainerArguments(
+        "local", {"type": "fp16"}, False, Compression.none, 1.0, None)),
+    ((None, None, None), {"prefix": "k."}, TrainerArguments(
+        None, None, None, Compression.none, 1.0, "k.")),
+    # horovod.mxnet's order: compression, predivide factor, prefix
+    ((Compression.fp16, 2, "h."), {}, TrainerArguments(
+        "device", None, None, Compression.fp16, 2.0, "h.")),
+    ((Compression.fp16, None, None), {"gradient_predivide_factor": 3.0}, TrainerArguments(
+        "device", None, None, Compression.fp16, 3.0, None)),
+    # a 5th that is not a number stays compression_params (a bool is not a factor)
+    ((Compression.fp16, True, None), {}, TrainerArguments(
+        "device", True, None, Compression.fp16, 1.0, None)),
+])
+def test_the_positional_arguments_are_read_by_their_meaning(positional, keywords, expected):
+    assert read_positional(*positional, **dict(KEYWORDS, **keywords)) == expected
 
 
 @pytest.mark.parametrize("args, kwargs, message", [

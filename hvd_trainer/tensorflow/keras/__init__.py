@@ -14,13 +14,13 @@ from typing import Any, Dict, Optional, Sequence
 
 import keras
 
-from ...ops import Average, Sum
-from ...process_sets import add_process_set, init, remove_process_set
-from ...runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                        gloo_built, gloo_enabled, global_process_set, is_initialized,
-                        local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-                        nccl_built, rank, rocm_built, shutdown, size)
-from ...timeline import start_timeline, stop_timeline
+from ...collectives.arguments import Average, Sum
+from ...coordination.process_sets import add_process_set, init, remove_process_set
+from ...runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built,
+                                ddl_built, gloo_built, gloo_enabled, global_process_set,
+                                is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                                mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ...runtime.timeline import start_timeline, stop_timeline
 from ..bridge import plain_python
 from ..compression import Compression
 from ..gradients import Reduction

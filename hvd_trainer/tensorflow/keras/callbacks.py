@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional, Union
 import keras
 import numpy as np
 
-from ...runtime import rank, size
+from ...runtime.runtime import rank, size
 from .. import ops
 from ..keras2 import Keras2Hooks, legacy_momentum, optimizer_variables, set_legacy_momentum
 

@@ -13,7 +13,8 @@ import cupy
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import compression, cuda, feedback
+from hvd_trainer import compression, cuda
+from hvd_trainer.collectives import feedback
 from hvd_trainer.backends.host_staged import HostStagedCommunicator
 
 hvd.init()

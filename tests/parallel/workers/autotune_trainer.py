@@ -13,7 +13,7 @@ from mxnet import gluon
 
 import hvd_trainer
 from case_runner import run_cases
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 from trainer_common import (IN, OUT, close, first_context, forward_backward, global_batches,
                             my_rows, reference, same_on_all_ranks, seed_per_rank, snapshot)
 

@@ -14,7 +14,8 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import ops  # gather_object, scatter_object: internal, behind checkpoints
+# gather_object, scatter_object: internal, behind checkpoints
+from hvd_trainer.collectives import objects
 
 R, N = hvd.rank(), hvd.size()
 
@@ -181,10 +182,10 @@ CASES = {
                                      lambda: [obj(r) for r in range(N)]),
     # Pickled after the agreement, these failed on the unpicklable rank alone: the others went
     # on into the data phase.
-    "gather_object unpicklable": (ops.gather_object, lambda r: dict(obj=obj(r), root_rank=0),
+    "gather_object unpicklable": (objects.gather_object, lambda r: dict(obj=obj(r), root_rank=0),
                                   lambda: dict(obj=threading.Lock()), TypeError, ["pickle"],
                                   lambda: [obj(r) for r in range(N)] if R == 0 else None),
-    "scatter_object unpicklable": (ops.scatter_object,
+    "scatter_object unpicklable": (objects.scatter_object,
                                    lambda r: dict(objs=[obj(q) for q in range(N)], root_rank=0),
                                    lambda: dict(objs=[obj(0)] * (N - 1) + [threading.Lock()]),
                                    TypeError, ["pickle", f"objs[{N - 1}]"], lambda: obj(R)),

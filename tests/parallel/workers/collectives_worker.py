@@ -175,7 +175,7 @@ def case_objects():
 def case_any_rank():
     """Flags or-ed over the ranks, a few (inside the agreement's record) and 400 (more than
     it holds)."""
-    from hvd_trainer import ops
+    from hvd_trainer.collectives import ops
     if ops.any_rank([R == 0, R == N - 1, False], "any few") != [True, True, False]:
         failures.append("any_rank, few flags")
     every = [np.random.RandomState(r).rand(400) < 0.2 for r in range(N)]

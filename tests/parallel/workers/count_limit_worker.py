@@ -14,7 +14,7 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import runtime
+from hvd_trainer.runtime import runtime
 
 LIMIT = 1000
 RING_THRESHOLD = 20000  # bytes; the test sets it in the environment

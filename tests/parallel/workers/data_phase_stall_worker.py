@@ -9,7 +9,8 @@ import time
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import agreement, runtime
+from hvd_trainer.coordination import agreement
+from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
 comm = runtime.communicator(hvd.global_process_set)

@@ -27,7 +27,9 @@ import time
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import elastic, files
+from hvd_trainer import elastic
+from hvd_trainer.elastic import store
+from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 
 N = 1 << 20  # float64 weights: 8 MiB, 8 pieces of a write
@@ -70,7 +72,7 @@ def train(state):
     if life == 0:
         for k in range(1, K):
             commit(state, k)
-        elastic._writer.wait()  # commit K - 1 is whole on every rank
+        store.writer.wait()  # commit K - 1 is whole on every rank
         hang.set()
         commit(state, K)
         if mode == "raise" and hvd.rank() == 1:

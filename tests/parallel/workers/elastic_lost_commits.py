@@ -15,6 +15,7 @@ import tempfile
 
 import hvd_trainer as hvd
 from hvd_trainer import elastic
+from hvd_trainer.elastic import store
 from hvd_trainer_launch import protocol
 
 CASE = sys.argv[1]
@@ -41,7 +42,7 @@ def train(state):
         state.commit()
     if CASE == "lost" and restart == 0:
         state.check_host_updates()  # rank 0 tells hvdrun the newest commit it has written
-        elastic._writer.wait()
+        store.writer.wait()
         hvd.barrier()
         if hvd.rank() == 0:
             for name in ("HVD_ELASTIC_DIR", "HVD_ELASTIC_DISK_DIR"):  # in memory, on disk

@@ -14,11 +14,12 @@ import ml_dtypes
 import numpy as np
 
 import hvd_trainer
-from hvd_trainer import ops
+from hvd_trainer.collectives import arguments, ops
 from hvd_trainer.backends.halves import NUMPY
 from hvd_trainer.compression import Compression
-from hvd_trainer.memory import KernelMemory
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.collectives.memory import KernelMemory
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 from hvd_trainer.torch.compression import KERNELS as TORCH
 
 hvd_trainer.init()
@@ -70,7 +71,7 @@ def ring_case(kernels, name):
         memory = KernelMemory(KERNELS[kernels])
         for n in LENGTHS:
             parts = [inputs(r, n, dtype).astype(dtype) for r in range(N)]
-            got = ops.reduce_group(memory, [parts[R].copy()], ops.Sum, None,
+            got = ops.reduce_group(memory, [parts[R].copy()], arguments.Sum, None,
                                    kind="allreduce", inplace=True)[0]
             same(got, ring_sum(parts, dtype), f"{kernels} {name} sum of {n}")
     return run

@@ -47,15 +47,16 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import agreement, handles, runtime, scheduler
+from hvd_trainer.coordination import handles, rounds, scheduler
+from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
 # Calls that can never match raise once every rank's rounds matched nothing for this grace;
 # it covers a thread that is about to submit the matching call. Each rank here submits from
 # one thread, whose call is in the schedule before it waits, so a shorter grace decides the
 # same verdicts sooner (most of the random case's time is such waits: 17 s of 19 s on 2 ranks).
-assert hasattr(agreement, "_MATCH_GRACE_SECONDS"), "the grace moved: shorten it where it is"
-agreement._MATCH_GRACE_SECONDS = 0.05
+assert hasattr(rounds, "_MATCH_GRACE_SECONDS"), "the grace moved: shorten it where it is"
+rounds._MATCH_GRACE_SECONDS = 0.05
 failures = []
 
 

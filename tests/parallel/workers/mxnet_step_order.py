@@ -20,7 +20,7 @@ import numpy as np
 import hvd_trainer
 import hvd_trainer.mxnet as hvd
 from case_runner import run_cases
-from hvd_trainer import handles
+from hvd_trainer.coordination import handles
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

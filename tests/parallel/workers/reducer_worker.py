@@ -14,9 +14,12 @@ import numpy as np
 
 import hvd_trainer
 from case_runner import run_cases
-from hvd_trainer import agreement, ops, runtime
+from hvd_trainer.coordination import agreement, messages
+from hvd_trainer.collectives import objects
+from hvd_trainer.runtime import runtime
 from hvd_trainer.compression import Compression, TwoBit
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 
 hvd_trainer.init()
 R, N = hvd_trainer.rank(), hvd_trainer.size()
@@ -174,13 +177,13 @@ def mismatch_then_work(eager):
     step = reducer.launch()
     try:
         reducer.finish(step)
-    except agreement.MismatchError as e:
+    except messages.MismatchError as e:
         assert "ranks disagree on shape of tensor 0 'grad.0'" in str(e), e
     else:
         raise AssertionError(f"rank {R}: no MismatchError (eager={eager})")
     try:  # the bucket's handle raises it too
         step.handles[0].wait()
-    except agreement.MismatchError:
+    except messages.MismatchError:
         pass
     else:
         raise AssertionError(f"rank {R}: the handle did not raise (eager={eager})")
@@ -208,10 +211,10 @@ def one_agreement_per_step(eager):
 
 
 def gather_and_scatter_objects():
-    got = ops.gather_object(("rank", R), root_rank=N - 1)
+    got = objects.gather_object(("rank", R), root_rank=N - 1)
     assert got == ([("rank", r) for r in range(N)] if R == N - 1 else None), got
-    assert ops.scatter_object([r * 10 for r in range(N)] if R == 1 else None,
-                              root_rank=1) == R * 10
+    assert objects.scatter_object([r * 10 for r in range(N)] if R == 1 else None,
+                                  root_rank=1) == R * 10
 
 
 run_cases({"eager_any_order": eager_any_order, "step_time_stale": step_time_stale,

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 import hvd_trainer as hvd
-from hvd_trainer import agreement, runtime
+from hvd_trainer.coordination import agreement, records
+from hvd_trainer.runtime import runtime
 
 case = sys.argv[1]
 R, N = hvd.rank(), hvd.size()
@@ -24,7 +25,7 @@ hvd.allreduce(np.ones(2), name="warmup")
 
 if case == "checks":
     comm = runtime.communicator(hvd.global_process_set)
-    for count in (10, 64 * agreement.INLINE_FLAG_WORDS + 100):
+    for count in (10, 64 * records.INLINE_FLAG_WORDS + 100):
         mine = np.zeros(count, bool)
         mine[R::N + 1] = True  # rank r sets flags r, r + N + 1, ...; the last of each N + 1 stays off
         got = agreement.agree(comm, lambda: {"kind": "flags", "name": f"f{count}"}, mine)

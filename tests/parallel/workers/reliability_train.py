@@ -19,7 +19,8 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer as hvd
-from hvd_trainer import agreement, runtime
+from hvd_trainer.coordination import agreement
+from hvd_trainer.runtime import runtime
 from trainer_common import IN, OUT, global_batches, loss_fn, my_rows, seed_per_rank
 
 case = sys.argv[1]

@@ -24,12 +24,13 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import agreement, runtime
+from hvd_trainer.coordination import agreement, records
+from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
 LAST = N - 1
 COMM = runtime.communicator(hvd.global_process_set)
-ROOM = agreement.room(COMM)
+ROOM = records.room(COMM)
 failures = []
 
 

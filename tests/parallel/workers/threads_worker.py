@@ -21,7 +21,8 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer import agreement, runtime
+from hvd_trainer.coordination import agreement
+from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
 ROUNDS = 40

@@ -26,7 +26,8 @@ from torch import nn
 import hvd_trainer
 import hvd_trainer.torch as hvd
 from case_runner import run_cases
-from hvd_trainer.reducer import Gradient, Reducer
+from hvd_trainer.training.buckets import Gradient
+from hvd_trainer.training.reducer import Reducer
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

@@ -1,0 +1,345 @@
+"""Agreement between ranks before a collective runs.
+
+A collective (:func:`collective`, a :class:`Call`) agrees with the other ranks on what it is
+about to do in one small exchange of fixed-size records (records.py); if the ranks' records
+differ, they exchange their full descriptions and every rank raises the same error
+(messages.py). Rounds over the calls pending on a rank, and joined ranks' part in them, are
+rounds.py's.
+
+**Small calls in one exchange.** A small collective puts its data in its record (its
+payload: the tensor to reduce or gather, the root's tensor or pickled object), so that when
+the ranks agree its data has travelled too: allreduce (under ``HVD_ALLREDUCE_ALGO=auto``)
+reduces the gathered payloads in rank order, identically on every rank; broadcast, allgather
+and the object collectives read them. When the records differ, or a rank has joined, the
+payloads are dropped and the call runs its own data phase after the usual outcome of the
+agreement (its error, or a match by name).
+
+**Argument errors are collective.** A collective runs its argument checks inside
+:meth:`Call.checks`; a check that fails on one rank travels in the agreement, so every rank
+raises it and every rank has made the same exchange: the next collective works.
+
+**The common case.** A call that finds nothing pending and the communicator free (one thread,
+one call at a time) makes its round at once, holding the turn from the start
+(:meth:`scheduler.Schedule.claim`); only if that round does not run it does the call go the
+way of the schedule. A thread that already holds the turn (inside another call's data phase)
+agrees in step with the other ranks, without the schedule.
+
+**Cache.** A caller whose agreement already fixes the collectives that follow (the trainer's
+step: the names, shapes and dtypes of its gradients, and which are fresh, carried as flags)
+runs them inside :func:`covered`, where they skip their own exchange. So a steady-state
+training step pays one small exchange, and it carries the freshness flags it needs anyway.
+
+Phases are timed on the timeline (timeline.py).
+"""
+import contextlib
+import functools
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
+
+import numpy as np
+
+from ..runtime import timeline
+from . import matching, scheduler, stall, work_order
+from ..backends import Communicator
+from .stall import waiting
+from ..runtime.timeline import span
+from .records import Agreed, Carried, Signed, description_digest, signed_digest
+from .rounds import CallEntry, agree_in_step, decide, post_record, run_round
+
+
+def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
+          flags: Optional[np.ndarray] = None, error: Optional[Exception] = None,
+          key: Optional[str] = None, keep: bool = False,
+          automatic: bool = False) -> Optional[np.ndarray]:
+    """Agree with the other ranks on the collective ``describe()`` describes, and take the
+    communicator's turn for its data phase (see scheduler.py).
+
+    ``describe()`` returns a dict of plain values with the call's ``kind`` and ``name``; its
+    ``tensors`` entry, if any, is a list of per-tensor dicts. ``key`` matches the call across
+    ranks (by default its name; ``automatic``: an automatic one); ``keep``: keep the turn
+    afterwards (a :class:`Call` gives it back when it ends). Raise :class:`MismatchError` on
+    all ranks if their descriptions differ. ``error`` is this rank's argument error (``describe`` then gives just
+    the kind and name): every rank raises it.
+    ``flags`` (booleans) are or-ed across ranks in the same exchange and returned. Inside
+    :func:`covered` an agreement without flags is skipped and ``describe`` is not called.
+    A thread that holds the turn already (a data phase, a covered block) agrees in step with
+    the other ranks, in one exchange, without the schedule.
+    When ``describe`` returns the very object it returned last time on this communicator, its
+    digest is reused: a caller may keep a description while nothing in it changes, but must
+    not modify it.
+    """
+    return _agree(comm, scheduler.of(comm), describe, flags, error, key, keep=keep,
+                  automatic=automatic).flags
+
+
+def _agree(comm: Communicator, sched: scheduler.Schedule,
+           describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
+           error: Optional[Exception], key: Optional[str], *, keep: bool, automatic: bool,
+           payload: Optional[np.ndarray] = None, carries: bool = False,
+           signed: Optional[Signed] = None) -> Agreed:
+    """:func:`agree` on ``comm``, whose schedule is ``sched``, with ``payload`` (bytes, or
+    None) in the record when ``carries``; returns the or-ed flags and, where the payloads
+    travelled, every rank's. ``signed``: a call whose digest comes from its signature (then
+    ``key`` is given)."""
+    holder = sched.holds()
+    if flags is None and error is None and holder and sched.covered_depth():
+        return Agreed(None, None)
+    if error is not None and (comm.size == 1 or (holder and sched.covered_depth())):
+        raise error  # nobody else takes part in an exchange here
+    if comm.size == 1:
+        return Agreed(None if flags is None else np.asarray(flags, bool).copy(), None)
+    if signed is not None and error is None and (flags is None or not len(flags)):
+        description, digest = None, signed_digest(*signed)
+        what = f"{signed.kind} {signed.name!r}"
+        if flags is not None:  # no flags, but an exchange even in a covered block
+            described = describe
+            describe = lambda: dict(described(), flags=0)  # noqa: E731
+    else:
+        given = describe()
+        if error is not None:
+            # The rank makes the description unlike any other rank's, so every rank takes
+            # the full exchange and raises this error.
+            description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
+            digest = description_digest(description)
+        else:
+            count = -1 if flags is None else len(flags)
+            memo = sched.memo
+            if memo.given is given and memo.count == count:
+                digest, description = memo.digest, memo.description
+            else:
+                description = given if flags is None else dict(given, flags=count)
+                digest = description_digest(description)
+                sched.memo = scheduler.Memo(given, count, digest, description)
+        key = description.get("name") if key is None else key
+        what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
+    if holder:
+        entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
+                          carries)
+        return Agreed(agree_in_step(comm, sched, entry, what), entry.carried)
+    with waiting(comm, what, "agreement", sched.exchanges):
+        claimed = None
+        if sched.claim():
+            # Nothing else waits here: this thread makes the round over its call at once,
+            # and when every rank agrees (and none has joined) it runs without more ado.
+            try:
+                gathered = post_record(comm, sched, digest, flags, payload)
+                if gathered.agreed and not sched.peers_joined:
+                    if flags is not None and len(flags):
+                        flags = gathered.flags(comm, len(flags))
+                    if not keep:
+                        sched.give()
+                    return Agreed(flags, gathered.carried() if carries else None)
+                claimed = functools.partial(decide, comm, sched, gathered)
+            except BaseException as failure:  # the schedule fails the call, freeing the turn
+                claimed = functools.partial(_reraise, failure)
+        entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
+                          carries)
+        flags = sched.settle(entry, functools.partial(run_round, comm, sched), stall.pace, claimed)
+    if not keep:
+        sched.give()
+    return Agreed(flags, entry.carried)
+
+
+def _reraise(error: BaseException, entries: List[CallEntry]) -> List[matching.Verdict]:
+    """A round whose exchange failed with ``error`` (the schedule makes it its entries')."""
+    raise error
+
+
+@contextlib.contextmanager
+def turn(comm: Communicator) -> Iterator[None]:
+    """Hold ``comm``'s turn: other threads' collectives on it wait until the block ends."""
+    sched = scheduler.of(comm)
+    sched.take()
+    try:
+        yield
+    finally:
+        sched.give()
+
+
+def finish_join(comm: Communicator, newly: bool) -> int:
+    """End join on every rank of ``comm`` (each has read None from a :class:`JoinedRecord`);
+    ``newly``: this rank joined in that last agreement. Returns the rank in ``comm`` that
+    joined last (the highest of those that joined together). Sets the count of automatic
+    names to the other ranks' (they named calls that this rank served). A collective."""
+    sched = scheduler.of(comm)
+    highest = np.array([sched.unnamed, comm.rank if newly else -1], np.int64)
+    comm.allreduce(highest, "max")
+    unnamed, last = highest.tolist()
+    sched.unnamed = int(unnamed)
+    sched.peers_joined = False
+    return int(last)
+
+
+def peers_joined(comm: Communicator) -> bool:
+    """Whether the last agreement on ``comm`` found a joined rank (its collectives after it
+    need their own agreements, so that the joined rank learns each one)."""
+    return scheduler.of(comm).peers_joined
+
+
+def pending(comm: Communicator) -> int:
+    """How many collectives of this rank wait for their match on ``comm``."""
+    return len(scheduler.of(comm).pending)
+
+
+class _Checks:
+    """Keeps a ValueError or TypeError raised in its block for :meth:`Call.agree`."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: "Call"):
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
+        if kind is not None and issubclass(kind, (ValueError, TypeError)):
+            self.call.error = error
+            return True
+        return False
+
+
+class Call:
+    """One collective on a communicator: its name, its argument checks, its agreement.
+
+    Made by :func:`collective`. As a context manager it names the call (reserving its key in
+    the communicator's schedule) and, once :meth:`agree` has matched it, holds the
+    communicator's turn until the block ends. Its pieces are plain classes, not generators:
+    every collective pays for them.
+    """
+
+    __slots__ = ("comm", "kind", "name", "key", "error", "_given", "_schedule", "_held")
+    error: Optional[Exception]  # annotated here: in __init__ it would be evaluated each call
+
+    def __init__(self, comm: Communicator, kind: str, name: Optional[str]):
+        self.comm, self.kind, self._given = comm, kind, name
+        self.name = self.key = ""
+        self.error = None
+        self._schedule = scheduler.of(comm)
+        self._held = False
+
+    def __enter__(self) -> "Call":
+        work_order.flush(here=True)  # a deferred training step goes first (see work_order.py)
+        given = self._given
+        if given is not None and not isinstance(given, str):
+            self.error = TypeError(f"name={given!r} must be a string or None")
+            given = repr(given)
+        self.name, self.key = self._schedule.name(self.kind, given, self)
+        self._held = self._schedule.holds()
+        return self
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        self._schedule.forget(self.key, self, give=not self._held, ran=kind is None)
+
+    def checks(self) -> ContextManager[None]:
+        """Run argument checks: a ValueError or TypeError is kept for :meth:`agree`, which
+        raises it on every rank, instead of raising on this rank alone."""
+        return _Checks(self)
+
+    def agree(self, describe: Callable[[], Dict[str, Any]],
+              flags: Optional[np.ndarray] = None, signature: Any = None) -> Optional[np.ndarray]:
+        """:func:`agree` with this call's kind, name and argument error. ``signature``: a
+        hashable tuple of plain values that, with the kind and the name, fixes what
+        ``describe()`` returns; the digest is then made from it, and ``describe()`` is called
+        only if the ranks' records differ."""
+        return self._agree(describe, flags, signature=signature).flags
+
+    def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
+                 signature: Any = None) -> Optional[Carried]:
+        """:meth:`agree`, with this rank's ``payload`` (bytes, or None) in its record.
+
+        Returns every rank's payload when they travelled with the agreement (a rank's is
+        None if it sent none, or more than :func:`room`); None when the call must run its
+        own data phase (one rank, a covered block, records that differed at first, a joined
+        rank).
+        """
+        return self._agree(describe, None, payload=payload, carries=True,
+                           signature=signature).carried
+
+    def _agree(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray], *,
+               payload: Optional[np.ndarray] = None, carries: bool = False,
+               signature: Any = None) -> Agreed:
+        if not timeline.running():
+            return self._agreed(describe, flags, payload, carries, signature)
+        with span(self.name, "NEGOTIATE"):
+            return self._agreed(describe, flags, payload, carries, signature)
+
+    def _agreed(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
+                payload: Optional[np.ndarray], carries: bool, signature: Any) -> Agreed:
+        automatic = self._given is None
+        if self.error is not None:
+            _agree(self.comm, self._schedule, lambda: {"kind": self.kind, "name": self.name},
+                   flags, self.error, self.key, keep=True, automatic=automatic)
+        return _agree(self.comm, self._schedule,
+                      lambda: {"kind": self.kind, "name": self.name, **describe()},
+                      flags, None, self.key, keep=True, automatic=automatic, payload=payload,
+                      carries=carries,
+                      signed=None if signature is None else Signed(self.kind, self.name,
+                                                                   signature))
+
+    def gather_counts(self, count: int) -> List[int]:
+        """Every rank's ``count`` (e.g. its first dimension), in the data phase of an agreed
+        call."""
+        if self.comm.size == 1:
+            return [count]
+        gathered = np.empty(self.comm.size, np.int64)
+        with self.communicate():
+            self.comm.allgatherv(np.array([count], np.int64), gathered, [1] * self.comm.size)
+        return gathered.tolist()
+
+    def communicate(self) -> ContextManager[Any]:
+        """The data phase: timed on the timeline, and watched by the stall inspector."""
+        wait = waiting(self.comm, f"{self.kind} {self.name!r}", "data")
+        if not timeline.running():
+            return wait
+        stack = contextlib.ExitStack()
+        stack.enter_context(span(self.name, "COMMUNICATE"))
+        stack.enter_context(wait)
+        return stack
+
+
+def collective(comm: Communicator, kind: str, name: Optional[str]) -> Call:
+    """One collective on ``comm``, to run as ``with collective(...) as call:``, which takes
+    ``comm``'s turn and names the call (``kind.noname.N`` per communicator and thread, see
+    automatic_names.py, when ``name`` is None; a name that is not a string is an argument
+    error)."""
+    return Call(comm, kind, name)
+
+
+@contextlib.contextmanager
+def covered(comm: Communicator) -> Iterator[None]:
+    """Collectives on ``comm`` in this block skip their agreement exchange.
+
+    Only for a caller whose last :func:`agree` on ``comm`` already fixed, identically on
+    every rank, each collective the block runs (kind, names, shapes, dtypes, op), or whose
+    block begins with an agreement that has flags (a training step: the ranks' holders make
+    it in step). The block holds ``comm``'s turn: other threads' collectives on it wait until
+    it ends.
+    """
+    work_order.flush(here=True)  # a deferred training step goes first (see work_order.py)
+    sched = scheduler.of(comm)
+    sched.take()
+    depth = sched.covered_depth()
+    sched.set_covered(depth + 1)
+    try:
+        yield
+    finally:
+        sched.set_covered(depth)
+        sched.give()
+
+
+@contextlib.contextmanager
+def uncovered(comm: Communicator) -> Iterator[None]:
+    """Inside a :func:`covered` block, collectives make their own agreements again (a step
+    whose agreement found a joined rank: that rank learns each collective from its own)."""
+    sched = scheduler.of(comm)
+    outer = sched.covered_depth()
+    sched.set_covered(0)
+    try:
+        yield
+    finally:
+        sched.set_covered(outer)
+
+
+def agreements(comm: Communicator) -> int:
+    """How many agreement exchanges this rank has made on ``comm`` (tests count them)."""
+    return scheduler.of(comm).exchanges
