@@ -161,13 +161,14 @@ def _collect(context, num_proc: int, task: Callable, start_timeout: float) -> li
         while thread.is_alive():
             thread.join(0.2)
             if deadline is not None and time.monotonic() >= deadline:
-                if _started(context, group) >= num_proc:
+                started = _started(context, group)
+                if started >= num_proc:
                     deadline = None
                 else:
                     context.cancelJobGroup(group)
                     thread.join(30)
                     raise EngineTimeout(
-                        f"hvd_trainer.spark.run: {_started(context, group)} of the {num_proc} "
+                        f"hvd_trainer.spark.run: {started} of the {num_proc} "
                         f"tasks started within start_timeout={start_timeout:g} s; a barrier "
                         f"job needs all {num_proc} task slots at once (Spark's default "
                         f"parallelism is {context.defaultParallelism}): add executors or ask "
