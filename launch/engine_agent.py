@@ -39,7 +39,7 @@ def hostname() -> str:
 
 
 def run_proxy(line: str, payload: bytes, secret: bytes) -> HostOutcome:
-    """Run the proxy ``line`` (what mpiexec's manual launcher printed for this host) with the
+    """Run the proxy ``line`` (what the MPI launcher handed over for this host) with the
     pickled (function, args, kwargs) ``payload`` where this host's ranks find it, wait for it,
     and return this host's outcomes. The job's ``secret`` signs the files in between."""
     folder = tempfile.mkdtemp(prefix="hvd_engine.")

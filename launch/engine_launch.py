@@ -1,6 +1,15 @@
-"""The launching side of an engine job (hvd_trainer.spark, hvd_trainer.ray): hvdrun with
-MPICH's manual launcher, whose proxy command lines go to the engine's agents instead of ssh,
-and the gathering of the ranks' outcomes that the agents carry back.
+"""The launching side of an engine job (hvd_trainer.spark, hvd_trainer.ray): hvdrun with an
+MPI launcher that starts no proxy itself but hands each host's proxy command line to the
+engine's agents instead of ssh, and the gathering of the ranks' outcomes that the agents carry
+back.
+
+Under MPICH, its manual launcher (``mpiexec -launcher manual``) prints the lines. Open MPI has
+none: its mpirun calls a launcher agent in place of ssh (``--mca plm_rsh_agent``: engine_ssh),
+which hands each line over a Unix socket in this launch's private folder, signed with the
+launch's secret. mpirun is given a name of its own for each host (``hvd-agent<N>-<host>``),
+so that it starts even its own host's daemon through the agent there, as Hydra does: the ranks
+are the agents' descendants on every host, and the ranks put their host's own name back in
+HOROVOD_HOSTNAME (engine_rank).
 
 hvdrun runs as it does for a script (its wrapper per rank, HOROVOD_* variables, the report
 port, a failure naming its rank and host, the start timeout), under the guard that ends the
@@ -11,7 +20,11 @@ error that a failed job raises.
 import io
 import os
 import pickle
+import re
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,49 +37,73 @@ from hvd_trainer_launch import horovod_shim, mpi, protocol
 _KILL_GRACE_SECONDS = 10.0
 # hvdrun's own lines on stderr start so.
 _HVDRUN_MESSAGE = b"hvdrun: "
+# The socket, in the launch's private folder, where Open MPI's launcher agent hands the lines.
+_AGENT_SOCKET = "agent.sock"
 
 
 class EngineError(RuntimeError):
     """An engine job failed: a rank raised or died, an agent was lost, or it never started."""
 
 
-def check_launcher(mpiexec: Optional[str] = None) -> None:
-    """EngineError unless the MPI launcher is MPICH's Hydra, whose manual launcher the engines
-    drive (Open MPI has none)."""
+def check_launcher(mpiexec: Optional[str] = None) -> mpi.Launcher:
+    """The MPI launcher that matches mpi4py's library (MPICH's Hydra or Open MPI's mpirun);
+    EngineError naming what is missing when there is none. It loads the MPI library here,
+    whose UCX takes over SIGHUP (its debug signal): ask on the driver, never in an agent, which
+    must die with its engine's worker (a Spark worker is ended by SIGHUP)."""
     try:
-        launcher = mpi.find_launcher(mpiexec)
+        return mpi.find_launcher(mpiexec)
     except mpi.MPIError as error:
         raise EngineError(str(error)) from None
-    if launcher.flavour != mpi.HYDRA:
-        raise EngineError(f"{launcher.path} is Open MPI's launcher; hvd_trainer's Spark and Ray "
-                          "engines drive MPICH's manual launcher (mpiexec -launcher manual), "
-                          "which Open MPI lacks: install mpi4py over MPICH (pip install mpich "
-                          "mpi4py) for engine jobs")
 
 
-class ManualLaunch:
+def agent_names(hosts: Sequence[str]) -> List[str]:
+    """The names under which Open MPI's mpirun is given ``hosts``: one of its own for each, so
+    that mpirun takes none for its own host (which it would start itself, not through the
+    agent there), without a dot (mpirun cuts a name at its first dot)."""
+    return [f"hvd-agent{index}-{re.sub(r'[^A-Za-z0-9-]', '-', host.split('.')[0])}"
+            for index, host in enumerate(hosts)]
+
+
+class AgentLaunch:
     """hvdrun running ``command`` on the ranks of ``hosts`` ((name, ranks) in rank order)
-    through MPICH's manual launcher: :meth:`proxies` gives the command line each host's agent
-    must run, :meth:`wait` the job's exit code.
+    with no ssh: :meth:`proxies` gives the command line each host's agent must run,
+    :meth:`wait` the job's exit code.
 
-    ``env``: variables the ranks get on top of this process's; ``out``/``err``: streams for
-    the ranks' output and hvdrun's messages (default: ours); ``hvdrun_args``: more of its
-    flags (--network-interfaces, --prefix-output-with-timestamp); ``horovod``: give the ranks
-    the horovod shim (default: when this process imported horovod from it)."""
+    ``flavour``: the launcher's (mpi.HYDRA or mpi.OPENMPI, from :func:`check_launcher` on
+    the driver); ``env``: variables the ranks get on top of this process's; ``out``/``err``:
+    streams for the ranks' output and hvdrun's messages (default: ours); ``mpi_args``: more
+    arguments for the MPI launcher, word by word; ``hvdrun_args``: more of hvdrun's flags
+    (--network-interfaces, --prefix-output-with-timestamp); ``horovod``: give the ranks the
+    horovod shim (default: when this process imported horovod from it)."""
 
-    def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str],
-                 env: Optional[Dict[str, str]] = None, start_timeout: Optional[float] = None,
-                 mpi_args: Sequence[str] = (), out=None, err=None, verbose: bool = False,
-                 hvdrun_args: Sequence[str] = (), horovod: Optional[bool] = None):
+    def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str], *,
+                 flavour: str, env: Optional[Dict[str, str]] = None,
+                 start_timeout: Optional[float] = None, mpi_args: Sequence[str] = (),
+                 out=None, err=None, verbose: bool = False, hvdrun_args: Sequence[str] = (),
+                 horovod: Optional[bool] = None):
         self.hosts = [(name, count) for name, count in hosts]
-        self._lines: List[str] = []
+        self._lines: Dict[int, str] = {}  # by the host's place in ``hosts``
         self._announced = threading.Event()
         self.messages: List[str] = []  # hvdrun's own lines
         self._folder = tempfile.mkdtemp(prefix="hvd_engine_launch.")  # the guard's to remove
+        self._listener: Optional[socket.socket] = None
+        env = dict(os.environ, **(env or {}))
+        if flavour == mpi.HYDRA:
+            names, own = [name for name, _ in self.hosts], list(protocol.MANUAL_LAUNCHER_ARGUMENTS)
+        else:
+            hosts = [name for name, _ in self.hosts]
+            twice = sorted({name for name in hosts if hosts.count(name) > 1})
+            if twice:  # e.g. two Ray nodes on one machine
+                raise EngineError(
+                    f"{', '.join(twice)} holds several agents, and Open MPI's daemons collide on "
+                    "one machine (each reports the machine's name to mpirun): run one agent per "
+                    "machine, or use MPICH (pip install mpich mpi4py)")
+            names, own = agent_names(hosts), self._serve_agent(env)
         watched, self._watching = os.pipe()
         size = sum(count for _, count in self.hosts)
-        arguments = ["-np", str(size), "-H", ",".join(f"{h}:{n}" for h, n in self.hosts),
-                     "--mpi-args=" + " ".join([*protocol.MANUAL_LAUNCHER_ARGUMENTS, *mpi_args])]
+        arguments = ["-np", str(size), "-H",
+                     ",".join(f"{name}:{count}" for name, (_, count) in zip(names, self.hosts)),
+                     "--mpi-args=" + shlex.join([*own, *mpi_args])]
         if start_timeout is not None:
             arguments += ["--start-timeout", str(start_timeout)]
         if verbose:
@@ -77,9 +114,9 @@ class ManualLaunch:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), self._folder,
              *arguments, "--", *command],
-            env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(watched,),
-            start_new_session=True, cwd="/")  # mpiexec's folder must exist on every host
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(watched,), start_new_session=True,
+            cwd="/")  # mpiexec's folder must exist on every host
         os.close(watched)
         self._readers = [
             threading.Thread(target=self._read_stdout, args=(out or sys.stdout.buffer,),
@@ -89,13 +126,51 @@ class ManualLaunch:
         for reader in self._readers:
             reader.start()
 
+    def _serve_agent(self, env: Dict[str, str]) -> List[str]:
+        """Listen for Open MPI's launcher agent (engine_ssh) in this launch's folder, and give
+        it the launch's secret through ``env``; mpirun's arguments that make it call the agent
+        in place of ssh, for every host at once (no tree), its daemons staying in the
+        foreground (each is the process its agent runs, and dies with it)."""
+        path = os.path.join(self._folder, _AGENT_SOCKET)
+        agent = [sys.executable, "-m", "hvd_trainer_launch.engine_ssh", path]
+        if any(any(c.isspace() for c in word) for word in agent):  # mpirun splits at spaces
+            raise EngineError(f"Open MPI's mpirun cannot call {' '.join(agent)!r} as its "
+                              "launcher agent: a path holds a space; run from a Python (and "
+                              "a temporary folder, TMPDIR) whose paths have none")
+        secret = os.urandom(32)
+        env[protocol.ENGINE_LAUNCH_SECRET_VARIABLE] = secret.hex()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(socket.SOMAXCONN)
+        names = agent_names([name for name, _ in self.hosts])
+        threading.Thread(target=self._take_lines, args=(self._listener, secret, names),
+                         daemon=True, name="hvd-engine-agent").start()
+        return ["--mca", "plm_rsh_agent", " ".join(agent), "--mca", "plm_rsh_no_tree_spawn",
+                "1", "--leave-session-attached"]
+
+    def _take_lines(self, listener: socket.socket, secret: bytes, names: List[str]) -> None:
+        """Keep the line the launcher agent hands for each of ``names`` (one per host)."""
+        while len(self._lines) < len(names):
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the launch is over
+                return
+            with conn:
+                try:
+                    found = protocol.receive_proxy_line(conn, secret)
+                except (OSError, ValueError):  # not this launch's agent, or it went away
+                    continue
+            if found.host in names:
+                self._lines.setdefault(names.index(found.host), found.line)
+        self._announced.set()
+
     def _read_stdout(self, out) -> None:
-        """Keep the launcher's proxy lines, show the rest."""
+        """Keep the manual launcher's proxy lines, show the rest."""
         prefix = protocol.MANUAL_LAUNCH_PREFIX.encode()
         end = protocol.MANUAL_LAUNCH_END.encode()
         for line in iter(self._process.stdout.readline, b""):
             if line.startswith(prefix) and not self._announced.is_set():
-                self._lines.append(line[len(prefix):].decode().strip())
+                self._lines[len(self._lines)] = line[len(prefix):].decode().strip()
             elif line.strip() == end and not self._announced.is_set():
                 self._announced.set()
             else:
@@ -111,17 +186,19 @@ class ManualLaunch:
 
     def proxies(self, timeout: Optional[float] = None) -> List[str]:
         """The proxy command line of each host, in the order of ``hosts``; EngineError when
-        hvdrun ends (or ``timeout`` passes) before the launcher printed them all."""
+        hvdrun ends (or ``timeout`` passes) before the launcher handed them all over."""
         if not self._announced.wait(timeout):
             self.end()
-            raise EngineError(f"mpiexec printed no proxy commands within {timeout:g} s")
-        if len(self._lines) != len(self.hosts):
+            raise EngineError(f"the MPI launcher handed over no proxy commands within "
+                              f"{timeout:g} s")
+        lines = dict(self._lines)
+        if len(lines) != len(self.hosts):
             code = self.wait()
             raise EngineError(
-                f"mpiexec -launcher manual printed {len(self._lines)} proxy commands for "
+                f"the MPI launcher handed over {len(lines)} proxy commands for "
                 f"{len(self.hosts)} hosts and hvdrun exited with code {code}: "
                 + ("; ".join(self.messages) or "see its output above"))
-        return list(self._lines)
+        return [lines[index] for index in range(len(self.hosts))]
 
     def poll(self) -> Optional[int]:
         """hvdrun's exit code, or None while it runs."""
@@ -152,7 +229,13 @@ class ManualLaunch:
         if self._watching >= 0:
             os.close(self._watching)
             self._watching = -1
-        import shutil
+        if self._listener is not None:
+            try:  # wakes the thread that waits in accept()
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+            self._listener = None
         shutil.rmtree(self._folder, ignore_errors=True)
 
 

@@ -5,10 +5,12 @@ proxy that an agent runs.
 It loads the function from the folder its agent named (protocol.ENGINE_FOLDER_VARIABLE), once
 the signature checks out, calls it, and leaves the signed result (or the exception) there for
 the agent to carry back. An exception is raised after it is written, so that the rank exits
-non-zero and hvdrun ends the job naming the rank and its host.
+non-zero and hvdrun ends the job naming the rank and its host. HOROVOD_HOSTNAME gets this
+host's own name back (engine_agent.hostname's): Open MPI's mpirun was given another for it.
 """
 import os
 import pickle
+import socket
 import sys
 import traceback
 
@@ -33,6 +35,9 @@ def main() -> None:
     import cloudpickle
     folder = os.environ.pop(protocol.ENGINE_FOLDER_VARIABLE)  # not for func's own children
     secret = bytes.fromhex(os.environ.pop(protocol.ENGINE_SECRET_VARIABLE))
+    os.environ.pop(protocol.ENGINE_LAUNCH_SECRET_VARIABLE, None)
+    if "HOROVOD_HOSTNAME" in os.environ:  # Open MPI's mpirun knew the host by another name
+        os.environ["HOROVOD_HOSTNAME"] = socket.gethostname()
     try:  # the agent's working directory (a Spark task's, a Ray actor's), as Horovod's ranks
         os.chdir(os.environ.pop(protocol.ENGINE_WORKDIR_VARIABLE))
     except (KeyError, OSError):

@@ -86,6 +86,10 @@ MANUAL_LAUNCH_PREFIX = "HYDRA_LAUNCH: "
 MANUAL_LAUNCH_END = "HYDRA_LAUNCH_END"
 # The mpiexec argument that selects the manual launcher.
 MANUAL_LAUNCHER_ARGUMENTS = ("-launcher", "manual")
+# Open MPI has none: its mpirun calls a launcher agent in place of ssh (engine_ssh), which
+# hands each host's daemon command to the engine launch over a Unix socket
+# (:func:`send_proxy_line`), signed with the launch's secret (hex text) in this variable.
+ENGINE_LAUNCH_SECRET_VARIABLE = "HVD_ENGINE_LAUNCH_SECRET"
 
 # The wrapper's exit codes when it cannot start the command, as a shell's.
 NOT_FOUND_EXIT_CODE = 127
@@ -146,6 +150,7 @@ _KINDS = {"started": Started, "exited": Exited}
 _NONCE_BYTES = 16
 _MAC_BYTES = hashlib.sha256().digest_size
 _MAX_REPORT = 4096
+_MAX_PROXY_LINE = 1 << 16  # mpirun's daemon command: a few KiB
 # The most a report's whole exchange may take, either side: a silent peer must not hold it up.
 REPORT_SECONDS = 10.0
 
@@ -205,16 +210,42 @@ def receive(conn: socket.socket, count: int, deadline: Optional[float]) -> bytes
 def send_report(address: str, secret: bytes, report: Report) -> None:
     """Tell hvdrun at ``address`` (host:port) the ``report``, and wait for its signed receipt.
     OSError when hvdrun cannot be reached in time; ValueError when the answer is not hvdrun's."""
-    deadline = time.monotonic() + REPORT_SECONDS
     host, _, port = address.rpartition(":")
-    payload = encode(report)
     with socket.create_connection((host, int(port)), timeout=REPORT_SECONDS) as conn:
-        challenge = receive(conn, _NONCE_BYTES, deadline)
-        conn.sendall(len(payload).to_bytes(4, "big") + payload
-                     + mac(secret, b"report", challenge, payload))
-        receipt = receive(conn, _MAC_BYTES, deadline)
-    if not hmac.compare_digest(receipt, mac(secret, b"received", challenge, payload)):
+        _send_challenged(conn, secret, b"report", b"received", encode(report))
+
+
+def _send_challenged(conn: socket.socket, secret: bytes, label: bytes, receipt: bytes,
+                     payload: bytes) -> None:
+    """Send ``payload`` signed (``label``) over the peer's challenge, then check its receipt
+    (signed ``receipt``), all within REPORT_SECONDS; ValueError for a receipt not signed
+    with ``secret``."""
+    deadline = time.monotonic() + REPORT_SECONDS
+    challenge = receive(conn, _NONCE_BYTES, deadline)
+    conn.sendall(len(payload).to_bytes(4, "big") + payload
+                 + mac(secret, label, challenge, payload))
+    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
+                               mac(secret, receipt, challenge, payload)):
         raise ValueError("the receipt is not signed with this job's secret")
+
+
+def _receive_challenged(conn: socket.socket, secret: bytes, label: bytes, most: int,
+                        what: str) -> Tuple[bytes, bytes]:
+    """The other side of :func:`_send_challenged` up to the receipt: (challenge, payload)
+    once the payload's signature (``label``) over a fresh challenge checks out; ValueError
+    (naming ``what`` came) or OSError otherwise."""
+    deadline = time.monotonic() + REPORT_SECONDS
+    challenge = os.urandom(_NONCE_BYTES)
+    conn.settimeout(REPORT_SECONDS)
+    conn.sendall(challenge)
+    size = int.from_bytes(receive(conn, 4, deadline), "big")
+    if size > most:
+        raise ValueError(f"{what} of {size} bytes (at most {most})")
+    payload = receive(conn, size, deadline)
+    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
+                               mac(secret, label, challenge, payload)):
+        raise ValueError(f"{what} not signed with this job's secret")
+    return challenge, payload
 
 
 class Received(NamedTuple):
@@ -228,18 +259,39 @@ def receive_report(conn: socket.socket, secret: bytes) -> Received:
     """hvdrun's side of :func:`send_report` up to the receipt: the report, once its signature
     over a fresh challenge checks out; ValueError or OSError otherwise. Send the receipt once
     the report has been recorded: the wrapper waits for it before it exits."""
-    deadline = time.monotonic() + REPORT_SECONDS
-    challenge = os.urandom(_NONCE_BYTES)
-    conn.settimeout(REPORT_SECONDS)
-    conn.sendall(challenge)
-    size = int.from_bytes(receive(conn, 4, deadline), "big")
-    if size > _MAX_REPORT:
-        raise ValueError(f"a report of {size} bytes (at most {_MAX_REPORT})")
-    payload = receive(conn, size, deadline)
-    if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
-                               mac(secret, b"report", challenge, payload)):
-        raise ValueError("a report not signed with this job's secret")
+    challenge, payload = _receive_challenged(conn, secret, b"report", _MAX_REPORT, "a report")
     return Received(decode(payload), mac(secret, b"received", challenge, payload))
+
+
+class ProxyLine(NamedTuple):
+    """What the launcher agent hands the engine launch: the host mpirun named, and the
+    command line (shell-quoted) that starts mpirun's daemon there."""
+
+    host: str
+    line: str
+
+
+def send_proxy_line(conn: socket.socket, secret: bytes, host: str, line: str) -> None:
+    """The launcher agent's side: send ``host``'s ``line`` over ``conn``, bound to the
+    launch's challenge, and wait for its signed receipt; ValueError when the receipt is not
+    the launch's, OSError when the launch is gone or silent past :data:`REPORT_SECONDS`."""
+    _send_challenged(conn, secret, b"proxy line", b"taken",
+                     json.dumps({"host": host, "line": line}).encode())
+
+
+def receive_proxy_line(conn: socket.socket, secret: bytes) -> ProxyLine:
+    """The engine launch's side of :func:`send_proxy_line`: the host and line, once their
+    signature over a fresh challenge checks out, the receipt sent; ValueError or OSError
+    otherwise."""
+    challenge, payload = _receive_challenged(conn, secret, b"proxy line", _MAX_PROXY_LINE,
+                                             "a proxy line")
+    try:
+        fields = json.loads(payload)
+        found = ProxyLine(str(fields["host"]), str(fields["line"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"not a proxy line ({error})") from None
+    conn.sendall(mac(secret, b"taken", challenge, payload))
+    return found
 
 
 def job_secret(environ: Optional[Mapping[str, str]] = None) -> Optional[bytes]:

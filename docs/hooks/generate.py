@@ -73,6 +73,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
                          "([Running on Spark](spark.md), [Running on Ray](ray.md))",
     "HVD_ENGINE_SECRET": "an engine job's key, which signs the files in `HVD_ENGINE_FOLDER`",
     "HVD_ENGINE_WORKDIR": "the working folder of an engine job's agent, where its ranks work",
+    "HVD_ENGINE_LAUNCH_SECRET": "an engine launch's key under Open MPI, which signs the proxy "
+                                "commands that its launcher agent (`engine_ssh`) hands over",
     "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
     "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",

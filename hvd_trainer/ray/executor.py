@@ -98,6 +98,7 @@ class RayExecutor:
         self._pg = None
         self._env: Dict[str, str] = {}
         self._executable = (None, (), {})
+        self._flavour = ""  # the MPI launcher's, found by start()
 
     # -- start and stop ------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class RayExecutor:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        engine_launch.check_launcher()
+        self._flavour = engine_launch.check_launcher().flavour
         if not ray.is_initialized():
             ray.init()
         self._executable = (executable_cls, tuple(executable_args or ()),
@@ -210,10 +211,11 @@ class RayExecutor:
         if not self._agents:
             raise EngineError("RayExecutor: call start() first (or again after shutdown())")
         size = sum(count for _, count in layout)
-        launch = engine_launch.ManualLaunch(layout, engine_launch.rank_command(),
-                                            env={**_driver_path(), **self._env},
-                                            start_timeout=self.settings.timeout_s,
-                                            verbose=self.settings.verbose)
+        launch = engine_launch.AgentLaunch(layout, engine_launch.rank_command(),
+                                           flavour=self._flavour,
+                                           env={**_driver_path(), **self._env},
+                                           start_timeout=self.settings.timeout_s,
+                                           verbose=self.settings.verbose)
         outcomes: Dict[int, bytes] = {}
         lost: List[str] = []
         proxies: List[tuple] = []

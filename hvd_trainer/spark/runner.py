@@ -2,15 +2,17 @@
 are the agents.
 
 The tasks learn their hosts from one another (BarrierTaskContext.allGather), so the ranks are
-laid out by executor host; task 0 runs hvdrun with MPICH's manual launcher and hands each
-host's proxy line to the first task on that host (a second allGather); each such task runs
-its proxy, and returns the outcomes of its host's ranks as its task result. hvdrun runs in task
+laid out by executor host; task 0 runs hvdrun with an MPI launcher that hands over its proxy
+lines instead of starting them (hvd_trainer_launch.engine_launch), and hands each host's line
+to the first task on that host (a second allGather); each such task runs its proxy, and
+returns the outcomes of its host's ranks as its task result. hvdrun runs in task
 0 because Spark gives a running task no way to hear from the driver: the ranks' output shows
 in that executor's log as it comes, and on the driver (``stdout``/``stderr``) when the job ends.
 """
 import io
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -53,8 +55,10 @@ class _Tee(io.RawIOBase):
 
 
 def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, str],
-          hvdrun_args: List[str], executable: Optional[str], horovod: bool) -> Callable:
-    """The function each barrier task runs over its (unused) partition."""
+          flavour: str, mpi_args: List[str], hvdrun_args: List[str],
+          executable: Optional[str], horovod: bool) -> Callable:
+    """The function each barrier task runs over its (unused) partition (``flavour``: the
+    MPI launcher's, found on the driver: a task must not load the MPI library)."""
 
     def task(_partition):
         from pyspark import BarrierTaskContext
@@ -67,10 +71,10 @@ def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, st
         out, err = _Tee(sys.stdout.buffer), _Tee(sys.stderr.buffer)
         if index == 0:
             try:
-                launch = engine_launch.ManualLaunch(
-                    layout, engine_launch.rank_command(executable), env=env,
-                    start_timeout=start_timeout, out=out, err=err, hvdrun_args=hvdrun_args,
-                    horovod=horovod)
+                launch = engine_launch.AgentLaunch(
+                    layout, engine_launch.rank_command(executable), flavour=flavour, env=env,
+                    start_timeout=start_timeout, mpi_args=mpi_args, out=out, err=err,
+                    hvdrun_args=hvdrun_args, horovod=horovod)
                 message = json.dumps({"lines": launch.proxies(start_timeout)})
             except Exception as error:
                 message = json.dumps({"error": str(error)})
@@ -114,7 +118,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     if context is None:
         raise ValueError("hvd_trainer.spark.run needs an active SparkSession: create one "
                          "first (SparkSession.builder...getOrCreate())")
-    engine_launch.check_launcher()
+    flavour = engine_launch.check_launcher().flavour
     num_proc = num_proc or context.defaultParallelism
     if start_timeout is None:
         start_timeout = float(os.environ.get(_START_TIMEOUT_VARIABLE, _DEFAULT_START_TIMEOUT))
@@ -125,11 +129,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         hvdrun_args.append("--prefix-output-with-timestamp")
     if verbose and verbose >= 2:
         hvdrun_args.append("--verbose")
-    if extra_mpi_args:
-        hvdrun_args.append(f"--mpi-args={extra_mpi_args}")
     name = getattr(fn, "__name__", repr(fn))
     task = _task(engine_launch.payload(fn, args, kwargs), os.urandom(32), start_timeout,
-                 {str(k): str(v) for k, v in (env or {}).items()}, hvdrun_args, executable,
+                 {str(k): str(v) for k, v in (env or {}).items()}, flavour,
+                 shlex.split(extra_mpi_args or ""), hvdrun_args, executable,
                  engine_launch.driver_uses_shim())
     rows = _collect(context, num_proc, task, start_timeout)
     return _results(rows, num_proc, name, stdout or sys.stdout, stderr or sys.stderr)
@@ -158,13 +161,14 @@ def _collect(context, num_proc: int, task: Callable, start_timeout: float) -> li
         while thread.is_alive():
             thread.join(0.2)
             if deadline is not None and time.monotonic() >= deadline:
-                if _started(context, group) >= num_proc:
+                started = _started(context, group)
+                if started >= num_proc:
                     deadline = None
                 else:
                     context.cancelJobGroup(group)
                     thread.join(30)
                     raise EngineTimeout(
-                        f"hvd_trainer.spark.run: {_started(context, group)} of the {num_proc} "
+                        f"hvd_trainer.spark.run: {started} of the {num_proc} "
                         f"tasks started within start_timeout={start_timeout:g} s; a barrier "
                         f"job needs all {num_proc} task slots at once (Spark's default "
                         f"parallelism is {context.defaultParallelism}): add executors or ask "

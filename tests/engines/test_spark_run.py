@@ -90,6 +90,52 @@ def test_too_few_slots_fails_in_seconds(spark):
     assert time.monotonic() - started < 25
 
 
+def _holder_running(context, seconds):
+    """Whether the job group "holder" has a running task within ``seconds``."""
+    tracker, deadline = context.statusTracker(), time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for job in tracker.getJobIdsForGroup("holder"):
+            info = tracker.getJobInfo(job)
+            stages = [tracker.getStageInfo(stage) for stage in (info.stageIds if info else ())]
+            if any(stage and stage.numActiveTasks for stage in stages):
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def test_start_timeout_cancels_a_job_whose_tasks_cannot_all_start(spark):
+    import hvd_trainer.spark
+    context = spark.sparkContext
+    # Another job holds one of the 3 slots: the barrier job passes Spark's slot check (the
+    # cluster has 3), but Spark starts a barrier stage's tasks all at once, so none starts.
+    def hold(_):
+        import time
+        time.sleep(60)
+        yield 0
+
+    def holder():
+        context.setJobGroup("holder", "holds a slot", interruptOnCancel=True)
+        try:
+            context.parallelize([0], 1).mapPartitions(hold).collect()
+        except Exception:  # cancelled below
+            pass
+    from pyspark import InheritableThread
+    thread = InheritableThread(target=holder, daemon=True)
+    thread.start()
+    assert _holder_running(context, 60), "the holding job did not start"
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"of the 3 tasks started within "
+                                               r"start_timeout=4 s.*add executors or ask for a "
+                                               r"smaller num_proc"):
+            hvd_trainer.spark.run(_collective, args=(1.0,), num_proc=RANKS, start_timeout=4)
+        assert time.monotonic() - started < 40
+    finally:
+        context.cancelJobGroup("holder")
+        thread.join(30)
+    _wait_for_no_engine_processes(10)  # the next tests get every slot: the job was cancelled
+
+
 def _sleep_long():
     import time
     import hvd_trainer as hvd

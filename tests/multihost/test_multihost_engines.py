@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+import multihost
+
 HEAD = "10.213.0.1"
 PORT = 6379
 CPUS = {"h1": 2, "h2": 1, "h3": 1}
@@ -52,6 +54,23 @@ _DRIVER = textwrap.dedent("""
             raise RuntimeError("the rank on h3 fails")
         hvd.allreduce(np.ones(4))
 
+    def sleep_long(folder):
+        import os, time
+        import hvd_trainer as hvd
+        hvd.init()
+        open(os.path.join(folder, f"asleep.{hvd.rank()}"), "w").close()
+        time.sleep(120)
+
+    def when_asleep(folder, action):  # on a thread, once every rank of sleep_long sleeps
+        import glob, os, threading
+        for name in glob.glob(os.path.join(folder, "asleep.*")):
+            os.remove(name)
+        def watch():
+            while len(glob.glob(os.path.join(folder, "asleep.*"))) < 3:
+                time.sleep(0.2)
+            action()
+        threading.Thread(target=watch, daemon=True).start()
+
     ray.init(address=sys.argv[1], log_to_driver=False)
     deadline = time.monotonic() + 120
     while sum(node["Alive"] for node in ray.nodes()) < 3:
@@ -68,7 +87,22 @@ _DRIVER = textwrap.dedent("""
         spread.run(raise_on_h3)
     except Exception as error:
         print("RAISED", json.dumps(str(error)), flush=True)
+    # A killed agent: h3's actor, while the ranks sleep.
+    h3 = [host for host, _ in spread._layout].index("h3")
+    when_asleep(sys.argv[3], lambda: ray.kill(spread._agents[h3]))
+    try:
+        spread.run(sleep_long, args=[sys.argv[3]])
+    except Exception as error:
+        print("KILLED", json.dumps(str(error)), flush=True)
     spread.shutdown()
+    # Ctrl-C on the driver while the ranks sleep: the job ends, the driver with it.
+    spread.start()
+    import os, signal
+    when_asleep(sys.argv[3], lambda: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        spread.run(sleep_long, args=[sys.argv[3]])
+    except KeyboardInterrupt:
+        print("INTERRUPTED", json.dumps(None), flush=True)
 """)
 
 
@@ -122,16 +156,19 @@ def ray_bed(bed):
 
 @pytest.fixture(scope="module")
 def driver(bed, ray_bed):
-    """One driver run on h1: its PACKED results and RAISED message, and the bytes each other
-    host's link carried meanwhile."""
+    """One driver run on h1: its PACKED results, RAISED, KILLED and INTERRUPTED messages, the
+    bytes each other host's link carried meanwhile, and the job processes left on each host
+    after it."""
     before = {host: bed.link_bytes(host) for host in ("h2", "h3")}
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **_TOKEN)
-    done = bed.run("h1", [sys.executable, "-c", _DRIVER, ray_bed, str(PAYLOAD)], cwd=bed.shared,
-                   env=env, capture_output=True, text=True, timeout=400)
+    done = bed.run("h1", [sys.executable, "-c", _DRIVER, ray_bed, str(PAYLOAD), bed.shared],
+                   cwd=bed.shared, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
-             for line in done.stdout.splitlines() if line.startswith(("PACKED ", "RAISED "))}
-    return lines, {host: bed.link_bytes(host) - count for host, count in before.items()}
+             for line in done.stdout.splitlines()
+             if line.startswith(("PACKED ", "RAISED ", "KILLED ", "INTERRUPTED "))}
+    moved = {host: bed.link_bytes(host) - count for host, count in before.items()}
+    return lines, moved, multihost.wait_until_no_job_is_left(bed)
 
 
 def test_packed_layout_by_host(driver):
@@ -153,6 +190,15 @@ def test_data_crosses_the_link(driver):
     results, moved = driver[0]["PACKED"], driver[1]
     other = next(r["host"] for r in results if r["host"] != "h1")  # Ray packs h1 and one more
     assert moved[other] >= PAYLOAD
+
+
+def test_killed_agent_on_h3_is_named_and_leaves_nothing(driver):
+    assert "the agent on h3 was lost" in driver[0]["KILLED"]
+    assert driver[2] == {}  # no rank, wrapper or proxy on any host (their own ps)
+
+
+def test_ctrl_c_on_the_driver_ends_the_job(driver):
+    assert "INTERRUPTED" in driver[0]
 
 
 def test_rank_on_h3_raises_named(driver):

@@ -3,6 +3,9 @@ results or an error that names the rank and host, and the signed files between a
 its ranks (a tampered or foreign file is refused before it is read)."""
 import os
 import pickle
+import shlex
+import socket
+import threading
 
 import cloudpickle
 import pytest
@@ -74,7 +77,51 @@ def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypa
     monkeypatch.setenv(protocol.ENGINE_FOLDER_VARIABLE, folder)
     monkeypatch.setenv(protocol.ENGINE_SECRET_VARIABLE, secret.hex())
     monkeypatch.setenv("HOROVOD_RANK", "4")
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "hvd-agent0-elsewhere")  # Open MPI's name for it
     monkeypatch.chdir(folder)
     engine_rank.main()
     label = protocol.ENGINE_RESULT.format(rank=4)
     assert pickle.loads(signed_files.read_signed(folder, label, secret)) == ("ok", 5)
+    assert os.environ["HOROVOD_HOSTNAME"] == socket.gethostname()
+
+
+def test_launcher_agent_line_execs_the_daemon_in_the_shell_of_mpiruns_syntax():
+    from hvd_trainer_launch import engine_ssh
+    command = ["A=1;export A;/opt/bin/prted", "--uri", '"x@0;tcp://10.0.0.1:5"']
+    # The daemon replaces the shell; the quoted ';' in a later word stays as it was.
+    assert shlex.split(engine_ssh.proxy_line(command, "/bin/sh")) == \
+        ["/bin/sh", "-c", 'A=1;export A;exec /opt/bin/prted --uri "x@0;tcp://10.0.0.1:5"']
+    assert shlex.split(engine_ssh.proxy_line(["/opt/bin/prted", "-v"], "/bin/sh"))[2] == \
+        "exec /opt/bin/prted -v"
+
+
+def test_agent_names_are_distinct_and_dotless():
+    assert engine_launch.agent_names(["h1.example.org", "h_2", "h1"]) == \
+        ["hvd-agent0-h1", "hvd-agent1-h-2", "hvd-agent2-h1"]
+
+
+def test_proxy_line_exchange_is_signed_both_ways():
+    secret = os.urandom(32)
+    for sender_secret, taken in ((secret, True), (os.urandom(32), False)):
+        agent, launch = socket.socketpair()
+        got = {}
+
+        def serve():
+            try:
+                got["line"] = protocol.receive_proxy_line(launch, secret)
+            except ValueError as error:
+                got["error"] = error
+            launch.close()
+        server = threading.Thread(target=serve)
+        server.start()
+        if taken:
+            protocol.send_proxy_line(agent, sender_secret, "hvd-agent0-h1", "sh -c 'exec d'")
+        else:  # the launch refuses a line it cannot verify, and the agent hears no receipt
+            with pytest.raises(ConnectionError):
+                protocol.send_proxy_line(agent, sender_secret, "hvd-agent0-h1", "evil")
+        server.join()
+        agent.close()
+        if taken:
+            assert got["line"] == protocol.ProxyLine("hvd-agent0-h1", "sh -c 'exec d'")
+        else:
+            assert "not signed" in str(got["error"])
