@@ -6,11 +6,13 @@ payloads, and every rank decodes and sums them in rank order, so all ranks apply
 bit-identical updates.
 """
 import time
-from typing import Any, Dict, Hashable, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import ops
+from .compression import GatherCompressor
+from .powersgd import PowerSGD, PowerSGDSum
 from .runtime import ProcessSet, global_process_set
 from .traffic import CommStats
 
@@ -35,6 +37,14 @@ class ErrorFeedbackSum:
     def __init__(self, compressor: Any):
         self.compressor = compressor
         self.residuals: Dict[Hashable, np.ndarray] = {}
+
+    def state(self) -> Dict[Hashable, np.ndarray]:
+        """This rank's residuals, for checkpoints and elastic commits."""
+        return self.residuals
+
+    def restore(self, saved: Optional[Dict[Hashable, np.ndarray]]) -> None:
+        """Continue from what :meth:`state` returned (None: residuals start from zero)."""
+        self.residuals = dict(saved or {})
 
     def sum_(self, named: Sequence[Tuple[Hashable, np.ndarray]], name: str, scale: float = 1.0,
              process_set: ProcessSet = global_process_set,
@@ -61,3 +71,16 @@ class ErrorFeedbackSum:
         if stats is not None:
             stats.add_allgather(every.shape[0], send.size, sum(t.nbytes for _, t in named),
                                 encoded - tic, time.perf_counter() - gathered)
+
+
+def error_feedback(compression: Any) -> Union[ErrorFeedbackSum, PowerSGDSum, None]:
+    """The per-rank state that sums gradients for ``compression``: an ``ErrorFeedbackSum``
+    for a ``GatherCompressor``, a ``PowerSGDSum`` for PowerSGD, None for the others."""
+    if compression is PowerSGD:
+        raise ValueError("compression=Compression.powersgd must be called with its settings, "
+                         "e.g. compression=Compression.powersgd(rank=4)")
+    if isinstance(compression, GatherCompressor):
+        return ErrorFeedbackSum(compression)
+    if isinstance(compression, PowerSGD):
+        return PowerSGDSum(compression)
+    return None

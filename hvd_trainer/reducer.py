@@ -34,10 +34,10 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the joined rank learns what to serve with zeros.
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
   :func:`sparse.allreduce_rows`; dense ones in ``num_groups`` grouped calls, through the
-  compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
-  error-feedback residuals). fp16 rounds the float32 gradients straight into one float16
-  buffer, sums it and widens the sums straight back, on the adapter's ``kernels`` (see
-  backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
+  compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather, PowerSGD by its
+  factors' allreduce, both with this rank's error-feedback state). fp16 rounds the float32
+  gradients straight into one float16 buffer, sums it and widens the sums straight back, on
+  the adapter's ``kernels`` (backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
   the sum; the adapter folds f/size into its optimizer.
 - **Autotuning.** With ``HVD_AUTOTUNE=1`` the first steps try bucket thresholds and overlap
   on and off on a schedule of step numbers (:mod:`hvd_trainer.autotune`), the same on every
@@ -45,8 +45,8 @@ rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter backs before the next step). After the last sample the process set's first
   rank broadcasts its fastest setting, and every rank keeps it from the next step on.
 - **State.** :meth:`Reducer.gather_state` and :meth:`Reducer.scatter_state` move the residuals
-  and the settings they depend on between the ranks and the one rank that saves or loads a
-  checkpoint, without gathering every rank's residuals onto every rank.
+  (and PowerSGD's factors) and their settings between the ranks and the one rank that saves
+  or loads a checkpoint, without gathering every rank's residuals onto every rank.
 """
 import contextlib
 import functools
@@ -64,12 +64,13 @@ import numpy as np
 from . import agreement, autotune, fusion, handles, ops, runtime, scheduler, sparse, timeline
 from .backends.halves import NUMPY, Kernels
 from .compression import Compression, Compressor, GatherCompressor
-from .feedback import ErrorFeedbackSum
+from .feedback import error_feedback
 from .memory import KernelMemory
+from .powersgd import PowerSGD
 from .runtime import ProcessSet, global_process_set
 from .traffic import CommStats
 
-AnyCompressor = Union[Type[Compressor], GatherCompressor]
+AnyCompressor = Union[Type[Compressor], GatherCompressor, PowerSGD]
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,7 @@ class Reducer:
         self.compression = compression
         self.kernels = kernels
         self._wire = fusion.BufferPool()  # fp16's float16 buffer, kept from step to step
-        self.feedback = (ErrorFeedbackSum(compression)
-                         if isinstance(compression, GatherCompressor) else None)
+        self.feedback = error_feedback(compression)
         self.predivide = float(gradient_predivide_factor)
         self.num_groups = int(num_groups)
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -527,8 +527,8 @@ class Reducer:
     def _sum_tensors(self, tensors: Sequence[Tuple[int, np.ndarray]], stats: CommStats) -> None:
         """Sum (key, array) pairs across ranks in place, in ``num_groups`` grouped calls.
 
-        Arrays a GatherCompressor accepts go by one allgather per group (with error feedback,
-        see ``compression.ErrorFeedbackSum``), the others by allreduce through the compressor.
+        Arrays the error feedback's compressor accepts go through it (a GatherCompressor's by
+        allgather, PowerSGD takes all), the others by allreduce through the compressor.
         """
         feedback = self.feedback
         compressor = self.compression if feedback is None else Compression.none
@@ -607,11 +607,11 @@ class Reducer:
         return {"compression": compression_key(self.compression), "size": self.size}
 
     def gather_state(self, name: str) -> Optional[Dict[str, Any]]:
-        """Every member's residuals and the settings they belong to, on the set's first rank
-        (None on the others); None everywhere without error feedback. A collective."""
+        """Every member's error-feedback state and the settings it belongs to, on the set's
+        first rank (None on the others); None everywhere without error feedback. A collective."""
         if self.feedback is None:
             return None
-        every = ops.gather_object(self.feedback.residuals, self.process_set.ranks[0],
+        every = ops.gather_object(self.feedback.state(), self.process_set.ranks[0],
                                   name, self.process_set)
         return None if every is None else dict(self._settings(), residuals=every)
 
@@ -644,4 +644,4 @@ class Reducer:
         if root and every is None:
             every = [None] * self.size
         mine = ops.scatter_object(every, self.process_set.ranks[0], name, self.process_set)
-        self.feedback.residuals = {} if mine is None else dict(mine)
+        self.feedback.restore(mine)

@@ -18,7 +18,8 @@ import numpy as np
 from .. import checkpoint, files, runtime
 from ..compression import Compression, Compressor, GatherCompressor
 from ..compression import from_params as compression_from_params
-from ..reducer import Reducer, check_settings
+from ..powersgd import PowerSGD
+from ..reducer import AnyCompressor, Reducer, check_settings
 from ..runtime import ProcessSet, global_process_set
 from ..sparse import Exchange
 from ..steps import Steps
@@ -31,9 +32,8 @@ from .gradients import ReducedGradients
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named, parameter_list
 
-def _compressor(compression: Union[Type[Compressor], GatherCompressor],
-                compression_params: Optional[Dict[str, Any]]
-                ) -> Union[Type[Compressor], GatherCompressor]:
+def _compressor(compression: AnyCompressor, compression_params: Optional[Dict[str, Any]]
+                ) -> AnyCompressor:
     """Map MXNet's ``compression_params`` onto a compressor; ``compression`` when it is None."""
     if compression_params is None:
         return compression
@@ -44,9 +44,10 @@ def _compressor(compression: Union[Type[Compressor], GatherCompressor],
 
 def _is_compression(value: Any) -> bool:
     """Whether ``value`` is a compression (``Compression.none``/``fp16``, a Compressor class
-    of one's own, or a ``GatherCompressor``) rather than a kvstore."""
-    return isinstance(value, GatherCompressor) or (isinstance(value, type)
-                                                  and issubclass(value, Compressor))
+    of one's own, a ``GatherCompressor`` or ``Compression.powersgd(...)``) rather than a
+    kvstore."""
+    return isinstance(value, (GatherCompressor, PowerSGD)) or value is PowerSGD or (
+        isinstance(value, type) and issubclass(value, Compressor))
 
 
 class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
@@ -75,6 +76,9 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
       ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
       ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
       order; the residuals of error feedback are per rank and go into ``save_checkpoint``.
+      ``compression=Compression.powersgd(rank=...)`` (or ``compression_params`` of type
+      ``powersgd``) sums low-rank factors by allreduce (:mod:`hvd_trainer.powersgd`); its
+      residuals, factors and counts go into ``save_checkpoint`` too.
       ``communication_stats`` holds the last step's traffic and codec time.
     - Tensor names are ``prefix`` + the parameter's index in Gluon's order (sorted keys of a
       dict), so two trainers in one process need different prefixes.
@@ -99,7 +103,7 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
                  compression_params=None, update_on_kvstore=None, *,
-                 compression: Union[Type[Compressor], GatherCompressor] = Compression.none,
+                 compression: AnyCompressor = Compression.none,
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):
@@ -122,7 +126,8 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
         elif not (kvstore is None or isinstance(kvstore, (str, mx.kvstore.KVStoreBase))):
             raise TypeError(f"DistributedTrainer's 4th argument is {kvstore!r}: give gluon."
                             "Trainer's kvstore (a str or KVStore) or horovod.mxnet's compression "
-                            "(Compression.none, Compression.fp16 or a GatherCompressor)")
+                            "(Compression.none, Compression.fp16, Compression.powersgd(...) or a "
+                            "GatherCompressor)")
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: DistributedTrainer "
                              "allreduces gradients and updates on every rank; pass "
