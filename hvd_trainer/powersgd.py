@@ -82,6 +82,18 @@ class PowerSGD:
         self.warm_start = warm_start
         self.seed = _whole(seed, "seed", 0, "the seed of the first Q, the same on every rank")
 
+    def _settings(self) -> Tuple[Any, ...]:
+        return (self.rank, self.start_iter, self.min_compression_rate, self.use_error_feedback,
+                self.warm_start, self.seed)
+
+    def __eq__(self, other: Any) -> bool:
+        # Equal settings are one compressor: an adapter that keeps a reducer per compressor
+        # (TensorFlow's tapes, made anew each step) keeps its state across new instances.
+        return isinstance(other, PowerSGD) and self._settings() == other._settings()
+
+    def __hash__(self) -> int:
+        return hash(self._settings())
+
     def accepts(self, tensor: Any) -> bool:
         """True: every tensor goes to :class:`PowerSGDSum`, which sums those it does not
         factor exactly, in the allreduce of the P's."""
