@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any, Callable, NamedTuple, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -34,6 +35,59 @@ def mlp(inputs: int, width: int, layers: int):
     return torch.nn.Sequential(*modules, torch.nn.Linear(width, 10))
 
 
+class Timing(NamedTuple):
+    """How a launch's ranks agree: this rank, the slowest rank's value, a barrier."""
+
+    rank: int
+    slowest: Callable[[float], float]
+    barrier: Callable[[], None]
+
+
+def hvd_timing() -> Timing:
+    """Timing over hvd_trainer.torch's ranks (initialises it)."""
+    import torch
+    import hvd_trainer.torch as hvd
+    hvd.init()
+    return Timing(hvd.rank(), lambda v: hvd.allreduce(torch.tensor([v]), op=hvd.Max).item(),
+                  hvd.barrier)
+
+
+def ddp_timing() -> Timing:
+    """Timing over torch.distributed's gloo ranks (initialises the process group)."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+
+    def slowest(value: float) -> float:
+        t = torch.tensor([value])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+    return Timing(dist.get_rank(), slowest, dist.barrier)
+
+
+def seconds_per_step(net: Any, optimizer: Any, inputs: int, steps: int, warmup: int,
+                     timing: Timing) -> float:
+    """Best seconds per training step over the repetitions; the slowest rank sets the pace."""
+    import torch
+    x, y = torch.randn(BATCH, inputs), torch.randint(0, 10, (BATCH,))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    best = float("inf")
+    for _ in range(REPETITIONS):
+        timing.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        best = min(best, timing.slowest((time.perf_counter() - start) / steps))
+    return best
+
+
 def measure(variant: str, name: str) -> None:
     """One launch's worker: time the training step of ``variant`` on model ``name``."""
     import torch
@@ -43,63 +97,30 @@ def measure(variant: str, name: str) -> None:
     net = mlp(inputs, width, layers)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     if variant == "hvd":
+        timing = hvd_timing()
         import hvd_trainer.torch as hvd
-        hvd.init()
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
-        rank = hvd.rank()
-
-        def slowest(value: float) -> float:
-            return hvd.allreduce(torch.tensor([value]), op=hvd.Max).item()
-        barrier = hvd.barrier
     elif variant == "ddp":
-        import torch.distributed as dist
-        dist.init_process_group("gloo")
+        timing = ddp_timing()
         net = torch.nn.parallel.DistributedDataParallel(net)
-        rank = dist.get_rank()
-
-        def slowest(value: float) -> float:
-            t = torch.tensor([value])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return t.item()
-        barrier = dist.barrier
     else:
-        rank = 0
-
-        def slowest(value: float) -> float:
-            return value
-
-        def barrier() -> None:
-            pass
-    x, y = torch.randn(BATCH, inputs), torch.randint(0, 10, (BATCH,))
-
-    def step() -> None:
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        optimizer.step()
-
-    for _ in range(WARMUP):
-        step()
-    best = float("inf")
-    for _ in range(REPETITIONS):
-        barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        best = min(best, slowest((time.perf_counter() - start) / steps))
-    if rank == 0:
+        timing = Timing(0, lambda value: value, lambda: None)
+    best = seconds_per_step(net, optimizer, inputs, steps, WARMUP, timing)
+    if timing.rank == 0:
         result = {"seconds": best}
         if variant == "hvd":  # which tree it imported (train_step.py --against checks it)
             result["file"] = hvd.__file__
         common.report(result)
 
 
-def launch(variant: str, name: str) -> float:
-    """Seconds per step of one launch of ``variant``."""
-    worker = [os.path.abspath(__file__), "--worker", variant, name]
+def launch(variant: str, name: str, script: str = __file__, options: Sequence[str] = ()) -> float:
+    """Seconds per step of one launch of ``variant`` (of ``script``'s workers, given
+    ``options``: through hvdrun when it starts with "hvd", torchrun when with "ddp")."""
+    worker = [os.path.abspath(script), *options, "--worker", variant, name]
     if variant == "single":
         cmd = [sys.executable] + worker
-    elif variant == "hvd":
+    elif variant.startswith("hvd"):
         cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--no-prefix",
                sys.executable] + worker
     else:

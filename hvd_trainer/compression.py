@@ -7,6 +7,9 @@ Two kinds, by transport:
 - :class:`GatherCompressor` (2-bit, 1-bit, top-k): packed payloads that cannot be summed.
   They travel by allgather with per-rank residuals (:mod:`hvd_trainer.collectives.feedback`).
 
+PowerSGD (``Compression.powersgd(rank=...)``, :mod:`hvd_trainer.collectives.powersgd`) is neither: its
+low-rank factors are summed by allreduce.
+
 :func:`from_params` maps MXNet's ``compression_params`` onto one of these. Tensors may be NumPy
 arrays or, for :class:`Compressor`, anything with ``dtype`` and ``astype`` (NDArrays), so
 Horovod scripts that call ``Compression.fp16.compress`` themselves keep working.
@@ -17,6 +20,8 @@ import numbers
 from typing import Any, Dict, Tuple, Type, Union
 
 import numpy as np
+
+from .collectives.powersgd import PowerSGD
 
 # Encoders work through long tensors in chunks of this many elements (512 KiB of float32),
 # so that each vectorised pass runs in the L2 cache instead of main memory.
@@ -60,10 +65,12 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """Horovod's namespace of compressors: ``Compression.none`` and ``Compression.fp16``."""
+    """Horovod's namespace of compressors: ``Compression.none`` and ``Compression.fp16``, and
+    ``Compression.powersgd(rank=..., ...)`` (see :class:`hvd_trainer.collectives.powersgd.PowerSGD`)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    powersgd = PowerSGD
 
 
 class GatherCompressor(abc.ABC):
@@ -303,7 +310,9 @@ class TopK(GatherCompressor):
 # -- compression_params ---------------------------------------------------------------------
 _TYPES = {"fp16": (None, {}), "2bit": (TwoBit, {"threshold": 0.5}),
           "1bit": (OneBit, {"threshold": 0.5}), "topk": (TopK, {"ratio": None}),
-          "scaled_2bit": (ScaledTwoBit, {"threshold": 1.0})}
+          "scaled_2bit": (ScaledTwoBit, {"threshold": 1.0}),
+          "powersgd": (PowerSGD, {"rank": 1, "start_iter": 1000, "min_compression_rate": 2.0,
+                                  "use_error_feedback": True, "warm_start": True, "seed": 0})}
 
 
 def _number(value: Any, what: str) -> float:
@@ -312,12 +321,14 @@ def _number(value: Any, what: str) -> float:
     return float(value)
 
 
-def from_params(params: Dict[str, Any]) -> Union[Type[Compressor], GatherCompressor]:
+def from_params(params: Dict[str, Any]
+                ) -> Union[Type[Compressor], GatherCompressor, PowerSGD]:
     """The compressor for MXNet-style ``compression_params``, with every option checked.
 
     Types: ``fp16``; ``2bit`` and ``1bit`` (``threshold``, default 0.5 as in MXNet);
     ``scaled_2bit`` (``threshold`` in units of the tensor's mean |g|, default 1); ``topk``
-    (``ratio`` in (0, 1], required). Every type but fp16 also takes ``min_size``.
+    (``ratio`` in (0, 1], required). Every type but fp16 and powersgd also takes ``min_size``.
+    ``powersgd`` takes :class:`~hvd_trainer.collectives.powersgd.PowerSGD`'s keyword arguments.
     """
     valid = ", ".join(repr(t) for t in _TYPES)
     if not isinstance(params, dict) or "type" not in params:
@@ -327,13 +338,15 @@ def from_params(params: Dict[str, Any]) -> Union[Type[Compressor], GatherCompres
     if kind not in _TYPES:
         raise ValueError(f"compression_params type {kind!r} is unknown; valid types: {valid}")
     cls, defaults = _TYPES[kind]
-    allowed = set(defaults) | ({"min_size"} if cls else set())
+    allowed = set(defaults) | ({"min_size"} if cls not in (None, PowerSGD) else set())
     unknown = sorted(set(params) - allowed - {"type"})
     if unknown:
         raise ValueError(f"compression_params for {kind!r} got unknown keys {unknown}; it "
                          f"takes {sorted(allowed) or 'no options'}")
     if cls is None:
         return Compression.fp16
+    if cls is PowerSGD:
+        return PowerSGD(**{key: params.get(key, default) for key, default in defaults.items()})
     options = {key: params.get(key, default) for key, default in defaults.items()}
     if "ratio" in options:
         if options["ratio"] is None:

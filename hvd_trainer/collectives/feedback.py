@@ -36,6 +36,14 @@ class ErrorFeedbackSum:
         self.compressor = compressor
         self.residuals: Dict[Hashable, np.ndarray] = {}
 
+    def state(self) -> Dict[Hashable, np.ndarray]:
+        """This rank's residuals, for checkpoints and elastic commits."""
+        return self.residuals
+
+    def restore(self, saved: Optional[Dict[Hashable, np.ndarray]]) -> None:
+        """Continue from what :meth:`state` returned (None: residuals start from zero)."""
+        self.residuals = dict(saved or {})
+
     def sum_(self, named: Sequence[Tuple[Hashable, np.ndarray]], name: str, scale: float = 1.0,
              process_set: ProcessSet = global_process_set,
              stats: Optional[CommStats] = None) -> None:

@@ -10,17 +10,17 @@ gradients (buckets as NDArrays, contexts, per-bucket updates).
 """
 import pickle
 import warnings
-from typing import Any, Dict, List, Optional, Type, Union
+from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 import numpy as np
 
 from ..training import checkpoint
 from ..runtime import files, runtime
-from ..compression import Compression, Compressor, GatherCompressor
+from ..compression import Compression
 from ..compression import from_params as compression_from_params
 from ..training.reducer import Reducer
-from ..training.buckets import check_settings
+from ..training.buckets import AnyCompressor, check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.sparse import Exchange
 from ..training.steps import Steps
@@ -33,9 +33,8 @@ from .optimizer import DistributedOptimizer
 from .parameters import broadcast_named, parameter_list
 from .trainer_arguments import read_positional
 
-def _compressor(compression: Union[Type[Compressor], GatherCompressor],
-                compression_params: Optional[Dict[str, Any]]
-                ) -> Union[Type[Compressor], GatherCompressor]:
+def _compressor(compression: AnyCompressor, compression_params: Optional[Dict[str, Any]]
+                ) -> AnyCompressor:
     """Map MXNet's ``compression_params`` onto a compressor; ``compression`` when it is None."""
     if compression_params is None:
         return compression
@@ -62,14 +61,17 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
       ``compression=Compression.fp16``.
     - Both positional orders work. The 4th argument is gluon.Trainer's ``kvstore`` when it
       is a str, a KVStore or None, and horovod.mxnet's ``compression`` when it is a
-      compression (``Compression.none``, ``Compression.fp16``, a Compressor subclass or a
-      ``GatherCompressor``); anything else is a TypeError. After a compression, a number as
+      compression (``Compression.none``, ``Compression.fp16``, a Compressor subclass, a
+      ``GatherCompressor`` or ``Compression.powersgd(...)``); anything else is a TypeError. After a compression, a number as
       5th argument is Horovod's ``gradient_predivide_factor`` and a str as 6th its
       ``prefix``; ``num_groups`` and ``process_set`` are keywords here.
     - ``compression_params`` of type 2bit, 1bit, topk or scaled_2bit (or a
       ``compression.GatherCompressor`` as ``compression``) send float32 gradients of at least
       ``min_size`` elements packed, by allgather, and every rank decodes and sums them in rank
       order; the residuals of error feedback are per rank and go into ``save_checkpoint``.
+      ``compression=Compression.powersgd(rank=...)`` (or ``compression_params`` of type
+      ``powersgd``) sums low-rank factors by allreduce (:mod:`hvd_trainer.collectives.powersgd`);
+      its residuals, factors and counts go into ``save_checkpoint`` too.
       ``communication_stats`` holds the last step's traffic and codec time.
     - Tensor names are ``prefix`` + the parameter's index in Gluon's order (sorted keys of a
       dict), so two trainers in one process need different prefixes.
@@ -94,7 +96,7 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore="device",
                  compression_params=None, update_on_kvstore=None, *,
-                 compression: Union[Type[Compressor], GatherCompressor] = Compression.none,
+                 compression: AnyCompressor = Compression.none,
                  gradient_predivide_factor: float = 1.0, prefix: Optional[str] = None,
                  root_rank: Optional[int] = None, process_set: ProcessSet = global_process_set,
                  num_groups: int = 0, sparse_as_dense: bool = False):

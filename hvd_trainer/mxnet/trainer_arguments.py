@@ -3,16 +3,16 @@
 gluon.Trainer takes ``(params, optimizer, optimizer_params, kvstore, compression_params,
 update_on_kvstore)``; horovod.mxnet's DistributedTrainer takes ``(params, optimizer,
 optimizer_params, compression, gradient_predivide_factor, prefix)``. A 4th argument that is a
-compression (``Compression.none``/``fp16``, a Compressor class of one's own or a
-GatherCompressor) selects horovod.mxnet's order; anything else is gluon's kvstore.
+compression (``Compression.none``/``fp16``, a Compressor class of one's own, a
+GatherCompressor or ``Compression.powersgd(...)``) selects horovod.mxnet's order; anything else is gluon's kvstore.
 """
-from typing import Any, NamedTuple, Optional, Type, Union
+from typing import Any, NamedTuple, Optional
 
 import mxnet as mx
 
+from ..collectives.powersgd import PowerSGD
 from ..compression import Compression, Compressor, GatherCompressor
-
-AnyCompressor = Union[Type[Compressor], GatherCompressor]
+from ..training.buckets import AnyCompressor
 
 
 class TrainerArguments(NamedTuple):
@@ -28,9 +28,10 @@ class TrainerArguments(NamedTuple):
 
 def is_compression(value: Any) -> bool:
     """Whether ``value`` is a compression (``Compression.none``/``fp16``, a Compressor class
-    of one's own, or a ``GatherCompressor``) rather than a kvstore."""
-    return isinstance(value, GatherCompressor) or (isinstance(value, type)
-                                                  and issubclass(value, Compressor))
+    of one's own, a ``GatherCompressor`` or ``Compression.powersgd(...)``) rather than a
+    kvstore."""
+    return isinstance(value, (GatherCompressor, PowerSGD)) or value is PowerSGD or (
+        isinstance(value, type) and issubclass(value, Compressor))
 
 
 def _is_number(value: Any) -> bool:
@@ -51,7 +52,8 @@ def read_positional(fourth: Any, fifth: Any, sixth: Any, *, compression: AnyComp
         if not (fourth is None or isinstance(fourth, (str, mx.kvstore.KVStoreBase))):
             raise TypeError(f"DistributedTrainer's 4th argument is {fourth!r}: give gluon."
                             "Trainer's kvstore (a str or KVStore) or horovod.mxnet's compression "
-                            "(Compression.none, Compression.fp16 or a GatherCompressor)")
+                            "(Compression.none, Compression.fp16, Compression.powersgd(...) or a "
+                            "GatherCompressor)")
         return TrainerArguments(fourth, fifth, sixth, compression, gradient_predivide_factor,
                                 prefix)
     if compression is not Compression.none:

@@ -11,6 +11,7 @@ from typing import Any, Tuple
 import tensorflow as tf
 
 from ..compression import Compressor, NoneCompressor
+from ..collectives.powersgd import PowerSGD
 
 
 class FP16Compressor(Compressor):
@@ -29,7 +30,9 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """Horovod's namespace of compressors."""
+    """Horovod's namespace of compressors, and ``Compression.powersgd(rank=..., ...)`` (the
+    core's :class:`~hvd_trainer.collectives.powersgd.PowerSGD`, applied by the gradient reducer)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    powersgd = PowerSGD

@@ -14,6 +14,7 @@ import torch
 
 from ..backends import halves
 from ..compression import Compressor, NoneCompressor
+from ..collectives.powersgd import PowerSGD
 from . import bridge
 
 
@@ -57,7 +58,9 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """Horovod's namespace of compressors."""
+    """Horovod's namespace of compressors, and ``Compression.powersgd(rank=..., ...)`` (the
+    core's :class:`~hvd_trainer.collectives.powersgd.PowerSGD`, applied by the gradient reducer)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    powersgd = PowerSGD

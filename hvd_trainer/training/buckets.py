@@ -11,10 +11,11 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..coordination import handles
+from ..collectives.powersgd import PowerSGD
 from ..compression import Compressor, GatherCompressor
 
 
-AnyCompressor = Union[Type[Compressor], GatherCompressor]
+AnyCompressor = Union[Type[Compressor], GatherCompressor, PowerSGD]
 
 
 @dataclass(frozen=True)

@@ -5,23 +5,39 @@ when ``num_groups`` > 0) are summed in ``num_groups`` grouped calls: through the
 by allreduce (fp16 rounds float32 arrays straight into one float16 wire buffer and widens
 the sums straight back, on the adapter's ``kernels``), or, for the arrays a
 :class:`GatherCompressor` accepts, by one allgather per group with this rank's error-feedback
-residuals (:class:`~hvd_trainer.collectives.feedback.ErrorFeedbackSum`).
+residuals (:class:`~hvd_trainer.collectives.feedback.ErrorFeedbackSum`), and with PowerSGD by
+its factors' allreduce with its residuals and factors
+(:class:`~hvd_trainer.collectives.powersgd.PowerSGDSum`).
 """
 import time
 from itertools import accumulate
-from typing import Optional, Sequence, Tuple
+from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..collectives import arguments, fusion, ops
 from ..collectives.feedback import ErrorFeedbackSum
 from ..collectives.memory import KernelMemory
+from ..collectives.powersgd import PowerSGD, PowerSGDSum
 from ..collectives.traffic import CommStats
 from ..compression import Compression, GatherCompressor
 from ..runtime import timeline
 from ..backends.halves import Kernels
 from ..runtime.runtime import ProcessSet
 from .buckets import AnyCompressor
+
+
+def error_feedback(compression: Any) -> Union[ErrorFeedbackSum, PowerSGDSum, None]:
+    """The per-rank state that sums gradients for ``compression``: an ``ErrorFeedbackSum``
+    for a ``GatherCompressor``, a ``PowerSGDSum`` for PowerSGD, None for the others."""
+    if compression is PowerSGD:
+        raise ValueError("compression=Compression.powersgd must be called with its settings, "
+                         "e.g. compression=Compression.powersgd(rank=4)")
+    if isinstance(compression, GatherCompressor):
+        return ErrorFeedbackSum(compression)
+    if isinstance(compression, PowerSGD):
+        return PowerSGDSum(compression)
+    return None
 
 
 class DenseSums:
@@ -38,8 +54,7 @@ class DenseSums:
         self.process_set = process_set
         self.kernels = kernels
         self._wire = fusion.BufferPool()  # fp16's float16 buffer, kept from step to step
-        self.feedback: Optional[ErrorFeedbackSum] = (
-            ErrorFeedbackSum(compression) if isinstance(compression, GatherCompressor) else None)
+        self.feedback = error_feedback(compression)
 
     @property
     def size(self) -> int:
@@ -49,8 +64,8 @@ class DenseSums:
     def sum_(self, tensors: Sequence[Tuple[int, np.ndarray]], stats: CommStats) -> None:
         """Sum (key, array) pairs across ranks in place, in ``num_groups`` grouped calls.
 
-        Arrays a GatherCompressor accepts go by one allgather per group (with error feedback,
-        see ``compression.ErrorFeedbackSum``), the others by allreduce through the compressor.
+        Arrays the error feedback's compressor accepts go through it (a GatherCompressor's by
+        allgather, PowerSGD takes all), the others by allreduce through the compressor.
         """
         feedback = self.feedback
         compressor = self.compression if feedback is None else Compression.none

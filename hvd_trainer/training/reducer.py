@@ -33,9 +33,9 @@ the rest, as PyTorch DDP's ``Reducer`` does for DDP:
   rank is joined (:mod:`hvd_trainer.collectives.joined`): then each makes its own agreement, from
   which the joined rank learns what to serve with zeros.
 - **Per-tensor paths.** Other gradients are reduced after the buckets: row-sparse ones by
-  :func:`sparse.allreduce_rows`; dense ones (dense_sums.py) in ``num_groups`` grouped calls, through
-  the compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather with this rank's
-  error-feedback residuals). fp16 rounds the float32 gradients straight into one float16
+  :func:`sparse.allreduce_rows`; dense ones (dense_sums.py) in ``num_groups`` grouped calls,
+  through the compressor (fp16 by allreduce; a :class:`GatherCompressor` by allgather,
+  PowerSGD by its factors' allreduce, both with this rank's error-feedback state). fp16 rounds the float32 gradients straight into one float16
   buffer, sums it and widens the sums straight back, on the adapter's ``kernels`` (see
   backends/halves.py). ``gradient_predivide_factor`` f scales every gradient by 1/f before
   the sum; the adapter folds f/size into its optimizer.
@@ -45,7 +45,7 @@ the rest, as PyTorch DDP's ``Reducer`` does for DDP:
   the adapter backs before the next step). After the last sample the process set's first
   rank broadcasts its fastest setting, and every rank keeps it from the next step on.
 - **State.** :meth:`Reducer.gather_state` and :meth:`Reducer.scatter_state` move the residuals
-  and the settings they depend on between the ranks and the one rank that saves or loads a
+  (and PowerSGD's factors) and the settings they depend on between the ranks and the one rank that saves or loads a
   checkpoint, without gathering every rank's residuals onto every rank.
 """
 import contextlib
@@ -444,11 +444,11 @@ class Reducer:
         return {"compression": compression_key(self.compression), "size": self.size}
 
     def gather_state(self, name: str) -> Optional[Dict[str, Any]]:
-        """Every member's residuals and the settings they belong to, on the set's first rank
-        (None on the others); None everywhere without error feedback. A collective."""
+        """Every member's error-feedback state and the settings it belongs to, on the set's
+        first rank (None on the others); None everywhere without error feedback. A collective."""
         if self.feedback is None:
             return None
-        every = objects.gather_object(self.feedback.residuals, self.process_set.ranks[0],
+        every = objects.gather_object(self.feedback.state(), self.process_set.ranks[0],
                                       name, self.process_set)
         return None if every is None else dict(self._settings(), residuals=every)
 
@@ -481,4 +481,4 @@ class Reducer:
         if root and every is None:
             every = [None] * self.size
         mine = objects.scatter_object(every, self.process_set.ranks[0], name, self.process_set)
-        self.feedback.residuals = {} if mine is None else dict(mine)
+        self.feedback.restore(mine)

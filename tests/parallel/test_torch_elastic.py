@@ -77,4 +77,4 @@ def test_discovery_grows_the_torch_job_at_a_commit_mid_epoch(tmp_path):
 
 def test_any_rank_s_commit_restores_every_rank_s_compression_residuals(tmp_path):
     proc = run_ranks("elastic_torch_residuals.py", 2, [str(tmp_path)])
-    assert "RESIDUALS OK" in proc.stdout
+    assert "RESIDUALS OK" in proc.stdout and "POWERSGD OK" in proc.stdout

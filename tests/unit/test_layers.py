@@ -111,17 +111,18 @@ LAYER_RANKS = {
     "backends": 0,                      # Communicator implementations over MPI, NCCL, one rank
     "runtime": 1,                       # the world, settings, safe files, timeline
     "coordination": 2,                  # scheduling, matching, agreement
-    "collectives": 3, "compression": 3,  # operations on arrays and objects; codecs
-    "training": 4, "elastic": 4, "cuda": 4,  # reducer and steps; elastic state; GPU kernels
-    "mxnet": 5, "torch": 5, "tensorflow": 5, "keras": 5,  # framework adapters
-    "runner": 5, "spark": 5, "ray": 5,  # hvd_trainer.run and the engines: launcher side
+    "collectives": 3,                   # operations on arrays and objects
+    "compression": 4,                   # codecs, and PowerSGD's settings (its sums: collectives)
+    "training": 5, "elastic": 5, "cuda": 5,  # reducer and steps; elastic state; GPU kernels
+    "mxnet": 6, "torch": 6, "tensorflow": 6, "keras": 6,  # framework adapters
+    "runner": 6, "spark": 6, "ray": 6,  # hvd_trainer.run and the engines: launcher side
 }
 ALLOWED_IMPORTS = {
     "backends": set(),
     "runtime": {"backends"},
     "coordination": {"backends", "runtime"},
     "collectives": {"backends", "runtime", "coordination"},
-    "compression": set(),
+    "compression": {"collectives"},
     "training": {"backends", "runtime", "coordination", "collectives", "compression"},
     "elastic": {"runtime", "collectives"},
     "cuda": {"backends", "runtime", "collectives", "compression"},

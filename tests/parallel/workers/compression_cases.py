@@ -6,8 +6,8 @@
   dequantized values, so the weights must agree bit for bit;
 - topk with ratio 1 sends everything: equal to uncompressed gluon.Trainer on the global batch;
 - every type leaves bit-identical weights on every rank;
-- save_checkpoint / load_checkpoint keep the residuals: a resumed run continues
-  bit-identically;
+- save_checkpoint / load_checkpoint keep the residuals (PowerSGD's factors and counts too): a
+  resumed run continues bit-identically;
 - communication_stats count the bytes of each transport.
 Run with the pytest temporary directory as the only argument.
 """
@@ -163,7 +163,7 @@ class Int8(GatherCompressor):
 def every_type_same_on_all_ranks():
     for params in ({"type": "1bit", "threshold": 0.0}, {"type": "topk", "ratio": 0.01},
                    {"type": "scaled_2bit"}, {"type": "fp16"}, {"type": "2bit", "min_size": 0},
-                   None):
+                   {"type": "powersgd", "rank": 2, "start_iter": 2}, None):
         kwargs = {"compression": Int8()} if params is None else None
         start, end, trainer, _ = distributed(params, batches(9), bias=True,
                                              trainer_kwargs=kwargs)
@@ -172,14 +172,14 @@ def every_type_same_on_all_ranks():
         if params is None:  # 1 byte per element of the two weights, by allgather
             n = hvd_trainer.size()
             assert trainer.communication_stats.bytes_sent >= (n - 1) * (1280 + 1024)
-    say("1bit, topk, scaled_2bit, fp16, 2bit with biases, a user's compressor: identical "
-        "weights on every rank")
+    say("1bit, topk, scaled_2bit, fp16, 2bit with biases, powersgd, a user's compressor: "
+        "identical weights on every rank")
 
 
-def resume_keeps_residuals(directory):
-    data, params = batches(10), {"type": "2bit", "threshold": 0.02}
+def resume_keeps_residuals(directory, params):
+    data = batches(10)
     _, _, trainer, net = distributed(params, data[:3])
-    fname = os.path.join(directory, "compressed.checkpoint")
+    fname = os.path.join(directory, f"{params['type']}.checkpoint")
     trainer.save_checkpoint(fname)
     middle = weights(net)
     for x, y in data[3:]:
@@ -196,8 +196,8 @@ def resume_keeps_residuals(directory):
         backward(net2, mine(x), mine(y), [mx.cpu()])
         trainer2.step(PER_RANK)
     for i, (a, b) in enumerate(zip(weights(net2), uninterrupted)):
-        assert np.array_equal(a, b), f"resumed run differs in tensor {i}"
-    say("save_checkpoint / load_checkpoint keep every rank's residuals")
+        assert np.array_equal(a, b), f"{params}: resumed run differs in tensor {i}"
+    say(f"{params}: save_checkpoint / load_checkpoint keep every rank's state")
 
 
 def stats_count_bytes():
@@ -220,6 +220,9 @@ if __name__ == "__main__":
     run_cases({"equals_mxnet_2bit": equals_mxnet_2bit,
                "topk_everything_is_uncompressed": topk_everything_is_uncompressed,
                "every_type_same_on_all_ranks": every_type_same_on_all_ranks,
-               "resume_keeps_residuals": lambda: resume_keeps_residuals(sys.argv[1]),
+               "resume_keeps_residuals": lambda: resume_keeps_residuals(
+                   sys.argv[1], {"type": "2bit", "threshold": 0.02}),
+               "resume_keeps_powersgd_state": lambda: resume_keeps_residuals(
+                   sys.argv[1], {"type": "powersgd", "rank": 2, "start_iter": 1}),
                "stats_count_bytes": stats_count_bytes},
               rank=hvd_trainer.rank(), selected=sys.argv[2:])

@@ -1,7 +1,7 @@
 """N ranks with per-rank batch B against one process with batch N·B, computed on every rank
 as the reference: DistributedGradientTape (eager and in a tf.function, SGD with momentum and
 Adam, an embedding's IndexedSlices with and without sparse_as_dense, op=Sum, a predivide
-factor, fp16 compression, a variable without a gradient on some ranks) and the Keras 3
+factor, fp16 compression, PowerSGD against its NumPy model, a variable without a gradient on some ranks) and the Keras 3
 DistributedOptimizer in model.fit (SGD with momentum, Adam) with its callbacks and
 load_model.
 
@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import hvd_trainer.tensorflow as hvd
 from case_runner import run_cases
+from powersgd_model import PowerSGDModel
 import hvd_trainer.keras as hvd_keras
 
 hvd.init()
@@ -127,6 +128,36 @@ def tape_sparse_as_dense_sum_predivide():
 def tape_fp16_compression():
     got = tape_training(keras.optimizers.SGD(0.1), compression=hvd.Compression.fp16)
     close_models(got, reference(keras.optimizers.SGD(0.1)), "fp16", tol=2e-3)
+
+
+def tape_powersgd_compression():
+    """Rank 1 from the second step, a new compressor each step (equal settings are one):
+    the NumPy model replayed on every rank's gradients, then the same SGD."""
+    model = make_model(False)
+
+    def step(x, ids, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model([x, ids]) - y))
+        tape = hvd.DistributedGradientTape(
+            tape, compression=hvd.Compression.powersgd(rank=1, start_iter=1))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                        model.trainable_variables)
+
+    optimizer = keras.optimizers.SGD(0.1)
+    for k in range(STEPS):
+        step(X[mine(k)], IDS[mine(k)], Y[mine(k)])
+    single, replay = make_model(False), PowerSGDModel(N, rank=1, start_iter=1)
+    variables, sgd = single.trainable_variables, keras.optimizers.SGD(0.1)
+    for k in range(STEPS):
+        per_rank = []
+        for r in range(N):
+            with tf.GradientTape() as tape:
+                loss = loss_of(single, slice(k * N * B + r * B, k * N * B + (r + 1) * B))
+            per_rank.append([g.numpy() for g in tape.gradient(loss, variables)])
+        sgd.apply([(replay.sum(key, [g[key] for g in per_rank]) / N).astype(np.float32)
+                   for key in range(len(variables))], variables)
+    assert replay.compressed(tuple(variables[0].shape), np.float32), "nothing was factored"
+    close_models(model, single, "powersgd", tol=1e-4)
 
 
 def tape_gradient_missing_on_some_ranks():
@@ -259,6 +290,7 @@ run_cases({"tape_sgd_momentum_eager": tape_sgd_momentum_eager,
            "tape_indexed_slices_stay_sparse": tape_indexed_slices_stay_sparse,
            "tape_sparse_as_dense_sum_predivide": tape_sparse_as_dense_sum_predivide,
            "tape_fp16_compression": tape_fp16_compression,
+           "tape_powersgd_compression": tape_powersgd_compression,
            "tape_gradient_missing_on_some_ranks": tape_gradient_missing_on_some_ranks,
            "fit_sgd_momentum_and_adam": fit_sgd_momentum_and_adam,
            "fit_callbacks": fit_callbacks,

@@ -3,7 +3,8 @@
 One process replays the job: each rank's gradient from a replica of the weights on that rank's
 rows, each rank's residual per tensor, the codec's rule written out here (not the library's),
 the decoded values summed and averaged, then plain torch SGD. Tensors under the codecs'
-min_size (the biases) are averaged uncompressed. Each case reports on its own (case_runner.py).
+min_size (the biases) are averaged uncompressed. PowerSGD replays its own NumPy model
+(powersgd_model.py). Each case reports on its own (case_runner.py).
 """
 import copy
 import math
@@ -14,6 +15,7 @@ import torch
 import hvd_trainer.torch as hvd
 from case_runner import run_cases
 from hvd_trainer.compression import OneBit, ScaledTwoBit, TopK, TwoBit
+from powersgd_model import PowerSGDModel
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -97,5 +99,39 @@ def run(case: str) -> None:
     assert moved > 0, f"{case}: the weights did not move"
 
 
+def run_powersgd() -> None:
+    """hvd.Compression.powersgd in DistributedOptimizer against the NumPy model, replayed."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16))
+    single = copy.deepcopy(net)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=net.named_parameters(),
+        compression=hvd.Compression.powersgd(rank=2, start_iter=1))
+    reference = torch.optim.SGD(single.parameters(), lr=0.1, momentum=0.9)
+    model = PowerSGDModel(SIZE, rank=2, start_iter=1)
+    for step in range(STEPS + 1):
+        optimizer.zero_grad()
+        loss(net, step, RANK).backward()
+        optimizer.step()
+        grads = {}
+        for r in range(SIZE):
+            single.zero_grad()
+            loss(single, step, r).backward()
+            for key, p in enumerate(single.parameters()):
+                grads.setdefault(key, []).append(p.grad.numpy().copy())
+        for key, p in enumerate(single.parameters()):
+            summed = model.sum(key, grads[key]).astype(np.float32)
+            p.grad = torch.from_numpy(summed / SIZE)
+        reference.step()
+    for (name, p), want in zip(net.named_parameters(), single.parameters()):
+        torch.testing.assert_close(p.detach(), want.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=f"powersgd: {name}")
+    assert model.compressed(tuple(net[0].weight.shape), np.float32), "nothing was factored"
+    every = hvd.allgather_object([p.detach().numpy() for p in net.parameters()])
+    for r, theirs in enumerate(every):
+        assert all(np.array_equal(a, b) for a, b in zip(every[0], theirs)), f"rank {r} differs"
+
+
 run_cases({"2bit": lambda: run("2bit"), "scaled_2bit": lambda: run("scaled 2bit"),
-           "1bit": lambda: run("1bit"), "topk": lambda: run("topk")})
+           "1bit": lambda: run("1bit"), "topk": lambda: run("topk"), "powersgd": run_powersgd})
