@@ -108,8 +108,8 @@ FLAGS: List[Flag] = [
     Flag(("--hierarchical-allreduce",), dict(action="store_true", dest="hierarchical_allreduce",
                                              default=None),
          "`HVD_HIERARCHICAL_ALLREDUCE=1`: the world's allreduce reduces within each host "
-         "(MPI's shared-memory `MPI_Reduce`), allreduces among one rank per host, then "
-         "broadcasts within the host; flat on one host or one rank per host and in process sets "
+         "(MPI's shared-memory `MPI_Gather`, summed by NumPy), allreduces among one rank per "
+         "host, then broadcasts within the host; flat on one host or one rank per host and in process sets "
          "([Performance](performance.md#hierarchical-allreduce))"),
     Flag(("--no-hierarchical-allreduce",), dict(action="store_false", dest="hierarchical_allreduce",
                                                 default=None),
