@@ -22,7 +22,7 @@ Hosts may run different numbers of ranks. A buffer that one MPI call could not t
 MPI-4's large counts (2 GiB and over) goes flat, as does everything but these two calls.
 """
 from itertools import accumulate
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -39,7 +39,7 @@ PIECE_BYTES = 8 << 20
 def hosts_of(firsts: Sequence[int]) -> List[List[int]]:
     """The world ranks on each host, from each world rank's host's first rank (``firsts[r]``);
     hosts in the order of their first ranks, which is the cross communicator's order."""
-    hosts: dict = {}
+    hosts: Dict[int, List[int]] = {}
     for rank, first in enumerate(firsts):
         hosts.setdefault(first, []).append(rank)
     return [hosts[first] for first in sorted(hosts)]
