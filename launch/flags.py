@@ -105,12 +105,24 @@ FLAGS: List[Flag] = [
          "ssh `-i FILE` to remote hosts, passed as for `--ssh-port`"),
     Flag(("--fusion-threshold-mb",), dict(type=float, metavar="MB"),
          "`HVD_FUSION_THRESHOLD` = MB MiB in bytes"),
+    Flag(("--hierarchical-allreduce",), dict(action="store_true", dest="hierarchical_allreduce",
+                                             default=None),
+         "`HVD_HIERARCHICAL_ALLREDUCE=1`: the world's allreduce reduces within each host "
+         "(MPI's shared-memory `MPI_Gather`, summed by NumPy), allreduces among one rank per "
+         "host, then broadcasts within the host; flat on one host or one rank per host and in process sets "
+         "([Performance](performance.md#hierarchical-allreduce))"),
     Flag(("--no-hierarchical-allreduce",), dict(action="store_false", dest="hierarchical_allreduce",
                                                 default=None),
-         ALREADY + "hvd_trainer's allreduce is flat (ring or the MPI library's)"),
+         "`HVD_HIERARCHICAL_ALLREDUCE=0` (the default): a flat allreduce (ring or the MPI "
+         "library's), e.g. over a config file's `hierarchical_allreduce: true`"),
+    Flag(("--hierarchical-allgather",), dict(action="store_true", dest="hierarchical_allgather",
+                                             default=None),
+         "`HVD_HIERARCHICAL_ALLGATHER=1`: the world's allgather gathers within each host "
+         "(`MPI_Gatherv`), allgathers among one rank per host, then broadcasts within the host; "
+         "flat where the allreduce is"),
     Flag(("--no-hierarchical-allgather",), dict(action="store_false", dest="hierarchical_allgather",
                                                 default=None),
-         ALREADY + "hvd_trainer's allgather is the MPI library's `MPI_Allgatherv`"),
+         "`HVD_HIERARCHICAL_ALLGATHER=0` (the default): the MPI library's `MPI_Allgatherv`"),
     Flag(("--autotune",), dict(action="store_true", dest="autotune", default=None),
          "`HVD_AUTOTUNE=1`: the first steps try gradient bucket thresholds (1, 4, 16, 64 MiB) "
          "and overlap on and off; every rank keeps rank 0's fastest"),
@@ -222,10 +234,6 @@ REFUSED: List[Refused] = [
     Refused(("--cache-capacity",), 1, "hvd_trainer keeps no response cache to size: each "
                                       "collective, and each trainer step as a whole, is agreed "
                                       "in one small exchange; drop it"),
-    Refused(("--hierarchical-allreduce",), 0, "hvd_trainer has no hierarchical allreduce; "
-                                              "HVD_ALLREDUCE_ALGO=native uses the MPI library's own"),
-    Refused(("--hierarchical-allgather",), 0, "hvd_trainer has no hierarchical allgather; its "
-                                              "allgather is the MPI library's MPI_Allgatherv"),
     Refused(("--autotune-bayes-opt-max-samples",), 1, BAYES),
     Refused(("--autotune-gaussian-process-noise",), 1, BAYES),
     Refused(("--timeline-mark-cycles",), 0, "hvd_trainer has no background cycles to mark; "
@@ -274,6 +282,9 @@ def rank_variables(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
         env["HVD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     if args.timeline_filename:
         env["HVD_TIMELINE"] = os.path.abspath(args.timeline_filename)
+    for flag in ("hierarchical_allreduce", "hierarchical_allgather"):
+        if getattr(args, flag) is not None:
+            env[f"HVD_{flag.upper()}"] = "1" if getattr(args, flag) else "0"
     if args.autotune is not None:
         env["HVD_AUTOTUNE"] = "1" if args.autotune else "0"
     if args.autotune_log_file:

@@ -45,6 +45,12 @@ SETTINGS: Dict[str, str] = {
                           "small enough to travel inside the agreement does, then native below "
                           "`HVD_RING_THRESHOLD`, the ring above it)",
     "HVD_RING_THRESHOLD": "`auto` uses native below it and the ring from it on, bytes",
+    "HVD_HIERARCHICAL_ALLREDUCE": "1: the world's host allreduce reduces within each host, "
+                                  "allreduces among one rank per host, broadcasts within the "
+                                  "host ([Performance](performance.md#hierarchical-allreduce))",
+    "HVD_HIERARCHICAL_ALLGATHER": "1: the world's host allgather gathers within each host, "
+                                  "allgathers among one rank per host, broadcasts within the "
+                                  "host",
     "HVD_GPU_COMMUNICATOR": "GPU collectives: `nccl`, `mpi` (host-staged), or `auto` (NCCL "
                             "where every rank has its own GPU)",
     "HVD_STALL_CHECK_TIME_SECONDS": "warn, naming the missing ranks, after waiting this long "

@@ -13,7 +13,7 @@ from typing import Any, ContextManager, Dict
 
 import numpy as np
 
-from . import fusion
+from . import fusion, hierarchical
 from ..runtime import runtime
 from ..backends.halves import Kernels
 from ..runtime.runtime import ProcessSet
@@ -65,8 +65,9 @@ class Memory:
         return _ANYWHERE
 
     def mover(self, process_set: ProcessSet) -> Any:
-        """The communicator that moves this memory's bytes for ``process_set``."""
-        return runtime.communicator(process_set)
+        """The communicator that moves this memory's bytes for ``process_set`` (the world's
+        may be hierarchical: see hierarchical.py)."""
+        return hierarchical.mover(process_set)
 
     def pool(self, comm: Any) -> fusion.BufferPool:
         """Fusion buffers for ``comm``; calls on one communicator never overlap (its turn)."""
@@ -105,7 +106,7 @@ class KernelMemory(Memory):
         self.kernels = kernels
 
     def mover(self, process_set: ProcessSet) -> Any:
-        return _Summing(runtime.communicator(process_set), self.kernels)
+        return _Summing(hierarchical.mover(process_set), self.kernels)
 
     def pool(self, comm: Any) -> fusion.BufferPool:
         return super().pool(comm.comm)

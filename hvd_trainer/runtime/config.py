@@ -94,6 +94,10 @@ AGREED_SETTINGS: Dict[str, Tuple[Any, Callable[[str], Any]]] = {
     "BUCKET_THRESHOLD": (DEFAULT_BUCKET_THRESHOLD, _count),
     "OVERLAP": (DEFAULT_OVERLAP, _count),
     "GPU_COMMUNICATOR": ("auto", _gpu_communicator),
+    # Host-then-cross collectives of the world (see hvd_trainer/collectives/hierarchical.py);
+    # off by default, as measured in benchmarks/hierarchical.py.
+    "HIERARCHICAL_ALLREDUCE": (0, _whole),
+    "HIERARCHICAL_ALLGATHER": (0, _whole),
     # The reducer's autotuner (see hvd_trainer/training/autotune.py); defaults as Horovod's.
     "AUTOTUNE": (0, _whole),
     "AUTOTUNE_LOG": ("", _text),

@@ -175,8 +175,10 @@ def test_refused_flag_says_why_in_one_line(capsys, name, nargs):
 NOTHING = ([], {}, [], [])
 EFFECTS = {
     "--disable-cache": NOTHING,
-    "--no-hierarchical-allreduce": NOTHING,
-    "--no-hierarchical-allgather": NOTHING,
+    "--hierarchical-allreduce": ([], {"HVD_HIERARCHICAL_ALLREDUCE": "1"}, [], []),
+    "--no-hierarchical-allreduce": ([], {"HVD_HIERARCHICAL_ALLREDUCE": "0"}, [], []),
+    "--hierarchical-allgather": ([], {"HVD_HIERARCHICAL_ALLGATHER": "1"}, [], []),
+    "--no-hierarchical-allgather": ([], {"HVD_HIERARCHICAL_ALLGATHER": "0"}, [], []),
     "--autotune": ([], {"HVD_AUTOTUNE": "1"}, [], []),
     "--no-autotune": ([], {"HVD_AUTOTUNE": "0"}, [], []),
     "--autotune-log-file": (["tune.csv"], {"HVD_AUTOTUNE_LOG": os.path.join(os.getcwd(),
@@ -420,7 +422,7 @@ def test_config_file_settings_act_as_their_flags(monkeypatch, tmp_path):
     config = tmp_path / "horovod.yaml"
     config.write_text(HOROVOD_CONFIG)
     _, env, _ = build(monkeypatch, mpi.HYDRA, "--config-file", str(config))
-    assert env == {"HVD_FUSION_THRESHOLD": str(32 << 20),
+    assert env == {"HVD_FUSION_THRESHOLD": str(32 << 20), "HVD_HIERARCHICAL_ALLREDUCE": "0",
                    "HVD_TIMELINE": os.path.join(os.getcwd(), "timeline #1.json"),
                    "HVD_STALL_CHECK_TIME_SECONDS": "120",
                    "HVD_STALL_SHUTDOWN_TIME_SECONDS": "240",
@@ -473,8 +475,8 @@ def test_refused_config_setting_names_setting_and_flag(capsys, tmp_path):
 
 def test_refused_config_setting_overridden_on_the_command_line_is_fine(monkeypatch, tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("params:\n  hierarchical_allreduce: true\n")
-    build(monkeypatch, mpi.HYDRA, "--config-file", str(config), "--no-hierarchical-allreduce")
+    config.write_text("timeline:\n  mark_cycles: true\n")
+    build(monkeypatch, mpi.HYDRA, "--config-file", str(config), "--no-timeline-mark-cycles")
 
 
 @pytest.mark.parametrize("text, message", [

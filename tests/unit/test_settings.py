@@ -31,7 +31,8 @@ def test_without_settings_every_rank_uses_the_defaults(monkeypatch):
     chosen = config.agree_settings([view(monkeypatch)] * 2, 1)
     assert chosen == {"FUSION_THRESHOLD": 64 << 20, "ALLREDUCE_ALGO": "auto",
                       "RING_THRESHOLD": 1 << 20, "BUCKET_THRESHOLD": 16 << 20, "OVERLAP": 0,
-                      "GPU_COMMUNICATOR": "auto", "AUTOTUNE": 0, "AUTOTUNE_LOG": "",
+                      "GPU_COMMUNICATOR": "auto", "HIERARCHICAL_ALLREDUCE": 0,
+                      "HIERARCHICAL_ALLGATHER": 0, "AUTOTUNE": 0, "AUTOTUNE_LOG": "",
                       "AUTOTUNE_WARMUP_SAMPLES": 3, "AUTOTUNE_STEPS_PER_SAMPLE": 10,
                       "STALL_CHECK_TIME_SECONDS": 60.0, "STALL_SHUTDOWN_TIME_SECONDS": 0.0}
 
