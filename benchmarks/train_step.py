@@ -122,7 +122,10 @@ def buckets_of(trainer) -> list:
 def bare_allreduce(trainer) -> float:
     """Best seconds of allreducing the trainer's buckets with nothing else running."""
     import hvd_trainer
-    from hvd_trainer.runtime import runtime
+    try:
+        from hvd_trainer.runtime import runtime
+    except ImportError:  # --against a commit from before the core's subpackages
+        from hvd_trainer import runtime
     comm = runtime.communicator(hvd_trainer.global_process_set)
     best = float("inf")
     for _ in range(REPETITIONS * 2):
