@@ -108,8 +108,19 @@ def test_lives_whose_launch_fails_back_off_exponentially_up_to_a_cap(monkeypatch
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     waits = []
+    # time.sleep is the one function of the time module every thread shares; other threads of
+    # this process (a Ray driver's, left by the engine tests) keep sleeping for real, or their
+    # loops would spin and fill ``waits``.
+    this_thread, sleep = threading.get_ident(), time.sleep
+
+    def backoff_sleep(seconds):
+        if threading.get_ident() == this_thread:
+            waits.append(seconds)
+        else:
+            sleep(seconds)
+
     monkeypatch.setattr(job, "run_job", cannot_fork)
-    monkeypatch.setattr(elastic.time, "sleep", waits.append)
+    monkeypatch.setattr(elastic.time, "sleep", backoff_sleep)
     parser = hvdrun.build_parser()
     args = hvdrun.parse_arguments(parser, ["--min-np", "1", "--reset-limit", "7",
                                            "--blacklist-cooldown-range", "0", "0",
