@@ -18,9 +18,7 @@ hvd_trainer collective adds (the same for all three, see docs/performance.md).
 """
 import argparse
 import datetime
-import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -31,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "multihost"))
 from common import cpu_model, report  # noqa: E402
-from slow_link import shape  # noqa: E402
+from slow_link import bed_result, shape  # noqa: E402
 
 MODES = ("hierarchical", "ring", "native")
 
@@ -75,17 +73,9 @@ def worker(sizes_mib, repeats: int) -> None:
 
 
 def launch(bed, sizes: str, repeats: int) -> Dict[str, Dict[str, list]]:
-    command = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "4", "-H", "h1:2,h2:2",
-               "--network-interface", "lan0", "--hierarchical-allreduce", "--no-prefix",
-               sys.executable, os.path.abspath(__file__), "--worker", "--sizes-mib", sizes,
-               "--repeats", str(repeats)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HVD_ALLREDUCE_ALGO="ring")
-    out = bed.run("h1", command, cwd=bed.shared, env=env, capture_output=True, text=True,
-                  timeout=1800)
-    found = re.search(r"RESULT (\{.*\})", out.stdout)
-    if out.returncode or not found:
-        raise RuntimeError(f"launch exited {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return json.loads(found[1])
+    return bed_result(bed, ["-np", "4", "-H", "h1:2,h2:2", "--hierarchical-allreduce"], __file__,
+                      ["--sizes-mib", sizes, "--repeats", str(repeats)],
+                      {"HVD_ALLREDUCE_ALGO": "ring"}, "launch")
 
 
 def main() -> None:

@@ -153,19 +153,26 @@ def shape(bed, rate: Optional[str], delay_ms: float) -> None:
                                  "kernel has no sch_netem; run without --delay-ms")
 
 
-def launch(bed, framework: str, bucket: int) -> Dict[str, float]:
-    """One 2-rank launch across h1 and h2; the seconds per step rank 0 reports, per codec."""
-    command = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "-H", "h1:1,h2:1",
+def bed_result(bed, hvdrun_args: List[str], script: str, worker_args: List[str],
+               variables: Dict[str, str], what: str) -> dict:
+    """Launch ``script --worker worker_args`` with hvdrun ``hvdrun_args`` from h1 of ``bed``
+    (one thread per rank, over lan0) and return the RESULT its rank 0 printed."""
+    command = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", *hvdrun_args,
                "--network-interface", "lan0", "--no-prefix", sys.executable,
-               os.path.abspath(__file__), "--worker", framework]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               HVD_BUCKET_THRESHOLD=str(bucket))
+               os.path.abspath(script), "--worker", *worker_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)
     out = bed.run("h1", command, cwd=bed.shared, env=env, capture_output=True, text=True,
                   timeout=1800)
     found = re.search(r"RESULT (\{.*\})", out.stdout)
     if out.returncode or not found:
-        raise RuntimeError(f"{framework} launch exited {out.returncode}\n{out.stdout}\n{out.stderr}")
+        raise RuntimeError(f"{what} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     return json.loads(found[1])
+
+
+def launch(bed, framework: str, bucket: int) -> Dict[str, float]:
+    """One 2-rank launch across h1 and h2; the seconds per step rank 0 reports, per codec."""
+    return bed_result(bed, ["-np", "2", "-H", "h1:1,h2:1"], __file__, [framework],
+                      {"HVD_BUCKET_THRESHOLD": str(bucket)}, f"{framework} launch")
 
 
 def crossover(codec: Dict[str, float], base: Dict[str, float], rates: List[str]) -> str:
