@@ -180,8 +180,10 @@ class AgentLaunch:
     def _read_stderr(self, err) -> None:
         """Show hvdrun's stderr, keeping its own messages."""
         for line in iter(self._process.stderr.readline, b""):
-            if line.startswith(_HVDRUN_MESSAGE):
-                self.messages.append(line[len(_HVDRUN_MESSAGE):].decode(errors="replace").strip())
+            # Open MPI's help messages end with a NUL byte, which then leads the next line.
+            text = line.lstrip(b"\0")
+            if text.startswith(_HVDRUN_MESSAGE):
+                self.messages.append(text[len(_HVDRUN_MESSAGE):].decode(errors="replace").strip())
             _show(err, line)
 
     def proxies(self, timeout: Optional[float] = None) -> List[str]:

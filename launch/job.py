@@ -25,6 +25,10 @@ from hvd_trainer_launch.worker import die_with_parent
 FAILURE_GRACE_SECONDS = 3.0
 # After asking mpiexec to end the job (failure or signal), how long before it is SIGKILLed.
 KILL_GRACE_SECONDS = 5.0
+# When mpiexec exits 0 before every started rank reported its exit (Open MPI's mpirun does
+# when it loses a host's daemon), how long the ranks' wrappers get to report: they end their
+# rank when their proxy goes (SIGTERM, then SIGKILL 2 s later) and report then.
+EXIT_REPORT_GRACE_SECONDS = 5.0
 
 def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
     """The caller's whole environment plus the variables that the flags set."""
@@ -122,9 +126,15 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
         relay.close()
     if received:
         return 128 + received[0]
+    code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+    unexited = relay.unexited(EXIT_REPORT_GRACE_SECONDS) if code == 0 and not ending else []
     if relay.settle() is not None:
         return relay.failure.code or 1
-    code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+    if unexited:
+        say(f"{command[0]} exited with code 0, but {relay.ranks(unexited)} never reported "
+            "an exit: their host's MPI daemon or proxy was lost (killed, or its host went "
+            "down); failing the job")
+        return 1
     missing = sorted(set(range(np)) - relay.started)
     if code and missing:
         say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "

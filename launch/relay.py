@@ -60,6 +60,7 @@ class OutputRelay:
         self.failure: Optional[Failure] = None  # the first failure, once settle() chose it
         self.reported: List[Failure] = []
         self.started: Set[int] = set()  # ranks whose wrapper has reported its start
+        self.exited: Set[int] = set()  # ranks whose wrapper has reported its exit (0 too)
         self.hosts: Dict[int, str] = {}  # the host each started rank reported
         self._slots = [host for host, slots in hosts for _ in range(slots)]
         self._name_hosts = len({host for host, _ in hosts}) > 1
@@ -133,8 +134,23 @@ class OutputRelay:
                 self.started.add(report.rank)
                 self.hosts[report.rank] = report.host
         else:
-            self.record(report.rank, report.code, ENDED if report.ended else "exited with code",
-                        report.at, report.killed)
+            with self._lock:
+                self.exited.add(report.rank)
+            if report.code:
+                self.record(report.rank, report.code,
+                            ENDED if report.ended else "exited with code", report.at,
+                            report.killed)
+
+    def unexited(self, seconds: float) -> List[int]:
+        """The started ranks whose exit is still unreported after waiting up to ``seconds``
+        for them (a wrapper whose proxy is lost ends its rank, then reports)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            with self._lock:
+                missing = sorted(self.started - self.exited)
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.05)
 
     def record(self, rank: int, code: int, how: str, at: Optional[float] = None,
                killed: bool = False) -> None:

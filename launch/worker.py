@@ -482,8 +482,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if returncode == -signal.SIGBUS:
         _write_all(2, _bus_error(rank, mpi.OPENMPI if "OMPI_COMM_WORLD_RANK" in os.environ
                                  else mpi.HYDRA))
-    if code:
-        report(rank, exited)
+    # Every exit is reported, 0 too: hvdrun tells a rank that ended well from one whose
+    # wrapper never got to say (its host's daemon lost while mpiexec exits 0).
+    report(rank, exited)
     if returncode < 0 and os.environ.get(protocol.ULFM_VARIABLE) == "1":
         # Die as the rank died: Open MPI's runtime tells the other ranks at once of a process
         # it started that a signal killed (ULFM), while a wrapper's exit code ends the job.

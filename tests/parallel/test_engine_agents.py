@@ -109,8 +109,7 @@ def _processes_with(variable):
     return found
 
 
-# Not marked mpi: under Open MPI its job once exited 0 after the kill (CI, 2026-12-03),
-# to be understood before it runs there again; under MPICH it runs in every pass.
+@pytest.mark.mpi
 def test_a_killed_agent_takes_its_proxy_and_ranks_with_it():
     marker = f"HVD_TEST_AGENTS_{secrets.token_hex(4)}"
     layout = [(HOST, 3)]

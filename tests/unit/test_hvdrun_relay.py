@@ -1,9 +1,13 @@
 """hvdrun's output relay on hand-written mpiexec output, and what it makes of the wrappers'
 reports: lines joined per rank however mpiexec interleaves them, output never read as a
-report, the first failure chosen by exit time rather than by arrival, hosts named."""
+report, the first failure chosen by exit time rather than by arrival, hosts named, and a job
+whose mpiexec exits 0 before every rank reported its exit failed."""
 import io
+import sys
+import threading
+import time
 
-from hvd_trainer_launch import protocol, relay as output
+from hvd_trainer_launch import job, protocol, relay as output
 from hvd_trainer_launch.protocol import Exited, Started
 
 
@@ -56,6 +60,44 @@ def test_the_reports_name_the_ranks_started_and_failed():
     assert [(f.rank, f.code, f.at, f.how) for f in relay.reported] == \
         [(1, 14, 10.5, "exited with code")]
     assert relay.started == {2} and relay.hosts == {2: "h2"}
+
+
+def test_an_exit_with_code_0_is_an_exit_not_a_failure():
+    relay, _ = relayed([], reports=[Started(0, "h"), Started(1, "h"), Exited(0, 0, 10.0)])
+    assert relay.exited == {0} and relay.reported == [] and relay.settle() is None
+    assert relay.unexited(0) == [1]
+
+
+def _job_ending_0(relay):
+    """hvdrun's exit code for an mpiexec that exits 0 at once, reported to ``relay``."""
+    return job.run_job([sys.executable, "-c", "pass"], {}, relay, np=3)
+
+
+def test_mpiexec_exiting_0_while_a_started_rank_never_reported_its_exit_fails_the_job(
+        monkeypatch, capsys):
+    # Open MPI's mpirun exits 0 when it loses a host's daemon (an engine's agent killed),
+    # sooner than the wrappers there end their ranks and report.
+    monkeypatch.setattr(job, "EXIT_REPORT_GRACE_SECONDS", 0.3)
+    relay, _ = relayed([], reports=[Started(rank, "h") for rank in range(3)]
+                       + [Exited(0, 0, 1.0), Exited(2, 0, 1.0)])
+    assert _job_ending_0(relay) == 1
+    assert "exited with code 0, but rank 1 never reported an exit" in capsys.readouterr().err
+
+
+def test_a_rank_that_reports_its_failure_after_mpiexec_exited_0_is_named(monkeypatch, capsys):
+    relay, _ = relayed([], reports=[Started(rank, "h") for rank in range(3)]
+                       + [Exited(0, 0, 1.0), Exited(2, 0, 1.0)])
+    late = threading.Timer(0.5, relay.deliver, [Exited(1, 143, time.time())])
+    late.start()
+    assert _job_ending_0(relay) == 143
+    late.join()
+    assert "rank 1 exited with code 143 (first failure)" in capsys.readouterr().err
+
+
+def test_a_job_whose_ranks_all_reported_their_exits_ends_with_mpiexecs_code():
+    relay, _ = relayed([], reports=[Started(rank, "h") for rank in range(3)]
+                       + [Exited(rank, 0, 1.0) for rank in range(3)])
+    assert _job_ending_0(relay) == 0
 
 
 def test_the_earliest_exit_the_launcher_did_not_cause_is_the_first_failure(capsys):
