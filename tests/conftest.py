@@ -10,8 +10,17 @@ import importlib.util
 import inspect
 import os
 import re
+import sys
 
 import pytest
+
+# The README installs with pip's --no-compile (byte-compiling all of torch, MXNet, Ray and
+# TensorFlow took about a minute per environment on 2 cores), so modules are compiled as
+# they are first imported, and the compiled code must be kept: with PYTHONDONTWRITEBYTECODE
+# set (as in many containers) this process and every rank would compile torch anew, seconds
+# each. So this process writes it, and so do the jobs it starts.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 _FRAMEWORKS = ("mxnet", "torch", "tensorflow", "keras")
 _IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:hvd_trainer\.)?(mxnet|torch|tensorflow|keras)\b",

@@ -14,11 +14,6 @@ import os
 # ignores the variable.
 os.environ.setdefault("OMPI_MCA_btl", "^ofi,uct")
 
-# With PYTHONDONTWRITEBYTECODE set (as in many containers), every rank of every job compiled
-# hvd_trainer and the workers anew: about 4% of a 3-rank torch job's CPU time. The jobs keep
-# their compiled modules in __pycache__ (which git ignores), as Python does by default.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-
 
 def pytest_collection_modifyitems(config, items):
     """With HVD_TEST_RANKS=n, only the cases run on n ranks (``np_``) and those that do not
