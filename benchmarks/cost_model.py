@@ -54,7 +54,7 @@ CODECS = {"2-bit": {"type": "2bit", "threshold": 0.5}, "1-bit": {"type": "1bit",
           "top-k 0.01": {"type": "topk", "ratio": 0.01}}
 TINY = (64, 1024, 16384)  # bytes of the ring's fixed-cost sizes
 CHECKED = (1 << 20, 16 << 20)  # bytes of the ring's checks on one host
-PING_PONG = (8, 1024, 65536, 1 << 20, 4 << 20, 16 << 20)
+PING_PONG = (8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20)
 LINKS = ("bare veth", "10gbit", "1gbit")
 RANKS = tuple(2 ** k for k in range(3, 13))  # 8..4096
 # MPICH 5.0.2's selection for (i)allgather(v), from the table its library carries: recursive
@@ -301,16 +301,13 @@ def fixed_record_seconds(ranks: int, *, per_host: int, agreement: Agreement, hos
 
 
 def fit_link(sizes: Sequence[float], seconds: Sequence[float]) -> Link:
-    """t = alpha + n * beta through (size, seconds) points, least squares on relative errors
-    (so that the small sizes fix alpha and the large ones beta)."""
-    # Minimise sum(((alpha + n beta) / t - 1)^2): linear in (alpha, beta) with rows (1/t, n/t).
-    a11 = sum(1 / t ** 2 for t in seconds)
-    a12 = sum(n / t ** 2 for n, t in zip(sizes, seconds))
-    a22 = sum(n * n / t ** 2 for n, t in zip(sizes, seconds))
-    b1 = sum(1 / t for t in seconds)
-    b2 = sum(n / t for n, t in zip(sizes, seconds))
-    det = a11 * a22 - a12 * a12
-    return Link(alpha=(b1 * a22 - b2 * a12) / det, beta=(a11 * b2 - a12 * b1) / det)
+    """t = alpha + n * beta through (size, seconds) points: the line through the smallest
+    message's point whose slope fits the others by least squares (so the large messages set
+    beta, and alpha is the small message's time)."""
+    n0, t0 = min(zip(sizes, seconds))
+    beta = (sum((n - n0) * (t - t0) for n, t in zip(sizes, seconds))
+            / sum((n - n0) ** 2 for n in sizes))
+    return Link(alpha=t0 - n0 * beta, beta=beta)
 
 
 def fit_per_rank(ranks: Sequence[int], seconds: Sequence[float]) -> Link:
@@ -405,8 +402,7 @@ def project(data: dict, per_host: int) -> str:
            f"{data['machine']}, load average {data['load'][0]:.1f} to {data['load'][1]:.1f}; "
            f"{per_host} ranks per host, a {GRADIENT_BYTES / 1e6:.0f} MB float32 gradient", ""]
     out += _constants_table(constants)
-    two = data["raw"]["local"]["2"]["tiny"][str(TINY[0])]
-    whole = (two["op"] - two["agreement"]) / 2 - two["sendrecv"]
+    whole = fixed_costs(data["raw"]["local"]["2"]["tiny"], 2).whole
     out.append(f"| ring: the same with the call's own cost spread over its steps, "
                f"(allreduce_ - agreement) / 2(N-1) - Sendrecv, 2 ranks | {_us(whole)} µs |")
     shaped = [name for name in LINKS if name in constants.links]
@@ -518,14 +514,14 @@ def predictions(data: dict, constants: Constants) -> List[Check]:
         timed = {**{size: times["ring"] for size, times in local["tiny"].items()},
                  **local["ring"]}
         for size, seconds in timed.items():
-            if n == 2 and int(size) == TINY[0]:
-                continue  # the ring's step cost was taken from this case
+            if n == 2 and int(size) in TINY:
+                continue  # the ring's step cost was taken from these cases
             checks.append(Check(f"our ring, {n} ranks, one host, {_size(int(size))}", seconds,
                                 ring_seconds(n, int(size), link=host.shm, ring=ring,
                                              reduce_beta=host.reduce_beta)))
         if n != 2:  # the agreement's fixed cost was taken from 2 ranks
             checks.append(Check(f"agreement, {n} ranks, one host",
-                                local["tiny"][str(TINY[0])]["agreement"],
+                                fixed_costs(local["tiny"], n).agreement,
                                 agreement_seconds(n, per_host=n, agreement=constants.agreement,
                                                   host=host.shm, link=host.shm)))
     for name, bed in raw["bed"].items():
@@ -583,7 +579,7 @@ def _ping_pong(comm, nbytes: int, rounds: int) -> float:
     """Best one-way seconds of ``nbytes`` between ranks 0 and 1 (half a round trip)."""
     import numpy as np
     buf = np.zeros(nbytes, np.uint8)
-    iters = max(2, min(200, (32 << 20) // nbytes))
+    iters = max(2, min(200, (32 << 20) // nbytes))  # 2 round trips of 64 MiB: 2 s at 1 Gbit/s
     peer = 1 - comm.rank
 
     def exchange() -> None:
@@ -644,10 +640,10 @@ def local_worker() -> None:
             "agreement": _agreement_alone(comm),
             "ring": lambda: comm.ring_allreduce(buf, "sum"),
             "sendrecv": lambda: world.Sendrecv([send, MPI.BYTE], right, 0,
-                                               [recv, MPI.BYTE], left, 0)}, 7, 200)
+                                               [recv, MPI.BYTE], left, 0)}, 40, 25)
     record = record_bytes(n)
     allgather = _best({"record": _raw_record_allgather(record),
-                       "header": _raw_record_allgather(records.HEADER_WORDS * 8)}, 7, 200)
+                       "header": _raw_record_allgather(records.HEADER_WORDS * 8)}, 40, 25)
     ring = {}
     for size in CHECKED:
         buf = np.ones(size // 4, np.float32)
@@ -775,25 +771,42 @@ def _measure_bed() -> Dict[str, dict]:
     return measured
 
 
+class Fixed(NamedTuple):
+    """The fixed costs of a small call, from one job's tiny sizes: each is the smallest
+    estimate over the sizes (none depends on the size, and a busy machine only adds)."""
+
+    step: float       # ring / 2(N-1) - Sendrecv of the chunk
+    call: float       # allreduce_ - agreement - ring
+    agreement: float  # the agreement alone
+    whole: float      # (allreduce_ - agreement) / 2(N-1) - Sendrecv: the call's cost in steps
+
+
+def fixed_costs(tiny: Dict[str, Dict[str, float]], ranks: int) -> Fixed:
+    """:class:`Fixed` from a local job's tiny cases (per size: op, agreement, ring, sendrecv)."""
+    steps = 2 * (ranks - 1)
+    return Fixed(step=min(t["ring"] / steps - t["sendrecv"] for t in tiny.values()),
+                 call=min(t["op"] - t["agreement"] - t["ring"] for t in tiny.values()),
+                 agreement=min(t["agreement"] for t in tiny.values()),
+                 whole=min((t["op"] - t["agreement"]) / steps - t["sendrecv"]
+                           for t in tiny.values()))
+
+
 def constants_from(local: Dict[int, dict], one: dict, bed: Dict[str, dict]) -> dict:
     """The model's constants from the raw measurements (2 ranks: one core each)."""
     two = local[2]
-    tiny = two["tiny"][str(TINY[0])]
-    steps = 2 * (2 - 1)
+    fixed = fixed_costs(two["tiny"], 2)
     ping = two["ping_pong"]
     shm = fit_link([int(s) for s in ping], list(ping.values()))
     nbytes = two["host_bytes"]
     host_steps = two["host_steps"]
     reading = fit_per_rank([int(n) for n in one["reading"]], list(one["reading"].values()))
-    raw_allgather = two["allgather"]["record"]
     constants = {
         "host": {"shm": dataclasses.asdict(shm),
                  "gather_beta": (host_steps["gather"] - shm.alpha) / nbytes,
                  "bcast_beta": (host_steps["bcast"] - shm.alpha) / nbytes,
                  "reduce_beta": one["reduce_beta"]},
-        "ring": {"step": tiny["ring"] / steps - tiny["sendrecv"],
-                 "call": tiny["op"] - tiny["agreement"] - tiny["ring"]},
-        "agreement": {"fixed": tiny["agreement"] - raw_allgather - 2 * reading.beta,
+        "ring": {"step": fixed.step, "call": fixed.call},
+        "agreement": {"fixed": fixed.agreement - two["allgather"]["record"] - 2 * reading.beta,
                       "per_rank": reading.beta},
         "codecs": one["codecs"], "powersgd_compute": one["powersgd"],
         "links": {}}

@@ -115,3 +115,13 @@ def test_the_runs_of_fastest_mechanisms_and_the_first_share_above_a_limit():
     assert cost_model.winners(table) == [("ring", 8, 16), ("PowerSGD", 32, 64)]
     assert cost_model.first_above({8: 0.01, 16: 0.2, 32: 0.3}, 0.10) == 16
     assert cost_model.first_above({8: 0.01}, 0.10) is None
+
+
+def test_a_small_calls_fixed_costs_are_the_smallest_estimates_over_the_sizes():
+    tiny = {"64": {"op": 100e-6, "agreement": 20e-6, "ring": 40e-6, "sendrecv": 5e-6},
+            "1024": {"op": 90e-6, "agreement": 25e-6, "ring": 38e-6, "sendrecv": 6e-6}}
+    fixed = cost_model.fixed_costs(tiny, 2)
+    assert fixed.step == pytest.approx(13e-6)       # min(40/2 - 5, 38/2 - 6)
+    assert fixed.call == pytest.approx(27e-6)       # min(100 - 20 - 40, 90 - 25 - 38)
+    assert fixed.agreement == pytest.approx(20e-6)
+    assert fixed.whole == pytest.approx(26.5e-6)    # min((100 - 20)/2 - 5, (90 - 25)/2 - 6)
