@@ -575,11 +575,13 @@ def _best(variants: Dict[str, Callable[[], None]], rounds: int, iters: int) -> D
     return best_of(variants, rounds, iters)
 
 
-def _ping_pong(comm, nbytes: int, rounds: int) -> float:
-    """Best one-way seconds of ``nbytes`` between ranks 0 and 1 (half a round trip)."""
+def _ping_pong(comm, nbytes: int) -> float:
+    """Best one-way seconds of ``nbytes`` between ranks 0 and 1 (half a round trip): small
+    messages in many short rounds (a busy machine's pauses then miss some rounds), large
+    ones in 3 rounds of 2 round trips or more."""
     import numpy as np
     buf = np.zeros(nbytes, np.uint8)
-    iters = max(2, min(200, (32 << 20) // nbytes))  # 2 round trips of 64 MiB: 2 s at 1 Gbit/s
+    rounds, iters = (30, 20) if nbytes <= 65536 else (3, max(2, (32 << 20) // nbytes))
     peer = 1 - comm.rank
 
     def exchange() -> None:
@@ -651,7 +653,7 @@ def local_worker() -> None:
                            max(3, (64 << 20) // size // 4))["ring"]
     result = {"ranks": n, "tiny": tiny, "record": record, "allgather": allgather, "ring": ring}
     if n == 2:
-        result["ping_pong"] = {size: _ping_pong(world, size, 3) for size in PING_PONG}
+        result["ping_pong"] = {size: _ping_pong(world, size) for size in PING_PONG}
         big = np.ones(16 << 20, np.uint8)
         gathered = np.empty(2 * big.size, np.uint8)
         result["host_steps"] = _best({"gather": lambda: world.Gather(big, gathered, 0),
@@ -725,7 +727,7 @@ def link_worker() -> None:
     hvd.init()
     world = MPI.COMM_WORLD
     comm = runtime.communicator(hvd.global_process_set)
-    result = {"ping_pong": {size: _ping_pong(world, size, 3) for size in PING_PONG}}
+    result = {"ping_pong": {size: _ping_pong(world, size) for size in PING_PONG}}
     result["agreement"] = _best({"agreement": _agreement_alone(comm)}, 5, 100)["agreement"]
     grad = np.ones(GRADIENT_BYTES // 4, np.float32)
     result["ring"] = _best({"ring": lambda: comm.ring_allreduce(grad, "sum")}, 3, 1)["ring"]
