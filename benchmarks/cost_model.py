@@ -29,6 +29,7 @@ predictions against every case that ``measure`` timed. The formulas and their as
 in docs/scaling.md.
 """
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import json
@@ -124,8 +125,10 @@ class Constants:
     links: Dict[str, Link]
 
     @classmethod
-    def from_json(cls, data: dict) -> "Constants":
-        c = data["constants"]
+    def from_json(cls, data: dict, key: str = "constants") -> "Constants":
+        """The constants ``measure`` wrote under ``key``: "constants" (compute timed in one
+        process), or "busy_constants" (the slower of two processes timed at once)."""
+        c = data[key]
         host = c["host"]
         return cls(host=Host(Link(**host["shm"]), host["gather_beta"], host["bcast_beta"],
                              host["reduce_beta"]),
@@ -401,10 +404,9 @@ def project(data: dict, per_host: int) -> str:
     out = [f"# cost model: constants measured {data['date']}, commit {data['commit']}, "
            f"{data['machine']}, load average {data['load'][0]:.1f} to {data['load'][1]:.1f}; "
            f"{per_host} ranks per host, a {GRADIENT_BYTES / 1e6:.0f} MB float32 gradient", ""]
-    out += _constants_table(constants)
-    whole = fixed_costs(data["raw"]["local"]["2"]["tiny"], 2).whole
-    out.append(f"| ring: the same with the call's own cost spread over its steps, "
-               f"(allreduce_ - agreement) / 2(N-1) - Sendrecv, 2 ranks | {_us(whole)} µs |")
+    busy = Constants.from_json(data, "busy_constants")
+    out += _constants_table(constants, busy, fixed_costs(data["raw"]["local"]["2"]["tiny"],
+                                                         2).whole)
     shaped = [name for name in LINKS if name in constants.links]
     tables = {}
     for name in shaped:
@@ -425,29 +427,43 @@ def project(data: dict, per_host: int) -> str:
         out += ["", "Fastest: " + "; ".join(runs) + " ranks."]
     out += _agreement_table(constants, tables, per_host)
     out += _memory_table(constants)
-    out += _checks_table(data, constants)
+    out += _checks_table(data, busy)
     return "\n".join(out)
 
 
-def _constants_table(c: Constants) -> List[str]:
-    rows = ["| constant | value |", "|---|---|",
-            f"| ring: Python per step beyond the raw Sendrecv | {_us(c.ring.step)} µs |",
-            f"| allreduce: Python per call beyond agreement and ring | {_us(c.ring.call)} µs |",
-            f"| agreement: Python per exchange beyond the raw allgather | "
-            f"{_us(c.agreement.fixed)} µs |",
-            f"| agreement: reading each rank's record | {c.agreement.per_rank * 1e9:.0f} ns |",
-            f"| NumPy float32 sum | {1e-9 / c.host.reduce_beta:.2f} GB/s |",
-            f"| shared memory: alpha, bandwidth | {_us(c.host.shm.alpha)} µs, "
-            f"{1e-9 / c.host.shm.beta:.2f} GB/s |",
-            f"| MPI_Gather / MPI_Bcast within a host, 2 ranks | "
-            f"{1e-9 / c.host.gather_beta:.2f} / {1e-9 / c.host.bcast_beta:.2f} GB/s |",
-            f"| PowerSGD compute, 25 x 1000 x 1000 at rank 4 | {_ms(c.powersgd_compute)} ms |"]
-    for name, codec in c.codecs.items():
-        rows.append(f"| {name}: encode, decode; payload | {1e-9 / codec.encode:.2f}, "
-                    f"{1e-9 / codec.decode:.2f} GB/s; 1/{1 / codec.wire:.0f} of float32 |")
-    for name, link in c.links.items():
-        rows.append(f"| link {name}: alpha, bandwidth | {_us(link.alpha)} µs, "
-                    f"{8e-9 / link.beta:.2f} Gbit/s |")
+def _constants_table(alone: Constants, busy: Constants, whole: float) -> List[str]:
+    """The constants; the compute timed in one process and in two at once (the checks')."""
+    def both(label: str, show: Callable[[Constants], str]) -> str:
+        mine, theirs = show(alone), show(busy)
+        return f"| {label} | {mine} | {'same' if theirs == mine else theirs} |"
+    rows = ["| constant | one process | two at once |", "|---|---|---|",
+            both("ring: Python per step beyond the raw Sendrecv",
+                 lambda c: f"{_us(c.ring.step)} µs"),
+            f"| ring: (allreduce_ - agreement) / 2(N-1) - Sendrecv, the call's own cost spread "
+            f"over its steps, 2 ranks | {_us(whole)} µs | same |",
+            both("allreduce: Python per call beyond agreement and ring",
+                 lambda c: f"{_us(c.ring.call)} µs"),
+            both("agreement: Python per exchange beyond the raw allgather",
+                 lambda c: f"{_us(c.agreement.fixed)} µs"),
+            both("agreement: reading each rank's record",
+                 lambda c: f"{c.agreement.per_rank * 1e9:.0f} ns"),
+            both("NumPy float32 sum", lambda c: f"{1e-9 / c.host.reduce_beta:.2f} GB/s"),
+            both("shared memory: alpha, bandwidth",
+                 lambda c: f"{_us(c.host.shm.alpha)} µs, {1e-9 / c.host.shm.beta:.2f} GB/s"),
+            both("MPI_Gather / MPI_Bcast within a host, 2 ranks",
+                 lambda c: f"{1e-9 / c.host.gather_beta:.2f} / {1e-9 / c.host.bcast_beta:.2f} "
+                           "GB/s"),
+            both("PowerSGD compute, 25 x 1000 x 1000 at rank 4",
+                 lambda c: f"{_ms(c.powersgd_compute)} ms")]
+    for name in alone.codecs:
+        rows.append(both(f"{name}: encode, decode (payload 1/{1 / alone.codecs[name].wire:.0f} "
+                         "of float32)",
+                         lambda c: f"{1e-9 / c.codecs[name].encode:.2f}, "
+                                   f"{1e-9 / c.codecs[name].decode:.2f} GB/s"))
+    for name in alone.links:
+        rows.append(both(f"link {name}: alpha, bandwidth",
+                         lambda c: f"{_us(c.links[name].alpha)} µs, "
+                                   f"{8e-9 / c.links[name].beta:.2f} Gbit/s"))
     return rows
 
 
@@ -504,8 +520,9 @@ class Check(NamedTuple):
 
 
 def predictions(data: dict, constants: Constants) -> List[Check]:
-    """Each measured case with the model's prediction for it, but for the cases the constants
-    were taken from."""
+    """Each measured case with the model's prediction for it from ``constants`` (those of two
+    processes at once: the checks' ranks share the machine's cores), but for the cases the
+    constants were taken from."""
     raw = data["raw"]
     host, ring = constants.host, constants.ring
     checks = []
@@ -793,6 +810,12 @@ def fixed_costs(tiny: Dict[str, Dict[str, float]], ranks: int) -> Fixed:
                            for t in tiny.values()))
 
 
+def slower(first: dict, second: dict) -> dict:
+    """Two processes' measurements (nested dicts of seconds), the larger of each."""
+    return {key: slower(value, second[key]) if isinstance(value, dict)
+            else max(value, second[key]) for key, value in first.items()}
+
+
 def constants_from(local: Dict[int, dict], one: dict, bed: Dict[str, dict]) -> dict:
     """The model's constants from the raw measurements (2 ranks: one core each)."""
     two = local[2]
@@ -828,7 +851,9 @@ def measure(path: str, with_bed: bool) -> None:
         local[ranks] = launch(__file__, ranks, ["--worker", "local"], env=env)
         print(f"# {ranks} ranks on this host: done", file=sys.stderr, flush=True)
     one = launch(__file__, 1, ["--worker", "host"])
-    print("# one process: done", file=sys.stderr, flush=True)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pair = list(pool.map(lambda _: launch(__file__, 1, ["--worker", "host"]), range(2)))
+    print("# one process, and two at once: done", file=sys.stderr, flush=True)
     bed = _measure_bed() if with_bed else {}
     from mpi4py import MPI
     data = {"date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -837,7 +862,8 @@ def measure(path: str, with_bed: bool) -> None:
                        + " ".join(MPI.Get_library_version().splitlines()[0].split()),
             "load": [started, os.getloadavg()[0]],
             "constants": constants_from(local, one, bed),
-            "raw": {"local": local, "one_process": one, "bed": bed}}
+            "busy_constants": constants_from(local, slower(*pair), bed),
+            "raw": {"local": local, "one_process": one, "two_processes": pair, "bed": bed}}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)

@@ -125,3 +125,10 @@ def test_a_small_calls_fixed_costs_are_the_smallest_estimates_over_the_sizes():
     assert fixed.call == pytest.approx(27e-6)       # min(100 - 20 - 40, 90 - 25 - 38)
     assert fixed.agreement == pytest.approx(20e-6)
     assert fixed.whole == pytest.approx(26.5e-6)    # min((100 - 20)/2 - 5, (90 - 25)/2 - 6)
+
+
+def test_two_processes_measurements_keep_the_slower_of_each():
+    first = {"powersgd": 0.1, "codecs": {"2-bit": {"encode": 2e-9, "decode": 1e-9}}}
+    second = {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 1e-9, "decode": 3e-9}}}
+    assert cost_model.slower(first, second) == \
+        {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 2e-9, "decode": 3e-9}}}
