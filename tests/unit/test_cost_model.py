@@ -132,3 +132,8 @@ def test_two_processes_measurements_keep_the_slower_of_each():
     second = {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 1e-9, "decode": 3e-9}}}
     assert cost_model.slower(first, second) == \
         {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 2e-9, "decode": 3e-9}}}
+
+
+def test_the_agreements_allgather_becomes_mpichs_ring_where_72_bytes_each_reach_80_kib():
+    # 81920 / 72 = 1137.8, and 1138 is no power of two.
+    assert cost_model.ring_from() == 1138
