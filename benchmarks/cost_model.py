@@ -494,7 +494,7 @@ def _agreement_table(c: Constants, tables: Dict[str, Dict[int, Mechanisms]],
         out.append("| " + " | ".join(cells) + " |")
     ring = ring_from()
     out += ["", f"MPICH gathers the records by its ring, N-1 rounds, from {ring} ranks on where "
-            "the count is not a power of two (every record is 72 B there, 80 KiB in all)."]
+            "the count is not a power of two (every record is 72 B there, 80 KiB in all).", ""]
     for name in names:
         above = first_above({n: shares[name][n] for n in RANKS}, 0.10)
         out.append(f"- {name}: on a power of two of ranks the share passes 10% "
