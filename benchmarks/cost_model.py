@@ -9,16 +9,16 @@ Run:  python benchmarks/cost_model.py measure CONSTANTS.json [--no-bed]   (the b
   allreduce called directly, the whole ``allreduce_``, its agreement alone and a raw mpi4py
   ``Sendrecv`` of the ring's chunk around the same ring, so the ring's fixed cost per step is
   ring / 2(N-1) - Sendrecv; a raw persistent ``Allgather`` of the agreement's record; on 2
-  ranks a ping-pong at 8 B..16 MiB (the shared-memory link) and ``Gather`` and ``Bcast`` of
+  ranks a ping-pong at 8 B..64 MiB (the shared-memory link) and ``Gather`` and ``Bcast`` of
   16 MiB (the hierarchical allreduce's host steps); at 1 and 16 MiB the ring, as checks;
-* in one process: NumPy's sum (the ring's reduce), each packed codec's encode and decode of a
-  100 MB float32 gradient, PowerSGD's compute for 25 matrices of 1000 x 1000 at rank 4 (its
-  own code, at world size 1), and how the agreement's reading of the gathered records grows
-  with the number of ranks;
+* in one process, then in two at once: NumPy's sum (the ring's reduce), each packed codec's
+  encode and decode of a 100 MB float32 gradient, PowerSGD's compute for 25 matrices of
+  1000 x 1000 at rank 4 (its own code, at world size 1), and how the agreement's reading of
+  the gathered records grows with the number of ranks;
 * on the 2-host test bed (tests/multihost/testbed.py), on the bare veth link and under tc tbf
-  at 10 and 1 Gbit/s (slow_link.shape): a 2-rank ping-pong over lan0 at 8 B..16 MiB, fitted
-  to t = alpha + n * beta (least squares on relative errors), and as checks the 100 MB ring,
-  the agreement, PowerSGD and 2-bit across the link; at 10 and 1 Gbit/s the 2 x 2 job of
+  at 10 and 1 Gbit/s (slow_link.shape): a 2-rank ping-pong over lan0 at 8 B..64 MiB, fitted
+  to t = alpha + n * beta (see fit_link), and as checks the 100 MB ring, the agreement,
+  PowerSGD and 2-bit across the link; at 10 and 1 Gbit/s the 2 x 2 job of
   benchmarks/hierarchical.py (hierarchical against flat ring, 100 MB).
 
 ``project`` needs no MPI: from the constants, for N = 8..4,096 ranks (``--ranks-per-host``
@@ -854,7 +854,8 @@ def constants_from(local: Dict[int, dict], one: dict, bed: Dict[str, dict]) -> d
     return constants
 
 
-def measure(path: str, with_bed: bool) -> None:
+def measure(path: str, *, with_bed: bool) -> None:
+    """Measure everything (the bed only ``with_bed``) and write it to ``path`` (new, 0600)."""
     from common import cpu_model, launch
     started = os.getloadavg()[0]
     env = {"HVD_ALLREDUCE_ALGO": "ring"}
@@ -898,7 +899,7 @@ def main() -> None:
         {"local": local_worker, "host": host_worker, "link": link_worker}[args.worker]()
         return
     if args.command == "measure":
-        measure(args.path, not args.no_bed)
+        measure(args.path, with_bed=not args.no_bed)
     elif args.command == "project":
         per_host = args.ranks_per_host
         if per_host < 1 or per_host & (per_host - 1):
