@@ -1,0 +1,139 @@
+"""The cost model's formulas (benchmarks/cost_model.py) against hand computations, with round
+constants so that each expected figure can be worked out on paper."""
+import importlib.util
+import math
+import os
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "cost_model", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
+                               "cost_model.py"))
+cost_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cost_model)
+
+Link, Ring = cost_model.Link, cost_model.Ring
+LINK = Link(alpha=10e-6, beta=1e-9)  # 10 µs, 1 GB/s
+SHM = Link(alpha=1e-6, beta=0.1e-9)
+HOST = cost_model.Host(shm=SHM, gather_beta=0.2e-9, bcast_beta=0.1e-9, reduce_beta=0.05e-9)
+RING = Ring(step=5e-6, call=50e-6)
+AGREEMENT = cost_model.Agreement(fixed=8e-6, per_rank=0.5e-6)
+
+
+def test_the_records_are_sized_as_the_agreement_sizes_them():
+    # 72 bytes of header, then 4 KiB of room up to 4 ranks, 16 KiB shared, none from 257 on.
+    assert [cost_model.record_bytes(n) for n in (2, 8, 64, 256, 257, 4096)] == \
+        [72 + 4096, 72 + 2048, 72 + 256, 72 + 64, 72, 72]
+
+
+@pytest.mark.parametrize("ranks, total, name, rounds", [
+    (1024, 1024 * 72, "recursive doubling", 10),
+    (1000, 1000 * 72, "Bruck", 10),           # 72,000 B < 80 KiB
+    (1500, 1500 * 72, "ring", 1499),          # 108,000 B: MPICH's ring
+    (8192, 8192 * 72, "ring", 8191)])         # 576 KiB: past recursive doubling's 512 KiB
+def test_mpichs_allgather_algorithm_follows_its_size_table(ranks, total, name, rounds):
+    assert cost_model.allgather_algorithm(ranks, total) == (name, rounds)
+
+
+def test_the_ring_pays_2_n_minus_1_steps_and_moves_2_n_minus_1_over_n_of_the_bytes():
+    # 4 ranks, 1 MB: 6 steps of (10 + 5) µs, 1.5 MB at 1 GB/s, 0.75 MB summed at 20 GB/s.
+    expected = 6 * 15e-6 + 1.5e6 * 1e-9 + 0.75e6 * 0.05e-9
+    assert cost_model.ring_seconds(4, 1e6, link=LINK, ring=RING, reduce_beta=0.05e-9) == \
+        pytest.approx(expected)
+    assert cost_model.ring_seconds(1, 1e6, link=LINK, ring=RING, reduce_beta=0.05e-9) == 0
+
+
+def test_the_hierarchical_allreduce_is_the_host_steps_and_a_ring_of_the_hosts():
+    # 16 ranks, 8 per host, 100 MB: gather 7 x 100 MB to the first rank and sum them there
+    # (3 tree levels of alpha), broadcast by scatter and ring allgather (8 ranks, 100 MB:
+    # 3 + 7 alphas, 2 x 7/8 of the bytes), then a ring of 2 hosts.
+    size = 100e6
+    host = 3 * 1e-6 + 7 * size * (0.2e-9 + 0.05e-9) + (3 + 7) * 1e-6 + 2 * 7 / 8 * size * 0.1e-9
+    ring = 2 * 15e-6 + size * 1e-9 + 0.5 * size * 0.05e-9
+    assert cost_model.hierarchical_seconds(16, size, per_host=8, host=HOST, link=LINK,
+                                           ring=RING) == pytest.approx(host + ring)
+
+
+def test_powersgds_factors_are_small_and_summed_by_mpi_below_the_ring_threshold():
+    pq = cost_model.factor_bytes(matrices=25, side=1000, rank=4)
+    assert pq == 400_000
+    # 2 ranks, 1 per host: reduce-scatter and allgather of 400 kB between 2 hosts.
+    expected = 2 * 10e-6 + 2 * 0.5 * pq * 1e-9 + 0.5 * pq * 0.05e-9
+    assert cost_model.allreduce_seconds(2, pq, per_host=1, host=HOST, link=LINK, ring=RING) == \
+        pytest.approx(expected)
+    constants = cost_model.Constants(host=HOST, ring=RING, agreement=AGREEMENT, codecs={},
+                                     powersgd_compute=0.1, links={})
+    assert cost_model.powersgd_seconds(2, per_host=1, constants=constants, link=LINK) == \
+        pytest.approx(0.1 + 2 * (expected + 50e-6))
+
+
+def test_a_packed_codec_encodes_once_gathers_every_payload_and_decodes_them_all():
+    codec = cost_model.Codec(encode=0.5e-9, decode=0.25e-9, wire=1 / 16)
+    size, payload = 100e6, 100e6 / 16
+    # 1,500 ranks, one per host: counts by Bruck (12,000 B < 80 KiB, 11 rounds),
+    # payloads by MPICH's ring (1,499 steps).
+    counts = 11 * 10e-6 + 1499 * 8 * 1e-9
+    gather = 1499 * (10e-6 + payload * 1e-9)
+    expected = size * 0.5e-9 + counts + gather + 1500 * size * 0.25e-9 + 50e-6
+    assert cost_model.packed_seconds(1500, size, codec=codec, per_host=1, host=SHM, link=LINK,
+                                     call=50e-6) == pytest.approx(expected)
+    assert cost_model.packed_memory_bytes(1500, size, codec=codec) == 1500 * payload
+
+
+def test_the_agreement_gathers_the_records_and_reads_each_one():
+    # 64 ranks, 8 per host: 328-byte records by recursive doubling, 3 rounds within the host,
+    # 3 across it with the host's 8 ranks sending at once.
+    record = 328
+    allgather = 3 * 1e-6 + 7 * record * 0.1e-9 + 3 * 10e-6 + 56 * record * 8 * 1e-9
+    expected = 8e-6 + 64 * 0.5e-6 + allgather
+    assert cost_model.agreement_seconds(64, per_host=8, agreement=AGREEMENT, host=SHM,
+                                        link=LINK) == pytest.approx(expected)
+
+
+def test_a_fixed_record_allreduce_does_not_grow_with_the_ranks_record():
+    # 4096 ranks, 8 per host: 9 words < 512 hosts, so recursive doubling of 72 B among the
+    # hosts (9 rounds), after a binomial reduce and broadcast of 72 B within each host.
+    inside = 3 * (1e-6 + 72 * (0.1e-9 + 0.05e-9)) + 3 * (1e-6 + 72 * 0.1e-9)
+    across = 9 * (10e-6 + 72 * (1e-9 + 0.05e-9))
+    assert cost_model.fixed_record_seconds(4096, per_host=8, agreement=AGREEMENT, host=HOST,
+                                           link=LINK) == pytest.approx(8e-6 + inside + across)
+
+
+def test_the_link_fit_recovers_alpha_and_beta_from_exact_points():
+    sizes = [8, 1024, 65536, 1 << 20, 16 << 20]
+    fitted = cost_model.fit_link(sizes, [25e-6 + n * 0.8e-9 for n in sizes])
+    assert fitted.alpha == pytest.approx(25e-6) and fitted.beta == pytest.approx(0.8e-9)
+    line = cost_model.fit_per_rank([2, 64, 4096], [1e-6 + n * 0.5e-6 for n in (2, 64, 4096)])
+    assert line.alpha == pytest.approx(1e-6) and line.beta == pytest.approx(0.5e-6)
+
+
+def test_the_runs_of_fastest_mechanisms_and_the_first_share_above_a_limit():
+    def row(ring, powersgd):
+        return cost_model.Mechanisms(ring=ring, hierarchical=math.inf, powersgd=powersgd,
+                                     packed={"2-bit": math.inf})
+    table = {8: row(1, 2), 16: row(1, 2), 32: row(3, 2), 64: row(4, 2)}
+    assert cost_model.winners(table) == [("ring", 8, 16), ("PowerSGD", 32, 64)]
+    assert cost_model.first_above({8: 0.01, 16: 0.2, 32: 0.3}, 0.10) == 16
+    assert cost_model.first_above({8: 0.01}, 0.10) is None
+
+
+def test_a_small_calls_fixed_costs_are_the_smallest_estimates_over_the_sizes():
+    tiny = {"64": {"op": 100e-6, "agreement": 20e-6, "ring": 40e-6, "sendrecv": 5e-6},
+            "1024": {"op": 90e-6, "agreement": 25e-6, "ring": 38e-6, "sendrecv": 6e-6}}
+    fixed = cost_model.fixed_costs(tiny, 2)
+    assert fixed.step == pytest.approx(13e-6)       # min(40/2 - 5, 38/2 - 6)
+    assert fixed.call == pytest.approx(27e-6)       # min(100 - 20 - 40, 90 - 25 - 38)
+    assert fixed.agreement == pytest.approx(20e-6)
+    assert fixed.whole == pytest.approx(26.5e-6)    # min((100 - 20)/2 - 5, (90 - 25)/2 - 6)
+
+
+def test_two_processes_measurements_keep_the_slower_of_each():
+    first = {"powersgd": 0.1, "codecs": {"2-bit": {"encode": 2e-9, "decode": 1e-9}}}
+    second = {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 1e-9, "decode": 3e-9}}}
+    assert cost_model.slower(first, second) == \
+        {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 2e-9, "decode": 3e-9}}}
+
+
+def test_the_agreements_allgather_becomes_mpichs_ring_where_72_bytes_each_reach_80_kib():
+    # 81920 / 72 = 1137.8, and 1138 is no power of two.
+    assert cost_model.ring_from() == 1138
