@@ -72,6 +72,12 @@ def header(title: str, details: str = "") -> str:
             + (f", {details}" if details else ""))
 
 
+def commit() -> str:
+    """The short hash of the checkout's HEAD, for the header of a results table."""
+    return subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
+                           "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
 def report(results: dict) -> None:
     """Print the line the parent process parses (rank 0 only, by the caller's choice)."""
     print("RESULT " + json.dumps(results), flush=True)

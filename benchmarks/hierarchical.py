@@ -20,7 +20,6 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Dict
@@ -28,8 +27,8 @@ from typing import Dict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "multihost"))
-from common import cpu_model, report  # noqa: E402
-from slow_link import bed_result, shape  # noqa: E402
+from common import commit, cpu_model, report  # noqa: E402
+from slow_link import bed_result, shape, two_hosts  # noqa: E402
 
 MODES = ("hierarchical", "ring", "native")
 
@@ -89,27 +88,16 @@ def main() -> None:
         worker([float(s) for s in args.sizes_mib.split(",")], args.repeats)
         return
 
-    import testbed
-    reason = testbed.unavailable()
-    if reason:
-        raise SystemExit(f"hierarchical: {reason}")
     measured = {}
-    bed = testbed.up(2, tied=True)
-    try:
+    with two_hosts("hierarchical") as bed:
         for rate in args.rates.split(","):
             shape(bed, rate, 0)
             measured[rate] = launch(bed, args.sizes_mib, args.repeats)
             print(f"# {rate}: done", file=sys.stderr, flush=True)
-    finally:
-        bed.down()
-        import shutil
-        shutil.rmtree(bed.folder, ignore_errors=True)
 
     from mpi4py import MPI
-    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
     print(f"# hierarchical: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-          f"commit {commit}, {os.cpu_count()} cores ({cpu_model()}), "
+          f"commit {commit()}, {os.cpu_count()} cores ({cpu_model()}), "
           f"{MPI.Get_library_version().splitlines()[0].strip()}, 2 hosts x 2 ranks, float32 sum, "
           f"median of {args.repeats} ms (ratio to the flat ring)")
     print("| link | size | hierarchical | ring | native |")

@@ -17,14 +17,16 @@ work plus bytes over the link), and the rate below which the codec's step beats 
 uncompressed one.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -153,6 +155,22 @@ def shape(bed, rate: Optional[str], delay_ms: float) -> None:
                                  "kernel has no sch_netem; run without --delay-ms")
 
 
+@contextlib.contextmanager
+def two_hosts(who: str) -> Iterator:
+    """A 2-host test bed (tests/multihost/testbed.py), taken down and its folder removed at
+    the end; SystemExit, naming ``who`` and the reason, where none can be built here."""
+    import testbed
+    reason = testbed.unavailable()
+    if reason:
+        raise SystemExit(f"{who}: {reason}")
+    bed = testbed.up(2, tied=True)
+    try:
+        yield bed
+    finally:
+        bed.down()
+        shutil.rmtree(bed.folder, ignore_errors=True)
+
+
 def bed_result(bed, hvdrun_args: List[str], script: str, worker_args: List[str],
                variables: Dict[str, str], what: str) -> dict:
     """Launch ``script --worker worker_args`` with hvdrun ``hvdrun_args`` from h1 of ``bed``
@@ -205,15 +223,10 @@ def main() -> None:
             report(results)
         return
 
-    import testbed
-    reason = testbed.unavailable()
-    if reason:
-        raise SystemExit(f"slow_link: {reason}")
     rates = args.rates.split(",")
     links = ["bare veth"] + rates
     times: Dict[tuple, Dict[str, float]] = {}
-    bed = testbed.up(2, tied=True)
-    try:
+    with two_hosts("slow_link") as bed:
         if args.delay_ms:  # fail before measuring, where the kernel has no netem
             shape(bed, rates[0], args.delay_ms)
         for _ in range(args.rounds):
@@ -228,10 +241,6 @@ def main() -> None:
                         print(f"# {key}: " + ", ".join(f"{c} {t * 1e3:.0f} ms"
                                                        for c, t in times[key].items()),
                               file=sys.stderr, flush=True)
-    finally:
-        bed.down()
-        import shutil
-        shutil.rmtree(bed.folder, ignore_errors=True)
 
     from mpi4py import MPI
     delay = f", netem delay {args.delay_ms:g} ms each way" if args.delay_ms else ""
