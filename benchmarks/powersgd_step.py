@@ -14,22 +14,33 @@ PowerSGD adds, not what it saves on a slow link.
 import argparse
 import os
 import sys
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from torch_ddp import (BATCH, MODELS, REPETITIONS, WARMUP, ddp_timing, hvd_timing,  # noqa: E402
-                       launch, mlp, seconds_per_step)
+from torch_ddp import (BATCH, MODELS, REPETITIONS, WARMUP, Timing, ddp_timing,  # noqa: E402
+                       hvd_timing, launch, mlp, seconds_per_step)
 
 VARIANTS = ("hvd", "hvd-powersgd", "ddp", "ddp-powersgd")
 NAME = "8 x Linear(2048)"
 
 
-def measure(variant: str, rank: int, start_iter: int) -> None:
-    """One launch's worker: time the training step of ``variant``."""
+class Setup(NamedTuple):
+    """A launch's model, its (distributed) optimizer and how its ranks agree."""
+
+    net: Any
+    optimizer: Any
+    timing: Timing
+
+
+def setup(variant: str, rank: int, start_iter: int) -> Setup:
+    """The model of ``variant`` ready to train: ours with ``Compression.powersgd`` or none
+    (hvd_trainer.torch initialised), or DDP with ``powerSGD_hook`` or none (gloo's process
+    group initialised from torchrun's variables)."""
     import torch
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    inputs, width, layers, steps = MODELS[NAME]
+    inputs, width, layers, _ = MODELS[NAME]
     net = mlp(inputs, width, layers)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     if variant.startswith("hvd"):
@@ -52,8 +63,19 @@ def measure(variant: str, rank: int, start_iter: int) -> None:
                                                 matrix_approximation_rank=rank,
                                                 start_powerSGD_iter=start_iter)
             net.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    # The warm-up passes the start iteration, so every timed step is compressed.
-    best = seconds_per_step(net, optimizer, inputs, steps, max(WARMUP, start_iter + 1), timing)
+    return Setup(net, optimizer, timing)
+
+
+def warmup_steps(start_iter: int) -> int:
+    """Warm-up steps that pass the start iteration, so that every timed step is compressed."""
+    return max(WARMUP, start_iter + 1)
+
+
+def measure(variant: str, rank: int, start_iter: int) -> None:
+    """One launch's worker: time the training step of ``variant``."""
+    inputs, _, _, steps = MODELS[NAME]
+    net, optimizer, timing = setup(variant, rank, start_iter)
+    best = seconds_per_step(net, optimizer, inputs, steps, warmup_steps(start_iter), timing)
     if timing.rank == 0:
         common.report({"seconds": best})
 

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -66,8 +66,9 @@ def ddp_timing() -> Timing:
 
 
 def seconds_per_step(net: Any, optimizer: Any, inputs: int, steps: int, warmup: int,
-                     timing: Timing) -> float:
-    """Best seconds per training step over the repetitions; the slowest rank sets the pace."""
+                     timing: Timing, *, warm: Optional[Callable[[], None]] = None) -> float:
+    """Best seconds per training step over the repetitions; the slowest rank sets the pace.
+    ``warm`` is called once between the warm-up and the timed steps."""
     import torch
     x, y = torch.randn(BATCH, inputs), torch.randint(0, 10, (BATCH,))
 
@@ -78,6 +79,8 @@ def seconds_per_step(net: Any, optimizer: Any, inputs: int, steps: int, warmup: 
 
     for _ in range(warmup):
         step()
+    if warm is not None:
+        warm()
     best = float("inf")
     for _ in range(REPETITIONS):
         timing.barrier()
