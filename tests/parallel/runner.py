@@ -11,6 +11,20 @@ from hvd_trainer_launch import mpi
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
+# Put first on the PYTHONPATH of jobs whose scripts do not use scikit-learn (see there).
+WITHOUT_SKLEARN = os.path.join(REPO, "tests", "parallel", "without_sklearn")
+
+
+def _uses_sklearn(paths: Sequence[str]) -> bool:
+    """Whether any of the scripts ``paths`` (those that are files) imports scikit-learn or
+    runs an example (the examples load scikit-learn's digits)."""
+    for path in paths:
+        if os.path.isfile(path):
+            with open(path) as f:
+                source = f.read()
+            if "sklearn" in source or "examples" in source:
+                return True
+    return False
 
 
 def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 120,
@@ -34,6 +48,9 @@ def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 1
     # One OpenMP thread per rank: three ranks share two cores in CI.
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     full_env.update(env or {})
+    if not _uses_sklearn([path, *args]):
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [WITHOUT_SKLEARN, *filter(None, [full_env.get("PYTHONPATH")])])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
