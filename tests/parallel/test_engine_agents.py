@@ -21,6 +21,7 @@ import pytest
 from hvd_trainer_launch import engine_agent, engine_launch, mpi
 from hvd_trainer_launch.engine_launch import EngineError
 
+pytestmark = pytest.mark.mpi
 
 # The ranks cannot import this test module: its functions travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -47,7 +48,6 @@ def _launch(layout, out=None):
                                      env={"OMP_NUM_THREADS": "1"}, start_timeout=60, out=out)
 
 
-@pytest.mark.mpi
 def test_each_agent_runs_its_hosts_proxy():
     launch = _launch(LAYOUT)
     try:
@@ -109,7 +109,6 @@ def _processes_with(variable):
     return found
 
 
-@pytest.mark.mpi
 def test_a_killed_agent_takes_its_proxy_and_ranks_with_it():
     marker = f"HVD_TEST_AGENTS_{secrets.token_hex(4)}"
     layout = [(HOST, 3)]
