@@ -6,6 +6,7 @@ in one host's /dev/shm or /tmp must not show in another's, nor a process in its 
 import os
 import shutil
 import subprocess
+import time
 
 import testbed
 
@@ -25,6 +26,11 @@ def test_each_host_has_its_own_name_processes_and_scratch(bed):
     assert not os.path.exists(f"/dev/shm/{marker}") and not os.path.exists(f"/tmp/{marker}")
     sleeper = bed.popen("h1", ["sleep", "60"])
     try:
+        # popen returns once nsenter runs; its child may still be between fork and exec,
+        # listed as "[sleep]" with no arguments yet.
+        deadline = time.monotonic() + 30
+        while run(bed, "h1", "ps -eo args").count("sleep 60") == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert run(bed, "h1", "ps -eo args").count("sleep 60") == 1
         assert "sleep 60" not in run(bed, "h2", "ps -eo args")
     finally:
