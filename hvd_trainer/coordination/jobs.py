@@ -40,12 +40,18 @@ class Entry:
     def waited(self) -> bool:
         """Whether a thread waits for this entry: the thread that made it (a synchronous
         call), or one that waits for its asynchronous job's handle (Horovod's
-        ``synchronize``, the torch adapter's synchronous calls)."""
-        return self.synchronous or bool(self.job is not None and self.job.awaited)
+        ``synchronize``, the torch adapter's synchronous calls), a graph's op excepted."""
+        return self.synchronous or bool(self.job is not None and self.job.awaited
+                                        and not self.job.in_graph)
+
+    def waited_in_graph(self) -> bool:
+        """Whether a graph's op waits for this entry (see :class:`Job`)."""
+        return bool(self.job is not None and self.job.awaited and self.job.in_graph)
 
     def summary(self) -> "Summary":
         """What the other ranks see of this entry when heads differ."""
-        return Summary(self.key, self.description, self.waited(), self.automatic)
+        return Summary(self.key, self.description, self.waited(), self.automatic,
+                       self.waited_in_graph())
 
 
 @dataclasses.dataclass
@@ -59,13 +65,18 @@ class Claim:
 
 class Job:
     """The keys an asynchronous job reserved when it was submitted, one per schedule, for its
-    first collective there; the job's later unnamed calls derive their keys from it."""
+    first collective there; the job's later unnamed calls derive their keys from it.
 
-    def __init__(self, hold: bool = False) -> None:
+    ``in_graph``: the job is an op of a TensorFlow graph, whose other ops TensorFlow may
+    still start, in any order, while this one waits; a wait for it counts only where
+    another rank waits outside a graph (see :func:`matching.deadlocked`)."""
+
+    def __init__(self, hold: bool = False, in_graph: bool = False) -> None:
         self.claims: Dict[Any, Claim] = {}  # by scheduler.Schedule
         self.derived = 0
         self.awaited = 0  # threads that wait for this job's handle now (see await_job)
         self.hold = hold  # its given name stays held after it ran (see Schedule.forget)
+        self.in_graph = in_graph
         self.held: List[Any] = []  # scheduler.Schedule
 
     def unhold(self) -> None:

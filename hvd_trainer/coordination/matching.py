@@ -9,9 +9,10 @@ rank); every rank decides from the same lists, so the decisions are the same eve
   every rank run in the order of the lowest active rank's list; a key whose descriptions
   differ raises a mismatch on every rank; keys not yet pending everywhere wait for a later
   round.
-- **No wait forever.** When every active rank waits for a call (its own thread's, or an
-  asynchronous one whose handle a thread waits for) and rounds match nothing for a moment,
-  the ranks settle it by :func:`deadlock`, joined ranks or not.
+- **No wait forever.** When every active rank waits for a call (its own thread's, an
+  asynchronous one whose handle a thread waits for, or a graph's op beside a rank that
+  waits outside a graph, see :func:`deadlocked`) and rounds match nothing for a moment, the
+  ranks settle it by :func:`deadlock`, joined ranks or not.
 """
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
@@ -35,6 +36,7 @@ class Summary(NamedTuple):
     description: Dict[str, Any]
     waited: bool  # a thread waits for it, as of now
     automatic: bool  # its key is an automatic name
+    in_graph: bool = False  # a graph's op waits for it, as of now (see deadlocked)
 
 
 Failure = Callable[[List[Optional[Dict[str, Any]]]], BaseException]
@@ -105,8 +107,25 @@ def _unnamed(description: Any) -> Any:
 
 
 def _oldest_waited(lists: Sequence[Optional[Sequence[Summary]]]) -> List[Optional[Summary]]:
-    """Each rank's oldest call that a thread waits for (None: a joined rank, or none)."""
-    return [None if lst is None else next((s for s in lst if s.waited), None) for lst in lists]
+    """Each rank's oldest call that a thread waits for, else its oldest that a graph's op
+    waits for (None: a joined rank, or none)."""
+    return [None if lst is None else
+            next((s for s in lst if s.waited), next((s for s in lst if s.in_graph), None))
+            for lst in lists]
+
+
+def deadlocked(stuck: Sequence[bool], lists: Sequence[Optional[Sequence[Summary]]]) -> bool:
+    """Whether the active ranks (``stuck`` by rank, ``lists`` None for a joined rank) can
+    never match what they wait for: every one is stuck, and one waits outside a graph.
+
+    A graph's op counts as a wait only beside such a rank: that rank starts nothing more
+    (its thread waits in its program's order), so the others' graph ops can never meet it.
+    Where every rank waits in graph ops, TensorFlow may still start ops of the graphs that
+    match (in its own order on each rank, after computing their inputs): those ranks wait
+    on, as in Horovod, and the stall inspector names what they wait for.
+    """
+    active = [(s, lst) for s, lst in zip(stuck, lists) if lst is not None]
+    return all(s for s, _ in active) and any(e.waited for _, lst in active for e in lst)
 
 
 def _alike_unnamed(oldest: Sequence[Summary]) -> bool:

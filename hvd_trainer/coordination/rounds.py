@@ -141,9 +141,10 @@ def agree_in_step(comm: Communicator, sched: scheduler.Schedule, entry: CallEntr
     return _outcome(comm, entry, gathered)
 
 
-def _all_stuck(gathered: Sequence[Any]) -> bool:
-    """Whether every active rank of a round's exchange (joined ranks gave None) is stuck."""
-    return all(g.stuck for g in gathered if g is not None)
+def _deadlocked(gathered: Sequence[Any], lists: Sequence[Any]) -> bool:
+    """Whether the active ranks of a round's exchange (joined ranks gave None) can never
+    match what they wait for (see matching.deadlocked)."""
+    return matching.deadlocked([g is not None and g.stuck for g in gathered], lists)
 
 
 def run_round(comm: Communicator, sched: scheduler.Schedule,
@@ -173,7 +174,7 @@ def decide(comm: Communicator, sched: scheduler.Schedule, gathered: Gathered,
     lists = [None if g is None else g.pending for g in shared]
     failure = functools.partial(failure_for, comm)
     verdicts = matching.match(lists, failure, single=joined, me=comm.rank)
-    if not verdicts and _all_stuck(shared):
+    if not verdicts and _deadlocked(shared, lists):
         verdicts = matching.deadlock(lists, comm.rank, failure)
         if verdicts and first_of(verdicts).action == "run":
             # Ranks whose automatic names had drifted apart run their oldest calls together;
@@ -235,7 +236,7 @@ class JoinedRecord:
             lists = [None if g is None else g.pending for g in gathered]
             verdicts = matching.match(lists, lambda every: RuntimeError(), single=True)
             runs = (first_of(verdicts).action == "run" if verdicts else
-                    _all_stuck(gathered) and matching.deadlock_runs(lists))
+                    _deadlocked(gathered, lists) and matching.deadlock_runs(lists))
             if not runs:
                 return {}
             words_total = 0

@@ -372,12 +372,13 @@ class Schedule:
                     use.cv.acquire()
 
     def stuck(self, summaries: Sequence[Summary], grace: float) -> bool:
-        """Whether this rank can add nothing that could match: a thread waits for one of the
-        calls ``summaries`` describes (see :meth:`Entry.summary`), no submitted job is still
-        to reach the schedule, and rounds have matched nothing for ``grace`` seconds."""
+        """Whether this rank can add nothing that could match: a thread (or a graph's op)
+        waits for one of the calls ``summaries`` describes (see :meth:`Entry.summary`), no
+        submitted job is still to reach the schedule, and rounds have matched nothing for
+        ``grace`` seconds."""
         since = self.undecided_since
         return (since is not None and time.monotonic() - since >= grace
-                and any(s.waited for s in summaries)
+                and any(s.waited or s.in_graph for s in summaries)
                 and not any(isinstance(owner, Job) and not owner.claims[self].claimed
                             for owner in list(self.keys.values())))
 

@@ -172,29 +172,31 @@ def _hand(item: _Work) -> None:
     _dispatch_locked()
 
 
-def _job(name: Optional[str], process_set: Any, hold: bool) -> Optional[Job]:
-    """The key reservation of a collective submitted now (see Job)."""
+def _job(name: Optional[str], process_set: Any, in_graph: bool) -> Optional[Job]:
+    """The key reservation of a collective submitted now (see Job); a graph's op does not
+    hold its name after it ran."""
     if process_set is None:
         return None
-    job = Job(hold)
+    job = Job(hold=not in_graph, in_graph=in_graph)
     of(runtime.communicator(process_set)).reserve_for(job, name)
     return job
 
 
 def start(work: Callable[[], Any], name: Optional[str] = None,
-          process_set: Any = None, waited: bool = True) -> "Future[Any]":
+          process_set: Any = None, in_graph: bool = False) -> "Future[Any]":
     """Run ``work()`` on the communication thread, behind what was submitted or deferred
     before (after this thread's closers); its future holds the result.
 
     With ``process_set``, ``work`` is a collective named ``name`` on it: its name (or its
     automatic one) is taken now, in this thread's program order, and a name still pending
-    raises :class:`DuplicateNameError` here. With ``waited=False`` a thread waiting for the
-    future does not make the collective count as waited for (a graph op that TensorFlow runs
-    beside the graph's others, in any order): it waits for its match however long.
+    raises :class:`DuplicateNameError` here. With ``in_graph`` it is an op of a graph that
+    TensorFlow runs beside the graph's others, in any order: a thread waiting for the future
+    makes it count as waited for only where another rank waits outside a graph (see
+    :func:`~hvd_trainer.coordination.matching.deadlocked`).
     """
     _close()
-    job = _job(name, process_set, waited)
-    future: "Future[Any]" = _Submitted(job) if waited else Future()
+    job = _job(name, process_set, in_graph)
+    future: "Future[Any]" = _Submitted(job)
     with _lock:
         _flush_locked()
         _hand(_Work(future, work, job))

@@ -36,15 +36,16 @@ T = TypeVar("T")
 
 # -- running a collective -------------------------------------------------------------------
 def run(work: Callable[[], T], name: Optional[str] = None,
-        process_set: Optional[ProcessSet] = None, waited: bool = True) -> T:
+        process_set: Optional[ProcessSet] = None, in_graph: bool = False) -> T:
     """Run ``work`` on the communication thread, in order with every other collective of
     this process, and return its result; its error is raised as TensorFlow's (errors.py).
     With ``process_set``, ``work`` is the collective ``name`` on it, its name taken now (see
-    work_order.start). A graph's op passes ``waited=False``: TensorFlow runs a graph's ops on
+    work_order.start). A graph's op passes ``in_graph``: TensorFlow runs a graph's ops on
     its own threads in any order, so a rank may wait on one op while its next is not yet
-    submitted, and the op waits for its match, as in Horovod."""
+    submitted; the op waits for its match, as in Horovod, unless another rank waits
+    eagerly for a call it cannot match (then both raise a mismatch)."""
     try:
-        return work_order.start(work, name, process_set, waited).result()
+        return work_order.start(work, name, process_set, in_graph).result()
     except (ValueError, TypeError, RuntimeError) as error:
         translated = as_tensorflow_error(error)
         if translated is error:
@@ -58,8 +59,8 @@ def _collective(work: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.T
     """``work(*arrays)``, the collective ``name`` on ``process_set``, on the inputs' values,
     on the communication thread, now or when the graph runs (bridge.call); its arrays as
     tensors."""
-    waited = tf.executing_eagerly()  # False while a graph or a tf.function is built
-    return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set, waited),
+    in_graph = not tf.executing_eagerly()  # while a graph or a tf.function is built
+    return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set, in_graph),
                        inputs, dtypes, shapes, name)
 
 

@@ -1,8 +1,8 @@
 """hvd_trainer.tensorflow and its Keras 3 API on 2 and 3 ranks, one job per worker and rank
 count, each case its own result: the collectives against NumPy, eagerly and in a
-tf.function, their gradients, errors on every rank (workers/tf_ops_worker.py); the
-DistributedGradientTape and the Keras DistributedOptimizer against one process on the global
-batch, the callbacks and load_model (workers/tf_training_worker.py); the same for Keras 2
+tf.function, their gradients, errors on every rank, a rank that leaves a TF1 graph early
+(workers/tf_ops_worker.py); the DistributedGradientTape and the Keras DistributedOptimizer
+against one process on the global batch, the callbacks and load_model (workers/tf_training_worker.py); the same for Keras 2
 (tf_keras), with TF_USE_LEGACY_KERAS=1 in the job's environment and where the script imports
 tf_keras itself (workers/tf_keras2_worker.py). SyncBatchNormalization against one
 process's BatchNormalization on the concatenated batch, under Keras 3 and Keras 2
@@ -87,8 +87,10 @@ def test_keras2_sync_batch_normalization_matches_one_process(np_, case):
 @pytest.mark.parametrize("graph", ["session", "function"])
 def test_graph_collectives_that_never_match_end_at_the_stall_shutdown_naming_them(graph):
     # A graph's op waits for its match (TensorFlow runs a graph's ops on its own threads in
-    # any order), so ranks whose graphs truly differ raise no mismatch: the stall inspector
-    # names what each rank waits for, and its shutdown ends the job.
+    # any order), so ranks whose graphs truly differ raise no mismatch where every rank waits
+    # in a graph (tf_ops_worker.py's a_rank_that_leaves_a_graph_early has one rank wait
+    # eagerly): the stall inspector names what each rank waits for, and its shutdown ends
+    # the job.
     proc = run_ranks("tf_stall_worker.py", 3, [graph], timeout=120, check=False,
                      env={"HVD_STALL_CHECK_TIME_SECONDS": "1",
                           "HVD_STALL_SHUTDOWN_TIME_SECONDS": "3"})

@@ -91,6 +91,25 @@ def test_an_entry_of_a_job_counts_as_waited_while_a_thread_waits_for_its_handle(
     assert jobs.Entry("s", {"name": "s"}, None, 0).waited()  # a synchronous call's
 
 
+def test_a_graph_op_counts_as_a_wait_only_beside_a_rank_that_waits_outside_a_graph():
+    job = jobs.Job(in_graph=True)
+    jobs.set_job(job, None)
+    try:
+        entry = jobs.Entry("g", {"kind": "allreduce", "name": "g", "shape": (2,)}, None, 0)
+    finally:
+        jobs.set_job(None, None)
+    with jobs.await_job(job):
+        in_graph = entry.summary()
+    assert not in_graph.waited and in_graph.in_graph
+    eager = summary("noname.2", automatic=True, name="allreduce.noname.2")
+    # Ranks that all wait in graph ops may still start others: they wait on (the stall).
+    assert not matching.deadlocked([True, True], [[in_graph], [in_graph]])
+    assert not matching.deadlocked([True, False], [[eager], [in_graph]])
+    assert matching.deadlocked([True, True, False], [[eager], [in_graph], None])  # 2 joined
+    [(verdict, key, error)] = matching.deadlock([[eager], [in_graph]], 1, failure)
+    assert (verdict, key) == ("raise", "g")
+
+
 def test_a_pending_name_is_unique_and_freed_afterwards():
     sched = scheduler.Schedule(scheduler._Use())
     owner = object()

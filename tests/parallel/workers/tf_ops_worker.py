@@ -321,6 +321,29 @@ def tf1_graph_sessions():
           "second, in any order")
 
 
+def a_rank_that_leaves_a_graph_early():
+    """Rank 0 leaves a TF1 graph after its first step (as a test whose check failed there
+    alone does) and makes an eager collective, while the others run the graph's next step:
+    every rank raises a mismatch instead of waiting, and the next collective works."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        ops = [hvd.allreduce(tf.constant([1.0, float(step)]), op=hvd.Sum) for step in range(2)]
+        close(session.run(ops[0]), [N, 0.0], "the graph's first step")
+        if R != 0:
+            try:
+                session.run(ops[1])
+                raise AssertionError("a graph op that rank 0 never runs did not raise")
+            except tf.errors.OpError as e:
+                assert "disagree" in str(e), str(e)
+    if R == 0:
+        try:
+            hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+            raise AssertionError("an eager call the others make in a graph did not raise")
+        except tf.errors.FailedPreconditionError as e:
+            assert isinstance(e, hvd.MismatchError) and "disagree" in str(e), str(e)
+    close(hvd.allreduce(tf.ones([3]), op=hvd.Sum), np.full(3, float(N)),
+          "the next collective works")
+
+
 def runtime_ops():
     assert int(hvd.rank_op()) == R and int(hvd.size_op()) == N
     assert int(hvd.local_rank_op()) == hvd.local_rank()
@@ -340,4 +363,5 @@ run_cases({"allreduce_ops_dtypes": allreduce_ops_dtypes,
            "scalars": scalars,
            "slices_without_dense_shape_and_their_ops": slices_without_dense_shape_and_their_ops,
            "tf1_graph_sessions": tf1_graph_sessions,
+           "a_rank_that_leaves_a_graph_early": a_rank_that_leaves_a_graph_early,
            "runtime_ops": runtime_ops}, rank=R)

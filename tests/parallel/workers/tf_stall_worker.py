@@ -1,8 +1,8 @@
 """Ranks whose graphs hold collectives of different names: rank 0's allreduce 'only on rank
 0', the others' 'not on rank 0', in a TF1 session or a tf.function (the argument: session or
-function). A graph's op waits for its match, as in Horovod (it is not a waited call, see
-work_order.start), so no rank raises a mismatch: the stall inspector must name the calls and
-end the job (HVD_STALL_SHUTDOWN_TIME_SECONDS)."""
+function). A graph's op waits for its match, as in Horovod (where every rank waits in a graph
+it is not a waited call, see matching.deadlocked), so no rank raises a mismatch: the stall
+inspector must name the calls and end the job (HVD_STALL_SHUTDOWN_TIME_SECONDS)."""
 import sys
 
 import numpy as np
