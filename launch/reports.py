@@ -4,7 +4,9 @@ The reports travel apart from the ranks' output (launch/protocol.py), so nothing
 is ever read as one. The port listens on the loopback when every rank runs on this machine,
 else on the first --network-interface's address (on every interface without one), and serves
 each connection on a thread of its own with a deadline for the whole exchange, so a slow or
-silent peer holds up nobody. Only reports signed with the job's secret count.
+silent peer holds up nobody. At most SERVED_AT_ONCE connections are served at a time; more
+wait in the listen backlog rather than each taking a thread, so a flood of connections cannot
+use up the process's threads. Only reports signed with the job's secret count.
 """
 import fcntl
 import socket
@@ -45,13 +47,18 @@ def endpoint(hosts: Sequence[Tuple[str, int]], nics: Sequence[str] = ()) -> Endp
     return Endpoint("", socket.getfqdn())
 
 
+SERVED_AT_ONCE = 256
+
+
 class ReportServer:
     """Listens at ``where`` and hands each report that checks out to ``deliver``, then
-    acknowledges it: a wrapper's report is recorded before the wrapper exits."""
+    acknowledges it: a wrapper's report is recorded before the wrapper exits. ``at_once``
+    connections are served at a time (each ends within protocol.REPORT_SECONDS)."""
 
     def __init__(self, secret: bytes, where: Endpoint,
-                 deliver: Callable[[protocol.Report], None]):
+                 deliver: Callable[[protocol.Report], None], at_once: int = SERVED_AT_ONCE):
         self.secret, self.deliver = secret, deliver
+        self._slots = threading.BoundedSemaphore(at_once)
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._server.bind((where.bind, 0))
@@ -61,11 +68,17 @@ class ReportServer:
 
     def _accept(self) -> None:
         while True:
+            self._slots.acquire()
             try:
                 conn, _ = self._server.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                 name="hvdrun-report").start()
+            except RuntimeError:  # the system has no thread to spare: drop this one, go on
+                conn.close()
+                self._slots.release()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -75,6 +88,8 @@ class ReportServer:
                 conn.sendall(received.receipt)
             except (OSError, ValueError):  # not a wrapper of this job, or it went away
                 pass
+            finally:
+                self._slots.release()
 
     def close(self) -> None:
         """Stop listening; reports that arrive later are refused."""

@@ -66,6 +66,30 @@ def test_a_silent_connection_does_not_hold_up_a_report(port):
     assert received == [Started(0, "h")]
 
 
+def test_a_flood_of_connections_takes_no_more_threads_than_the_cap_and_reports_still_arrive():
+    received = []
+    server = reports.ReportServer(SECRET, reports.Endpoint("127.0.0.1", "127.0.0.1"),
+                                  received.append, at_once=2)
+    host, _, number = server.address.rpartition(":")
+
+    def serving():
+        return sum(thread.name == "hvdrun-report" for thread in threading.enumerate())
+
+    try:
+        silent = [socket.create_connection((host, int(number))) for _ in range(6)]
+        deadline = time.monotonic() + 5
+        while serving() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # time for more threads to start, were there no cap
+        assert serving() == 2
+        for conn in silent:  # the peers go away: their slots come free
+            conn.close()
+        protocol.send_report(server.address, SECRET, Started(0, "h"))
+        assert received == [Started(0, "h")]
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("payload", [b"{}", b"[1]", b'{"kind": "exited", "rank": "1", "code": 7, "at": 1.0}',
                                      b'{"kind": "started", "rank": true, "host": "h"}', b"\xff"])
 def test_what_is_not_a_report_is_refused(payload):
