@@ -1,65 +1,101 @@
 #!/usr/bin/env bash
-# The GPU check: install, run the GPU tests, print the GPU figures. Needs one CUDA GPU and
-# finishes in a few minutes. Usage: bash benchmarks/gpu_check.sh   (PYTHON=... to pick one)
+# The GPU check: look at the device, install what is missing, run the GPU tests, print the GPU
+# figures, and keep everything under $OUT. Needs one CUDA GPU for its GPU parts and finishes in
+# a few minutes; on a machine without one it runs every step and the GPU parts skip, saying so.
 #
-# It installs with pip only what is missing (CuPy for CUDA 12 with its NCCL, mpi4py and MPICH,
-# pytest, PyTorch), so a GPU image with CuPy already in it keeps its own. hvd_trainer itself is
-# installed from this checkout where pip can build it, and otherwise runs from the source.
+#   OUT=gpu_check_out bash benchmarks/gpu_check.sh   (PYTHON=... picks the interpreter)
+#
+# Installing: wheels in $WHEELS (default .whl, for a machine with no package index) go into a
+# prefix of their own that comes first on the paths; anything still missing comes from pip,
+# CuPy for the CUDA major version the driver reports. A GPU image's own CuPy and PyTorch are
+# kept. hvd_trainer runs from this checkout's source, so nothing is built.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+OUT=${OUT:-gpu_check_out}
+WHEELS=${WHEELS:-.whl}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
 status=0
 
+echo "== device ($(date -u +%FT%TZ))"
+cuda_major=""
+if command -v nvidia-smi >/dev/null && nvidia-smi; then
+    # The highest CUDA the driver serves, which decides between CuPy's CUDA 12 and 13 wheels.
+    cuda_major=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+else
+    echo "gpu_check: no NVIDIA driver here (nvidia-smi is missing or failed); the GPU parts skip"
+fi
+
 echo "== install"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    prefix=$(mktemp -d)
+    $PY -m pip install -q --no-index --no-deps --no-compile --prefix "$prefix" "$WHEELS"/*.whl \
+        || exit 1
+    site=$($PY -c 'import sys; print(f"lib/python{sys.version_info[0]}.{sys.version_info[1]}")')
+    export PYTHONPATH="$prefix/$site/site-packages${PYTHONPATH:+:$PYTHONPATH}"
+    export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PATH="$prefix/bin:$PATH"
+    echo "installed from $WHEELS: $(cd "$WHEELS" && echo *.whl)"
+fi
 missing=()
-$PY -c "import cupy" 2>/dev/null || missing+=(cupy-cuda12x nvidia-nccl-cu12)
-$PY -c "import mpi4py.MPI" 2>/dev/null || missing+=(mpi4py mpich)
+$PY -c "from mpi4py import MPI" 2>/dev/null || missing+=(mpi4py mpich)
 $PY -c "import pytest" 2>/dev/null || missing+=(pytest)
+$PY -c "import cloudpickle" 2>/dev/null || missing+=(cloudpickle)
+if [[ -n $cuda_major ]]; then
+    cupy=cupy-cuda12x nccl=nvidia-nccl-cu12
+    ((cuda_major >= 13)) && cupy=cupy-cuda13x nccl=nvidia-nccl-cu13
+    $PY -c "import cupy" 2>/dev/null || missing+=("$cupy" "$nccl")
+    # A CUDA build of PyTorch is several GB: where it cannot be installed the torch CUDA tests
+    # skip and say why.
+    $PY -c "import torch" 2>/dev/null || missing+=(torch)
+fi
 if ((${#missing[@]})); then
-    $PY -m pip install -q "${missing[@]}" || exit 1
+    $PY -m pip install -q "${missing[@]}" || echo "gpu_check: could not install ${missing[*]}"
 fi
-# PyTorch with CUDA, for tests/gpu/test_torch_cuda.py (a GPU image usually has it; a CUDA
-# wheel is several GB, so a failed install only skips those tests).
-$PY -c "import torch" 2>/dev/null || $PY -m pip install -q torch \
-    || echo "gpu_check: no PyTorch here; the torch CUDA tests will be skipped"
-$PY -c "import ml_dtypes" 2>/dev/null || $PY -m pip install -q "ml_dtypes>=0.5,<0.6" \
-    || echo "gpu_check: no ml_dtypes (hvd_trainer.torch needs it); the torch CUDA tests will fail"
-if ! $PY -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null \
-        && ! $PY -m pip install -q --no-deps -e . 2>/dev/null; then
-    echo "gpu_check: pip cannot build hvd_trainer here; running it from the source"
-    src=$(mktemp -d)
-    ln -s "$PWD/launch" "$src/hvd_trainer_launch"
-    export PYTHONPATH="$PWD:$src${PYTHONPATH:+:$PYTHONPATH}"
-fi
-nvidia-smi -L || true
+src=$(mktemp -d)  # the launcher's source folder under its installed name
+ln -s "$PWD/launch" "$src/hvd_trainer_launch"
+export PYTHONPATH="$PWD:$src${PYTHONPATH:+:$PYTHONPATH}"
 $PY - <<'PY' || exit 1
-import cupy, numpy, sys
+import sys
+import numpy
+from mpi4py import MPI
 import hvd_trainer as hvd
-from hvd_trainer.backends import nccl
-print(f"Python {sys.version.split()[0]}, NumPy {numpy.__version__}, CuPy {cupy.__version__}, "
-      f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
-print(f"cuda_built={hvd.cuda_built()} nccl_built={hvd.nccl_built()}", end="")
-print(f" NCCL {nccl.nccl.get_version()}" if nccl.available() else " (no NCCL: host-staged only)")
-if not hvd.cuda_built():
-    sys.exit("gpu_check: CuPy sees no CUDA GPU here; run this on a machine with one")
+print(f"Python {sys.version.split()[0]}, NumPy {numpy.__version__}, "
+      f"MPI {MPI.Get_library_version().splitlines()[0].strip()}")
+print(f"cuda_built={hvd.cuda_built()} nccl_built={hvd.nccl_built()}")
+if hvd.cuda_built():
+    import cupy
+    from hvd_trainer.backends import nccl
+    print(f"CuPy {cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
+          + (f"NCCL {nccl.nccl.get_version()}" if nccl.available() else "no NCCL"))
 try:
     import torch
     print(f"PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
 except ImportError:
     print("PyTorch: not installed")
 PY
+gpu=$($PY -c "import hvd_trainer as hvd; print(int(hvd.cuda_built()))")
 
-echo "== GPU tests (tests/gpu, the torch CUDA ones included)"
-timeout 420 $PY -m pytest tests/gpu -q -rs -p no:cacheprovider || status=1
+echo "== GPU tests: tests/gpu, at 1 rank and at 2 and 3 ranks sharing the GPU"
+timeout 300 $PY -m pytest tests/gpu -v -rsP -p no:cacheprovider --durations=10 \
+    --junitxml="$OUT/gpu_tests.xml"
+tests=$?
+# Without a GPU every module skips, and pytest says so with 5 (no tests ran).
+((tests == 0 || (tests == 5 && gpu == 0))) || status=1
 
-echo "== GPU figures, one process"
-timeout 150 $PY benchmarks/gpu.py || status=1
+if [[ $gpu == 1 ]]; then
+    echo "== GPU figures, one process"
+    timeout 150 $PY benchmarks/gpu.py | tee "$OUT/gpu_figures.md" || status=1
+    echo "== host-staged allreduce, 2 ranks on the one GPU"
+    one_gpu=${CUDA_VISIBLE_DEVICES:-0}  # both ranks see only the first GPU, so they share it
+    CUDA_VISIBLE_DEVICES=${one_gpu%%,*} timeout 120 $PY -m hvd_trainer_launch.hvdrun -np 2 \
+        $PY benchmarks/gpu.py --staged | tee -a "$OUT/gpu_figures.md" || status=1
+else
+    echo "== GPU figures: skipped, CuPy sees no CUDA GPU here"
+fi
 
-echo "== host-staged allreduce, 2 ranks on the one GPU"
-one_gpu=${CUDA_VISIBLE_DEVICES:-0}  # both ranks see only the first GPU, so they share it
-CUDA_VISIBLE_DEVICES=${one_gpu%%,*} timeout 100 $PY -m hvd_trainer_launch.hvdrun -np 2 \
-    $PY benchmarks/gpu.py --staged || status=1
-
-echo "== gpu_check exit status $status"
+echo "== gpu_check exit status $status ($(date -u +%FT%TZ))"
 exit $status

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import compression
 from ..compression import GatherCompressor
+from ..collectives import ops as collective_ops
 from ..collectives.feedback import decode_sum
 from ..collectives.traffic import CommStats
 from ..runtime.runtime import ProcessSet, global_process_set
@@ -145,7 +146,7 @@ class DeviceErrorFeedbackSum:
             if t.dtype != np.float32 or not t.flags.c_contiguous:
                 raise ValueError(f"tensor {key!r} is {t.dtype} with strides {t.strides}; GPU "
                                  "compression takes C-contiguous float32 tensors")
-            ops._check_array(t, f"tensor {key!r}")  # on this rank's GPU, where sum_ runs
+            ops.DEVICE.check(t, f"tensor {key!r}")  # on this rank's GPU, where sum_ runs
         sizes = [self.codec.wire_bytes(t.size) for _, t in named]
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         send = cupy.empty(int(offsets[-1]), np.uint8)
@@ -154,7 +155,7 @@ class DeviceErrorFeedbackSum:
             residual = self.residuals.setdefault(key, cupy.zeros(t.size, np.float32))
             send[start:end] = self.codec.encode(t.reshape(-1), residual)
         encoded = time.perf_counter()
-        every = ops.allgather(send, name, process_set).reshape(-1, send.size)
+        every = collective_ops.allgather(send, name, process_set).reshape(-1, send.size)
         gathered = time.perf_counter()
         decode_sum(self.codec, every, offsets, [t for _, t in named], scale)
         if stats is not None:

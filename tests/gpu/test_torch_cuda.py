@@ -56,3 +56,4 @@ def test_in_place_and_out_of_place_at_world_size_one():
 def test_torch_cuda_collectives_and_optimizer_match_numpy(np_):
     out = run_ranks(WORKER, np_, timeout=300, env=ONE_GPU).stdout
     assert out.count("torch CUDA collectives match NumPy") == np_
+    print(*[line for line in out.splitlines() if "optimizer on CUDA" in line])
