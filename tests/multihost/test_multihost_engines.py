@@ -2,7 +2,10 @@
 started with ``ray start --block`` inside its host and ended by PID (every process whose
 environment carries the fixture's marker), never by ``ray stop``. The driver runs on h1; ranks on
 other hosts are started by the agents there, with no ssh. Checked: the layout by host
-(local and cross ranks), data across the link against NumPy, and a rank on h3 that raises."""
+(local and cross ranks), data across the link against NumPy, a rank on h3 that raises, a
+killed agent (Ray's actor, Spark's executor) on h3 and Ctrl-C on the driver, with nothing
+left on any host. hvd_trainer.spark runs on a Spark standalone master with a worker per
+host, set up the same way."""
 import importlib.util
 import json
 import os
@@ -239,6 +242,29 @@ _SPARK_DRIVER = textwrap.dedent("""
             raise RuntimeError("the rank on h3 fails")
         hvd.allreduce(np.ones(4))
 
+    def sleep_long(folder, kill_executor_on_h3):
+        # Each rank says it sleeps; with kill_executor_on_h3, h3's rank then SIGKILLs its
+        # host's executor JVM (only h3's own processes are in sight there).
+        import glob, os, signal, socket, time
+        import hvd_trainer as hvd
+        hvd.init()
+        open(os.path.join(folder, f"asleep.{hvd.rank()}"), "w").close()
+        if kill_executor_on_h3 and socket.gethostname() == "h3":
+            while len(glob.glob(os.path.join(folder, "asleep.*"))) < hvd.size():
+                time.sleep(0.2)
+            for entry in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                        if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                            os.kill(int(entry), signal.SIGKILL)
+                except OSError:  # a process that ended meanwhile
+                    pass
+        time.sleep(120)
+
+    def asleep(folder):
+        for name in glob.glob(os.path.join(folder, "asleep.*")):
+            os.remove(name)
+
     session = (SparkSession.builder.master(sys.argv[1]).appName("hvd_trainer bed")
                .config("spark.driver.host", sys.argv[3])
                .config("spark.ui.enabled", "false")
@@ -249,16 +275,40 @@ _SPARK_DRIVER = textwrap.dedent("""
                .config("spark.driver.extraJavaOptions", sys.argv[4])
                .config("spark.executor.extraJavaOptions", sys.argv[4])
                .getOrCreate())
-    deadline = time.monotonic() + 120
-    while session.sparkContext.defaultParallelism < 3:
-        assert time.monotonic() < deadline, session.sparkContext.defaultParallelism
-        time.sleep(0.1)
+    def wait_for_three_executors():
+        deadline = time.monotonic() + 120
+        while session.sparkContext.defaultParallelism < 3:
+            assert time.monotonic() < deadline, session.sparkContext.defaultParallelism
+            time.sleep(0.1)
+
+    wait_for_three_executors()
     print("SPARK", json.dumps(hvd_trainer.spark.run(place, args=[int(sys.argv[2])],
                                                     num_proc=3)), flush=True)
     try:
         hvd_trainer.spark.run(raise_on_h3, num_proc=3)
     except Exception as error:
         print("RAISED", json.dumps(str(error)), flush=True)
+    # A killed executor: h3's, while the ranks sleep.
+    import glob, signal, threading
+    asleep(sys.argv[5])
+    started = time.monotonic()
+    try:
+        hvd_trainer.spark.run(sleep_long, args=[sys.argv[5], True], num_proc=3)
+    except Exception as error:
+        print("KILLED", json.dumps([str(error), time.monotonic() - started]), flush=True)
+    # Ctrl-C on the driver while the ranks sleep, once h3's worker has a new executor.
+    wait_for_three_executors()
+    asleep(sys.argv[5])
+    def interrupt():
+        while len(glob.glob(os.path.join(sys.argv[5], "asleep.*"))) < 3:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    try:
+        hvd_trainer.spark.run(sleep_long, args=[sys.argv[5], False], num_proc=3)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", json.dumps(time.monotonic() - started), flush=True)
     session.stop()
 """)
 
@@ -316,12 +366,13 @@ def spark_driver(bed, spark_bed):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD)
     done = bed.run("h1", [sys.executable, "-c", _SPARK_DRIVER, spark_bed, str(PAYLOAD), HEAD,
-                          JVM_OPTIONS],
+                          JVM_OPTIONS, bed.shared],
                    cwd=bed.shared, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
-             for line in done.stdout.splitlines() if line.startswith(("SPARK ", "RAISED "))}
-    return lines, bed.link_bytes("h2") - before
+             for line in done.stdout.splitlines()
+             if line.startswith(("SPARK ", "RAISED ", "KILLED ", "INTERRUPTED "))}
+    return lines, bed.link_bytes("h2") - before, multihost.wait_until_no_job_is_left(bed)
 
 
 def test_spark_ranks_one_per_executor_host(spark_driver):
@@ -338,3 +389,14 @@ def test_spark_ranks_one_per_executor_host(spark_driver):
 def test_spark_rank_on_h3_raises_named(spark_driver):
     text = spark_driver[0]["RAISED"]
     assert "on host h3" in text and "the rank on h3 fails" in text
+
+
+def test_spark_killed_executor_on_h3_ends_the_job_and_leaves_nothing(spark_driver):
+    message, seconds = spark_driver[0]["KILLED"]
+    assert "the Spark job failed" in message
+    assert seconds < 100  # the ranks sleep 120 s: the job ended because its executor died
+    assert spark_driver[2] == {}  # no rank, wrapper or proxy on any host (their own ps)
+
+
+def test_spark_ctrl_c_on_the_driver_ends_the_job(spark_driver):
+    assert spark_driver[0]["INTERRUPTED"] < 100
