@@ -34,10 +34,14 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
     prefix=$(mktemp -d)
     $PY -m pip install -q --no-index --no-deps --no-compile --prefix "$prefix" "$WHEELS"/*.whl \
         || exit 1
-    site=$($PY -c 'import sys; print(f"lib/python{sys.version_info[0]}.{sys.version_info[1]}")')
-    export PYTHONPATH="$prefix/$site/site-packages${PYTHONPATH:+:$PYTHONPATH}"
-    export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export PATH="$prefix/bin:$PATH"
+    # Where pip put them: the interpreter's own scheme (a venv's, or Debian's local/ one).
+    read -r purelib data scripts <<<"$($PY -c 'import sys, sysconfig
+where = {"base": sys.argv[1], "platbase": sys.argv[1]}
+print(*(sysconfig.get_path(name, vars=where) for name in ("purelib", "data", "scripts")))' \
+        "$prefix")"
+    export PYTHONPATH="$purelib${PYTHONPATH:+:$PYTHONPATH}"
+    export LD_LIBRARY_PATH="$data/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # MPICH's libmpi
+    export PATH="$scripts:$PATH"
     echo "installed from $WHEELS: $(cd "$WHEELS" && echo *.whl)"
 fi
 missing=()
