@@ -152,7 +152,7 @@ for (name, p), q in zip(named, list(ref_model.parameters()) + [ref_gain]):
                                atol=1e-5, err_msg=name)
 pairs = [(p.detach().cpu(), q.detach()) for (_, p), q in zip(named, list(ref_model.parameters())
                                                                   + [ref_gain])]
-if rank == 0:  # the figure the docs quote: how far CUDA on several ranks is from one CPU process
+if rank == 0:  # for the GPU check's log: how far CUDA on several ranks is from one CPU process
     print(f"optimizer on CUDA, {size} ranks, against one CPU process: max |difference| "
           f"{max(float((p - q).abs().max()) for p, q in pairs):.3g}, bit for bit: "
           f"{all(torch.equal(p, q) for p, q in pairs)}", flush=True)
