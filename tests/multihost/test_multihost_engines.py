@@ -218,7 +218,7 @@ SPARK_MASTER = f"spark://{HEAD}:7077"
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
 _SPARK_DRIVER = textwrap.dedent("""
-    import json, os, sys, time
+    import glob, json, os, signal, sys, threading, time
     from pyspark.sql import SparkSession
     import hvd_trainer.spark
 
@@ -261,7 +261,7 @@ _SPARK_DRIVER = textwrap.dedent("""
                     pass
         time.sleep(120)
 
-    def asleep(folder):
+    def forget_sleepers(folder):
         for name in glob.glob(os.path.join(folder, "asleep.*")):
             os.remove(name)
 
@@ -289,8 +289,7 @@ _SPARK_DRIVER = textwrap.dedent("""
     except Exception as error:
         print("RAISED", json.dumps(str(error)), flush=True)
     # A killed executor: h3's, while the ranks sleep.
-    import glob, signal, threading
-    asleep(sys.argv[5])
+    forget_sleepers(sys.argv[5])
     started = time.monotonic()
     try:
         hvd_trainer.spark.run(sleep_long, args=[sys.argv[5], True], num_proc=3)
@@ -298,7 +297,7 @@ _SPARK_DRIVER = textwrap.dedent("""
         print("KILLED", json.dumps([str(error), time.monotonic() - started]), flush=True)
     # Ctrl-C on the driver while the ranks sleep, once h3's worker has a new executor.
     wait_for_three_executors()
-    asleep(sys.argv[5])
+    forget_sleepers(sys.argv[5])
     def interrupt():
         while len(glob.glob(os.path.join(sys.argv[5], "asleep.*"))) < 3:
             time.sleep(0.2)

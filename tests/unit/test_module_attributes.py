@@ -4,8 +4,9 @@ under one framework never runs in most test environments, so a rename that misse
 first on a user's machine: the GPU check found ``ops._check_array`` called in
 cuda/compression.py two renames after it was gone."""
 import ast
+import functools
 import os
-from typing import Dict, List, Set
+from typing import Dict, FrozenSet, List, Set
 
 import pytest
 
@@ -51,21 +52,32 @@ def _absolute(name: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def defined(name: str) -> Set[str]:
-    """The names a module binds at its top level (a star import makes it open: None)."""
+@functools.lru_cache(maxsize=None)
+def defined(name: str) -> FrozenSet[str]:
+    """The names a module binds outside its functions and classes (in ``if`` and ``try``
+    blocks too), its functions' ``global`` names, and its subpackages."""
     out: Set[str] = set()
-    for node in ast.walk(TREES[name]):
+    pending = list(TREES[name].body)
+    while pending:
+        node = pending.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            out.add(node.id)
+            out.update(n for inner in ast.walk(node) if isinstance(inner, ast.Global)
+                       for n in inner.names)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                out.add((alias.asname or alias.name).split(".")[0])
+            out.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        else:  # the statement's own targets, then the statements it holds
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    pending.append(child)
+                else:
+                    out.update(target.id for target in ast.walk(child)
+                               if isinstance(target, ast.Name)
+                               and isinstance(target.ctx, ast.Store))
     # A package's submodules are its attributes once imported.
     prefix = name + "."
     out.update(m[len(prefix):].split(".")[0] for m in MODULES if m.startswith(prefix))
-    return out
+    return frozenset(out)
 
 
 def module_aliases(name: str, tree: ast.Module) -> Dict[str, str]:

@@ -146,12 +146,12 @@ for step in range(3):
     xs, ts = zip(*(batch(r, step) for r in range(size)))
     ((ref_gain * ref_model(torch.cat(xs)) - torch.cat(ts)) ** 2).mean().backward()
     ref_opt.step()
+pairs = []  # (this rank's CUDA parameter on the host, the CPU reference's)
 for (name, p), q in zip(named, list(ref_model.parameters()) + [ref_gain]):
     assert p.grad.device == dev, name
-    np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().numpy(), rtol=1e-4,
+    pairs.append((p.detach().cpu(), q.detach()))
+    np.testing.assert_allclose(pairs[-1][0].numpy(), pairs[-1][1].numpy(), rtol=1e-4,
                                atol=1e-5, err_msg=name)
-pairs = [(p.detach().cpu(), q.detach()) for (_, p), q in zip(named, list(ref_model.parameters())
-                                                                  + [ref_gain])]
 if rank == 0:  # for the GPU check's log: how far CUDA on several ranks is from one CPU process
     print(f"optimizer on CUDA, {size} ranks, against one CPU process: max |difference| "
           f"{max(float((p - q).abs().max()) for p, q in pairs):.3g}, bit for bit: "
