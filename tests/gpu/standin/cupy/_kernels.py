@@ -213,6 +213,9 @@ def _argument(kernel: str, param: Param, arg: Any) -> ctypes._SimpleCData:
     return np.ctypeslib.as_ctypes_type(param.dtype)(value.item())
 
 
+_DTYPE_NAMES = set(C_TYPES.values())
+
+
 class _Spec(NamedTuple):
     dtype: Any  # a fixed NumPy dtype, or None for a type placeholder
     placeholder: str
@@ -226,9 +229,9 @@ def _specs(params: str, out: bool) -> List[_Spec]:
         words = text.split()
         if len(words) != 2:
             raise NotImplementedError(f"the stand-in takes 'type name' parameters, got {text!r}")
-        try:
+        if words[0] in _DTYPE_NAMES:
             specs.append(_Spec(np.dtype(words[0]), "", words[1], out))
-        except TypeError:
+        else:  # a type placeholder, such as T
             specs.append(_Spec(None, words[0], words[1], out))
     return specs
 
