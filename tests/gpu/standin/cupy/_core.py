@@ -5,6 +5,7 @@ Metadata (shape, strides, views, slices) is the host's, at once, as in CuPy; val
 device's: reading them on the host (``get``, ``item``, ``float(x)``) waits for the current
 stream alone, and NumPy's implicit conversion is refused, as CuPy refuses it.
 """
+import math
 import numbers
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
@@ -17,11 +18,25 @@ from .cuda.stream import Stream, current_ptr, enqueue, get_current_stream
 __all__ = ["device_work", "empty", "ndarray", "shape_of"]
 
 Shape = Tuple[int, ...]
+_DEVICES: "dict[int, Device]" = {}  # one Device object per GPU, as ndarray.device gives
 
 
 def shape_of(shape: Union[int, Sequence[int]]) -> Shape:
     """``shape`` as a tuple of ints."""
     return (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
+
+
+def _contiguous(shape: Shape, strides: Shape, itemsize: int) -> bool:
+    """Whether ``shape`` and ``strides`` lay the items out back to back, last axis fastest
+    (NumPy's rule: axes of one item, and empty arrays, impose nothing)."""
+    if 0 in shape:
+        return True
+    step = itemsize
+    for n, stride in zip(reversed(shape), reversed(strides)):
+        if n != 1 and stride != step:
+            return False
+        step *= n
+    return True
 
 
 def _c_strides(shape: Shape, itemsize: int) -> Shape:
@@ -44,6 +59,14 @@ def device_work(fn: Callable[[], None], *arrays: "ndarray",
     enqueue(fn, stream)
 
 
+def _operator(ufunc: np.ufunc, inplace: bool = False,
+              swap: bool = False) -> Callable[["ndarray", Any], "ndarray"]:
+    """An arithmetic operator of ndarray: ``ufunc`` as device work (see ndarray._ufunc)."""
+    def operator(self: "ndarray", other: Any) -> "ndarray":
+        return self._ufunc(ufunc, other, inplace, swap)
+    return operator
+
+
 class _Flags:
     __slots__ = ("c_contiguous", "f_contiguous")
 
@@ -54,19 +77,20 @@ class _Flags:
 class ndarray:
     """An array in the stand-in's device memory."""
 
-    __slots__ = ("_mem", "_offset", "shape", "dtype", "strides", "_flags", "__weakref__")
+    __slots__ = ("_mem", "_offset", "shape", "dtype", "strides", "size", "_flags",
+                 "__weakref__")
 
     def __init__(self, shape: Union[int, Sequence[int]], dtype: Any = float):
         shape, dtype = shape_of(shape), np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         device = current_id()
-        self._set(Memory(size, device, current_ptr(device)), 0, shape, dtype,
-                  _c_strides(shape, dtype.itemsize))
+        self._set(Memory(math.prod(shape) * dtype.itemsize, device, current_ptr(device)), 0,
+                  shape, dtype, _c_strides(shape, dtype.itemsize))
 
     def _set(self, mem: Memory, offset: int, shape: Shape, dtype: np.dtype,
              strides: Shape) -> "ndarray":
         self._mem, self._offset, self.shape, self.dtype, self.strides = \
             mem, offset, shape, dtype, strides
+        self.size = math.prod(shape)
         self._flags = None
         return self
 
@@ -79,10 +103,6 @@ class ndarray:
                                      else strides)
 
     # -- metadata ------------------------------------------------------------------------
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
     @property
     def ndim(self) -> int:
         return len(self.shape)
@@ -101,13 +121,15 @@ class ndarray:
 
     @property
     def device(self) -> Device:
-        return Device(self._mem.device_id)
+        return _DEVICES.get(self._mem.device_id) or _DEVICES.setdefault(
+            self._mem.device_id, Device(self._mem.device_id))
 
     @property
     def flags(self) -> _Flags:
         if self._flags is None:
-            view = self._host()
-            self._flags = _Flags(view.flags.c_contiguous, view.flags.f_contiguous)
+            itemsize = self.dtype.itemsize
+            self._flags = _Flags(_contiguous(self.shape, self.strides, itemsize),
+                                 _contiguous(self.shape[::-1], self.strides[::-1], itemsize))
         return self._flags
 
     def __len__(self) -> int:
@@ -199,20 +221,20 @@ class ndarray:
                                     for x in operands], out=out._host()), out, *arrays)
         return out
 
-    def __add__(self, other): return self._ufunc(np.add, other)
-    def __radd__(self, other): return self._ufunc(np.add, other, swap=True)
-    def __sub__(self, other): return self._ufunc(np.subtract, other)
-    def __rsub__(self, other): return self._ufunc(np.subtract, other, swap=True)
-    def __mul__(self, other): return self._ufunc(np.multiply, other)
-    def __rmul__(self, other): return self._ufunc(np.multiply, other, swap=True)
-    def __truediv__(self, other): return self._ufunc(np.true_divide, other)
-    def __rtruediv__(self, other): return self._ufunc(np.true_divide, other, swap=True)
-    def __iadd__(self, other): return self._ufunc(np.add, other, inplace=True)
-    def __isub__(self, other): return self._ufunc(np.subtract, other, inplace=True)
-    def __imul__(self, other): return self._ufunc(np.multiply, other, inplace=True)
-    def __itruediv__(self, other): return self._ufunc(np.true_divide, other, inplace=True)
-    def __neg__(self): return self._ufunc(np.multiply, -1)
-    def __abs__(self): return _unary(np.absolute, self)
+    __add__, __radd__ = _operator(np.add), _operator(np.add, swap=True)
+    __sub__, __rsub__ = _operator(np.subtract), _operator(np.subtract, swap=True)
+    __mul__, __rmul__ = _operator(np.multiply), _operator(np.multiply, swap=True)
+    __truediv__ = _operator(np.true_divide)
+    __rtruediv__ = _operator(np.true_divide, swap=True)
+    __iadd__, __isub__ = _operator(np.add, inplace=True), _operator(np.subtract, inplace=True)
+    __imul__ = _operator(np.multiply, inplace=True)
+    __itruediv__ = _operator(np.true_divide, inplace=True)
+
+    def __neg__(self) -> "ndarray":
+        return self._ufunc(np.multiply, -1)
+
+    def __abs__(self) -> "ndarray":
+        return _unary(np.absolute, self)
 
     # -- to and from the host ------------------------------------------------------------------
     def get(self, stream: Optional[Stream] = None, order: str = "C",
@@ -242,9 +264,14 @@ class ndarray:
             raise ValueError("can only convert an array of size 1 to a Python scalar")
         return self.get().reshape(()).item()
 
-    def __float__(self): return float(self.item())
-    def __int__(self): return int(self.item())
-    def __bool__(self): return bool(self.item())
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
