@@ -2,6 +2,7 @@
 
 Run:  python benchmarks/cost_model.py measure CONSTANTS.json [--no-bed]   (the bed needs root)
       python benchmarks/cost_model.py project CONSTANTS.json [--ranks-per-host 8]
+      python benchmarks/cost_model.py nccl [--host-us 60 15]   (NCCL on GPUs: nccl_model.py)
 
 ``measure`` times, and writes to CONSTANTS.json with the machine, the date and the commit:
 
@@ -894,6 +895,11 @@ def main() -> None:
     projecting.add_argument("path", help="the JSON file measure wrote")
     projecting.add_argument("--ranks-per-host", type=int, default=8,
                             help="ranks on each host, a power of two (default 8)")
+    nccl = sub.add_parser("nccl", help="NCCL's expected busbw on 8 GPUs per host "
+                                       "(nccl_model.py; no constants needed)")
+    nccl.add_argument("--host-us", type=float, nargs="+", default=[60.0, 15.0],
+                      help="our host time per call, in µs (default: 60, as measured on an "
+                           "H200, and 15, the target)")
     args, rest = parser.parse_known_args()
     if args.worker:
         {"local": local_worker, "host": host_worker, "link": link_worker}[args.worker]()
@@ -906,6 +912,10 @@ def main() -> None:
             parser.error(f"--ranks-per-host={per_host} must be a power of two, e.g. 8")
         with open(args.path) as f:
             print(project(json.load(f), per_host))
+    elif args.command == "nccl":
+        sys.path.insert(0, HERE)
+        import nccl_model
+        print("\n\n".join(nccl_model.table(f, args.host_us) for f in nccl_model.FABRICS))
     else:
         parser.print_help()
 

@@ -3,7 +3,8 @@
 Each collective runs on the core's communication thread (``hvd_trainer/coordination/work_order.py``)
 in the order of the calls and returns when it has finished, as Horovod's ops do. Eagerly it runs at
 the call; inside a ``tf.function`` (or a TF1 graph) it is an op that runs when the graph does
-(see bridge.py). Results are new tensors on the host.
+(see bridge.py). Results are new tensors: on the GPU for eager GPU tensors where the core runs
+the collective on GPU memory, on the host otherwise.
 
 The differentiable collectives are ``tf.custom_gradient`` functions with Horovod's gradient
 rules, documented on each. Argument errors are collective when eager: a check that fails on
@@ -55,13 +56,13 @@ def run(work: Callable[[], T], name: Optional[str] = None,
 
 def _collective(work: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
                 dtypes: Sequence[tf.DType], shapes: Sequence[Any], name: Optional[str],
-                process_set: ProcessSet) -> List[tf.Tensor]:
+                process_set: ProcessSet, device: bool = True) -> List[tf.Tensor]:
     """``work(*arrays)``, the collective ``name`` on ``process_set``, on the inputs' values,
     on the communication thread, now or when the graph runs (bridge.call); its arrays as
-    tensors."""
+    tensors. With ``device``, ``work`` takes CuPy arrays too (eager GPU tensors')."""
     in_graph = not tf.executing_eagerly()  # while a graph or a tf.function is built
     return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set, in_graph),
-                       inputs, dtypes, shapes, name)
+                       inputs, dtypes, shapes, name, device)
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:
@@ -177,7 +178,8 @@ def _allreduce_slices(slices: tf.IndexedSlices, op: Any, prescale: float, postsc
     out_values, out_ids = _collective(work, [values, slices.indices, shape],
                                       [values.dtype, tf.int64],
                                       [tf.TensorShape([None]).concatenate(values.shape[1:]),
-                                       tf.TensorShape([None])], name, process_set)
+                                       tf.TensorShape([None])], name, process_set,
+                                      device=False)
     if op == Average:  # TensorFlow's division, as Horovod's: integers become floats
         out_values = out_values / tf.cast(process_set.size(), out_values.dtype)
     return tf.IndexedSlices(out_values, out_ids, dense_shape=slices.dense_shape)
@@ -432,7 +434,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         return _collective(work, [x, given], [x.dtype, tf.int32],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])
                             if x.shape.rank else None, tf.TensorShape([None])], name,
-                           process_set)
+                           process_set, device=False)
 
     def backward(inputs, outputs, upstream):
         grad, _ = alltoall(upstream[0], splits=outputs[1], process_set=process_set)

@@ -137,3 +137,37 @@ def test_two_processes_measurements_keep_the_slower_of_each():
 def test_the_agreements_allgather_becomes_mpichs_ring_where_72_bytes_each_reach_80_kib():
     # 81920 / 72 = 1137.8, and 1138 is no power of two.
     assert cost_model.ring_from() == 1138
+
+
+_nccl_spec = importlib.util.spec_from_file_location(
+    "nccl_model", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks",
+                               "nccl_model.py"))
+nccl_model = importlib.util.module_from_spec(_nccl_spec)
+_nccl_spec.loader.exec_module(nccl_model)
+H100, A100 = nccl_model.FABRICS
+
+
+def test_nccl_latencies_follow_its_tuner_by_hand():
+    # Ring: 8.4 µs + 3.4 µs per NVLink step + 14 µs per step across hosts, 2(n-1) steps.
+    assert nccl_model.ring_latency(8, 8) == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
+    assert nccl_model.ring_latency(16, 8) == pytest.approx((8.4 + 28 * 3.4 + 2 * 14) * 1e-6)
+    # Tree: 8.4 µs + 2((L-1) * 4 µs + ceil(log2 H) * 14 µs).
+    assert nccl_model.tree_latency(16, 8) == pytest.approx((8.4 + 2 * (7 * 4 + 1 * 14)) * 1e-6)
+    assert nccl_model.tree_latency(512, 8) == pytest.approx((8.4 + 2 * (7 * 4 + 6 * 14)) * 1e-6)
+
+
+def test_across_hosts_the_ring_runs_at_the_nvlink_or_the_nics_speed_whichever_is_less():
+    assert nccl_model.ring_busbw(8, 8, H100) == 370e9  # one host: NVLink's
+    assert nccl_model.ring_busbw(16, 8, H100) == 370e9  # 8 x 47 = 376 GB/s of NICs
+    assert nccl_model.ring_busbw(16, 8, A100) == 192e9  # 8 x 24 GB/s of NICs
+
+
+def test_a_bucket_takes_nccls_fastest_algorithm_or_the_host_time_if_longer():
+    bucket = 16 << 20
+    moved = bucket * 2 * 7 / 8  # busbw's bytes on 8 ranks
+    nvls = 25e-6 + moved / 480e9  # one host: NVLS beats the ring (56 µs) and the tree (64.4 µs)
+    assert nccl_model.nccl_seconds(bucket, 8, 8, H100) == pytest.approx(nvls)
+    assert nccl_model.bucketed_busbw(bucket, 8, 8, H100, host=60e-6) == pytest.approx(moved / nvls)
+    small = 1 << 20  # NVLS takes 28.8 µs: a 60 µs host time sets the pace
+    assert nccl_model.bucketed_busbw(small, 8, 8, H100, host=60e-6) == \
+        pytest.approx(small * 2 * 7 / 8 / 60e-6)
