@@ -9,14 +9,15 @@ task registered from.
 import re
 from typing import Dict, Optional
 
+_MEMORY = ("raise spark.executor.memory, or return less from the function (its results pass "
+           "through the executor)")
 # An executor's exit codes (Spark's own, and a signal's 128 + N): what each means.
 EXIT_CODES = {
     50: "an uncaught exception in the executor JVM; one cause is a connection to a task's "
         "barrier socket that closes before it authenticates (Spark's SocketAuthHelper "
         "EOFException), which any local user can make to a TCP one: set "
         "spark.python.unix.domain.socket.enabled=true (docs/security.md)",
-    52: "the executor JVM ran out of memory (OutOfMemoryError): raise spark.executor.memory, "
-        "or return less from the function (its results pass through the executor)",
+    52: f"the executor JVM ran out of memory (OutOfMemoryError): {_MEMORY}",
     137: "the executor was killed (SIGKILL: by a user, the cluster manager, or the kernel's "
          "out-of-memory killer)",
     143: "the executor was stopped (SIGTERM: by the cluster manager, or a user)",
@@ -53,23 +54,23 @@ def explain(text: str, hosts: Dict[int, str]) -> str:
         reason = (lost[2] or "").strip()
         code = _EXIT.search(reason)
         meaning = EXIT_CODES.get(int(code[1])) if code else None
-        return (f"the executor{where} was lost ({lost[1]}): Spark says "
+        return (f"the executor{' of ' + where if where else ''} was lost ({lost[1]}): Spark says "
                 f"{reason or 'no more'!r}" + (f"; {meaning}" if meaning else ""))
     thrown = next((line.strip() for line in _THROWN.findall(said)
                    if "Job aborted" not in line and "SparkException" not in line), None)
     if thrown and "OutOfMemoryError" in thrown:
-        return (f"a task{where} ran out of memory ({thrown}): {EXIT_CODES[52].split(': ', 1)[1]}")
+        return f"{where or 'a task'} ran out of memory ({thrown}): {_MEMORY}"
     first = next((line.strip() for line in said.splitlines() if line.strip()), "")
-    return f"a task{where} failed: {thrown or first}"
+    return f"{where or 'a task'} failed: {thrown or first}"
 
 
 def _where(said: str, hosts: Dict[int, str]) -> str:
-    """' on HOST (task N)' for the task Spark names, or ''."""
+    """'task N on HOST' for the task Spark names, or ''."""
     found = _TASK.search(said)
     if not found:
         return ""
     if found[1] is not None:
         index = int(found[1])
         host: Optional[str] = hosts.get(index)
-        return f" on {host} (task {index})" if host else f" of task {index}"
-    return f" on {found[2]}"
+        return f"task {index}" + (f" on {host}" if host else "")
+    return f"the task on {found[2]}"

@@ -157,7 +157,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         except subprocess.TimeoutExpired:  # its proxies are gone: it would end by itself
             code = launch.end()
     except BaseException:  # a failure, a timeout or Ctrl-C: end the Spark job and hvdrun
-        job.cancel()
+        if not job.done():
+            job.cancel()
         if launch is not None:
             launch.end()
         raise
