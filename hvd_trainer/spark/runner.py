@@ -120,13 +120,6 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     flavour = engine_launch.check_launcher().flavour
     if start_timeout is None:
         start_timeout = float(os.environ.get(_START_TIMEOUT_VARIABLE, _DEFAULT_START_TIMEOUT))
-    hvdrun_args = []
-    if nics:
-        hvdrun_args += ["--network-interfaces", ",".join(nics)]
-    if prefix_output_with_timestamp:
-        hvdrun_args.append("--prefix-output-with-timestamp")
-    if verbose and verbose >= 2:
-        hvdrun_args.append("--verbose")
     secret = os.urandom(32)
     conf = context.getConf()
     registry = engine_registry.Registry(conf.get("spark.driver.host"), secret, num_proc,
@@ -143,10 +136,14 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
             layout, engine_launch.rank_command(executable), flavour=flavour,
             env={str(k): str(v) for k, v in (env or {}).items()},
             mpi_args=shlex.split(extra_mpi_args or ""), out=stdout or sys.stdout,
-            err=stderr or sys.stderr, hvdrun_args=hvdrun_args)
+            err=stderr or sys.stderr,
+            hvdrun_args=_hvdrun_args(nics, prefix_output_with_timestamp, verbose))
         try:
-            lines = launch.proxies(start.left())
+            lines = launch.proxies(max(start.left(), 0))
         except EngineError as error:
+            if start.left() <= 0:
+                raise start.ranks_late("hvdrun's launcher had not handed over its proxy "
+                                       "commands") from None
             raise EngineError(f"hvd_trainer.spark.run: the MPI job did not start: {error}") \
                 from None
         registry.answer(_assignments(tasks, layout, lines, registry.address))
@@ -164,15 +161,22 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         raise
     finally:
         registry.close()
-    outcomes: Dict[int, bytes] = {}
-    for result in results:
-        if result.outcome is not None:
-            outcomes.update(result.outcome.outcomes)
-    proxies = [(r.outcome.host, r.outcome.code, r.outcome.messages)
-               for r in results if r.outcome is not None]
-    return engine_launch.gather(outcomes, num_proc, getattr(fn, "__name__", repr(fn)),
-                                engine_launch.host_of_ranks(layout), code, launch.messages,
-                                proxies=proxies)
+    hosts = [result.outcome for result in results if result.outcome is not None]
+    return engine_launch.gather(
+        {rank: outcome for host in hosts for rank, outcome in host.outcomes.items()}, num_proc,
+        getattr(fn, "__name__", repr(fn)), engine_launch.host_of_ranks(layout), code,
+        launch.messages, proxies=[(host.host, host.code, host.messages) for host in hosts])
+
+
+def _hvdrun_args(nics: Optional[Sequence[str]], timestamps: bool, verbose: int) -> List[str]:
+    """hvdrun's flags for horovod.spark.run's ``nics``, ``prefix_output_with_timestamp`` and
+    ``verbose``."""
+    flags = ["--network-interfaces", ",".join(nics)] if nics else []
+    if timestamps:
+        flags.append("--prefix-output-with-timestamp")
+    if verbose and verbose >= 2:
+        flags.append("--verbose")
+    return flags
 
 
 def _assignments(tasks: Dict[int, engine_registry.Registration], layout: Sequence[tuple],
@@ -230,14 +234,18 @@ class _Start:
                 hosts = engine_launch.host_of_ranks(layout)
                 late = sorted(set(range(self.num_proc)) - registry.running())
                 where = sorted({hosts[rank] for rank in late})
-                raise EngineTimeout(
-                    f"Timed out waiting for the ranks to start: rank"
-                    f"{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} on "
-                    f"{', '.join(where)} had not begun running the function within "
-                    f"start_timeout={self.seconds:g} s (the Spark tasks had all started "
-                    f"after {self.tasks_at - self.began:.1f} s); a rank's start is its "
-                    "Python's (`executable`) and the function's unpickling: check them, or "
-                    "give a longer start_timeout")
+                raise self.ranks_late(f"rank{'s' if len(late) > 1 else ''} "
+                                      f"{', '.join(map(str, late))} on {', '.join(where)} had "
+                                      "not begun running the function")
+
+    def ranks_late(self, what: str) -> EngineTimeout:
+        """The error for a start past start_timeout once the tasks had started."""
+        return EngineTimeout(
+            f"Timed out waiting for the ranks to start: {what} within "
+            f"start_timeout={self.seconds:g} s (the Spark tasks had all started after "
+            f"{self.tasks_at - self.began:.1f} s); a rank's start is hvdrun's, its Python's "
+            "(`executable`) and the function's unpickling: check them, or give a longer "
+            "start_timeout")
 
 
 class _BarrierJob:

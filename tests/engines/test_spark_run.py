@@ -338,15 +338,22 @@ def test_start_timeout_bounds_a_rank_whose_start_is_slow(spark, tmp_path):
     _wait_for_no_engine_processes(20)
 
 
-def _executors_waited_for(application, gone=(), seconds=60):
-    """This application's executor JVMs, waiting for one that is not in ``gone`` (a killed
-    one's replacement: the killed one may linger a moment)."""
+def _executor_endpoints(context):
+    """The host:port of each executor (and the driver) that the driver knows."""
+    infos = context._jsc.sc().statusTracker().getExecutorInfos()
+    return {f"{info.host()}:{info.port()}" for info in infos}
+
+
+def _replaced(context, before, seconds=60):
+    """Wait until the driver has dropped the executors it knew (``before``) but itself, and
+    a new one has registered: the next job gets its slots."""
     deadline = time.monotonic() + seconds
-    while not set(_executors_of(application)) - set(gone) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        now = _executor_endpoints(context)
+        if len(before & now) == 1 and now - before:  # only the driver is still known
+            return
         time.sleep(0.2)
-    found = sorted(set(_executors_of(application)) - set(gone))
-    assert found, "no executor JVM found"
-    return found
+    raise AssertionError(f"no new executor registered: before {before}, now {now}")
 
 
 def _unix_listeners(pid):
@@ -377,7 +384,10 @@ def test_a_connection_to_a_barrier_socket_is_named_and_shut_to_other_users(spark
     if os.geteuid() != 0:
         pytest.skip("needs root, to connect as another user (nobody)")
     import hvd_trainer.spark
-    executor = _executors_waited_for(spark.sparkContext.applicationId)[0]
+    executors = _executors_of(spark.sparkContext.applicationId)
+    assert executors, "no executor JVM found"
+    executor = executors[0]
+    known = _executor_endpoints(spark.sparkContext)
     said = {}
 
     def connect():
@@ -393,13 +403,14 @@ def test_a_connection_to_a_barrier_socket_is_named_and_shut_to_other_users(spark
         hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
     assert said["nobody"] and set(said["nobody"]) == {"PermissionError"}
     _wait_for_no_engine_processes(20)
-    _executors_waited_for(spark.sparkContext.applicationId, gone=[executor])
+    _replaced(spark.sparkContext, known)
 
 
 def test_killed_executor_ends_the_job(spark):
     import hvd_trainer.spark
     context = spark.sparkContext
-    executors = _executors_waited_for(context.applicationId)
+    executors = _executors_of(context.applicationId)
+    assert executors, "no executor JVM found"
     _when_ranks_run(lambda: [os.kill(pid, signal.SIGKILL) for pid in executors])
     started = time.monotonic()
     with pytest.raises(EngineError, match=r"the Spark job failed .*the executor of task 0 on "
