@@ -100,7 +100,8 @@ class Registry:
         self._running: Set[int] = set()
         self._all_registered, self._all_running = threading.Event(), threading.Event()
         self._slots = threading.BoundedSemaphore(tasks + _SPARE_CONNECTIONS)
-        self._listener = socket.create_server((bind or host, 0))
+        family, *_ = socket.getaddrinfo(bind or host, None, type=socket.SOCK_STREAM)[0]
+        self._listener = socket.create_server((bind or host, 0), family=family)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True, name="hvd-spark-registry").start()
 
