@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hvd_trainer.spark import causes
 from hvd_trainer.spark.task import RESOURCES_VARIABLE
@@ -48,17 +48,12 @@ class EngineTimeout(EngineError, TimeoutError):
     """The job did not start within start_timeout: its tasks, or its ranks."""
 
 
-class TaskResult(NamedTuple):
-    """What a barrier task returns: its index and, from the first task on each host, the
-    outcome of that host's ranks."""
-
-    index: int
-    outcome: Optional[engine_agent.HostOutcome]
-
-
 def _task(payload: bytes, secret: bytes, registry: str, wait: float) -> Callable:
     """The function each barrier task runs over its (unused) partition: register, then run
-    the proxy command the driver answers with, if any."""
+    the proxy command the driver answers with, if any; its one row is the outcome of its
+    host's ranks (engine_agent.HostOutcome), or None from the tasks that run none. It refers
+    to hvd_trainer_launch's modules alone, so that a task imports nothing more (hvd_trainer
+    itself, NumPy) before it registers."""
 
     def task(_partition):
         from pyspark import BarrierTaskContext
@@ -67,11 +62,10 @@ def _task(payload: bytes, secret: bytes, registry: str, wait: float) -> Callable
         mine = engine_registry.Registration(context.partitionId(), engine_agent.hostname(),
                                             resources)
         assignment = engine_registry.register(registry, secret, mine, wait)
-        outcome = None
-        if assignment.line is not None:
-            outcome = engine_agent.run_proxy(assignment.line, payload, secret,
-                                             env=assignment.env)
-        yield TaskResult(mine.index, outcome)
+        if assignment.line is None:
+            yield None
+        else:
+            yield engine_agent.run_proxy(assignment.line, payload, secret, env=assignment.env)
 
     return task
 
@@ -161,7 +155,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         raise
     finally:
         registry.close()
-    hosts = [result.outcome for result in results if result.outcome is not None]
+    hosts = [outcome for outcome in results if outcome is not None]
     return engine_launch.gather(
         {rank: outcome for host in hosts for rank, outcome in host.outcomes.items()}, num_proc,
         getattr(fn, "__name__", repr(fn)), engine_launch.host_of_ranks(layout), code,
@@ -277,8 +271,8 @@ class _BarrierJob:
         self._context.cancelJobGroup(self._group)
         self._thread.join(30)
 
-    def results(self, tasks: Dict[int, Any]) -> List[TaskResult]:
-        """The tasks' results once the job ends; EngineError (or EngineTimeout when the
+    def results(self, tasks: Dict[int, Any]) -> List[Optional[engine_agent.HostOutcome]]:
+        """The tasks' rows once the job ends; EngineError (or EngineTimeout when the
         cluster has too few slots) saying why it failed (``tasks``: the registrations)."""
         while self._thread.is_alive():
             self._thread.join(0.2)  # short waits: Ctrl-C stays responsive

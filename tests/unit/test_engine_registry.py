@@ -166,3 +166,17 @@ def test_results_over_the_limit_and_an_out_of_memory_task_are_named():
                           " Java heap space\n\tat java.base/java.util.Arrays.copyOf", {0: "h1"})
     assert said.startswith("task 0 on h1 ran out of memory (java.lang.OutOfMemoryError: "
                            "Java heap space): raise spark.executor.memory")
+
+
+def test_a_task_imports_no_hvd_trainer_before_it_registers():
+    """The barrier task's function travels by value and refers to hvd_trainer_launch alone:
+    unpickling it on an executor imports neither hvd_trainer nor NumPy (a second or more)."""
+    import cloudpickle
+    import subprocess
+    import sys
+    data = cloudpickle.dumps(runner._task(b"payload", SECRET, "driver:1", 1.0))
+    check = ("import pickle, sys\npickle.loads(sys.stdin.buffer.read())\n"
+             "print(sorted(m for m in ('hvd_trainer', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", check], input=data, capture_output=True,
+                          timeout=120)
+    assert done.stdout.decode().strip() == "[]", done.stderr.decode()[-2000:]
