@@ -98,6 +98,7 @@ class Registry:
         self._held: Dict[int, tuple] = {}  # index -> (connection, challenge, payload)
         self._registered: Dict[int, Registration] = {}
         self._running: Set[int] = set()
+        self._closed = False
         self._all_registered, self._all_running = threading.Event(), threading.Event()
         self._slots = threading.BoundedSemaphore(tasks + _SPARE_CONNECTIONS)
         family, *_ = socket.getaddrinfo(bind or host, None, type=socket.SOCK_STREAM)[0]
@@ -149,7 +150,7 @@ class Registry:
     def _register(self, found: Registration, connection: tuple) -> bool:
         """Keep a task's first registration and its connection; False for a repeat."""
         with self._lock:
-            if found.index in self._registered:
+            if found.index in self._registered or self._closed:
                 return False
             self._registered[found.index] = found
             self._held[found.index] = connection
@@ -193,6 +194,8 @@ class Registry:
 
     def close(self) -> None:
         """Stop listening; tasks still waiting for an answer are let go without one."""
+        with self._lock:
+            self._closed = True
         self._listener.close()
         self.answer({})
 

@@ -116,14 +116,14 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         start_timeout = float(os.environ.get(_START_TIMEOUT_VARIABLE, _DEFAULT_START_TIMEOUT))
     secret = os.urandom(32)
     conf = context.getConf()
+    payload = engine_launch.payload(fn, args, kwargs)
     registry = engine_registry.Registry(conf.get("spark.driver.host"), secret, num_proc,
                                         num_proc, bind=conf.get("spark.driver.bindAddress"))
-    job = _BarrierJob(context, num_proc, _task(engine_launch.payload(fn, args, kwargs), secret,
-                                               registry.address,
-                                               start_timeout + _ANSWER_GRACE_SECONDS))
     start = _Start(began, start_timeout, num_proc, context.defaultParallelism)
-    launch = None
+    job = launch = None
     try:
+        job = _BarrierJob(context, num_proc, _task(payload, secret, registry.address,
+                                                   start_timeout + _ANSWER_GRACE_SECONDS))
         tasks = start.wait_for_tasks(job, registry)
         layout = engine_launch.rank_layout(tasks[index].host for index in range(num_proc))
         launch = engine_launch.AgentLaunch(
@@ -148,7 +148,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         except subprocess.TimeoutExpired:  # its proxies are gone: it would end by itself
             code = launch.end()
     except BaseException:  # a failure, a timeout or Ctrl-C: end the Spark job and hvdrun
-        if not job.done():
+        if job is not None and not job.done():
             job.cancel()
         if launch is not None:
             launch.end()
