@@ -7,12 +7,14 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import uuid
 
 import pytest
 
 import engines
 
 INSTALL = "pip install -e '.[test]' (which brings ray and pyspark)"
+os.environ.setdefault(engines.SESSION_VARIABLE, uuid.uuid4().hex)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List
+from typing import List, Optional
 
 RAY_CPUS = 3
 # Every Spark JVM (driver, executors, a bed's master and workers) starts with the client
@@ -106,18 +106,35 @@ def spark_session(folder: str):
     return session
 
 
-def processes_with(variable: str) -> List[int]:
-    """The PIDs of this user's processes whose environment sets ``variable`` (an engine job's
-    proxies, wrappers and ranks all have protocol.ENGINE_FOLDER_VARIABLE)."""
+# Set in the test session's environment (conftest), which its Spark executors, hvdrun and every
+# rank inherit: a check for processes left behind counts this session's, not those of another
+# session on the same machine.
+SESSION_VARIABLE = "HVD_TEST_SESSION"
+
+
+def job_processes() -> List[int]:
+    """The PIDs of this test session's engine job processes (proxies, wrappers, ranks: those
+    with HVD_ENGINE_FOLDER in their environment and this session's SESSION_VARIABLE)."""
+    mine = set(processes_with(SESSION_VARIABLE, os.environ[SESSION_VARIABLE]))
+    return [pid for pid in processes_with("HVD_ENGINE_FOLDER") if pid in mine]
+
+
+def processes_with(variable: str, value: Optional[str] = None) -> List[int]:
+    """The PIDs of this user's processes whose environment sets ``variable`` (to ``value``,
+    when given; an engine job's proxies, wrappers and ranks all have
+    protocol.ENGINE_FOLDER_VARIABLE)."""
     wanted = f"{variable}=".encode()
+    whole = None if value is None else wanted + value.encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as environ:
-                if any(item.startswith(wanted) for item in environ.read().split(b"\0")):
-                    found.append(int(entry))
+                items = environ.read().split(b"\0")
         except OSError:
-            pass
+            continue
+        if any(item == whole if whole is not None else item.startswith(wanted)
+               for item in items):
+            found.append(int(entry))
     return found

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import engines
-from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engine_launch import EngineError
 
 RANKS = 3
@@ -41,7 +40,7 @@ def _collective(scale):
 
 def _wait_for_no_engine_processes(seconds):
     deadline = time.monotonic() + seconds
-    while engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE):
+    while engines.job_processes():
         assert time.monotonic() < deadline, "processes left behind"
         time.sleep(0.2)
 
@@ -244,7 +243,7 @@ def _when_ranks_run(action):
     """Call ``action`` once the job's ranks are running (seen by their environment)."""
     def watch():
         deadline = time.monotonic() + 60
-        while len(engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE)) < 2 * RANKS:
+        while len(engines.job_processes()) < 2 * RANKS:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.2)
