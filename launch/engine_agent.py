@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from typing import Dict, NamedTuple
+from typing import Dict, NamedTuple, Optional
 
 from hvd_trainer_launch import signed_files, protocol
 from hvd_trainer_launch.worker import die_with_parent
@@ -38,16 +38,18 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def run_proxy(line: str, payload: bytes, secret: bytes) -> HostOutcome:
+def run_proxy(line: str, payload: bytes, secret: bytes,
+              env: Optional[Dict[str, str]] = None) -> HostOutcome:
     """Run the proxy ``line`` (what the MPI launcher handed over for this host) with the
     pickled (function, args, kwargs) ``payload`` where this host's ranks find it, wait for it,
-    and return this host's outcomes. The job's ``secret`` signs the files in between."""
+    and return this host's outcomes. The job's ``secret`` signs the files in between; ``env``:
+    more variables for the proxy and its ranks."""
     folder = tempfile.mkdtemp(prefix="hvd_engine.")
     try:
         signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, payload, secret)
-        env = dict(os.environ, **{protocol.ENGINE_FOLDER_VARIABLE: folder,
-                                  protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
-                                  protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()})
+        env = {**os.environ, **(env or {}), protocol.ENGINE_FOLDER_VARIABLE: folder,
+               protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
+               protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()}
         # The proxy's own messages (the ranks' output travels to mpiexec, not here).
         messages = tempfile.TemporaryFile()
         proxy = subprocess.Popen(shlex.split(line), env=env, stdin=subprocess.DEVNULL,

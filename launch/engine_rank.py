@@ -3,8 +3,8 @@
 proxy that an agent runs.
 
 It loads the function from the folder its agent named (protocol.ENGINE_FOLDER_VARIABLE), once
-the signature checks out, calls it, and leaves the signed result (or the exception) there for
-the agent to carry back. An exception is raised after it is written, so that the rank exits
+the signature checks out, tells a Spark driver that it runs (engine_registry), calls it, and
+leaves the signed result (or the exception) there for the agent to carry back. An exception is raised after it is written, so that the rank exits
 non-zero and hvdrun ends the job naming the rank and its host. HOROVOD_HOSTNAME gets this
 host's own name back (engine_agent.hostname's): Open MPI's mpirun was given another for it.
 """
@@ -14,7 +14,7 @@ import socket
 import sys
 import traceback
 
-from hvd_trainer_launch import signed_files, protocol
+from hvd_trainer_launch import engine_registry, signed_files, protocol
 
 
 def _outcome_of_error(error: BaseException) -> bytes:
@@ -46,6 +46,9 @@ def main() -> None:
     label = protocol.ENGINE_RESULT.format(rank=rank)
     func, args, kwargs = pickle.loads(
         signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret))
+    registry = os.environ.pop(engine_registry.VARIABLE, None)
+    if registry:  # a Spark job's driver: its start ends when every rank runs the function
+        engine_registry.report_running(registry, secret, rank)
     try:
         payload = cloudpickle.dumps(("ok", func(*args, **kwargs)))
     except BaseException as error:

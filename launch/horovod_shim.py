@@ -61,6 +61,7 @@ REEXPORTS: Dict[str, str] = {
     "horovod.keras.elastic": "hvd_trainer.tensorflow.keras.elastic",
     # The engines: horovod.spark.run and horovod.ray.RayExecutor over Spark and Ray.
     "horovod.spark": "hvd_trainer.spark",
+    "horovod.spark.task": "hvd_trainer.spark.task",
     "horovod.ray": "hvd_trainer.ray",
 }
 # Modules written as they are: the root's public names (horovod.run, __version__), and

@@ -79,6 +79,11 @@ SET_BY_HVDRUN: Dict[str, str] = {
                          "([Running on Spark](spark.md), [Running on Ray](ray.md))",
     "HVD_ENGINE_SECRET": "an engine job's key, which signs the files in `HVD_ENGINE_FOLDER`",
     "HVD_ENGINE_WORKDIR": "the working folder of an engine job's agent, where its ranks work",
+    "HVD_ENGINE_REGISTRY": "host:port of a Spark job's registry on the driver, where each "
+                           "rank says that it runs the function ([Running on Spark]"
+                           "(spark.md#how-it-works))",
+    "HVD_SPARK_TASK_RESOURCES": "the resources Spark assigned to the tasks on a rank's host, by "
+                                "local rank, for `hvd_trainer.spark.task.get_available_devices`",
     "HVD_ENGINE_LAUNCH_SECRET": "an engine launch's key under Open MPI, which signs the proxy "
                                 "commands that its launcher agent (`engine_ssh`) hands over",
     "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",

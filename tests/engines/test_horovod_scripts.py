@@ -73,4 +73,4 @@ def test_horovod_spark_script(spark, shim):
         for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
             del sys.modules[name]
     assert results == [(rank, rank, 12.0) for rank in range(3)]
-    assert not engines.processes_with("HVD_ENGINE_FOLDER")
+    assert not engines.job_processes()

@@ -393,6 +393,8 @@ def test_spark_rank_on_h3_raises_named(spark_driver):
 def test_spark_killed_executor_on_h3_ends_the_job_and_leaves_nothing(spark_driver):
     message, seconds = spark_driver[0]["KILLED"]
     assert "the Spark job failed" in message
+    # The host, from the task's registration, and what Spark said (its exit code's meaning).
+    assert re.search(r"the executor of task \d on h3 was lost .*Spark says", message), message
     assert seconds < 100  # the ranks sleep 120 s: the job ended because its executor died
     assert spark_driver[2] == {}  # no rank, wrapper or proxy on any host (their own ps)
 
