@@ -80,14 +80,19 @@ def spark_session():
 
 
 def processes_with(variable: str) -> List[int]:
-    """The PIDs of this user's processes whose environment sets ``variable`` (an engine job's
-    proxies, wrappers and ranks all have protocol.ENGINE_FOLDER_VARIABLE)."""
+    """The PIDs of this session's processes whose environment sets ``variable`` (an engine
+    job's proxies, wrappers and ranks all have protocol.ENGINE_FOLDER_VARIABLE): those of
+    this user in this process's mount namespace, which under root is the session's own
+    (tests/session_shm.py), so that another session's jobs on the machine do not count."""
     wanted = f"{variable}=".encode()
     found = []
+    ours = os.stat("/proc/self/ns/mnt").st_ino
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
+            if os.stat(f"/proc/{entry}/ns/mnt").st_ino != ours:
+                continue
             with open(f"/proc/{entry}/environ", "rb") as environ:
                 if any(item.startswith(wanted) for item in environ.read().split(b"\0")):
                     found.append(int(entry))
