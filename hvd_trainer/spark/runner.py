@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch import engine_agent, engine_launch
+from hvd_trainer_launch import engine_agent, engine_checks, engine_launch
 from hvd_trainer_launch.engine_launch import EngineError
 
 # Horovod's default start timeout, and the variable it reads first.
@@ -56,7 +56,7 @@ class _Tee(io.RawIOBase):
 
 def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, str],
           flavour: str, mpi_args: List[str], hvdrun_args: List[str],
-          executable: Optional[str], horovod: bool) -> Callable:
+          executable: Optional[str]) -> Callable:
     """The function each barrier task runs over its (unused) partition (``flavour``: the
     MPI launcher's, found on the driver: a task must not load the MPI library)."""
 
@@ -72,9 +72,9 @@ def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, st
         if index == 0:
             try:
                 launch = engine_launch.AgentLaunch(
-                    layout, engine_launch.rank_command(executable), flavour=flavour, env=env,
-                    start_timeout=start_timeout, mpi_args=mpi_args, out=out, err=err,
-                    hvdrun_args=hvdrun_args, horovod=horovod)
+                    layout, engine_launch.rank_command(executable), flavour=flavour,
+                    secret=secret, env=env, start_timeout=start_timeout, mpi_args=mpi_args,
+                    out=out, err=err, hvdrun_args=hvdrun_args)
                 message = json.dumps({"lines": launch.proxies(start_timeout)})
             except Exception as error:
                 message = json.dumps({"error": str(error)})
@@ -118,8 +118,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     if context is None:
         raise ValueError("hvd_trainer.spark.run needs an active SparkSession: create one "
                          "first (SparkSession.builder...getOrCreate())")
+    engine_checks.check_function(fn, "hvd_trainer.spark.run")
     flavour = engine_launch.check_launcher().flavour
-    num_proc = num_proc or context.defaultParallelism
+    num_proc = context.defaultParallelism if num_proc is None else \
+        engine_checks.check_count(num_proc, "num_proc", "hvd_trainer.spark.run")
     if start_timeout is None:
         start_timeout = float(os.environ.get(_START_TIMEOUT_VARIABLE, _DEFAULT_START_TIMEOUT))
     hvdrun_args = []
@@ -131,9 +133,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         hvdrun_args.append("--verbose")
     name = getattr(fn, "__name__", repr(fn))
     task = _task(engine_launch.payload(fn, args, kwargs), os.urandom(32), start_timeout,
-                 {str(k): str(v) for k, v in (env or {}).items()}, flavour,
-                 shlex.split(extra_mpi_args or ""), hvdrun_args, executable,
-                 engine_launch.driver_uses_shim())
+                 engine_checks.rank_env(env, "env", "hvd_trainer.spark.run"), flavour,
+                 shlex.split(extra_mpi_args or ""), hvdrun_args, executable)
     rows = _collect(context, num_proc, task, start_timeout)
     return _results(rows, num_proc, name, stdout or sys.stdout, stderr or sys.stderr)
 

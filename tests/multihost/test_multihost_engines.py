@@ -1,11 +1,12 @@
 """hvd_trainer.ray across the test bed: a Ray head on h1 and a Ray node on h2 and h3, each
 started with ``ray start --block`` inside its host and ended by PID (every process whose
-environment carries the fixture's marker), never by ``ray stop``. The driver runs on h1; ranks on
+environment carries the fixture's marker), never by ``ray stop``, with Ray's token
+authentication on (a driver without the token is refused). The driver runs on h1; ranks on
 other hosts are started by the agents there, with no ssh. Checked: the layout by host
 (local and cross ranks), data across the link against NumPy, a rank on h3 that raises, a
-killed agent (Ray's actor, Spark's executor) on h3 and Ctrl-C on the driver, with nothing
-left on any host. hvd_trainer.spark runs on a Spark standalone master with a worker per
-host, set up the same way."""
+killed agent (Ray's actor, named with Ray's words; Spark's executor) on h3 and Ctrl-C on the
+driver, with nothing left on any host. hvd_trainer.spark runs on a Spark standalone master
+with a worker per host, set up the same way."""
 import importlib.util
 import json
 import os
@@ -197,7 +198,16 @@ def test_data_crosses_the_link(driver):
 
 def test_killed_agent_on_h3_is_named_and_leaves_nothing(driver):
     assert "the agent on h3 was lost" in driver[0]["KILLED"]
+    assert re.search(r"\nh3: ActorDiedError: .*ray\.kill", driver[0]["KILLED"])  # Ray's words
     assert driver[2] == {}  # no rank, wrapper or proxy on any host (their own ps)
+
+
+def test_the_cluster_runs_with_token_authentication_on(bed, ray_bed, driver):
+    # The driver above held the token; one without it is refused (Ray 2.60's default).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    done = bed.run("h1", [sys.executable, "-c", f"import ray; ray.init(address={ray_bed!r})"],
+                   cwd=bed.shared, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "token" in done.stderr.lower(), done.stderr[-2000:]
 
 
 def test_ctrl_c_on_the_driver_ends_the_job(driver):
