@@ -172,6 +172,31 @@ def test_a_killed_agent_takes_its_proxy_and_ranks_with_it(tmp_path):
     assert not os.path.exists(folders[0])
 
 
+def test_a_missing_executable_and_bad_launcher_arguments_are_named():
+    # Issue 46: "exited with code 127", and "its messages above say why" with none of them.
+    secret = os.urandom(32)
+    missing = engine_launch.AgentLaunch(
+        [(HOST, 1)], engine_launch.rank_command("/no/such/python"), flavour=FLAVOUR,
+        secret=secret, start_timeout=60, err=io.BytesIO())
+    try:
+        line, = missing.proxies(60)
+        outcome = engine_agent.run_proxy(line, engine_launch.payload(len, ([],)), secret)
+        code = missing.wait(60)
+    finally:
+        missing.end()
+    with pytest.raises(EngineError, match=r"rank 0: cannot run '/no/such/python': No such "
+                                          r"file or directory"):
+        engine_launch.gather(outcome.outcomes, 1, "len", {0: HOST}, code, missing.messages)
+    bad = engine_launch.AgentLaunch([(HOST, 1)], engine_launch.rank_command(), flavour=FLAVOUR,
+                                    secret=secret, mpi_args=["--no-such-launcher-flag"],
+                                    start_timeout=60, err=io.BytesIO())
+    try:
+        with pytest.raises(EngineError, match=r"the MPI launcher said: .*no-such-launcher-flag"):
+            bad.proxies(60)
+    finally:
+        bad.end()
+
+
 def _control_port_relay(address, received):
     """Listen on the loopback for one connection, which it joins to ``address`` (MPICH's
     control port), keeping in ``received`` what the port sends; the relay's address."""
