@@ -86,6 +86,15 @@ SET_BY_HVDRUN: Dict[str, str] = {
                                 "local rank, for `hvd_trainer.spark.task.get_available_devices`",
     "HVD_ENGINE_LAUNCH_SECRET": "an engine launch's key under Open MPI, which signs the proxy "
                                 "commands that its launcher agent (`engine_ssh`) hands over",
+    "HVD_ENGINE_JOB_SECRET": "an engine launch's `HVD_JOB_SECRET` for hvdrun, which the agents "
+                             "hand the ranks: it never travels through the MPI launcher "
+                             "([Security](security.md#the-mpi-launchers-control-port))",
+    "HVD_LAUNCHER_END": "the last variable of an engine job's `mpiexec` environment: MPICH "
+                        "5.0.2's proxies never pass the ranks the last one that `-genvlist` "
+                        "names",
+    "HVD_ENGINE_RANK_VARIABLES": "the names of an engine job's variables for the ranks (`env`, "
+                                 "`extra_env_vars`), which with hvdrun's own are all that the "
+                                 "MPI launcher passes them",
     "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
     "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",
@@ -99,7 +108,9 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ULFM": "set by `--ulfm`: the survivors of a killed rank shrink the job and go on",
     "HVD_ELASTIC_MIN_NP": "`--min-np`, with `--ulfm`: fewer survivors end the life instead",
     "HVD_HOROVOD_SHIM": "set by `--horovod`: each rank's wrapper puts a `horovod` shim first "
-                        "on the rank's `PYTHONPATH` ([hvdrun](hvdrun.md#horovod))",
+                        "on the rank's `PYTHONPATH` ([hvdrun](hvdrun.md#horovod)); `0` in an "
+                        "engine job's `env` turns off the shim its ranks get "
+                        "([Running on Ray](ray.md#functions-written-for-horovod))",
     "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
     "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
     "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",

@@ -27,6 +27,7 @@ displacements exceed it are done as broadcasts or pairwise exchanges of such pie
 all-to-all takes one more small allreduce there, as each rank knows only its own counts).
 """
 import atexit
+import os
 import pickle
 import threading
 import weakref
@@ -35,6 +36,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
+
+from hvd_trainer_launch.segments import Segments
 
 from . import REDUCE_UFUNCS, split_evenly, widened
 from .halves import NUMPY, Kernels, is_half
@@ -339,6 +342,10 @@ class MPICommunicator:
         self.comm.Barrier()
 
     def abort(self, code: int) -> None:
+        # No rank of an aborted job finalizes, and outside hvdrun (whose rank relays remove
+        # them) MPICH's shared-memory file stays in /dev/shm: this rank removes the MPI files
+        # it uses first; the other ranks keep their mappings until the abort ends them.
+        Segments(os.getpid()).remove()
         self._aborts.Abort(code)
 
     def free(self) -> None:

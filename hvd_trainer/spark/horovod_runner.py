@@ -70,13 +70,13 @@ class HorovodRunner:
 def _run_here(main: Callable[..., Any], kwargs: dict, size: int) -> Any:
     """``main(**kwargs)`` on ``size`` ranks of this machine: hvdrun with the launcher's proxy
     run by this process as the only agent; rank 0's result. The ranks' output is shown here."""
-    host = engine_agent.hostname()
+    host, secret = engine_agent.hostname(), os.urandom(32)
     launch = engine_launch.AgentLaunch([(host, size)], engine_launch.rank_command(),
-                                       flavour=engine_launch.check_launcher().flavour)
+                                       flavour=engine_launch.check_launcher().flavour,
+                                       secret=secret)
     try:
         line, = launch.proxies()
-        outcome = engine_agent.run_proxy(line, engine_launch.payload(main, (), kwargs),
-                                         os.urandom(32))
+        outcome = engine_agent.run_proxy(line, engine_launch.payload(main, (), kwargs), secret)
         code = launch.wait()
     except BaseException:  # Ctrl-C, or a start that failed: end the job, then go
         launch.end()

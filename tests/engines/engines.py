@@ -120,16 +120,20 @@ def job_processes() -> List[int]:
 
 
 def processes_with(variable: str, value: Optional[str] = None) -> List[int]:
-    """The PIDs of this user's processes whose environment sets ``variable`` (to ``value``,
+    """The PIDs of this session's processes whose environment sets ``variable`` (to ``value``,
     when given; an engine job's proxies, wrappers and ranks all have
-    protocol.ENGINE_FOLDER_VARIABLE)."""
+    protocol.ENGINE_FOLDER_VARIABLE): those of this user in this process's mount namespace,
+    which under root is the session's own (tests/session_shm.py)."""
     wanted = f"{variable}=".encode()
     whole = None if value is None else wanted + value.encode()
     found = []
+    ours = os.stat("/proc/self/ns/mnt").st_ino
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
+            if os.stat(f"/proc/{entry}/ns/mnt").st_ino != ours:
+                continue
             with open(f"/proc/{entry}/environ", "rb") as environ:
                 items = environ.read().split(b"\0")
         except OSError:

@@ -90,7 +90,7 @@ def test_refusals(spark):
 @pytest.mark.parametrize("num_proc", [0, -1, "2", 2.5, True])
 def test_num_proc_not_a_positive_int_is_refused(spark, num_proc):
     import hvd_trainer.spark
-    with pytest.raises(ValueError, match=rf"num_proc={num_proc!r}: give a positive int"):
+    with pytest.raises(ValueError, match=rf"num_proc={num_proc!r} must be an int >= 1"):
         hvd_trainer.spark.run(_raise_on_two, num_proc=num_proc)
 
 
