@@ -1,0 +1,98 @@
+"""horovod.spark.common.estimator: what the Keras, torch and Lightning estimators share.
+
+``fit(df)`` checks its input on the driver (columns, types, shapes, store, num_proc, that the
+model pickles), writes the DataFrame to Parquet in the store once (prepare), and hands the
+framework's half (``_fit_on_prepared_data``) a backend to train on; the framework's half
+returns its Spark ML ``Model``.
+"""
+import abc
+from typing import Any, Dict, Optional
+
+from pyspark.ml import Estimator, Model
+
+from hvd_trainer.spark.common import checks, prepare
+from hvd_trainer.spark.common.backend import Backend, SparkBackend
+from hvd_trainer.spark.common.params import EstimatorParams, ModelParams
+
+__all__ = ["HorovodEstimator", "HorovodModel"]
+
+
+class HorovodEstimator(Estimator, EstimatorParams):
+    """An estimator that trains on every rank of a backend; subclasses give the framework."""
+
+    def fit(self, df: Any, params: Optional[Dict] = None) -> Model:
+        """Train on DataFrame ``df`` (``params``: a param map overriding these); the trained
+        model, as a Spark ML Model."""
+        return super().fit(df, params)
+
+    def fit_on_parquet(self, params: Optional[Dict] = None,
+                       dataset_idx: Optional[int] = None) -> Model:
+        """Train on a dataset prepare_data already wrote to the store (``dataset_idx``)."""
+        estimator = self.copy(params) if params else self
+        backend = estimator._get_or_create_backend()
+        properties = prepare.get_dataset_properties(dataset_idx)
+        estimator._check_metadata_compatibility(properties.metadata)
+        return estimator._fit_on_prepared_data(backend, properties.train_rows,
+                                               properties.val_rows, properties.metadata,
+                                               properties.avg_row_size, dataset_idx)
+
+    def _fit(self, df: Any) -> Model:
+        checks.check_store(self.getStore())
+        if self.getModel() is None:
+            raise ValueError("model is required: pass the model to train (model=...)")
+        self._check_model()
+        backend = self._get_or_create_backend()
+        if isinstance(backend, SparkBackend):
+            checks.check_num_proc(backend.num_processes())
+            checks.check_store_shared(self.getStore(), backend.num_processes())
+        with prepare.prepare_data(backend.num_processes(), self.getStore(), df,
+                                  label_columns=self.getLabelCols(),
+                                  feature_columns=self.getFeatureCols(),
+                                  validation=self.getValidation(),
+                                  sample_weight_col=self.getSampleWeightCol(),
+                                  compress_sparse=self.getCompressSparseCols(),
+                                  partitions_per_process=self.getPartitionsPerProcess(),
+                                  verbose=self.getVerbose(),
+                                  check_metadata=self._check_metadata_compatibility) as idx:
+            properties = prepare.get_dataset_properties(idx)
+            return self._fit_on_prepared_data(backend, properties.train_rows,
+                                              properties.val_rows, properties.metadata,
+                                              properties.avg_row_size, idx)
+
+    def _check_model(self) -> None:
+        """Framework checks of the model on the driver (pickling, input shapes)."""
+        checks.check_picklable("model", self.getModel())
+
+    def _check_metadata_compatibility(self, metadata: Dict[str, Any]) -> None:
+        prepare.check_shape_compatibility(metadata, self.getFeatureCols(), self.getLabelCols(),
+                                          label_shapes=self.getLabelShapes())
+
+    @abc.abstractmethod
+    def _fit_on_prepared_data(self, backend: Backend, train_rows: int, val_rows: int,
+                              metadata: Dict[str, Any], avg_row_size: float,
+                              dataset_idx: Optional[int] = None) -> Model:
+        """Train on the prepared dataset ``dataset_idx``; the trained Spark ML Model."""
+
+    def _get_or_create_backend(self) -> Backend:
+        backend = self.getBackend()
+        if backend is None:
+            return SparkBackend(self.getNumProc(), verbose=self.getVerbose())
+        if self.getNumProc() is not None:
+            raise ValueError("give at most one of backend= and num_proc= (the backend sets "
+                             "the number of processes)")
+        return backend
+
+    def _has_checkpoint(self, run_id: str) -> bool:
+        store = self.getStore()
+        path = store.get_checkpoint_path(run_id)
+        return path is not None and store.exists(
+            store.join_path(path, store.get_checkpoint_filename()))
+
+
+class HorovodModel(Model, ModelParams):
+    """A trained model: ``transform(df)`` adds its predictions (``<label>__output`` unless
+    setOutputCols names them), computed on the executors."""
+
+    def transform(self, df: Any, params: Optional[Dict] = None) -> Any:
+        """``df`` with the prediction columns added."""
+        return super().transform(df, params)
