@@ -71,6 +71,12 @@ REEXPORTS: Dict[str, str] = {
     "horovod.spark.torch": "hvd_trainer.spark.torch",
     "horovod.spark.torch.estimator": "hvd_trainer.spark.torch.estimator",
     "horovod.spark.torch.remote": "hvd_trainer.spark.torch.remote",
+    "horovod.spark.keras": "hvd_trainer.spark.keras",
+    "horovod.spark.keras.estimator": "hvd_trainer.spark.keras.estimator",
+    "horovod.spark.keras.remote": "hvd_trainer.spark.keras.remote",
+    "horovod.spark.lightning": "hvd_trainer.spark.lightning",
+    "horovod.spark.lightning.estimator": "hvd_trainer.spark.lightning.estimator",
+    "horovod.spark.lightning.remote": "hvd_trainer.spark.lightning.remote",
     "horovod.ray": "hvd_trainer.ray",
 }
 # Modules written as they are: the root's public names (horovod.run, __version__), and

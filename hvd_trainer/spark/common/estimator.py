@@ -73,6 +73,27 @@ class HorovodEstimator(Estimator, EstimatorParams):
                               dataset_idx: Optional[int] = None) -> Model:
         """Train on the prepared dataset ``dataset_idx``; the trained Spark ML Model."""
 
+    def _data_fields(self, train_rows: int, val_rows: int, run_id: str,
+                     dataset_idx: Optional[int]) -> Dict[str, Any]:
+        """The fields of a :class:`~hvd_trainer.spark.common.feed.DataSpec` for this fit."""
+        store = self.getStore()
+        checkpoint = store.get_checkpoint_path(run_id)
+        weight = [self.getSampleWeightCol()] if self.getSampleWeightCol() else []
+        return dict(
+            store=store, train_path=store.get_train_data_path(dataset_idx),
+            val_path=store.get_val_data_path(dataset_idx) if val_rows else None,
+            checkpoint_path=store.join_path(checkpoint, store.get_checkpoint_filename())
+            if checkpoint else None,
+            columns=list(dict.fromkeys(self.getFeatureCols() + self.getLabelCols() + weight)),
+            train_rows=train_rows, val_rows=val_rows, batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
+            epochs=self.getEpochs(), train_steps_per_epoch=self.getTrainStepsPerEpoch(),
+            validation_steps_per_epoch=self.getValidationStepsPerEpoch(),
+            shuffle=self.getShuffle() and self.getShufflingBufferSize() != 0,
+            shuffle_buffer_size=self.getShufflingBufferSize(), random_seed=self.getRandomSeed(),
+            inmemory_cache_all=self.getInMemoryCacheAll(), use_gpu=self.getUseGpu(),
+            verbose=self.getVerbose())
+
     def _get_or_create_backend(self) -> Backend:
         backend = self.getBackend()
         if backend is None:

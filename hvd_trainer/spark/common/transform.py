@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["OutputColumn", "dense_rows", "transform"]
+__all__ = ["OutputColumn", "dense_rows", "output_columns", "model_transform", "transform"]
 
 Predict = Callable[[List[np.ndarray]], List[np.ndarray]]
 
@@ -102,3 +102,19 @@ def transform(df: Any, feature_columns: Sequence[str], outputs: Sequence[OutputC
         if vector:
             result = result.withColumn(name, array_to_vector(name))
     return result
+
+
+def model_transform(df: Any, metadata: Dict[str, Dict[str, Any]], feature_columns: Sequence[str],
+                    label_columns: Sequence[str], output_names: Sequence[str],
+                    make_predict: Callable[[], Predict]) -> Any:
+    """A trained model's transform: the kind of each prediction column from the model's
+    outputs for the DataFrame's first row (on the driver), then transform()."""
+    sample = df.select(*feature_columns).limit(1).collect()
+    if sample:
+        inputs = [dense_rows([row[c].toArray() if hasattr(row[c], "toArray") else row[c]
+                              for row in sample]) for c in feature_columns]
+        outputs = make_predict()(inputs)
+    else:
+        outputs = [np.zeros((1, 1))] * len(label_columns)
+    columns = output_columns(metadata or {}, label_columns, output_names, outputs)
+    return transform(df, feature_columns, columns, make_predict)

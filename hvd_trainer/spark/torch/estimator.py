@@ -141,34 +141,21 @@ class TorchEstimator(HorovodEstimator, ParamsWritable, ParamsReadable):
 
     def _spec(self, train_rows: int, val_rows: int, run_id: str,
               dataset_idx: Optional[int]) -> remote.TrainSpec:
-        store = self.getStore()
         labels = self.getLabelCols()
         metrics = self.getMetrics() or []
         groups = [list(g) for g in metrics] if metrics and isinstance(metrics[0], (list, tuple)) \
             else ([list(metrics)] if metrics else [])
-        checkpoint = store.get_checkpoint_path(run_id)
         return remote.TrainSpec(
-            store=store, train_path=store.get_train_data_path(dataset_idx),
-            val_path=store.get_val_data_path(dataset_idx) if val_rows else None,
-            checkpoint_path=store.join_path(checkpoint, store.get_checkpoint_filename())
-            if checkpoint else None,
+            **self._data_fields(train_rows, val_rows, run_id, dataset_idx),
             feature_columns=self.getFeatureCols(), label_columns=labels,
             sample_weight_col=self.getSampleWeightCol(), input_shapes=self.getInputShapes(),
-            label_shapes=self.getLabelShapes(), train_rows=train_rows, val_rows=val_rows,
-            batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
-            epochs=self.getEpochs(), train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(),
-            shuffle=self.getShuffle() and self.getShufflingBufferSize() != 0,
-            shuffle_buffer_size=self.getShufflingBufferSize(), random_seed=self.getRandomSeed(),
-            inmemory_cache_all=self.getInMemoryCacheAll(),
+            label_shapes=self.getLabelShapes(),
             loss_fns=_as_list(self.getLoss(), len(labels)),
             loss_constructors=_as_list(self.getLossConstructors(), len(labels)),
             loss_weights=self.getLossWeights() or [1.0 / len(labels)] * len(labels),
             metric_fn_groups=groups, backward_passes_per_step=self.getBackwardPassesPerStep(),
             gradient_compression=self.getGradientCompression(),
-            train_minibatch_fn=self.getTrainMinibatchFn(),
-            use_gpu=self.getUseGpu(), verbose=self.getVerbose())
+            train_minibatch_fn=self.getTrainMinibatchFn())
 
     def _fit_on_prepared_data(self, backend: Any, train_rows: int, val_rows: int,
                               metadata: Dict[str, Any], avg_row_size: float,
@@ -258,16 +245,9 @@ class TorchModel(HorovodModel, ParamsWritable, ParamsReadable):
         return make_predict
 
     def _transform(self, df: Any) -> Any:
-        import numpy as np
-        make_predict = self._predictor()
-        features = self.getFeatureColumns()
-        sample = df.select(*features).limit(1).collect()
-        outputs = make_predict()([transform.dense_rows([row[c].toArray() if hasattr(
-            row[c], "toArray") else row[c] for row in sample]) for c in features]) \
-            if sample else [np.zeros((1, 1))] * len(self.getLabelColumns())
-        columns = transform.output_columns(self._get_metadata() or {}, self.getLabelColumns(),
-                                           self.getOutputCols(), outputs)
-        return transform.transform(df, features, columns, make_predict)
+        return transform.model_transform(df, self._get_metadata(), self.getFeatureColumns(),
+                                         self.getLabelColumns(), self.getOutputCols(),
+                                         self._predictor())
 
 
 add_accessors(TorchModel, {"loss": "Loss", "loss_constructors": "LossConstructors",

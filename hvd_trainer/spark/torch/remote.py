@@ -15,49 +15,32 @@ The helper factories keep Horovod's names (``_calculate_loss_fn``, ``_metric_cls
 Horovod's tests call.
 """
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from hvd_trainer.spark.common import payload, progress
-from hvd_trainer.spark.common.reader import ShardReader
+from hvd_trainer.spark.common.feed import DataSpec, feeds
 
 __all__ = ["TrainSpec", "RankResult", "train"]
 
 
 @dataclass
-class TrainSpec:
-    """What every rank needs to train, besides the model and optimizer."""
-    store: Any
-    train_path: str
-    val_path: Optional[str]
-    checkpoint_path: Optional[str]
-    feature_columns: List[str]
-    label_columns: List[str]
-    sample_weight_col: Optional[str]
-    input_shapes: Optional[List[List[int]]]
-    label_shapes: Optional[List[List[int]]]
-    train_rows: int
-    val_rows: int
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: Optional[int]
-    validation_steps_per_epoch: Optional[int]
-    shuffle: bool
-    shuffle_buffer_size: Optional[int]
-    random_seed: Optional[int]
-    inmemory_cache_all: bool
-    loss_fns: List[Callable]
-    loss_constructors: List[Callable]
-    loss_weights: List[float]
-    metric_fn_groups: List[List[Callable]]
-    backward_passes_per_step: int
-    gradient_compression: Any
-    train_minibatch_fn: Optional[Callable]
-    use_gpu: bool
-    verbose: int
+class TrainSpec(DataSpec):
+    """What every rank needs to train, besides the data, the model and the optimizer."""
+    feature_columns: List[str] = field(default_factory=list)
+    label_columns: List[str] = field(default_factory=list)
+    sample_weight_col: Optional[str] = None
+    input_shapes: Optional[List[List[int]]] = None
+    label_shapes: Optional[List[List[int]]] = None
+    loss_fns: List[Callable] = field(default_factory=list)
+    loss_constructors: List[Callable] = field(default_factory=list)
+    loss_weights: List[float] = field(default_factory=list)
+    metric_fn_groups: List[List[Callable]] = field(default_factory=list)
+    backward_passes_per_step: int = 1
+    gradient_compression: Any = None
+    train_minibatch_fn: Optional[Callable] = None
 
 
 @dataclass
@@ -197,15 +180,6 @@ def _tensors(batch: Dict[str, np.ndarray], spec: TrainSpec, device: Any) -> tupl
     return inputs, labels, weights
 
 
-def _reader(spec: TrainSpec, path: str, batch_size: int, training: bool, hvd: Any) -> ShardReader:
-    columns = spec.feature_columns + spec.label_columns + (
-        [spec.sample_weight_col] if spec.sample_weight_col else [])
-    return ShardReader(spec.store.fs, spec.store.parquet_files(path), columns, hvd.rank(),
-                       hvd.size(), batch_size, shuffle=training and spec.shuffle,
-                       shuffle_buffer_size=spec.shuffle_buffer_size, seed=spec.random_seed,
-                       cache=spec.inmemory_cache_all)
-
-
 class _Loop:
     """The rank's model, optimizer and readers, and one epoch of training or validation."""
 
@@ -218,14 +192,7 @@ class _Loop:
         self.calculate_loss = _calculate_loss_fn()
         self.transform_outputs = _transform_outputs(spec.label_shapes)
         self.minibatch = (spec.train_minibatch_fn or _train_minibatch_fn)()
-        self.train_reader = _reader(spec, spec.train_path, spec.batch_size, True, hvd)
-        self.val_reader = _reader(spec, spec.val_path, spec.val_batch_size, False, hvd) \
-            if spec.val_path else None
-        size = hvd.size()
-        self.train_steps = spec.train_steps_per_epoch or max(
-            1, spec.train_rows // (spec.batch_size * size))
-        self.val_steps = spec.validation_steps_per_epoch or max(
-            1, -(-spec.val_rows // (spec.val_batch_size * size)))
+        self.feeds = feeds(spec, hvd.rank(), hvd.size())
 
     def loss_fn(self, outputs, labels, sample_weights):
         return self.calculate_loss(outputs, labels, self.spec.loss_weights,
@@ -240,7 +207,7 @@ class _Loop:
         loss_metric = self.metric_cls("loss", self.hvd)
         groups = _construct_metric_value_holders_fn()(
             self.metric_cls, self.spec.metric_fn_groups, self.spec.label_columns, self.hvd)
-        for step, batch in enumerate(self.train_reader.batches(self.train_steps)):
+        for step, batch in enumerate(self.feeds.train.batches(self.feeds.train_steps)):
             inputs, labels, weights = _tensors(batch, self.spec, self.device)
             outputs, loss = self.minibatch(self.model, self.optimizer, self.transform_outputs,
                                            self.loss_fn, inputs, labels, weights,
@@ -258,7 +225,7 @@ class _Loop:
         groups = _construct_metric_value_holders_fn()(
             self.metric_cls, self.spec.metric_fn_groups, self.spec.label_columns, self.hvd)
         with torch.no_grad():
-            for batch in self.val_reader.batches(self.val_steps):
+            for batch in self.feeds.val.batches(self.feeds.val_steps):
                 inputs, labels, weights = _tensors(batch, self.spec, self.device)
                 outputs, labels = self.transform_outputs(self.model(*inputs), labels)
                 loss_metric.update(self.loss_fn(outputs, labels, weights))
@@ -324,11 +291,12 @@ def train(spec: TrainSpec, model: Any, optimizer_cls: type, state_bytes: bytes) 
     device, model, optimizer_cls, optimizer = _setup(spec, model, optimizer_cls, state, hvd)
     loop = _Loop(spec, model, optimizer, hvd, device)
     if hvd.rank() == 0 and spec.verbose:
-        progress.start_line(spec.epochs, spec.train_rows, spec.batch_size, loop.train_steps)
+        progress.start_line(spec.epochs, spec.train_rows, spec.batch_size,
+                            loop.feeds.train_steps)
     history, checkpoint = [], None
     for epoch in range(spec.epochs):
         record = {"epoch": epoch, "train": loop.train_epoch()}
-        if loop.val_reader is not None:
+        if loop.feeds.val is not None:
             record["validation"] = loop.validate_epoch()
         history.append(record)
         if hvd.rank() == 0:
