@@ -66,7 +66,7 @@ def test_fit_equals_one_process_resumes_and_transform_equals_the_model(spark, tm
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # Keras's epoch loss is the mean of its steps' losses, averaged over the ranks.
     assert first.getHistory()["loss"][0] == pytest.approx(np.mean(losses[:STEPS]), rel=1e-5)
-    assert "Epoch 1/1" in capsys.readouterr().out
+    assert "Epoch 1/1 - loss: " in capsys.readouterr().out
 
     predicted = trained.transform(df).select("features", "y__output").collect()
     features = np.array([r.features.toArray() for r in predicted], dtype=np.float32)

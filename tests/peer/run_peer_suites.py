@@ -36,6 +36,7 @@ around pytest), and the shim's ``horovod.runner.launch._run_elastic`` runs each 
 hvdrun in elastic mode (``--suite test_elastic_torch.py``).
 """
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -64,12 +65,21 @@ ELASTIC_SUITES = {"test_elastic_torch.py": "test/integration/data/elastic_torch_
                       "test/integration/data/elastic_tensorflow2_main.py"}
 # Engine suites: single-process pytest files of test/single whose tests start the clusters.
 ENGINE_SUITES = ("test_ray.py",)
+# The Spark estimator suites (test/integration, one process each) and the stand-ins for the
+# Horovod internals they import: tests/peer/estimator_standins.py.
+_standins_spec = importlib.util.spec_from_file_location(
+    "estimator_standins", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "estimator_standins.py"))
+estimator_standins = importlib.util.module_from_spec(_standins_spec)
+_standins_spec.loader.exec_module(estimator_standins)
+ESTIMATOR_SUITES = estimator_standins.ESTIMATOR_SUITES
 # Single-process suites: pytest alone, no hvdrun around it.
-ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES)
+ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES, *ESTIMATOR_SUITES)
 # What the suites' own imports need beyond pytest, by suite (the default: test/utils/common.py's).
 SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
                  "test_ray.py": ("ray", "torch", "grpc"),
-                 **{suite: ("psutil",) for suite in ELASTIC_SUITES}}
+                 **{suite: ("psutil",) for suite in ELASTIC_SUITES},
+                 **estimator_standins.SUITE_MODULES}
 # Environment by suite. test_tensorflow.py runs each test in a TF1 graph too, where one
 # session.run starts up to 21 independent collectives; hvd_trainer's block a session thread
 # each while they wait for the other ranks, so the session needs that many threads (the
@@ -105,6 +115,12 @@ def gloo_built():
     Ray tests need Gloo for its rendezvous, which hvd_trainer's Ray engine does not use)."""
     import hvd_trainer
     return os.environ.get("PEER_OPEN_GLOO_GATE") == "1" or hvd_trainer.gloo_built()
+
+
+def mpi_built():
+    """hvd_trainer's answer (the Spark estimator suites import it)."""
+    import hvd_trainer
+    return hvd_trainer.mpi_built()
 ''',
     # test_ray.py imports Horovod's internals beside RayExecutor: stand-ins that say so.
     "horovod/ray/runner.py": '''"""Generated shim: RayExecutor, and stand-ins for Horovod's internals."""
@@ -284,7 +300,8 @@ def suite_folder(suite: str) -> str:
     """The folder of Horovod's tree that holds ``suite``."""
     if suite in ENGINE_SUITES:
         return "test/single"
-    return "test/integration" if suite in ELASTIC_SUITES else "test/parallel"
+    return "test/integration" if suite in (*ELASTIC_SUITES, *ESTIMATOR_SUITES) \
+        else "test/parallel"
 
 
 def export_suites(mirror: str, tag: str, suites: Sequence[str], root: str) -> List[str]:
@@ -320,7 +337,8 @@ def write_shim(shim: str) -> None:
     """Write hvdrun --horovod's shim, the test-only modules on it and the report plugin into
     ``shim``."""
     horovod_shim.write(shim)
-    for path, text in {**SHIM_MODULES, "peer_report.py": REPORT_PLUGIN}.items():
+    for path, text in {**SHIM_MODULES, **estimator_standins.STANDIN_MODULES,
+                       "peer_report.py": REPORT_PLUGIN}.items():
         target = os.path.join(shim, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w") as f:

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 from pyspark.ml import Estimator, Model
 
-from hvd_trainer.spark.common import checks, prepare
+from hvd_trainer.spark.common import checks, payload, prepare
 from hvd_trainer.spark.common.backend import Backend, SparkBackend
 from hvd_trainer.spark.common.params import EstimatorParams, ModelParams
 
@@ -103,11 +103,17 @@ class HorovodEstimator(Estimator, EstimatorParams):
                              "the number of processes)")
         return backend
 
-    def _has_checkpoint(self, run_id: str) -> bool:
+    def _read_checkpoint(self, run_id: str) -> Optional[bytes]:
+        """The run's checkpoint in the store, its digest verified (before anything unpickles
+        it), or None when the run has none."""
         store = self.getStore()
-        path = store.get_checkpoint_path(run_id)
-        return path is not None and store.exists(
-            store.join_path(path, store.get_checkpoint_filename()))
+        folder = store.get_checkpoint_path(run_id)
+        path = store.join_path(folder, store.get_checkpoint_filename()) if folder else None
+        if path is None or not store.exists(path):
+            return None
+        if self.getVerbose():
+            print(f"hvd_trainer.spark: resuming from the checkpoint {path}", flush=True)
+        return payload.unpack(store.read(path), f"the checkpoint {path}")
 
 
 class HorovodModel(Model, ModelParams):

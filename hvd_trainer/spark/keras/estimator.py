@@ -14,7 +14,7 @@ import cloudpickle
 from pyspark import keyword_only
 from pyspark.ml.param.shared import Param, Params
 
-from hvd_trainer.spark.common import checks, payload, transform
+from hvd_trainer.spark.common import checks, transform
 from hvd_trainer.spark.common.estimator import HorovodEstimator, HorovodModel
 from hvd_trainer.spark.common.params import add_accessors
 from hvd_trainer.spark.common.serialization import ParamsReadable, ParamsWritable
@@ -117,14 +117,8 @@ class KerasEstimator(_KerasParams, HorovodEstimator, ParamsWritable, ParamsReada
 
     def _load_checkpoint(self, run_id: str) -> Optional[Dict[str, Any]]:
         """The run's checkpoint in the store (verified before it is unpickled), or None."""
-        store = self.getStore()
-        path = store.join_path(store.get_checkpoint_path(run_id),
-                               store.get_checkpoint_filename())
-        if not store.exists(path):
-            return None
-        if self.getVerbose():
-            print(f"hvd_trainer.spark: resuming from the checkpoint {path}", flush=True)
-        return cloudpickle.loads(payload.unpack(store.read(path), f"the checkpoint {path}"))
+        data = self._read_checkpoint(run_id)
+        return None if data is None else cloudpickle.loads(data)
 
     def _fit_on_prepared_data(self, backend: Any, train_rows: int, val_rows: int,
                               metadata: Dict[str, Any], avg_row_size: float,
@@ -144,7 +138,7 @@ class KerasEstimator(_KerasParams, HorovodEstimator, ParamsWritable, ParamsReada
             loss=self.getLoss(), loss_weights=self.getLossWeights(),
             metrics=list(self.getMetrics() or []), callbacks=list(self.getCallbacks() or []),
             gradient_compression=self.getGradientCompression(),
-            checkpoint=self._load_checkpoint(run_id) if self._has_checkpoint(run_id) else None)
+            checkpoint=self._load_checkpoint(run_id))
         result = backend.run(remote.train, args=(spec,), env=self.getBackendEnv())[0]
         model = _rebuild((model_json, result.weights), self.getCustomObjects())
         return KerasModel(history=result.history, model=model,

@@ -5,7 +5,7 @@ driver's, multiplies the learning rate by the number of ranks (Horovod's rule; t
 keeps it unscaled), compiles with hvd_trainer.tensorflow.keras's DistributedOptimizer and fits
 on batches of its shard of the prepared Parquet rows, the same number of steps on every rank,
 with rank 0's variables broadcast first and the epoch's metrics averaged over the ranks
-(Horovod's callbacks). Rank 0 prints Keras's line per epoch, writes the checkpoint (weights,
+(Horovod's callbacks). Rank 0 prints an epoch line, writes the checkpoint (weights,
 optimizer variables, unscaled rate) to the store after every epoch and returns the history
 and the trained weights.
 """
@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from hvd_trainer.spark.common import payload
+from hvd_trainer.spark.common import payload, progress
 from hvd_trainer.spark.common.feed import DataSpec, feeds
 
 __all__ = ["KerasSpec", "KerasResult", "shaped", "train", "unscaled_learning_rate"]
@@ -104,17 +104,23 @@ def _build(spec: KerasSpec, hvd: Any) -> tuple:
     return model, optimizer, rate
 
 
-def _checkpoint_callback(spec: KerasSpec, model: Any, optimizer: Any, rate: Optional[float]) -> Any:
-    """A callback that writes the checkpoint to the store after each epoch (rank 0's)."""
+def _epoch_callback(spec: KerasSpec, model: Any, optimizer: Any, rate: Optional[float]) -> Any:
+    """Rank 0's callback after each epoch (its metrics averaged over the ranks by then): the
+    checkpoint to the store, and the epoch line."""
     import cloudpickle
     import keras
 
-    class Checkpoint(keras.callbacks.Callback):
+    class EpochEnd(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            state = {"weights": model.get_weights(), "learning_rate": rate,
-                     "optimizer": [np.asarray(v) for v in optimizer.variables]}
-            spec.store.write_bytes(spec.checkpoint_path, payload.pack(cloudpickle.dumps(state)))
-    return Checkpoint()
+            if spec.checkpoint_path:
+                state = {"weights": model.get_weights(), "learning_rate": rate,
+                         "optimizer": [np.asarray(v) for v in optimizer.variables]}
+                spec.store.write_bytes(spec.checkpoint_path,
+                                       payload.pack(cloudpickle.dumps(state)))
+            if spec.verbose:
+                progress.epoch_line(epoch, spec.epochs, {k: float(v) for k, v in
+                                                         (logs or {}).items()})
+    return EpochEnd()
 
 
 def train(spec: KerasSpec) -> KerasResult:
@@ -128,8 +134,11 @@ def train(spec: KerasSpec) -> KerasResult:
     rank_feeds = feeds(spec, hvd.rank(), hvd.size())
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank=0),
                  hvd.callbacks.MetricAverageCallback(), *spec.callbacks]
-    if hvd.rank() == 0 and spec.checkpoint_path:
-        callbacks.append(_checkpoint_callback(spec, model, optimizer, rate))
+    if hvd.rank() == 0:
+        callbacks.append(_epoch_callback(spec, model, optimizer, rate))
+        if spec.verbose:
+            progress.start_line(spec.epochs, spec.train_rows, spec.batch_size,
+                                rank_feeds.train_steps)
     validation = {}
     if rank_feeds.val is not None:
         validation = dict(validation_data=_batches(rank_feeds.val, rank_feeds.val_steps, spec,
@@ -137,7 +146,6 @@ def train(spec: KerasSpec) -> KerasResult:
                           validation_steps=rank_feeds.val_steps)
     history = model.fit(_batches(rank_feeds.train, rank_feeds.train_steps, spec, model),
                         steps_per_epoch=rank_feeds.train_steps, epochs=spec.epochs,
-                        callbacks=callbacks, verbose=2 if spec.verbose and hvd.rank() == 0
-                        else 0, **validation)
+                        callbacks=callbacks, verbose=0, **validation)
     return KerasResult({k: [float(v) for v in vs] for k, vs in history.history.items()},
                        model.get_weights() if hvd.rank() == 0 else None)

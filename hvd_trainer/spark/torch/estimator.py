@@ -14,9 +14,10 @@ from typing import Any, Dict, List, Optional
 from pyspark import keyword_only
 from pyspark.ml.param.shared import Param, Params
 
-from hvd_trainer.spark.common import checks, payload, transform
+from hvd_trainer.spark.common import checks, transform
 from hvd_trainer.spark.common.estimator import HorovodEstimator, HorovodModel
-from hvd_trainer.spark.common.params import EstimatorParams, add_accessors
+from hvd_trainer.spark.common.params import EstimatorParams, add_accessors  # noqa: F401
+# (EstimatorParams: horovod.spark.torch.estimator exports it, and Horovod's tests import it.)
 from hvd_trainer.spark.common.serialization import ParamsReadable, ParamsWritable
 from hvd_trainer.spark.torch import remote
 
@@ -129,15 +130,8 @@ class TorchEstimator(HorovodEstimator, ParamsWritable, ParamsReadable):
     def _load_checkpoint(self, run_id: str) -> Optional[Dict[str, Any]]:
         """The checkpoint of ``run_id`` in the store (verified before it is loaded), or None."""
         import torch
-        store = self.getStore()
-        path = store.join_path(store.get_checkpoint_path(run_id),
-                               store.get_checkpoint_filename())
-        if not store.exists(path):
-            return None
-        if self.getVerbose():
-            print(f"hvd_trainer.spark: resuming from the checkpoint {path}", flush=True)
-        data = payload.unpack(store.read(path), f"the checkpoint {path}")
-        return torch.load(io.BytesIO(data), weights_only=True)
+        data = self._read_checkpoint(run_id)
+        return None if data is None else torch.load(io.BytesIO(data), weights_only=True)
 
     def _spec(self, train_rows: int, val_rows: int, run_id: str,
               dataset_idx: Optional[int]) -> remote.TrainSpec:
@@ -162,7 +156,7 @@ class TorchEstimator(HorovodEstimator, ParamsWritable, ParamsReadable):
                               dataset_idx: Optional[int] = None) -> "TorchModel":
         import torch
         run_id = self.getRunId() or f"pytorch_{int(time.time())}"
-        checkpoint = self._load_checkpoint(run_id) if self._has_checkpoint(run_id) else None
+        checkpoint = self._load_checkpoint(run_id)
         model, optimizer = self.getModel(), self._get_optimizer()
         state = checkpoint or {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         out = io.BytesIO()
