@@ -404,8 +404,12 @@ def run_job(venv: str, np: int, workdir: str, shim: str, targets: Sequence[str],
     plugins = [arg for name in SUITE_PLUGINS.get(suite, ()) for arg in ("-p", name)]
     cmd = [*launch, os.path.join(venv, "bin", "python"), "-m", "pytest", "-v", "-p", "peer_report",
            *plugins, *conftest, *pytest_args, *targets]
+    # The estimator suites' models are classes of the suite's module, which the ranks (Spark
+    # tasks' children, with this environment) unpickle by importing it.
+    suite_path = [workdir] if suite in ESTIMATOR_SUITES else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [shim] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+        [shim] + suite_path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
+                               else [])),
         PEER_REPORT_DIR=reports, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
         **SUITE_ENV.get(suite, {}))
     if suite in ONE_PROCESS_SUITES:  # their jobs start "python": this environment's

@@ -27,10 +27,17 @@ class HorovodEstimator(Estimator, EstimatorParams):
 
     def fit_on_parquet(self, params: Optional[Dict] = None,
                        dataset_idx: Optional[int] = None) -> Model:
-        """Train on a dataset prepare_data already wrote to the store (``dataset_idx``)."""
+        """Train on a Parquet dataset already in the store: one prepare_data wrote
+        (``dataset_idx``), or the files at the store's training (and validation) paths."""
         estimator = self.copy(params) if params else self
         backend = estimator._get_or_create_backend()
-        properties = prepare.get_dataset_properties(dataset_idx)
+        if dataset_idx is not None and prepare.is_prepared(dataset_idx):
+            properties = prepare.get_dataset_properties(dataset_idx)
+        else:
+            weight = [self.getSampleWeightCol()] if self.getSampleWeightCol() else []
+            properties = prepare.properties_from_parquet(
+                self.getStore(), list(dict.fromkeys(
+                    self.getFeatureCols() + self.getLabelCols() + weight)), dataset_idx)
         estimator._check_metadata_compatibility(properties.metadata)
         return estimator._fit_on_prepared_data(backend, properties.train_rows,
                                                properties.val_rows, properties.metadata,

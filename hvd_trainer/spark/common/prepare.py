@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 import numpy as np
 
 __all__ = ["ARRAY", "NOCHANGE", "DatasetProperties", "prepare_data", "get_dataset_properties",
+           "is_prepared", "properties_from_parquet",
            "clear_training_cache", "check_shape_compatibility", "check_columns",
            "check_validation", "get_metadata"]
 
@@ -55,6 +56,42 @@ def clear_training_cache() -> None:
 def get_dataset_properties(dataset_idx: int) -> DatasetProperties:
     """The rows, metadata and mean row size of a dataset prepare_data wrote."""
     return _datasets[dataset_idx].properties
+
+
+def is_prepared(dataset_idx: int) -> bool:
+    """Whether this process prepared dataset ``dataset_idx``."""
+    return dataset_idx in _datasets
+
+
+def properties_from_parquet(store: Any, columns: Sequence[str],
+                            dataset_idx: Optional[int] = None) -> DatasetProperties:
+    """The properties of a Parquet dataset already in the store (``fit_on_parquet`` on files
+    this process did not prepare), read from the files' schemas and footers: each column's
+    values per row from the first row group (list columns), or 1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    train_path = store.get_train_data_path(dataset_idx)
+    files = store.parquet_files(train_path)
+    if not files:
+        raise ValueError(f"the store has no Parquet dataset at {train_path}: prepare one first "
+                         "(prepare_data, or fit on a DataFrame)")
+    with store.fs.open(files[0], "rb") as f:
+        table = pq.ParquetFile(f).read_row_group(0, columns=list(columns))
+    metadata = {}
+    for name in columns:
+        column = table.column(name)
+        listed = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+        size = len(column.combine_chunks()[0].values) if listed and len(column) else 1
+        element = column.type.value_type if listed else column.type
+        metadata[name] = {"spark_data_type": None, "shape": size, "max_size": size,
+                          "intermediate_format": ARRAY if listed else NOCHANGE,
+                          "is_vector": False, "dtype": element.to_pandas_dtype()}
+    train_rows, train_bytes = _rows_and_bytes(store, train_path)
+    val_path = store.get_val_data_path(dataset_idx)
+    val_rows, val_bytes = _rows_and_bytes(store, val_path if store.parquet_files(val_path)
+                                          else None)
+    return DatasetProperties(train_rows, val_rows, metadata,
+                             (train_bytes + val_bytes) / max(1, train_rows + val_rows))
 
 
 def check_validation(validation: Union[None, float, str], columns: Sequence[str] = ()) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 from pyspark import keyword_only
 from pyspark.ml.param.shared import Param, Params
 
+from hvd_trainer.spark.common import checks
 from hvd_trainer.spark.common.estimator import HorovodEstimator
 from hvd_trainer.spark.common.params import add_accessors
 from hvd_trainer.spark.common.serialization import ParamsReadable, ParamsWritable
@@ -111,7 +112,9 @@ class TorchEstimator(HorovodEstimator, ParamsWritable, ParamsReadable):
         import torch
         run_id = self.getRunId() or f"pytorch_lightning_{int(time.time())}"
         spec = self._spec(train_rows, val_rows, run_id, dataset_idx)
-        result = backend.run(remote.train, args=(spec, self.getModel()))[0]
+        # The module travels pickled: a backend in this process trains a copy, as the ranks do.
+        result = backend.run(remote.train, args=(
+            spec, checks.check_picklable("model", self.getModel())))[0]
         model = copy.deepcopy(self.getModel())
         model.load_state_dict(torch.load(io.BytesIO(result.state), map_location="cpu",
                                          weights_only=True))

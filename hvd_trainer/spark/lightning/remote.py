@@ -85,13 +85,16 @@ def _resume_file(spec: LightningSpec, folder: str) -> Optional[str]:
     return path
 
 
-def train(spec: LightningSpec, module: Any) -> LightningResult:
-    """Fit ``module`` on this rank (the function each rank of the backend runs)."""
+def train(spec: LightningSpec, module_bytes: bytes) -> LightningResult:
+    """Fit the module (pickled by cloudpickle) on this rank (the function each rank of the
+    backend runs)."""
+    import cloudpickle
     import pytorch_lightning as pl
     import torch
     from hvd_trainer.torch.lightning import HorovodStrategy
     if spec.random_seed is not None:
         pl.seed_everything(spec.random_seed, verbose=False)
+    module = cloudpickle.loads(module_bytes)
     strategy = HorovodStrategy()
     import hvd_trainer.torch as hvd
     rank_feeds = feeds(spec, hvd.rank(), hvd.size())

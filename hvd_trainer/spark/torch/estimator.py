@@ -162,7 +162,10 @@ class TorchEstimator(HorovodEstimator, ParamsWritable, ParamsReadable):
         out = io.BytesIO()
         torch.save(state, out)
         spec = self._spec(train_rows, val_rows, run_id, dataset_idx)
-        results = backend.run(remote.train, args=(spec, model, type(optimizer), out.getvalue()))
+        # The model travels pickled, so that a backend running in this process (a test's)
+        # trains a copy, as the ranks do, never the estimator's own model.
+        results = backend.run(remote.train, args=(spec, checks.check_picklable("model", model),
+                                                  type(optimizer), out.getvalue()))
         return self._create_model(results[0], run_id, metadata)
 
     def _create_model(self, result: remote.RankResult, run_id: str,

@@ -278,10 +278,14 @@ def _flat(record: Dict[str, Any]) -> Dict[str, float]:
     return flat
 
 
-def train(spec: TrainSpec, model: Any, optimizer_cls: type, state_bytes: bytes) -> RankResult:
-    """Train on this rank (the function each rank of the backend runs)."""
+def train(spec: TrainSpec, model_bytes: bytes, optimizer_cls: type,
+          state_bytes: bytes) -> RankResult:
+    """Train on this rank (the function each rank of the backend runs): the model pickled
+    (cloudpickle), the optimizer's class, the states of both (torch.save)."""
+    import cloudpickle
     import torch
     import hvd_trainer.torch as hvd
+    model = cloudpickle.loads(model_bytes)
     if spec.random_seed is not None:
         torch.manual_seed(spec.random_seed)
     hvd.init()
