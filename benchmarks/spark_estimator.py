@@ -10,7 +10,7 @@ trip); runs are interleaved over the rounds, medians reported, and the ratio
 estimator / in-memory. The preparation (prepare_data: the sizes' aggregation and Spark's
 Parquet write) is timed on fresh DataFrames.
 
-    python benchmarks/spark_estimator.py [--rows 9600] [--width 32] [--epochs 5] [--rounds 3]
+    python benchmarks/spark_estimator.py [--rows 96000] [--width 32] [--epochs 3] [--rounds 2]
 """
 import argparse
 import os
@@ -56,10 +56,10 @@ def in_memory(x, y, width, epochs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=9600)
+    parser.add_argument("--rows", type=int, default=96000)
     parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     import cloudpickle
     import torch

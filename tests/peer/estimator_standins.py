@@ -87,6 +87,9 @@ the intermediate formats (hvd_trainer writes arrays and unchanged scalars)."""
 from hvd_trainer.spark.common.prepare import ARRAY, NOCHANGE  # noqa: F401
 
 CUSTOM_SPARSE = "custom_sparse_format"
+# Horovod's sizing of Petastorm's shuffle buffers (test_spark_keras.py sizes a cluster by it).
+TOTAL_BUFFER_MEMORY_CAP_GIB = 4
+BYTES_PER_GIB = 1073741824
 ''',
     "horovod/spark/common/util/__init__.py": _reexport(
         "hvd_trainer.spark.common.prepare",
