@@ -71,6 +71,22 @@ REEXPORTS: Dict[str, str] = {
     # The engines: horovod.spark.run and horovod.ray.RayExecutor over Spark and Ray.
     "horovod.spark": "hvd_trainer.spark",
     "horovod.spark.task": "hvd_trainer.spark.task",
+    # The Spark estimators and their parts, by Horovod's module paths.
+    "horovod.spark.common": "hvd_trainer.spark.common",
+    "horovod.spark.common.backend": "hvd_trainer.spark.common.backend",
+    "horovod.spark.common.estimator": "hvd_trainer.spark.common.estimator",
+    "horovod.spark.common.params": "hvd_trainer.spark.common.params",
+    "horovod.spark.common.store": "hvd_trainer.spark.common.store",
+    "horovod.spark.common.util": "hvd_trainer.spark.common.prepare",
+    "horovod.spark.torch": "hvd_trainer.spark.torch",
+    "horovod.spark.torch.estimator": "hvd_trainer.spark.torch.estimator",
+    "horovod.spark.torch.remote": "hvd_trainer.spark.torch.remote",
+    "horovod.spark.keras": "hvd_trainer.spark.keras",
+    "horovod.spark.keras.estimator": "hvd_trainer.spark.keras.estimator",
+    "horovod.spark.keras.remote": "hvd_trainer.spark.keras.remote",
+    "horovod.spark.lightning": "hvd_trainer.spark.lightning",
+    "horovod.spark.lightning.estimator": "hvd_trainer.spark.lightning.estimator",
+    "horovod.spark.lightning.remote": "hvd_trainer.spark.lightning.remote",
     "horovod.ray": "hvd_trainer.ray",
 }
 # Modules written as they are: the root's public names (horovod.run, __version__), and

@@ -45,6 +45,7 @@ around pytest), and the shim's ``horovod.runner.launch._run_elastic`` runs each 
 hvdrun in elastic mode (``--suite test_elastic_torch.py``).
 """
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -73,13 +74,22 @@ ELASTIC_SUITES = {"test_elastic_torch.py": "test/integration/data/elastic_torch_
                       "test/integration/data/elastic_tensorflow2_main.py"}
 # Engine suites: single-process pytest files whose tests start the clusters, and their folders.
 ENGINE_SUITES = {"test_ray.py": "test/single", "test_spark.py": "test/integration"}
+# The Spark estimator suites (test/integration, one process each) and the stand-ins for the
+# Horovod internals they import: tests/peer/estimator_standins.py.
+_standins_spec = importlib.util.spec_from_file_location(
+    "estimator_standins", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "estimator_standins.py"))
+estimator_standins = importlib.util.module_from_spec(_standins_spec)
+_standins_spec.loader.exec_module(estimator_standins)
+ESTIMATOR_SUITES = estimator_standins.ESTIMATOR_SUITES
 # Single-process suites: pytest alone, no hvdrun around it.
-ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES)
+ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES, *ESTIMATOR_SUITES)
 # What the suites' own imports need beyond pytest, by suite (the default: test/utils/common.py's).
 SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
                  "test_ray.py": ("ray", "torch", "grpc"),
                  "test_spark.py": ("pyspark", "psutil", "torch"),
-                 **{suite: ("psutil",) for suite in ELASTIC_SUITES}}
+                 **{suite: ("psutil",) for suite in ELASTIC_SUITES},
+                 **estimator_standins.SUITE_MODULES}
 # Environment by suite. test_tensorflow.py runs each test in a TF1 graph too, where one
 # session.run starts up to 21 independent collectives; hvd_trainer's block a session thread
 # each while they wait for the other ranks, so the session needs that many threads (the
@@ -119,7 +129,7 @@ def gloo_built():
 
 
 def mpi_built():
-    """hvd_trainer's answer."""
+    """hvd_trainer's answer (the Spark suites import it)."""
     import hvd_trainer
     return hvd_trainer.mpi_built()
 ''',
@@ -273,22 +283,13 @@ def set_env_from_args(env, args):
 # test_spark.py imports these internals of Horovod's at its top (with its helpers): by module,
 # the classes and functions it names; each raises NotImplementedError when used.
 SPARK_STAND_INS = {
-    "horovod/spark/common/__init__.py": ((), ()),
-    "horovod/spark/common/constants.py": ((), ()),
-    "horovod/spark/common/util.py": ((), ("_wait_file_available_on_dbfs",
-                                          "_get_spark_df_saved_file_list")),
-    "horovod/spark/common/store.py": (("Store", "FilesystemStore", "LocalStore",
-                                       "DBFSLocalStore", "HDFSStore"), ()),
-    "horovod/spark/driver/__init__.py": ((), ()),
-    "horovod/spark/driver/driver_service.py": (("SparkDriverService", "SparkDriverClient"), ()),
     "horovod/spark/driver/host_discovery.py": (("SparkDriverHostDiscovery",), ()),
     "horovod/spark/driver/rsh.py": ((), ("rsh",)),
     "horovod/spark/runner.py": ((), ("_task_fn",)),
-    "horovod/spark/task/task_service.py": (("SparkTaskService", "SparkTaskClient"), ()),
     "horovod/spark/task/gloo_exec_fn.py": ((), ()),
     "horovod/spark/task/mpirun_exec_fn.py": ((), ()),
     **{f"horovod/runner/common/util/{name}.py": ((), ())
-       for name in ("codec", "secret", "safe_shell_exec", "timeout", "settings")},
+       for name in ("codec", "safe_shell_exec", "timeout", "settings")},
 }
 
 
@@ -353,7 +354,8 @@ def suite_folder(suite: str) -> str:
     """The folder of Horovod's tree that holds ``suite``."""
     if suite in ENGINE_SUITES:
         return ENGINE_SUITES[suite]
-    return "test/integration" if suite in ELASTIC_SUITES else "test/parallel"
+    return "test/integration" if suite in (*ELASTIC_SUITES, *ESTIMATOR_SUITES) \
+        else "test/parallel"
 
 
 def export_suites(mirror: str, tag: str, suites: Sequence[str], root: str) -> List[str]:
@@ -390,7 +392,8 @@ def write_shim(shim: str) -> None:
     ``shim``."""
     horovod_shim.write(shim)
     stand_ins = {path: stand_in(*names) for path, names in SPARK_STAND_INS.items()}
-    for path, text in {**SHIM_MODULES, **stand_ins, "peer_report.py": REPORT_PLUGIN}.items():
+    for path, text in {**SHIM_MODULES, **stand_ins, **estimator_standins.STANDIN_MODULES,
+                       "peer_report.py": REPORT_PLUGIN}.items():
         target = os.path.join(shim, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w") as f:
@@ -456,8 +459,12 @@ def run_job(venv: str, np: int, workdir: str, shim: str, targets: Sequence[str],
     plugins = [arg for name in SUITE_PLUGINS.get(suite, ()) for arg in ("-p", name)]
     cmd = [*launch, os.path.join(venv, "bin", "python"), "-m", "pytest", "-v", "-p", "peer_report",
            *plugins, *conftest, *pytest_args, *targets]
+    # The estimator suites' models are classes of the suite's module, which the ranks (Spark
+    # tasks' children, with this environment) unpickle by importing it.
+    suite_path = [workdir] if suite in ESTIMATOR_SUITES else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [shim] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+        [shim] + suite_path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
+                               else [])),
         PEER_REPORT_DIR=reports, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
         **SUITE_ENV.get(suite, {}))
     if suite in ONE_PROCESS_SUITES:  # their jobs start "python": this environment's
