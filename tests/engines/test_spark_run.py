@@ -410,6 +410,7 @@ def test_killed_executor_ends_the_job(spark):
     context = spark.sparkContext
     executors = _executors_of(context.applicationId)
     assert executors, "no executor JVM found"
+    known = _executor_endpoints(context)
     _when_ranks_run(lambda: [os.kill(pid, signal.SIGKILL) for pid in executors])
     started = time.monotonic()
     with pytest.raises(EngineError, match=r"the Spark job failed .*the executor of task 0 on "
@@ -418,4 +419,5 @@ def test_killed_executor_ends_the_job(spark):
         hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
     assert time.monotonic() - started < 90
     _wait_for_no_engine_processes(20)
+    _replaced(context, known)  # the session's later tests (the estimators') need its slots
 
