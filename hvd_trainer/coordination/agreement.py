@@ -1,18 +1,18 @@
 """Agreement between ranks before a collective runs.
 
 A collective (:func:`collective`, a :class:`Call`) agrees with the other ranks on what it is
-about to do in one small exchange of fixed-size records (records.py); if the ranks' records
-differ, they exchange their full descriptions and every rank raises the same error
-(messages.py). Rounds over the calls pending on a rank, and joined ranks' part in them, are
-rounds.py's.
+about to do in one small exchange of a fixed-size record (records.py: a digest reduced by
+allreduce, 72 bytes per rank at any rank count); if the ranks' digests differ, they exchange
+their full descriptions and every rank raises the same error (messages.py). Rounds over the
+calls pending on a rank, and joined ranks' part in them, are rounds.py's.
 
-**Small calls in one exchange.** A small collective puts its data in its record (its
-payload: the tensor to reduce or gather, the root's tensor or pickled object), so that when
-the ranks agree its data has travelled too: allreduce (under ``HVD_ALLREDUCE_ALGO=auto``)
-reduces the gathered payloads in rank order, identically on every rank; broadcast, allgather
-and the object collectives read them. When the records differ, or a rank has joined, the
-payloads are dropped and the call runs its own data phase after the usual outcome of the
-agreement (its error, or a match by name).
+**Small calls carry their data.** A small collective that every rank agreed on at once (no
+rank joined) gathers its data (its payload: the tensor to reduce or gather, the root's
+tensor or pickled object) in one persistent gather right after (:meth:`Call.exchange`):
+allreduce (under ``HVD_ALLREDUCE_ALGO=auto``) reduces the gathered payloads in rank order,
+identically on every rank; broadcast, allgather and the object collectives read them. When
+the digests differ, or a rank has joined, the call runs its own data phase after the usual
+outcome of the agreement (its error, or a match by name).
 
 **Argument errors are collective.** A collective runs its argument checks inside
 :meth:`Call.checks`; a check that fails on one rank travels in the agreement, so every rank
@@ -42,7 +42,8 @@ from . import matching, scheduler, stall, work_order
 from ..backends import Communicator
 from .stall import waiting
 from ..runtime.timeline import span
-from .records import Agreed, Carried, Signed, description_digest, signed_digest
+from .records import (Agreed, Carried, Signed, carrier_of, description_digest,
+                      signed_digest)
 from .rounds import CallEntry, agree_in_step, decide, post_record, run_round
 
 
@@ -74,19 +75,17 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
 def _agree(comm: Communicator, sched: scheduler.Schedule,
            describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
            error: Optional[Exception], key: Optional[str], *, keep: bool, automatic: bool,
-           payload: Optional[np.ndarray] = None, carries: bool = False,
-           signed: Optional[Signed] = None) -> Agreed:
-    """:func:`agree` on ``comm``, whose schedule is ``sched``, with ``payload`` (bytes, or
-    None) in the record when ``carries``; returns the or-ed flags and, where the payloads
-    travelled, every rank's. ``signed``: a call whose digest comes from its signature (then
-    ``key`` is given)."""
+           carries: bool = False, signed: Optional[Signed] = None) -> Agreed:
+    """:func:`agree` on ``comm``, whose schedule is ``sched``; returns the or-ed flags and,
+    for a call that ``carries`` its data, whether it carries it now. ``signed``: a call
+    whose digest comes from its signature (then ``key`` is given)."""
     holder = sched.holds()
     if flags is None and error is None and holder and sched.covered_depth():
-        return Agreed(None, None)
+        return Agreed(None, False)
     if error is not None and (comm.size == 1 or (holder and sched.covered_depth())):
         raise error  # nobody else takes part in an exchange here
     if comm.size == 1:
-        return Agreed(None if flags is None else np.asarray(flags, bool).copy(), None)
+        return Agreed(None if flags is None else np.asarray(flags, bool).copy(), False)
     if signed is not None and error is None and (flags is None or not len(flags)):
         description, digest = None, signed_digest(*signed)
         what = f"{signed.kind} {signed.name!r}"
@@ -112,31 +111,29 @@ def _agree(comm: Communicator, sched: scheduler.Schedule,
         key = description.get("name") if key is None else key
         what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
     if holder:
-        entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
-                          carries)
-        return Agreed(agree_in_step(comm, sched, entry, what), entry.carried)
+        entry = CallEntry(str(key), describe, description, flags, digest, automatic, carries)
+        return Agreed(agree_in_step(comm, sched, entry, what), entry.direct)
     with waiting(comm, what, "agreement", sched.exchanges):
         claimed = None
         if sched.claim():
             # Nothing else waits here: this thread makes the round over its call at once,
             # and when every rank agrees (and none has joined) it runs without more ado.
             try:
-                gathered = post_record(comm, sched, digest, flags, payload)
+                gathered = post_record(comm, sched, digest, flags)
                 if gathered.agreed and not sched.peers_joined:
                     if flags is not None and len(flags):
                         flags = gathered.flags(comm, len(flags))
                     if not keep:
                         sched.give()
-                    return Agreed(flags, gathered.carried() if carries else None)
+                    return Agreed(flags, carries)
                 claimed = functools.partial(decide, comm, sched, gathered)
             except BaseException as failure:  # the schedule fails the call, freeing the turn
                 claimed = functools.partial(_reraise, failure)
-        entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
-                          carries)
+        entry = CallEntry(str(key), describe, description, flags, digest, automatic, carries)
         flags = sched.settle(entry, functools.partial(run_round, comm, sched), stall.pace, claimed)
     if not keep:
         sched.give()
-    return Agreed(flags, entry.carried)
+    return Agreed(flags, entry.direct)
 
 
 def _reraise(error: BaseException, entries: List[CallEntry]) -> List[matching.Verdict]:
@@ -245,34 +242,39 @@ class Call:
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
                  signature: Any = None) -> Optional[Carried]:
-        """:meth:`agree`, with this rank's ``payload`` (bytes, or None) in its record.
+        """:meth:`agree`, then, when every rank agreed at once and none has joined, gather
+        every rank's ``payload`` (bytes, or None) in the communicator's carrier.
 
-        Returns every rank's payload when they travelled with the agreement (a rank's is
-        None if it sent none, or more than :func:`room`); None when the call must run its
-        own data phase (one rank, a covered block, records that differed at first, a joined
-        rank).
+        Returns every rank's payload when they travelled so (a rank's is None if it sent
+        none, or more than :func:`room`); None when the call must run its own data phase
+        (one rank, a covered block, records that differed at first, a joined rank).
         """
-        return self._agree(describe, None, payload=payload, carries=True,
-                           signature=signature).carried
+        if not self._agree(describe, None, carries=True, signature=signature).direct:
+            return None
+        carrier = carrier_of(self.comm)
+        if carrier is None:
+            return None
+        carrier.post(payload)
+        with self.communicate():
+            stall.poll(carrier.start(), self._schedule)
+        return carrier.gathered()
 
     def _agree(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray], *,
-               payload: Optional[np.ndarray] = None, carries: bool = False,
-               signature: Any = None) -> Agreed:
+               carries: bool = False, signature: Any = None) -> Agreed:
         if not timeline.running():
-            return self._agreed(describe, flags, payload, carries, signature)
+            return self._agreed(describe, flags, carries, signature)
         with span(self.name, "NEGOTIATE"):
-            return self._agreed(describe, flags, payload, carries, signature)
+            return self._agreed(describe, flags, carries, signature)
 
     def _agreed(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
-                payload: Optional[np.ndarray], carries: bool, signature: Any) -> Agreed:
+                carries: bool, signature: Any) -> Agreed:
         automatic = self._given is None
         if self.error is not None:
             _agree(self.comm, self._schedule, lambda: {"kind": self.kind, "name": self.name},
                    flags, self.error, self.key, keep=True, automatic=automatic)
         return _agree(self.comm, self._schedule,
                       lambda: {"kind": self.kind, "name": self.name, **describe()},
-                      flags, None, self.key, keep=True, automatic=automatic, payload=payload,
-                      carries=carries,
+                      flags, None, self.key, keep=True, automatic=automatic, carries=carries,
                       signed=None if signature is None else Signed(self.kind, self.name,
                                                                    signature))
 
