@@ -3,7 +3,7 @@
 Run:  python benchmarks/agreement.py [--against REV] [--rounds 5]
 
 Each round launches the same 2-rank worker twice, once importing hvd_trainer from a checkout
-of REV (default: 861d6cc, the last commit before argument errors travelled in the agreement)
+of REV (default: b87c4df, the last commit before the agreement became a fixed-size allreduce)
 and once from this tree, alternating. The worker times, per call, small collectives (4 KiB,
 where the agreement is most of the cost) against raw mpi4py on the same buffers, and the
 agreement of a 82-gradient training step alone. The tables keep each variant's best round.
@@ -13,11 +13,9 @@ import datetime
 import json
 import os
 import platform
-import re
-import subprocess
-import sys
-import tempfile
 import time
+
+import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -65,31 +63,13 @@ def worker(iters: int) -> None:
                                                                     for k, v in best.items()}}))
 
 
-def checkout(rev: str, where: str) -> str:
-    """A detached worktree of ``rev``; returns its path."""
-    path = os.path.join(where, rev)
-    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "-f", path, rev],
-                   check=True, capture_output=True)
-    return path
-
-
 def launch(tree: str, iters: int) -> dict:
-    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--no-prefix",
-           sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(iters)]
-    env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    found = re.search(r"RESULT (\{.*\})", out.stdout)
-    if out.returncode != 0 or not found:
-        raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
-    result = json.loads(found.group(1))
-    if not result["file"].startswith(tree):
-        raise RuntimeError(f"the worker imported {result['file']}, not the tree {tree}")
-    return result["us"]
+    return common.launch_tree(tree, __file__, ["--worker", "--iters", str(iters)])["us"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", default="861d6cc", help="the commit to compare with")
+    parser.add_argument("--against", default="b87c4df", help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -97,17 +77,12 @@ def main() -> None:
     if args.worker:
         worker(args.iters)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        old = checkout(args.against, tmp)
-        try:
-            best = {"before": {}, "after": {}}
-            for _ in range(args.rounds):
-                for label, tree in (("before", old), ("after", REPO)):
-                    for case, us in launch(tree, args.iters).items():
-                        best[label][case] = min(best[label].get(case, float("inf")), us)
-        finally:
-            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", old],
-                           capture_output=True)
+    with common.detached_tree(args.against) as old:
+        best = {"before": {}, "after": {}}
+        for _ in range(args.rounds):
+            for label, tree in (("before", old), ("after", REPO)):
+                for case, us in launch(tree, args.iters).items():
+                    best[label][case] = min(best[label].get(case, float("inf")), us)
     print(f"# {datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, 2 ranks, "
           f"before = {args.against}, after = this tree; best of {args.rounds} rounds")
     print("| call (4 KiB float32) | before, µs | after, µs | after − before, µs |")

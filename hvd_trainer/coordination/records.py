@@ -69,23 +69,6 @@ class RoundShare(NamedTuple):
     counts: Any  # scheduler.Counts; 0 where a disagreement is raised in step
 
 
-class Agreed(NamedTuple):
-    """What an agreement returns: the or-ed flags, and whether a call that carries its data
-    is to carry it now (every rank agreed at once and none has joined; the same on every
-    rank)."""
-
-    flags: Optional[np.ndarray]
-    direct: bool
-
-
-class Signed(NamedTuple):
-    """A call whose digest comes from its signature (see :meth:`Call.agree`)."""
-
-    kind: str
-    name: str
-    signature: Any
-
-
 def pack_flags(flags: np.ndarray) -> np.ndarray:
     """Booleans as bits in int64 words, so that a bitwise-or allreduce ors them."""
     bits = np.packbits(np.asarray(flags, bool))
@@ -131,16 +114,25 @@ class Records:
         self.words: Optional[np.ndarray] = None  # this rank's flags of the last record, packed
         self.start = comm.repeated_allreduce(self.send, self.reduced, "bor")
 
-    def post(self, digest: int, state: int) -> None:
-        """Write this rank's digest and state (an active rank's digest and its complement,
-        a joined rank's zeros); the flags are the caller's (see rounds.py)."""
+    def post(self, digest: int, state: int, flags: Optional[np.ndarray]) -> None:
+        """Write this rank's record: its digest and state (an active rank's digest and its
+        complement, a joined rank's zeros) and its ``flags`` (booleans; the first
+        :data:`INLINE_FLAG_WORDS` words of them, the rest go in a second exchange)."""
         send = self.send
-        if state & ACTIVE:
+        if state == ACTIVE:
             send[DIGEST], send[INVERSE] = digest, ~digest
         else:
             send[DIGEST] = send[INVERSE] = 0
         send[STATE] = state
-
+        if flags is not None and len(flags):
+            words = pack_flags(flags)
+            inline = min(words.size, INLINE_FLAG_WORDS)
+            send[FLAGS_AT:HEADER_WORDS] = 0
+            send[FLAGS_AT:FLAGS_AT + inline] = words[:inline]
+            self.words = words
+        elif self.words is not None:
+            send[FLAGS_AT:HEADER_WORDS] = 0
+            self.words = None
 
 class Carrier:
     """A communicator's gather of small payloads: this rank's slot and every rank's, each a
@@ -182,14 +174,29 @@ class _Buffers(NamedTuple):
 _buffers: "weakref.WeakKeyDictionary[Communicator, _Buffers]" = weakref.WeakKeyDictionary()
 
 
+class _Last(NamedTuple):
+    """The communicator whose buffers were looked up last (weakly), and its buffers."""
+
+    comm: "weakref.ref[Communicator]"
+    buffers: Optional[_Buffers]
+
+
+_last = _Last(weakref.ref(_buffers), None)  # a referent that is never a communicator
+
+
 def _buffers_of(comm: Communicator) -> _Buffers:
     """``comm``'s buffers, made at its first agreement on every rank alike (making the
     persistent requests is itself collective)."""
+    global _last
+    last = _last
+    if last.comm() is comm:  # most calls use the communicator the last one used
+        return last.buffers  # type: ignore[return-value]
     found = _buffers.get(comm)
     if found is None:
         room = min(_ROOM_MAX, _ROOM_SHARED // comm.size) // 8 * 8
         room = room if room >= _ROOM_MIN and comm.size > 1 else 0
         found = _buffers[comm] = _Buffers(Records(comm), Carrier(comm, room) if room else None)
+    _last = _Last(weakref.ref(comm), found)
     return found
 
 
@@ -239,8 +246,8 @@ class Gathered:
     def __init__(self, records: Records):
         self.records = records
         reduced = records.reduced
-        self.agreed = not int(reduced[DIGEST]) & int(reduced[INVERSE])
-        self.state = int(reduced[STATE])
+        self.agreed = not reduced.item(DIGEST) & reduced.item(INVERSE)
+        self.state = reduced.item(STATE)
 
     def flags(self, comm: Communicator, count: int) -> np.ndarray:
         """The or-ed flags (``count`` of them) of the entry whose record this rank sent last,

@@ -67,10 +67,7 @@ def reduced(rows):
     buffers = records.Records(Ranks(len(rows)))
     every = []
     for digest, state, flags in rows:
-        buffers.post(digest, state)
-        if flags is not None:
-            words = records.pack_flags(flags)
-            buffers.send[records.FLAGS_AT:records.FLAGS_AT + words.size] = words
+        buffers.post(digest, state, flags)
         every.append(buffers.send.copy())
         buffers.send[:] = 0
     buffers.reduced[:] = np.bitwise_or.reduce(every)
@@ -115,7 +112,7 @@ def test_a_joined_ranks_record_is_left_out_of_the_comparison_but_its_state_count
     assert everyone.agreed and everyone.state == JOINED
     # A joined rank's record is zeros but for its state, whatever digest it was given.
     buffers = records.Records(Ranks(2))
-    buffers.post(12345, JOINED)
+    buffers.post(12345, JOINED, None)
     assert buffers.send.tolist()[:3] == [0, 0, JOINED]
 
 
