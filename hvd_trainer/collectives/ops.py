@@ -22,7 +22,7 @@ logical or.
 from __future__ import annotations  # the nested functions' annotations cost each call else
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -38,6 +38,63 @@ from .arguments import (BACKEND_OP, Average, ReduceOp, check_list, check_reducti
 
 
 # -- allreduce ------------------------------------------------------------------------------
+class _Reduction(NamedTuple):
+    """What a reduction's checked arguments fix, but for the data: its signature, the scale
+    factors (Average's 1/size folded in), which tensors are summed in float32 (``wide``),
+    the dtype their data travels in, in the carrier (None: its own data phase), and whether
+    that is the one tensor's own bytes (``lone``)."""
+
+    signature: records.Signature
+    pre: float
+    post: float
+    wide: List[bool]
+    wire: Optional[np.dtype]
+    lone: bool
+
+
+# The reductions of single host tensors made so far, by what fixes them (see _known_key): a
+# script's small allreduces repeat, and a known one skips the checks that its key decides
+# and the working out of its plan. Emptied at shutdown (its keys hold communicators).
+_known: Dict[Any, _Reduction] = {}
+_KNOWN_KEPT = 1024
+
+
+def _known_key(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: Any,
+               pre: Any, post: Any, inplace: bool) -> Optional[tuple]:
+    """The key of a single host array's allreduce under which its :class:`_Reduction` is
+    kept, or None (another kind of call, or arguments whose checks the key cannot stand
+    for: an op not given as a ReduceOp, factors not given as floats)."""
+    if memory is not HOST or kind != "allreduce" or type(op) is not ReduceOp \
+            or type(pre) is not float or type(post) is not float:
+        return None
+    tensor = tensors[0]
+    if type(tensor) is not np.ndarray:
+        return None
+    return comm, inplace, op, pre, post, tensor.dtype, tensor.shape
+
+
+def _forget_known(comm: Any) -> bool:
+    """At shutdown: forget the known reductions (on every communicator)."""
+    _known.clear()
+    return False
+
+
+runtime.at_leave(_forget_known)
+
+
+def _reduction(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: ReduceOp,
+               prescale_factor: float, postscale_factor: float) -> _Reduction:
+    """The :class:`_Reduction` of checked arguments."""
+    signature = records.Signature(kind, reduction_signature(memory, tensors, op,
+                                                           prescale_factor, postscale_factor))
+    pre, post = scales(op, comm, prescale_factor, postscale_factor)
+    wide = [half_in_float32(t, op, pre, post) for t in tensors]
+    wire = _carried_dtype(memory, tensors, wide, records.room(comm))
+    lone = (wire is not None and len(tensors) == 1 and not wide[0]
+            and tensors[0].dtype == wire and pre == 1.0)
+    return _Reduction(signature, pre, post, wide, wire, lone)
+
+
 def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                  process_set: ProcessSet = global_process_set, *, kind: str,
@@ -45,29 +102,36 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
     """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
+        key = _known_key(comm, memory, kind, tensors, op, prescale_factor, postscale_factor,
+                         inplace)
+        plan = None if key is None else _known.get(key)
         with call.checks():
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
             else:
                 tensors = check_list(tensors, memory, inplace)
-            op = check_reduction(op, prescale_factor, postscale_factor)
+            if plan is None:  # a known reduction's key stands for these checks
+                op = check_reduction(op, prescale_factor, postscale_factor)
 
         def describe() -> Dict[str, Any]:
             return describe_reduction(call.name, tensors, op, prescale_factor, postscale_factor)
 
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
-        signature = reduction_signature(memory, tensors, op, prescale_factor, postscale_factor)
-        pre, post = scales(op, comm, prescale_factor, postscale_factor)
-        wide = [half_in_float32(t, op, pre, post) for t in tensors]
-        wire = _carried_dtype(memory, tensors, wide, records.room(comm))
-        if wire is None:
-            call.agree(describe, signature=signature)
+        if plan is None:
+            plan = _reduction(comm, memory, kind, tensors, op, prescale_factor,
+                              postscale_factor)
+            if key is not None:
+                if len(_known) >= _KNOWN_KEPT:
+                    _known.clear()
+                _known[key] = plan
+        if plan.wire is None:
+            call.agree(describe, signature=plan.signature)
         else:
-            done = _carried_reduction(call, describe, signature, tensors, wide, wire, op, pre,
-                                      post, inplace)
+            done = _carried_reduction(call, describe, tensors, plan, op, inplace)
             if done is not None:
                 return done
+        pre, post, wide = plan.pre, plan.post, plan.wide
         if inplace:
             outputs = tensors
         else:
@@ -99,8 +163,8 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
 
 def _carried_dtype(memory: Memory, tensors: Sequence[Any], wide: Sequence[bool],
                    room: int) -> Optional[np.dtype]:
-    """The dtype in which ``tensors`` can travel inside the agreement (see agreement.py), or
-    None: host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
+    """The dtype in which ``tensors`` can travel in the carrier (see agreement.py), or None:
+    host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
     ``room`` bytes, under HVD_ALLREDUCE_ALGO=auto. Decided from what the ranks agree on, so
     every rank decides alike when they agree."""
     if memory is not HOST or not room or runtime.setting("ALLREDUCE_ALGO") != "auto":
@@ -118,36 +182,35 @@ _FLOAT32 = np.dtype(np.float32)
 
 
 def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, Any]],
-                       signature: Any, tensors: Sequence[np.ndarray], wide: Sequence[bool],
-                       wire: np.dtype, op: ReduceOp, pre: float, post: float,
+                       tensors: Sequence[np.ndarray], plan: _Reduction, op: ReduceOp,
                        inplace: bool) -> Optional[List[np.ndarray]]:
-    """Reduce ``tensors`` with their data inside the agreement: every rank reduces the
-    gathered payloads in rank order, so every rank gets the same bits; 16-bit floats are
-    added in float32 and rounded after each addition, as the ring does (the ``wide`` ones,
-    prescaled in their own precision first, are rounded once, as in the data phase). None if
-    the payloads did not travel."""
-    sources = tensors
-    if pre != 1.0 and any(wide):  # as the data phase prescales them (see prescaled)
-        sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
-    lone = len(sources) == 1 and sources[0].dtype == wire and pre == 1.0
-    if lone:
-        payload = sources[0].ravel().view(np.uint8)  # a copy only if strided
+    """Reduce ``tensors`` with their data in the carrier: every rank reduces the gathered
+    payloads in rank order, so every rank gets the same bits; 16-bit floats are added in
+    float32 and rounded after each addition, as the ring does (the ``wide`` ones, prescaled
+    in their own precision first, are rounded once, as in the data phase). None if the
+    payloads did not travel."""
+    wire, pre = plan.wire, plan.pre
+    if plan.lone:
+        payload = tensors[0].ravel().view(np.uint8)  # a copy only if strided
     else:
+        sources = tensors
+        if pre != 1.0 and any(plan.wide):  # as the data phase prescales them (see prescaled)
+            sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
         flat = np.empty(sum(t.size for t in sources), wire)
         fusion.pack(sources, flat, pre)
         payload = flat.view(np.uint8)
-    carried = call.exchange(describe, payload, signature)
+    carried = call.exchange(describe, payload, plan.signature)
     if carried is None or not carried.every():
         return None
     outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
-    flat = outputs[0].reshape(-1) if lone else np.empty(payload.size // wire.itemsize, wire)
+    flat = outputs[0].reshape(-1) if plan.lone else np.empty(payload.size // wire.itemsize, wire)
     parts = carried.rows[:, :payload.size].view(wire)
     reduce, widen = _REDUCE[op], widened(wire)
     reduce(parts[0], parts[1], out=flat, dtype=widen)  # in rank order, as the ring adds
     for rank in range(2, len(parts)):
         reduce(flat, parts[rank], out=flat, dtype=widen)
-    if not lone or post != 1.0:
-        fusion.unpack(flat, outputs, post)
+    if not plan.lone or plan.post != 1.0:
+        fusion.unpack(flat, outputs, plan.post)
     return outputs
 
 
@@ -269,7 +332,7 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
 
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
-        signature = (int(root_rank), tensor_signature(memory, [tensor]))
+        signature = (int(root_rank), memory is HOST, tensor.dtype.str, tensor.shape)
         if memory is HOST and tensor.nbytes <= records.room(comm):
             carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
                                     if comm.rank == root else None, signature)

@@ -87,16 +87,31 @@ _signed: Dict[Any, bytes] = {}
 _SIGNED_KEPT = 4096
 
 
+class Signature:
+    """A call's kind and signature with its digest's base made once (see
+    :func:`signed_digest`): a caller that keeps one for a call it makes again and again
+    saves hashing the signature each time."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, kind: str, values: Any):
+        self.base = hashlib.blake2b(repr((kind, values)).encode(), digest_size=8).digest()
+
+
 def signed_digest(kind: str, name: str, signature: Any) -> int:
     """The digest of a call whose description is fixed by its kind, its name and
-    ``signature`` (a hashable tuple of plain values): the signature's digest, kept, with
-    the name's, so that neither the description nor its text is made for every call."""
-    key = (kind, signature)
-    base = _signed.get(key)
-    if base is None:
-        if len(_signed) >= _SIGNED_KEPT:
-            _signed.clear()
-        base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    ``signature`` (a hashable tuple of plain values, or a :class:`Signature` of them): the
+    signature's digest, kept, with the name's, so that neither the description nor its text
+    is made for every call."""
+    if type(signature) is Signature:
+        base = signature.base
+    else:
+        key = (kind, signature)
+        base = _signed.get(key)
+        if base is None:
+            if len(_signed) >= _SIGNED_KEPT:
+                _signed.clear()
+            base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     raw = hashlib.blake2b(base + name.encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
 
