@@ -63,6 +63,14 @@ def detached_tree(rev: str) -> Iterator[str]:
                            capture_output=True)
 
 
+class Polled:
+    """An mpi4py request behind the backends' Request protocol (``test()``), to poll a raw
+    request as the agreement polls its own."""
+
+    def __init__(self, request) -> None:
+        self.test = request.Test
+
+
 def slowest_rank(value: float, distributed: bool) -> float:
     """The largest ``value`` over the ranks (a collective when ``distributed``)."""
     if not distributed:

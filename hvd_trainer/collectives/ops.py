@@ -22,89 +22,33 @@ logical or.
 from __future__ import annotations  # the nested functions' annotations cost each call else
 
 import math
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..coordination import agreement, records
-from . import fusion
+from . import fusion, plans
 from ..runtime import runtime, timeline
 from ..backends import REDUCE_UFUNCS, split_evenly, widened
 from .memory import HOST, Memory, check_array, memory_of
 from ..runtime.runtime import ProcessSet, global_process_set
-from .arguments import (BACKEND_OP, Average, ReduceOp, check_list, check_reduction, check_root,
-                        check_rows, describe_reduction, describe_tensor, half_in_float32,
-                        prescaled, reduction_signature, scales, tensor_signature)
+from .arguments import (BACKEND_OP, ROUNDED_ONCE, Average, ReduceOp, check_list,
+                        check_reduction, check_root, check_rows, describe_reduction,
+                        describe_tensor, half_in_float32, prescaled, scales, tensor_signature)
 
 
 # -- allreduce ------------------------------------------------------------------------------
-class _Reduction(NamedTuple):
-    """What a reduction's checked arguments fix, but for the data: its signature, the scale
-    factors (Average's 1/size folded in), which tensors are summed in float32 (``wide``),
-    the dtype their data travels in, in the carrier (None: its own data phase), and whether
-    that is the one tensor's own bytes (``lone``)."""
-
-    signature: records.Signature
-    pre: float
-    post: float
-    wide: List[bool]
-    wire: Optional[np.dtype]
-    lone: bool
-
-
-# The reductions of single host tensors made so far, by what fixes them (see _known_key): a
-# script's small allreduces repeat, and a known one skips the checks that its key decides
-# and the working out of its plan. Emptied at shutdown (its keys hold communicators).
-_known: Dict[Any, _Reduction] = {}
-_KNOWN_KEPT = 1024
-
-
-def _known_key(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: Any,
-               pre: Any, post: Any, inplace: bool) -> Optional[tuple]:
-    """The key of a single host array's allreduce under which its :class:`_Reduction` is
-    kept, or None (another kind of call, or arguments whose checks the key cannot stand
-    for: an op not given as a ReduceOp, factors not given as floats)."""
-    if memory is not HOST or kind != "allreduce" or type(op) is not ReduceOp \
-            or type(pre) is not float or type(post) is not float:
-        return None
-    tensor = tensors[0]
-    if type(tensor) is not np.ndarray:
-        return None
-    return comm, inplace, op, pre, post, tensor.dtype, tensor.shape
-
-
-def _forget_known(comm: Any) -> bool:
-    """At shutdown: forget the known reductions (on every communicator)."""
-    _known.clear()
-    return False
-
-
-runtime.at_leave(_forget_known)
-
-
-def _reduction(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: ReduceOp,
-               prescale_factor: float, postscale_factor: float) -> _Reduction:
-    """The :class:`_Reduction` of checked arguments."""
-    signature = records.Signature(kind, reduction_signature(memory, tensors, op,
-                                                           prescale_factor, postscale_factor))
-    pre, post = scales(op, comm, prescale_factor, postscale_factor)
-    wide = [half_in_float32(t, op, pre, post) for t in tensors]
-    wire = _carried_dtype(memory, tensors, wide, records.room(comm))
-    lone = (wire is not None and len(tensors) == 1 and not wide[0]
-            and tensors[0].dtype == wire and pre == 1.0)
-    return _Reduction(signature, pre, post, wide, wire, lone)
-
-
 def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                  process_set: ProcessSet = global_process_set, *, kind: str,
-                 inplace: bool) -> List[Any]:
-    """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
+                 inplace: bool, halves: str = ROUNDED_ONCE) -> List[Any]:
+    """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused;
+    ``halves``: how a scaled sum of 16-bit floats is rounded (see arguments.ROUNDED_ONCE)."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
-        key = _known_key(comm, memory, kind, tensors, op, prescale_factor, postscale_factor,
-                         inplace)
-        plan = None if key is None else _known.get(key)
+        key = plans.reduction_key(comm, memory, kind, tensors, op, prescale_factor,
+                                  postscale_factor, inplace, halves)
+        plan = plans.reductions.get(key)
         with call.checks():
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
@@ -119,12 +63,8 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
         if plan is None:
-            plan = _reduction(comm, memory, kind, tensors, op, prescale_factor,
-                              postscale_factor)
-            if key is not None:
-                if len(_known) >= _KNOWN_KEPT:
-                    _known.clear()
-                _known[key] = plan
+            plan = plans.reductions.keep(key, plans.reduction(
+                comm, memory, kind, tensors, op, prescale_factor, postscale_factor, halves))
         if plan.wire is None:
             call.agree(describe, signature=plan.signature)
         else:
@@ -161,28 +101,8 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         return list(halves)
 
 
-def _carried_dtype(memory: Memory, tensors: Sequence[Any], wide: Sequence[bool],
-                   room: int) -> Optional[np.dtype]:
-    """The dtype in which ``tensors`` can travel in the carrier (see agreement.py), or None:
-    host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
-    ``room`` bytes, under HVD_ALLREDUCE_ALGO=auto. Decided from what the ranks agree on, so
-    every rank decides alike when they agree."""
-    if memory is not HOST or not room or runtime.setting("ALLREDUCE_ALGO") != "auto":
-        return None
-    wire, size = None, 0
-    for t, w in zip(tensors, wide):
-        dtype = _FLOAT32 if w else t.dtype
-        if wire is not None and dtype != wire:
-            return None
-        wire, size = dtype, size + t.size
-    return wire if wire is not None and size * wire.itemsize <= room else None
-
-
-_FLOAT32 = np.dtype(np.float32)
-
-
 def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, Any]],
-                       tensors: Sequence[np.ndarray], plan: _Reduction, op: ReduceOp,
+                       tensors: Sequence[np.ndarray], plan: plans.Reduction, op: ReduceOp,
                        inplace: bool) -> Optional[List[np.ndarray]]:
     """Reduce ``tensors`` with their data in the carrier: every rank reduces the gathered
     payloads in rank order, so every rank gets the same bits; 16-bit floats are added in
@@ -323,28 +243,33 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
     """Broadcast from the global rank ``root_rank``, into ``tensor`` or a new array."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, "broadcast", name) as call:
+        key = plans.broadcast_key(comm, tensor, root_rank, inplace)
+        plan = plans.broadcasts.get(key)
         with call.checks():
             memory.check(tensor, "tensor", inplace)
-            root = check_root(root_rank, process_set)
+            root = check_root(root_rank, process_set) if plan is None else plan.root
 
         def describe() -> Dict[str, Any]:
             return {"root_rank": int(root_rank), "tensors": [describe_tensor(tensor, call.name)]}
 
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
-        signature = (int(root_rank), memory is HOST, tensor.dtype.str, tensor.shape)
-        if memory is HOST and tensor.nbytes <= records.room(comm):
-            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
-                                    if comm.rank == root else None, signature)
+        if plan is None:
+            plan = plans.broadcasts.keep(key, plans.broadcast(comm, memory, tensor,
+                                                               int(root_rank), root))
+        if plan.fits:
+            mine = comm.rank == root
+            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
+                                    else None, plan.signature)
             sent = None if carried is None else carried.of(root)
             if sent is not None:
-                if inplace and comm.rank == root:
+                if inplace and mine:
                     return tensor
                 out = tensor if inplace else np.empty(tensor.shape, tensor.dtype)
                 out.reshape(-1).view(np.uint8)[...] = sent
                 return out
         else:
-            call.agree(describe, signature=signature)
+            call.agree(describe, signature=plan.signature)
         if not inplace:
             tensor = memory.xp.array(tensor, order="C", copy=True)
         data = memory.mover(process_set)
@@ -440,8 +365,9 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
 
 def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
                    process_set: ProcessSet, prescale_factor: float, postscale_factor: float,
-                   kind: str) -> List[Any]:
-    """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor."""
+                   kind: str, halves: str = ROUNDED_ONCE) -> List[Any]:
+    """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor;
+    ``halves`` as in :func:`reduce_group`."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
         with call.checks():
@@ -461,7 +387,7 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
             row = int(np.prod(t.shape[1:], dtype=np.int64))
             shares = rows_per_rank(t.shape[0], comm.size)
             work = prescaled(memory, t, pre)
-            if half_in_float32(t, op, pre, post):
+            if half_in_float32(t, op, pre, post, halves):
                 work = work.astype(memory.xp.float32)
             with call.communicate():
                 mine = data.reduce_scatter(work, [s * row for s in shares], BACKEND_OP[op])

@@ -259,12 +259,14 @@ def test_a_reset_keeps_nothing_of_the_communicators_it_replaces():
 
 
 def test_a_shutdown_forgets_the_known_reductions_of_its_communicators():
-    # ops.py keeps what a repeated allreduce's arguments fix, by communicator (Average's
+    # plans.py keeps what a repeated allreduce's arguments fix, by communicator (Average's
     # 1/size among it): a reset's new communicator must not meet the old one's.
-    from hvd_trainer.collectives import ops
+    from hvd_trainer.collectives import plans
     hvd.allreduce(np.ones(3, np.float32))
-    assert any(key[0] is hvd.global_process_set.comm for key in ops._known)
+    hvd.broadcast(np.ones(3, np.float32), 0)
+    for known in (plans.reductions, plans.broadcasts):
+        assert any(key[0] is hvd.global_process_set.comm for key in known.plans)
     hvd.shutdown()
-    assert not ops._known
+    assert not plans.reductions.plans and not plans.broadcasts.plans
     hvd.init()
     assert hvd.allreduce(np.ones(3, np.float32)).tolist() == [1.0, 1.0, 1.0]
