@@ -270,3 +270,15 @@ def test_a_shutdown_forgets_the_known_reductions_of_its_communicators():
     assert not plans.reductions.plans and not plans.broadcasts.plans
     hvd.init()
     assert hvd.allreduce(np.ones(3, np.float32)).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_known_reduction_still_checks_what_can_change_between_calls():
+    # The kept plan stands for the checks its key decides (op, factors, dtype, shape), not
+    # for the array's layout: an in-place call on a strided array of a known kind raises.
+    contiguous = np.ones((4, 4), np.float32)
+    hvd.allreduce_(contiguous, op=hvd.Sum)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        hvd.allreduce_(np.ones((4, 8), np.float32)[:, ::2], op=hvd.Sum)
+    with pytest.raises(ValueError, match="is not a reduction operator"):
+        hvd.allreduce(contiguous, op="mean")
+    assert hvd.allreduce_(contiguous, op=hvd.Sum).tolist() == contiguous.tolist()
