@@ -3,7 +3,7 @@
 mkdocs runs this file as a hook (mkdocs.yml, ``hooks:``). Before a page is converted, each
 marker comment in its Markdown is replaced:
 
-- ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``launch/flags.py`` (FLAGS and
+- ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``hvd_trainer_launch/flags.py`` (FLAGS and
   REFUSED, the tables hvdrun's parser is built from);
 - ``<!-- generated: settings -->``: the variables a user may set, their defaults taken from
   ``hvd_trainer/runtime/config.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
@@ -123,7 +123,7 @@ _ENV_CALL = re.compile(r"\benv\(\s*[\"']([A-Z0-9_]+)[\"']")
 
 
 def _sources() -> Iterable[str]:
-    for top in ("hvd_trainer", "launch"):
+    for top in ("hvd_trainer", "hvd_trainer_launch"):
         for folder, _, files in os.walk(os.path.join(REPO, top)):
             for name in sorted(files):
                 if name.endswith(".py"):

@@ -2,7 +2,7 @@
 
 The suites are read at run time from a local Horovod git mirror (nothing of Horovod's lives in
 this repository) and exported with the helper modules they import into a temporary folder,
-next to the ``horovod`` shim of ``hvdrun --horovod`` (launch/horovod_shim.py: its modules
+next to the ``horovod`` shim of ``hvdrun --horovod`` (hvd_trainer_launch/horovod_shim.py: its modules
 re-export ``hvd_trainer.torch``, ``hvd_trainer.mxnet``, ``hvd_trainer.tensorflow`` and its Keras
 modules) with the test-only modules of Horovod's that the suites import added to it. Each suite
 runs as one job for the whole file, as Horovod's CI runs it: ``hvdrun --horovod -np N python -m
@@ -106,7 +106,7 @@ HELPER_FOLDERS = ("test/parallel", "test/integration", "test/utils")
 HOROVOD_MODULES = ("horovod/runner/elastic/constants.py",)
 
 # Test-only modules of Horovod's that the suites import, layered on hvdrun --horovod's shim
-# (launch/horovod_shim.py, which holds the public modules a user's script imports).
+# (hvd_trainer_launch/horovod_shim.py, which holds the public modules a user's script imports).
 SHIM_MODULES = {
     "horovod/common/__init__.py": "",
     # test_tensorflow2_keras.py compares TensorFlow versions with this helper.

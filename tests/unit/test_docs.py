@@ -125,7 +125,7 @@ def test_the_variables_found_in_the_code_include_every_kind_of_read():
     names = set(_load_generator().variables_in_code())
     assert {"HVD_RING_THRESHOLD",  # only in config.AGREED_SETTINGS
             "HVD_TIMELINE",  # read through config.env("TIMELINE")
-            "HVD_MPIEXEC",  # a literal in launch/
+            "HVD_MPIEXEC",  # a literal in hvd_trainer_launch/
             "HVDRUN_WORKER"} <= names  # set by hvdrun's wrapper
     assert all(re.fullmatch(r"(HVD|HVDRUN)_[A-Z0-9_]+", name) for name in names)
 
@@ -172,7 +172,7 @@ def test_nothing_in_the_tree_points_at_readme_sections_that_moved():
     # The README keeps only the opening commands; sections live in docs/ now.
     stale = re.compile(r"README'?s? (?:\w+ )?(?:section|table)|README, \w|see the README's")
     hits = []
-    for top in ("hvd_trainer", "launch", "tests", "benchmarks", "examples"):
+    for top in ("hvd_trainer", "hvd_trainer_launch", "tests", "benchmarks", "examples"):
         for path in glob.glob(os.path.join(REPO, top, "**", "*"), recursive=True):
             if os.path.isfile(path) and path.endswith((".py", ".md", ".sh")) \
                     and os.path.abspath(path) != os.path.abspath(__file__):

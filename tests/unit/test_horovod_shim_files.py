@@ -1,4 +1,4 @@
-"""launch/horovod_shim.py, the rank's side of hvdrun --horovod: the package it writes, where
+"""hvd_trainer_launch/horovod_shim.py, the rank's side of hvdrun --horovod: the package it writes, where
 it writes it, and when it refuses (a real Horovod importable) or reuses (a shim already there)."""
 import os
 import stat

@@ -138,11 +138,11 @@ def test_hvdrun_waits_for_a_report_in_flight():
 
 
 LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "launch")
+                      "hvd_trainer_launch")
 
 
 def _launcher_imports(name: str) -> set:
-    """The modules of hvd_trainer_launch and hvd_trainer that launch/``name``.py imports,
+    """The modules of hvd_trainer_launch and hvd_trainer that hvd_trainer_launch/``name``.py imports,
     in functions too."""
     with open(os.path.join(LAUNCH, f"{name}.py")) as f:
         tree = ast.parse(f.read())

@@ -181,7 +181,7 @@ def test_the_layer_reader_sees_the_layers():
     assert "hvd_trainer.coordination.agreement" in GRAPH["hvd_trainer.collectives.ops"]
 
 
-LAUNCH = os.path.join(os.path.dirname(ROOT), "launch")
+LAUNCH = os.path.join(os.path.dirname(ROOT), "hvd_trainer_launch")
 # What of the package the launcher imports: only hvdrun --check-build, which reports the
 # package's install (it runs where the package is installed).
 LAUNCHER_IMPORTS = {"check_build.py": {"hvd_trainer.runtime.installs"}}

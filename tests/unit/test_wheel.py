@@ -21,7 +21,7 @@ pytestmark = pytest.mark.tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What the build reads.
-FILES, FOLDERS = ("pyproject.toml", "README.md", "LICENSE"), ("hvd_trainer", "launch")
+FILES, FOLDERS = ("pyproject.toml", "README.md", "LICENSE"), ("hvd_trainer", "hvd_trainer_launch")
 # Bounds for pip's requests: an index that cannot be reached answers within seconds.
 PIP_NETWORK = ["--timeout", "10", "--retries", "1", "--disable-pip-version-check"]
 UNREACHABLE = ("No matching distribution found", "Could not find a version",
@@ -58,12 +58,10 @@ def _source_version():
 
 def _packages():
     found = []
-    for root in ("hvd_trainer", "launch"):
+    for root in ("hvd_trainer", "hvd_trainer_launch"):
         for folder, _, files in os.walk(os.path.join(REPO, root)):
             if "__init__.py" in files:
-                name = os.path.relpath(folder, REPO).replace(os.sep, "/")
-                found.append(name.replace("launch", "hvd_trainer_launch", 1)
-                             if root == "launch" else name)
+                found.append(os.path.relpath(folder, REPO).replace(os.sep, "/"))
     return found
 
 
