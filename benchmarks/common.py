@@ -21,7 +21,7 @@ def launch(script: str, ranks: int, args: List[str], threads: int = 1,
     variables (e.g. HVD_OVERLAP) to the workers' environment.
     """
     worker = [sys.executable, os.path.abspath(script), *args]
-    cmd = ([sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(ranks), "--no-prefix"]
+    cmd = ([sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(ranks), "--no-prefix"]
            + worker if ranks > 1 else worker)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -35,7 +35,7 @@ def launch_tree(tree: str, script: str, args: List[str], ranks: int = 2) -> dict
     """Run ``script`` (with ``args``) on ``ranks`` processes under hvdrun, importing
     hvd_trainer from ``tree`` (a checkout, through PYTHONPATH); return the RESULT rank 0
     prints, after checking that the workers imported that tree."""
-    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(ranks), "--no-prefix",
+    cmd = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(ranks), "--no-prefix",
            sys.executable, os.path.abspath(script), *args]
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)

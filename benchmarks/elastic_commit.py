@@ -299,7 +299,7 @@ def ulfm_table(mpirun: str, rounds: int) -> None:
 def run_hvdrun(worker_args, np: int = 2, flags=(), **variables: str) -> str:
     """Run the worker on ``np`` elastic ranks (at least 2; with these further hvdrun
     ``flags`` and environment variables); return its output."""
-    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(np), "--min-np", "2",
+    cmd = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(np), "--min-np", "2",
            *flags, "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)

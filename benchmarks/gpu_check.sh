@@ -109,7 +109,7 @@ if [[ $gpu == 1 ]]; then
     timeout 150 $PY benchmarks/gpu.py | tee "$OUT/gpu_figures.md" || status=1
     echo "== host-staged allreduce, 2 ranks on the one GPU"
     one_gpu=${CUDA_VISIBLE_DEVICES:-0}  # both ranks see only the first GPU, so they share it
-    CUDA_VISIBLE_DEVICES=${one_gpu%%,*} timeout 120 $PY -m hvd_trainer_launch.hvdrun -np 2 \
+    CUDA_VISIBLE_DEVICES=${one_gpu%%,*} timeout 120 $PY -m hvd_trainer_launch.cli.hvdrun -np 2 \
         $PY benchmarks/gpu.py --staged | tee -a "$OUT/gpu_figures.md" || status=1
     echo "== host time per GPU call, and of packing 100 tensors (TensorFlow's row where it runs)"
     tf=$($PY -c "import tensorflow" 2>/dev/null && echo --tf)

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HVDRUN = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--no-prefix"]
+HVDRUN = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", "2", "--no-prefix"]
 
 
 def scripts(quick: bool) -> List[List[str]]:

@@ -175,7 +175,7 @@ def bed_result(bed, hvdrun_args: List[str], script: str, worker_args: List[str],
                variables: Dict[str, str], what: str) -> dict:
     """Launch ``script --worker worker_args`` with hvdrun ``hvdrun_args`` from h1 of ``bed``
     (one thread per rank, over lan0) and return the RESULT its rank 0 printed."""
-    command = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", *hvdrun_args,
+    command = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", *hvdrun_args,
                "--network-interface", "lan0", "--no-prefix", sys.executable,
                os.path.abspath(script), "--worker", *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)

@@ -124,7 +124,7 @@ def launch(variant: str, name: str, script: str = __file__, options: Sequence[st
     if variant == "single":
         cmd = [sys.executable] + worker
     elif variant.startswith("hvd"):
-        cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", "2", "--no-prefix",
+        cmd = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", "2", "--no-prefix",
                sys.executable] + worker
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -19,8 +19,8 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch import owned_folders, signed_files
-from hvd_trainer_launch.engine_rank import error_outcome
+from hvd_trainer_launch.engines.rank import error_outcome
+from hvd_trainer_launch.files import owned_folders, signed as signed_files
 
 # The call's secret (hex), for the ranks.
 SECRET_VARIABLE = "HVD_RUN_SECRET"
@@ -108,13 +108,13 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     owned_folders.sweep(_FOLDER_PREFIX)
     folder = owned_folders.make(_FOLDER_PREFIX)
     # hvdrun runs under a guard that ends the job and removes the folder if this process
-    # dies (hvd_trainer_launch.guard): it watches a pipe whose write end only we hold; a
+    # dies (hvd_trainer_launch.cli.guard): it watches a pipe whose write end only we hold; a
     # later call's sweep removes it when the guard was killed too.
     watched, watching = os.pipe()
     try:
         signed_files.write_signed(folder, _FUNCTION,
                                   cloudpickle.dumps((func, tuple(args), kwargs or {})), secret)
-        command = [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), folder,
+        command = [sys.executable, "-m", "hvd_trainer_launch.cli.guard", str(watched), folder,
                    *_hvdrun_flags(num_proc, given), "--",
                    executable or sys.executable, "-m", "hvd_trainer.runner", folder]
         env = dict(os.environ, **{SECRET_VARIABLE: secret.hex()})

@@ -80,7 +80,7 @@ ENGINE_WORKDIR_VARIABLE = "HVD_ENGINE_WORKDIR"
 # The labels of those files, which their signatures bind: the function, and rank N's result.
 ENGINE_FUNCTION = "function"
 ENGINE_RESULT = "result.{rank}"
-# The folder beside them that holds hvd_trainer's horovod shim (engine_rank offers it).
+# The folder beside them that holds hvd_trainer's horovod shim (engines.rank offers it).
 ENGINE_SHIM_FOLDER = "horovod_shim"
 # What MPICH's mpiexec -launcher manual prints: one line per host holding the proxy command
 # that host must run, then the end marker, after which it waits for the proxies.
@@ -88,12 +88,12 @@ MANUAL_LAUNCH_PREFIX = "HYDRA_LAUNCH: "
 MANUAL_LAUNCH_END = "HYDRA_LAUNCH_END"
 # The mpiexec argument that selects the manual launcher.
 MANUAL_LAUNCHER_ARGUMENTS = ("-launcher", "manual")
-# Open MPI has none: its mpirun calls a launcher agent in place of ssh (engine_ssh), which
+# Open MPI has none: its mpirun calls a launcher agent in place of ssh (engines.ssh), which
 # hands each host's daemon command to the engine launch over a Unix socket
 # (:func:`send_proxy_line`), signed with the launch's secret (hex text) in this variable.
 ENGINE_LAUNCH_SECRET_VARIABLE = "HVD_ENGINE_LAUNCH_SECRET"
 
-# An engine launch (engine_launch) runs hvdrun with the job's secret in the first variable
+# An engine launch (engines.launch) runs hvdrun with the job's secret in the first variable
 # (hex text), for hvdrun's reports: the agents give it to the ranks, so it never travels
 # through the MPI launcher, whose control port anyone may reach. The second names (a JSON
 # list) the caller's variables for the ranks: the launcher passes those and hvdrun's own, and

@@ -46,7 +46,7 @@ def leftovers() -> List[str]:
     SETTLE_SECONDS): entries that no test removed, but for the MPI segment that this process
     itself uses (a test that imports mpi4py makes it an MPI singleton, whose MPI_Finalize at
     exit removes it)."""
-    from hvd_trainer_launch import segments
+    from hvd_trainer_launch.rank import segments
     own = {os.path.basename(path) for path in {**segments.mapped_segments(os.getpid()),
                                                **segments.open_segments(os.getpid())}}
     deadline = time.monotonic() + SETTLE_SECONDS

@@ -3,7 +3,7 @@
 mkdocs runs this file as a hook (mkdocs.yml, ``hooks:``). Before a page is converted, each
 marker comment in its Markdown is replaced:
 
-- ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``hvd_trainer_launch/flags.py`` (FLAGS and
+- ``<!-- generated: hvdrun-flags -->``: hvdrun's flags, from ``hvd_trainer_launch/job/flags.py`` (FLAGS and
   REFUSED, the tables hvdrun's parser is built from);
 - ``<!-- generated: settings -->``: the variables a user may set, their defaults taken from
   ``hvd_trainer/runtime/config.py`` (AGREED_SETTINGS, OWN_SETTINGS) where the code has a table;
@@ -196,7 +196,7 @@ def spelled(names: Tuple[str, ...], metavar: object = None) -> str:
 
 def flags_table() -> str:
     """hvdrun's flags: what each accepted one does, and why each refused one is refused."""
-    from hvd_trainer_launch import flags
+    from hvd_trainer_launch.job import flags
     rows = ["| flag | effect |", "|---|---|"]
     rows += [f"| {spelled(flag.names, flag.options.get('metavar'))} | {flag.effect} |"
              for flag in flags.FLAGS]

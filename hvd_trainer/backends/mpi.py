@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from hvd_trainer_launch.segments import Segments
+from hvd_trainer_launch.rank.segments import Segments
 
 from . import REDUCE_UFUNCS, split_evenly, widened
 from .halves import NUMPY, Kernels, is_half

@@ -24,9 +24,11 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+from hvd_trainer_launch import installs
+
 from . import adasum, arguments, memory, ops
 from ..coordination import agreement, rounds, stall, work_order
-from ..runtime import installs, runtime
+from ..runtime import runtime
 from ..runtime.runtime import ProcessSet, global_process_set
 
 

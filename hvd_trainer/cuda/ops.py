@@ -14,7 +14,9 @@ from typing import Any, Callable, ContextManager, TypeVar
 
 import cupy
 
-from ..runtime import installs, runtime
+from hvd_trainer_launch import installs
+
+from ..runtime import runtime
 from ..backends import nccl
 from ..backends.companions import Companions
 from ..backends.host_staged import HostStagedCommunicator

@@ -3,7 +3,7 @@
 Runtime functions, process sets, reduction ops and compressors come from the framework-free
 core; the collectives here take and return NDArrays.
 """
-from ..runtime.installs import MXNET, require
+from hvd_trainer_launch.installs import MXNET, require
 
 require("mxnet", MXNET, "hvd_trainer.mxnet")  # first: a missing MXNet says how to add it
 from ..compression import Compression  # noqa: E402

@@ -8,8 +8,9 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch import engine_agent, engine_checks, engine_launch
-from hvd_trainer_launch.engine_launch import EngineError, EngineTimeout, LostAgent
+from hvd_trainer_launch.engines import (agent as engine_agent, checks as engine_checks,
+                                        launch as engine_launch)
+from hvd_trainer_launch.engines.launch import EngineError, EngineTimeout, LostAgent
 
 # After hvdrun has ended, how long the agents get to return before they count as lost.
 _AGENT_GRACE_SECONDS = 15.0

@@ -5,7 +5,7 @@ A planted symlink or a file that another user prepared must never be written thr
 as ours, or unpickled. So whole files are written to a new temporary file in the target's
 folder (``mkstemp``: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) and renamed over the target;
 outputs written as they go (logs, traces, copies of a rank's output:
-:class:`hvd_trainer_launch.outputs.Output`, which hvdrun shares) are opened the same way, or
+:class:`hvd_trainer_launch.files.outputs.Output`, which hvdrun shares) are opened the same way, or
 appended to only when the file is our own regular file; folders that hold the job's state
 are 0700 and refused when another user owns them or may write into them. Bytes that the job
 reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun

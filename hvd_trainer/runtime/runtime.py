@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
+from hvd_trainer_launch import installs
 from hvd_trainer_launch.protocol import NO_FINALIZE_WAIT_VARIABLES, WORKER_VARIABLE
-from . import installs
 from ..backends import Communicator
 from .config import agree_settings, env, read_settings
 from .launcher_check import check_launcher, launched_by_mpi

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, ContextManager, Dict, Iterator, Optional
 
-from hvd_trainer_launch.outputs import Output
+from hvd_trainer_launch.files.outputs import Output
 
 from . import config, runtime
 

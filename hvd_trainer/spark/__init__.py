@@ -2,7 +2,7 @@
 Databricks' ``HorovodRunner``.
 
 One Spark barrier job of ``num_proc`` tasks: the tasks are the agents that run the MPI
-launcher's proxies (hvd_trainer_launch.engine_agent), hvdrun runs on the driver, MPI moves the
+launcher's proxies (hvd_trainer_launch.engines.agent), hvdrun runs on the driver, MPI moves the
 data, and Spark carries the function out and the results back (hvd_trainer.spark.runner).
 ``hvd_trainer.spark.task.get_available_devices()`` gives a rank its task's GPUs.
 """

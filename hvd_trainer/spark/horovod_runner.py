@@ -11,7 +11,7 @@ import os
 from typing import Any, Callable
 
 from hvd_trainer.spark.runner import run as spark_run
-from hvd_trainer_launch import engine_agent, engine_launch
+from hvd_trainer_launch.engines import agent as engine_agent, launch as engine_launch
 
 __all__ = ["HorovodRunner"]
 

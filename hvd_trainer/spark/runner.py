@@ -1,10 +1,10 @@
 """horovod.spark.run over hvd_trainer's engine mechanism: one Spark barrier job whose tasks
 are the agents, hvdrun on the driver.
 
-Each task dials the driver's registry (hvd_trainer_launch.engine_registry) and says where it
+Each task dials the driver's registry (hvd_trainer_launch.engines.registry) and says where it
 runs and which resources Spark gave it. Once every task has, the driver lays the ranks out by
 host, runs hvdrun with an MPI launcher that hands over one proxy command per host
-(hvd_trainer_launch.engine_launch), and answers the first task on each host with its host's
+(hvd_trainer_launch.engines.launch), and answers the first task on each host with its host's
 command, which the task runs (engine_agent); the others end. The tasks carry the ranks'
 results back as task results.
 
@@ -26,8 +26,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hvd_trainer.spark import causes
 from hvd_trainer.spark.task import RESOURCES_VARIABLE
-from hvd_trainer_launch import engine_agent, engine_checks, engine_launch, engine_registry
-from hvd_trainer_launch.engine_launch import EngineError, EngineTimeout
+from hvd_trainer_launch.engines import (agent as engine_agent, checks as engine_checks,
+                                        launch as engine_launch, registry as engine_registry)
+from hvd_trainer_launch.engines.launch import EngineError, EngineTimeout
 
 # Horovod's default start timeout, and the variable it reads first.
 _DEFAULT_START_TIMEOUT = 600.0

@@ -9,7 +9,7 @@ package is.
 """
 from typing import Any
 
-from ..runtime.installs import TENSORFLOW, require
+from hvd_trainer_launch.installs import require, TENSORFLOW
 
 tf = require("tensorflow", TENSORFLOW, "hvd_trainer.tensorflow")  # first: says how to add it
 

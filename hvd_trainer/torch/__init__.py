@@ -3,7 +3,7 @@
 Runtime functions, process sets and reduction ops come from the framework-free core; the
 collectives here take and return torch tensors. CPU tensors only.
 """
-from ..runtime.installs import PYTORCH, require
+from hvd_trainer_launch.installs import PYTORCH, require
 
 require("torch", PYTORCH, "hvd_trainer.torch")  # first: a missing PyTorch says how to add it
 from ..coordination.messages import MismatchError

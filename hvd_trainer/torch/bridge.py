@@ -31,7 +31,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 import numpy as np
 import torch
 
-from ..runtime import installs
+from hvd_trainer_launch import installs
 
 # The CUDA tensor dtypes CuPy has a type for.
 _CUPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

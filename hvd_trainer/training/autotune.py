@@ -10,13 +10,13 @@ consecutive steps, so forward and backward count; rank 0's measurements decide, 
 reducer sends rank 0's choice to every rank. This module holds no communication: it is the
 arithmetic, so it can be tested with made-up times. Its CSV log is opened when the autotuner
 is made, so a log that cannot be written says so at the start; it warns once and stops, and
-training goes on (hvd_trainer_launch.outputs.Output).
+training goes on (hvd_trainer_launch.files.outputs.Output).
 """
 import csv
 import io
 from typing import List, NamedTuple, Optional, Sequence
 
-from hvd_trainer_launch.outputs import Output
+from hvd_trainer_launch.files.outputs import Output
 
 
 # The bucket thresholds tried: a fixed grid (no Bayesian optimisation).

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import engines
-from hvd_trainer_launch import horovod_shim
+from hvd_trainer_launch.rank import horovod_shim
 
 _RAY_SCRIPT = textwrap.dedent("""
     import sys

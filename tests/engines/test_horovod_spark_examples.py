@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_trainer_launch import horovod_shim
+from hvd_trainer_launch.rank import horovod_shim
 
 pytest.importorskip("pyarrow")
 MIRROR = os.environ.get("HVD_HOROVOD_MIRROR", "/work/.mirror/horovod+horovod/repo")

@@ -22,7 +22,7 @@ def environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 
 def hvdrun_command(args: Sequence[str]) -> List[str]:
     """hvdrun with ``args``, run by this interpreter (the venv every host shares)."""
-    return [sys.executable, "-m", "hvd_trainer_launch.hvdrun", *map(str, args)]
+    return [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", *map(str, args)]
 
 
 def hvdrun(bed: testbed.TestBed, args: Sequence[str], timeout: float = 180,

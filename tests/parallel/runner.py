@@ -43,7 +43,7 @@ def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 1
     if plain:
         cmd = mpi.build_command(mpi.find_launcher(), np, [], [], program, {})
     else:
-        cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(np), *hvdrun_args,
+        cmd = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(np), *hvdrun_args,
                *program]
     # One OpenMP thread per rank: three ranks share two cores in CI.
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")

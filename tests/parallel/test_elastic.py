@@ -149,7 +149,7 @@ def test_a_rank_that_keeps_failing_ends_the_job_after_two_lives(flags, ending):
 def test_sigterm_while_waiting_for_slots_ends_hvdrun_with_128_plus_15(tmp_path):
     script = discovery(tmp_path, "localhost:1")
     hvdrun = subprocess.Popen(
-        [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "--min-np", "2",
+        [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "--min-np", "2",
          "--host-discovery-script", script, sys.executable, "-c", "pass"],
         stderr=subprocess.PIPE, text=True)
     time.sleep(3)  # it is waiting for a second slot by then (or the asserts below say why not)

@@ -24,8 +24,10 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from hvd_trainer_launch import engine_agent, engine_launch, mpi, owned_folders, protocol
-from hvd_trainer_launch.engine_launch import EngineError
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.engines import agent as engine_agent, launch as engine_launch
+from hvd_trainer_launch.engines.launch import EngineError
+from hvd_trainer_launch.files import owned_folders
 
 pytestmark = pytest.mark.mpi
 
@@ -44,7 +46,7 @@ def _collective(scale):
     import numpy as np
     import horovod  # no Horovod here: the shim, which the rank gets without asking
     import hvd_trainer as hvd
-    from hvd_trainer_launch import horovod_shim
+    from hvd_trainer_launch.rank import horovod_shim
     hvd.init()
     mine = np.arange(6.0) * (hvd.rank() + 1) * scale
     names = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_HOSTNAME")
@@ -105,7 +107,7 @@ def _sleep_long():
 
 # An agent in a process of its own, which the test kills: it runs the proxy line argv[1]
 # with the function read from stdin, as a Ray actor or a Spark task would.
-_AGENT = ("import sys\nfrom hvd_trainer_launch import engine_agent\n"
+_AGENT = ("import sys\nfrom hvd_trainer_launch.engines import agent as engine_agent\n"
           "engine_agent.run_proxy(sys.argv[1], sys.stdin.buffer.read(), bytes.fromhex(sys.argv[2]))\n")
 
 

@@ -64,7 +64,7 @@ def test_horovod_example_runs_unmodified(name, tmp_path):
     script = tmp_path / os.path.basename(example.path)
     script.write_bytes(source)
     proc = subprocess.run(
-        [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "--horovod", "-np", "2",
+        [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "--horovod", "-np", "2",
          sys.executable, str(script), *example.arguments],
         capture_output=True, text=True, timeout=900,
         env=dict(os.environ, TF_USE_LEGACY_KERAS="1", OMP_NUM_THREADS="1",

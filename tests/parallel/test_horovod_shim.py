@@ -15,7 +15,7 @@ NP = 3
 
 def hvdrun(*args, env=None):
     """hvdrun with ``args`` on this interpreter's launcher; the completed process."""
-    return subprocess.run([sys.executable, "-m", "hvd_trainer_launch.hvdrun", *args],
+    return subprocess.run([sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", *args],
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, **(env or {})))
 

@@ -20,7 +20,7 @@ from hvd_trainer_launch import mpi
 # Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
 pytestmark = pytest.mark.mpi
 
-HVDRUN = [sys.executable, "-m", "hvd_trainer_launch.hvdrun"]
+HVDRUN = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun"]
 TIMEOUT = 60
 
 

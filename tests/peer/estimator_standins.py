@@ -6,7 +6,7 @@ They import Horovod's internals beside the public estimators (helper factories, 
 serializers, the Spark driver and task services of Horovod's own launcher, Petastorm-era
 utilities); the shim's modules below stand in for them: each raises NotImplementedError
 naming what it stands for, so the tests that use them fail as they should, and the rest of the
-file runs. Public modules come from the shim (hvd_trainer_launch/horovod_shim.py), these are test-only.
+file runs. Public modules come from the shim (hvd_trainer_launch/rank/horovod_shim.py), these are test-only.
 The driver and task service stand-ins and the secret serve Horovod's test_spark.py too; the
 harness's own stand-ins (run_peer_suites.SPARK_STAND_INS) add the rest of what it imports, and
 its horovod.runner.mpi_run, the gate of that suite's MPI tests.

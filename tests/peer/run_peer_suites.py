@@ -2,7 +2,7 @@
 
 The suites are read at run time from a local Horovod git mirror (nothing of Horovod's lives in
 this repository) and exported with the helper modules they import into a temporary folder,
-next to the ``horovod`` shim of ``hvdrun --horovod`` (hvd_trainer_launch/horovod_shim.py: its modules
+next to the ``horovod`` shim of ``hvdrun --horovod`` (hvd_trainer_launch/rank/horovod_shim.py: its modules
 re-export ``hvd_trainer.torch``, ``hvd_trainer.mxnet``, ``hvd_trainer.tensorflow`` and its Keras
 modules) with the test-only modules of Horovod's that the suites import added to it. Each suite
 runs as one job for the whole file, as Horovod's CI runs it: ``hvdrun --horovod -np N python -m
@@ -57,7 +57,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import horovod_shim
+from hvd_trainer_launch.rank import horovod_shim
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A local git mirror of github.com/horovod/horovod, and the variable that names another.
@@ -106,7 +106,7 @@ HELPER_FOLDERS = ("test/parallel", "test/integration", "test/utils")
 HOROVOD_MODULES = ("horovod/runner/elastic/constants.py",)
 
 # Test-only modules of Horovod's that the suites import, layered on hvdrun --horovod's shim
-# (hvd_trainer_launch/horovod_shim.py, which holds the public modules a user's script imports).
+# (hvd_trainer_launch/rank/horovod_shim.py, which holds the public modules a user's script imports).
 SHIM_MODULES = {
     "horovod/common/__init__.py": "",
     # test_tensorflow2_keras.py compares TensorFlow versions with this helper.
@@ -211,7 +211,7 @@ def in_thread(target, args=(), name=None, daemon=True):
 import subprocess
 import sys
 
-from hvd_trainer_launch import hvdrun
+from hvd_trainer_launch.cli import hvdrun
 
 from horovod.common.util import gloo_built, mpi_built  # noqa: F401 (test_spark.py patches them)
 from horovod.runner.elastic import constants, driver
@@ -237,7 +237,7 @@ def _run_elastic(args):
     argv = ["--horovod"] + list(args.argv)
     if args.elastic_timeout is None:
         argv = ["--elastic-timeout", str(driver.ELASTIC_TIMEOUT_SECS)] + argv
-    proc = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.hvdrun", *argv],
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", *argv],
                             stderr=subprocess.PIPE)
     over_limit = False
     for line in proc.stderr:
@@ -253,7 +253,7 @@ def _run_elastic(args):
     # Patched by the suites. hvdrun runs discovery every second (no flag changes that), and
     # reads the elastic timeout from --elastic-timeout, which launch._run_elastic passes.
     "horovod/runner/elastic/driver.py": '''"""Generated shim: the driver settings the suites patch."""
-from hvd_trainer_launch.elastic import DEFAULT_ELASTIC_TIMEOUT, DISCOVERY_INTERVAL
+from hvd_trainer_launch.elastic.driver import DEFAULT_ELASTIC_TIMEOUT, DISCOVERY_INTERVAL
 
 DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_INTERVAL
 ELASTIC_TIMEOUT_SECS = DEFAULT_ELASTIC_TIMEOUT
@@ -270,7 +270,8 @@ def _get_min_start_hosts(settings):
     "horovod/runner/common/util/__init__.py": "",
     "horovod/runner/common/util/config_parser.py":
         '''"""Generated shim: the ranks' variables that horovodrun's flags set."""
-from hvd_trainer_launch import flags, mpi
+from hvd_trainer_launch import mpi
+from hvd_trainer_launch.job import flags
 
 
 def set_env_from_args(env, args):

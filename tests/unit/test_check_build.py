@@ -10,8 +10,7 @@ from importlib import metadata
 
 import pytest
 
-from hvd_trainer.runtime import installs
-from hvd_trainer_launch import mpi
+from hvd_trainer_launch import installs, mpi
 
 
 def check_build(tmp_path, missing=(), path=None):
@@ -25,7 +24,7 @@ def check_build(tmp_path, missing=(), path=None):
         [str(fakes)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     if path is not None:
         env["PATH"] = path
-    proc = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.hvdrun", "--check-build"],
+    proc = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "--check-build"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {line.split(":", 1)[0]: line.split(":", 1)[1].strip()

@@ -91,7 +91,7 @@ def test_the_docs_scripts_run(tmp_path, command, script):
         argv = [sys.executable, str(path)]
     else:
         assert words[0] == "hvdrun", f"unknown run command {command!r}"
-        argv = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", *words[1:], sys.executable,
+        argv = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", *words[1:], sys.executable,
                 str(path)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.setdefault("OMPI_MCA_btl", "^ofi,uct")

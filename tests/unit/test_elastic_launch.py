@@ -7,8 +7,11 @@ import threading
 import pytest
 
 from hvd_trainer import elastic as core
-from hvd_trainer_launch import elastic, flags, hvdrun, mpi, protocol
-from hvd_trainer_launch.relay import ENDED
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.cli import hvdrun
+from hvd_trainer_launch.elastic import driver as elastic
+from hvd_trainer_launch.job import flags
+from hvd_trainer_launch.job.relay import ENDED
 
 
 def test_discovery_lines_take_slots_per_host_when_they_give_none():

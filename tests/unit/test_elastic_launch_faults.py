@@ -12,7 +12,10 @@ import time
 import pytest
 
 from hvd_trainer.runtime import runtime
-from hvd_trainer_launch import elastic, hvdrun, job, mpi, protocol
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.cli import hvdrun
+from hvd_trainer_launch.elastic import driver as elastic
+from hvd_trainer_launch.job import watch as job
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

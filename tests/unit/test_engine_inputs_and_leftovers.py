@@ -12,8 +12,12 @@ import tempfile
 
 import pytest
 
-from hvd_trainer_launch import (engine_checks, engine_launch, engine_rank, horovod_shim, job,
-                                mpi, owned_folders, protocol)
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.engines import (checks as engine_checks, launch as engine_launch,
+                                        rank as engine_rank)
+from hvd_trainer_launch.files import owned_folders
+from hvd_trainer_launch.job import watch as job
+from hvd_trainer_launch.rank import horovod_shim
 
 WHERE = "hvd_trainer.spark.run"
 
@@ -128,7 +132,7 @@ def test_an_engine_rank_never_shadows_an_installed_horovod_and_obeys_the_switch(
 
 
 # A maker that ends without removing its folder, as a process that SIGKILL ends.
-_MAKER = ("import sys; from hvd_trainer_launch import owned_folders; "
+_MAKER = ("import sys; from hvd_trainer_launch.files import owned_folders; "
           "print(owned_folders.make(sys.argv[1]))")
 
 

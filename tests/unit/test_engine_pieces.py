@@ -12,8 +12,10 @@ import threading
 import cloudpickle
 import pytest
 
-from hvd_trainer_launch import signed_files, engine_launch, protocol
-from hvd_trainer_launch.engine_launch import EngineError
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.engines import launch as engine_launch
+from hvd_trainer_launch.engines.launch import EngineError
+from hvd_trainer_launch.files import signed as signed_files
 
 
 def test_rank_layout_groups_by_first_appearance():
@@ -71,7 +73,7 @@ def test_sys_exit_travels_as_the_systemexit_it_means():
         __tracebackhide__ = True  # noqa: F841 (as hvd_trainer's replacement of sys.exit)
         raise _JobsOwnExit(status)
 
-    from hvd_trainer_launch import engine_rank
+    from hvd_trainer_launch.engines import rank as engine_rank
     try:
         exit_as_a_job_does(3)
     except SystemExit as raised:
@@ -105,7 +107,7 @@ def test_signed_files_round_trip_and_refuse_tampering(tmp_path):
 
 
 def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypatch):
-    from hvd_trainer_launch import engine_rank
+    from hvd_trainer_launch.engines import rank as engine_rank
     secret, folder = os.urandom(32), str(tmp_path)
     signed_files.write_signed(folder, protocol.ENGINE_FUNCTION,
                               cloudpickle.dumps((lambda a, b=0: a + b, (2,), {"b": 3})), secret)
@@ -123,7 +125,7 @@ def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypa
 
 
 def test_launcher_agent_line_execs_the_daemon_in_the_shell_of_mpiruns_syntax():
-    from hvd_trainer_launch import engine_ssh
+    from hvd_trainer_launch.engines import ssh as engine_ssh
     command = ["A=1;export A;/opt/bin/prted", "--uri", '"x@0;tcp://10.0.0.1:5"']
     # The daemon replaces the shell; the quoted ';' in a later word stays as it was.
     assert shlex.split(engine_ssh.proxy_line(command, "/bin/sh")) == \

@@ -1,4 +1,4 @@
-"""The Spark driver's registry (hvd_trainer_launch.engine_registry) over real sockets: tasks
+"""The Spark driver's registry (hvd_trainer_launch.engines.registry) over real sockets: tasks
 register and get their own assignment, ranks report, and nobody without the job's secret
 registers, reports, or passes off an answer; plus the driver's pieces beside it: the
 assignments by host in local rank order, get_available_devices, and Spark's failures in words."""
@@ -12,8 +12,9 @@ import threading
 import pytest
 
 from hvd_trainer.spark import causes, runner, task
-from hvd_trainer_launch import engine_registry, protocol
-from hvd_trainer_launch.engine_registry import Assignment, Registration
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.engines import registry as engine_registry
+from hvd_trainer_launch.engines.registry import Assignment, Registration
 
 SECRET = os.urandom(32)
 

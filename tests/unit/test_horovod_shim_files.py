@@ -1,4 +1,4 @@
-"""hvd_trainer_launch/horovod_shim.py, the rank's side of hvdrun --horovod: the package it writes, where
+"""hvd_trainer_launch/rank/horovod_shim.py, the rank's side of hvdrun --horovod: the package it writes, where
 it writes it, and when it refuses (a real Horovod importable) or reuses (a shim already there)."""
 import os
 import stat
@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from hvd_trainer_launch import horovod_shim, protocol, reports
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.job import reports
+from hvd_trainer_launch.rank import horovod_shim
 
 # What a Horovod script imports, by the hvd_trainer module it must carry (Horovod's layout).
 PUBLIC = {"horovod.torch": "hvd_trainer.torch", "horovod.tensorflow": "hvd_trainer.tensorflow",
@@ -74,7 +76,7 @@ def test_the_wrapper_refuses_a_real_horovod_on_its_rank(tmp_path):
                **{horovod_shim.VARIABLE: "1", protocol.REPORTS_VARIABLE: server.address,
                   protocol.SECRET_VARIABLE: "a secret"})
     try:
-        proc = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+        proc = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--",
                                sys.executable, "-c", "print('RAN')"], env=env, capture_output=True,
                               text=True, timeout=60)
     finally:

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from hvd_trainer_launch import config_file, flags, hvdrun, job, mpi
+from hvd_trainer_launch import mpi
+from hvd_trainer_launch.cli import config_file, hvdrun
+from hvd_trainer_launch.job import flags, watch as job
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE, REPORTS_VARIABLE, SECRET_VARIABLE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -371,7 +373,7 @@ def test_num_proc_is_mpiexecs_rank_count(monkeypatch, spelling):
 
 @pytest.mark.parametrize("spelling", ["-cb", "--check-build"])
 def test_check_build_runs_without_np(monkeypatch, spelling):
-    from hvd_trainer_launch import check_build
+    from hvd_trainer_launch.cli import check_build
     calls = []
     monkeypatch.setattr(check_build, "check_build", lambda requested: calls.append(requested) or 0)
     assert hvdrun.main([spelling]) == 0
@@ -523,7 +525,7 @@ def test_start_timeout_ends_a_job_whose_ranks_never_start(tmp_path):
                     "exec sleep 60\n")
     fake.chmod(0o755)
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.hvdrun", "--mpiexec", str(fake),
+    result = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "--mpiexec", str(fake),
                              "--start-timeout", "1", "-np", "2", *PROGRAM],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

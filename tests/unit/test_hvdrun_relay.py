@@ -7,7 +7,8 @@ import sys
 import threading
 import time
 
-from hvd_trainer_launch import job, protocol, relay as output
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.job import relay as output, watch as job
 from hvd_trainer_launch.protocol import Exited, Started
 
 

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from hvd_trainer_launch import protocol, reports
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.job import reports
 from hvd_trainer_launch.protocol import Exited, Started
 
 SECRET = b"the job's secret"
@@ -115,7 +116,7 @@ def test_a_line_goes_in_pieces_that_each_fit_one_pipe_write():
 def test_the_wrapper_and_the_protocol_import_nothing_of_the_core():
     # The wrappers start on every rank before the command: hvd_trainer's core (NumPy) would
     # cost each of them a second.
-    code = ("import sys, hvd_trainer_launch.worker, hvd_trainer_launch.protocol; "
+    code = ("import sys, hvd_trainer_launch.rank.wrapper, hvd_trainer_launch.protocol; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hvd_trainer', 'numpy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -141,10 +142,21 @@ LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "hvd_trainer_launch")
 
 
+def _launcher_modules() -> list:
+    """The launcher's modules, as dotted names under hvd_trainer_launch (``job.watch``)."""
+    names = []
+    for folder, _, files in os.walk(LAUNCH):
+        for f in files:
+            if f.endswith(".py") and f != "__init__.py":
+                names.append(os.path.relpath(os.path.join(folder, f[:-3]), LAUNCH)
+                             .replace(os.sep, "."))
+    return sorted(names)
+
+
 def _launcher_imports(name: str) -> set:
-    """The modules of hvd_trainer_launch and hvd_trainer that hvd_trainer_launch/``name``.py imports,
-    in functions too."""
-    with open(os.path.join(LAUNCH, f"{name}.py")) as f:
+    """The modules of hvd_trainer_launch and hvd_trainer that hvd_trainer_launch's module
+    ``name`` (``job.watch``) imports, in functions too."""
+    with open(os.path.join(LAUNCH, *name.split(".")) + ".py") as f:
         tree = ast.parse(f.read())
     found = set()
     for node in ast.walk(tree):
@@ -156,12 +168,8 @@ def _launcher_imports(name: str) -> set:
     return {m for m in found if m.split(".")[0] in ("hvd_trainer", "hvd_trainer_launch")}
 
 
-def test_no_launcher_module_imports_one_that_imports_it_back():
-    names = [f[:-3] for f in os.listdir(LAUNCH) if f.endswith(".py") and f != "__init__.py"]
-    graph = {name: {m.split(".")[1] for m in _launcher_imports(name)
-                    if m.startswith("hvd_trainer_launch.") and m.split(".")[1] in names}
-             for name in names}
-
+def _circles(graph: dict) -> list:
+    """The pairs (a, b) of ``graph`` (node -> nodes it imports) where b reaches a back."""
     def reaches(start: str, goal: str) -> bool:
         stack, visited = [start], set()
         while stack:
@@ -170,11 +178,35 @@ def test_no_launcher_module_imports_one_that_imports_it_back():
                 return True
             if node not in visited:
                 visited.add(node)
-                stack.extend(graph[node])
+                stack.extend(graph.get(node, ()))
         return False
 
-    circles = [(a, b) for a in names for b in graph[a] if b != a and reaches(b, a)]
-    assert circles == []
+    return [(a, b) for a in graph for b in graph[a] if b != a and reaches(b, a)]
+
+
+def test_no_launcher_module_imports_one_that_imports_it_back():
+    names = _launcher_modules()
+    graph = {name: {m[len("hvd_trainer_launch."):] for m in _launcher_imports(name)
+                    if m[len("hvd_trainer_launch."):] in names}
+             for name in names}
+    assert "job.relay" in graph["job.watch"]  # the reader sees the subpackages' imports
+    assert _circles(graph) == []
+
+
+def test_no_launcher_folder_imports_one_that_imports_it_back():
+    # The launcher's folders (cli, job, rank, elastic, engines, files; protocol on its own) by
+    # concern: each imports the ones below it, none reaches back up.
+    def folder(module: str) -> str:
+        return module.split(".")[0]
+
+    names = _launcher_modules()
+    graph: dict = {}
+    for name in names:
+        graph.setdefault(folder(name), set()).update(
+            folder(m[len("hvd_trainer_launch."):]) for m in _launcher_imports(name)
+            if m[len("hvd_trainer_launch."):] in names)
+    assert {"cli", "job", "rank", "elastic", "engines", "files"} <= set(graph)
+    assert _circles(graph) == []
 
 
 def test_the_protocol_is_standard_library_only():

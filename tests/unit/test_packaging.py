@@ -25,9 +25,10 @@ def _pyproject():
 
 def test_every_folder_with_an_init_is_a_listed_package():
     found = set()
-    for folder, _, files in os.walk(os.path.join(REPO, "hvd_trainer")):
-        if "__init__.py" in files:
-            found.add(os.path.relpath(folder, REPO).replace(os.sep, "."))
+    for top in ("hvd_trainer", "hvd_trainer_launch"):
+        for folder, _, files in os.walk(os.path.join(REPO, top)):
+            if "__init__.py" in files:
+                found.add(os.path.relpath(folder, REPO).replace(os.sep, "."))
     listed = set(_pyproject()["tool"]["setuptools"]["packages"])
     assert found - listed == set()
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hvd_trainer_launch import worker
+from hvd_trainer_launch.rank import wrapper as worker
 
 # Nodes a:3, b:1, c:2 (ranks 0-2, 3, 4-5). Local rank 0 is on a, b, c; 1 on a and c; 2 on a.
 THREE_NODES = [("a", 3), ("b", 1), ("c", 2)]

@@ -1,4 +1,4 @@
-"""The rank wrapper (hvd_trainer_launch.worker) run directly, without MPI: how it reports its
+"""The rank wrapper (hvd_trainer_launch.rank.wrapper) run directly, without MPI: how it reports its
 child's exit to hvdrun's report port. A child that ended before the launcher's SIGTERM reached the wrapper
 failed on its own; one that the SIGTERM ended was ended by the launcher (issue 22: after a
 remote kill -9, Open MPI signalled every rank, the killed one's wrapper included, before that
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from hvd_trainer_launch import protocol, reports
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.job import reports
 from hvd_trainer_launch.protocol import Exited, Started
 
 SECRET = "the job's secret"
@@ -42,7 +43,7 @@ def start_wrapper():
     """The wrapper as rank 3 around a child that sleeps; returns it and the child's pid once the
     child runs."""
     env = dict(os.environ, PMI_RANK="3")
-    wrapper = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+    wrapper = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--",
                                 sys.executable, "-c", "import time; time.sleep(60)"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -113,7 +114,7 @@ def test_a_child_that_the_launchers_signal_to_the_group_killed_is_reported_as_en
 
 
 def test_a_child_that_exits_on_its_own_is_reported_with_its_code():
-    wrapper = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+    wrapper = subprocess.Popen([sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--",
                                 sys.executable, "-c", "raise SystemExit(137)"],
                                env=dict(os.environ, PMI_RANK="3"), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -142,7 +143,7 @@ def test_under_ulfm_the_wrapper_of_a_killed_child_dies_of_the_same_signal(ulfm, 
 
 def test_the_wrapper_writes_long_lines_in_pieces_that_fit_one_pipe_write():
     code = "import sys; sys.stdout.write('x' * 10000 + '\\nshort\\n' + 'y' * 70000)"
-    wrapper = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+    wrapper = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--",
                               sys.executable, "-c", code], env=dict(os.environ, PMI_RANK="3"),
                              capture_output=True, timeout=30)
     assert wrapper.returncode == 0, wrapper.stderr
@@ -165,7 +166,7 @@ def test_a_wrapper_that_cannot_reach_hvdrun_says_so_and_runs_the_rank(monkeypatc
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         monkeypatch.setenv(protocol.REPORTS_VARIABLE, f"127.0.0.1:{closed.getsockname()[1]}")
-    wrapper = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.worker", "--",
+    wrapper = subprocess.run([sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--",
                               sys.executable, "-c", "print('ran')"],
                              env=dict(os.environ, PMI_RANK="3"), capture_output=True, text=True,
                              timeout=30)

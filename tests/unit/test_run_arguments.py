@@ -9,7 +9,7 @@ import pytest
 
 import hvd_trainer
 from hvd_trainer import runner
-from hvd_trainer_launch import signed_files
+from hvd_trainer_launch.files import signed as signed_files
 
 SECRET = b"s" * 32
 

@@ -1,5 +1,5 @@
 """hvd_trainer.runtime.files (whole-file writes, private folders, signatures) and
-hvd_trainer_launch.outputs (outputs that never end the job), against what the file system then
+hvd_trainer_launch.files.outputs (outputs that never end the job), against what the file system then
 holds (modes, owners, symlink targets)."""
 import os
 import stat
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from hvd_trainer.runtime import files
-from hvd_trainer_launch import outputs, protocol
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.files import outputs
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root "
@@ -163,7 +164,7 @@ def test_a_write_error_after_opening_warns_once_and_stops_that_output(tmp_path):
     # (ENOSPC); in a child process, so that the limit binds nothing else.
     program = textwrap.dedent(f"""
         import resource, signal
-        from hvd_trainer_launch import outputs
+        from hvd_trainer_launch.files import outputs
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         said = []
         output = outputs.Output({str(tmp_path / "out")!r}, warn=said.append)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from hvd_trainer_launch.worker import launcher_rank
+from hvd_trainer_launch.rank.wrapper import launcher_rank
 
 os.environ.update(json.loads(sys.argv[1]).get(str(launcher_rank(os.environ)), {}))
 

@@ -1,14 +1,14 @@
-"""Per-rank wrapper that hvdrun starts through mpiexec: ``python -m hvd_trainer_launch.worker -- cmd ...``.
+"""Per-rank wrapper that hvdrun starts through mpiexec: ``python -m hvd_trainer_launch.rank.wrapper -- cmd ...``.
 
 The wrapper runs the user's command as a child that inherits the environment and every file
 descriptor (MPICH's PMI hands the rank an fd), and exits with the child's exit code. It reports
-to hvdrun's report port (launch/protocol.py) that the rank has started, and on which host
+to hvdrun's report port (hvd_trainer_launch/protocol.py) that the rank has started, and on which host
 (for ``--start-timeout`` and messages), and, after the child's output, a non-zero exit with its
 time (reports from other hosts arrive late, so hvdrun orders them by it): never through the
 output, which a rank could fill with anything. From the hosts hvdrun hands it
 (``HVDRUN_HOSTS``) it sets Horovod's per-rank variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK,
 _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE, _HOSTNAME) for the child. Under ``hvdrun --horovod`` it
-gives the child a horovod shim of its own (launch/horovod_shim.py) on PYTHONPATH, and removes
+gives the child a horovod shim of its own (hvd_trainer_launch/rank/horovod_shim.py) on PYTHONPATH, and removes
 it when the child ends.
 
 The child's output goes through pipes to a separate relay process, in its own session, that
@@ -32,11 +32,13 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvd_trainer_launch import horovod_shim, mpi, protocol
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
-from hvd_trainer_launch.segments import Segments
+from hvd_trainer_launch.rank import horovod_shim
+from hvd_trainer_launch.rank.segments import Segments
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 # How many ranks the launcher put on this host: Hydra's variable, then Open MPI's.
@@ -46,7 +48,6 @@ _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
                    ("MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"),
                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"))
-_PR_SET_PDEATHSIG = 1
 # What the kernel sends the wrapper when its parent goes: a signal of its own, since the end of
 # the parent's thread that started it sends it too, and then the parent is still there.
 _PARENT_GONE = signal.SIGRTMIN
@@ -145,30 +146,11 @@ def _timestamp() -> bytes:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} ".encode()
 
 
-def die_with_parent(signum: int = signal.SIGKILL,
-                    unblock: Sequence[int] = ()) -> Callable[[], None]:
-    """Return a preexec_fn that makes the kernel send ``signum`` to the child when this
-    process dies (hvdrun's mpiexec, the wrapper's child): no process outlives its starter.
-    No-op where prctl is missing. ``unblock``: signals the starter blocks, which the child
-    must not inherit blocked."""
-    prctl = getattr(ctypes.CDLL(None), "prctl", None)
-    parent = os.getpid()
-
-    def preexec():
-        if unblock:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, signum)
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os._exit(1)
-    return preexec
-
-
 def _signal_when_parent_goes() -> int:
     """Ask the kernel for _PARENT_GONE when the wrapper's parent goes; return the parent."""
     prctl = getattr(ctypes.CDLL(None), "prctl", None)
     if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, _PARENT_GONE)
+        prctl(PR_SET_PDEATHSIG, _PARENT_GONE)
     return os.getppid()
 
 
@@ -334,7 +316,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("usage: python -m hvd_trainer_launch.worker -- command [args ...]", file=sys.stderr)
+        print("usage: python -m hvd_trainer_launch.rank.wrapper -- command [args ...]", file=sys.stderr)
         return 2
     parent = _signal_when_parent_goes()
     # Until the child runs, the signal only wakes the wrapper (its default would kill it);
@@ -342,7 +324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(_PARENT_GONE, lambda _signum, _frame: None)
     rank = launcher_rank(os.environ)
     if rank is None:
-        print(f"hvd_trainer_launch.worker: none of {', '.join(RANK_VARIABLES)} is set; "
+        print(f"hvd_trainer_launch.rank.wrapper: none of {', '.join(RANK_VARIABLES)} is set; "
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
     report(rank, protocol.Started(rank, socket.gethostname()))

@@ -10,7 +10,7 @@ The agent hands its ranks, in the proxy's environment, what the MPI launcher mus
 (its control port is open to anyone who can reach it): the secret that signs the function and
 results, and the job's secret that signs the wrappers' reports to hvdrun (derived from it:
 protocol.engine_job_secret). It also writes hvd_trainer's horovod shim into its folder, which
-each rank puts on its path where no Horovod is installed (engine_rank).
+each rank puts on its path where no Horovod is installed (engines/rank.py).
 """
 import os
 import shlex
@@ -21,8 +21,10 @@ import subprocess
 import tempfile
 from typing import Dict, NamedTuple, Optional
 
-from hvd_trainer_launch import horovod_shim, owned_folders, signed_files, protocol
-from hvd_trainer_launch.worker import die_with_parent
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.files import owned_folders, signed as signed_files
+from hvd_trainer_launch.processes import die_with_parent
+from hvd_trainer_launch.rank import horovod_shim
 
 # The agents' folders in the temporary folder: "hvd_engine." and their maker (owned_folders).
 FOLDER_PREFIX = "hvd_engine."

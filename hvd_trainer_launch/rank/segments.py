@@ -1,5 +1,5 @@
 """MPI's shared-memory files in /dev/shm (mpi.SEGMENT_PREFIXES) that a rank uses, watched from
-the rank's output relay (worker), which outlives the rank and its wrapper: when the rank is
+the rank's output relay (wrapper.py), which outlives the rank and its wrapper: when the rank is
 gone, the relay removes those that MPI left (a rank that failed, ended by ``os._exit`` or was
 killed never removes them; MPICH's 2 MiB ``mpich_shm_*`` stayed in about half of such runs).
 
@@ -16,7 +16,7 @@ import time
 from typing import Dict
 
 from hvd_trainer_launch import mpi
-from hvd_trainer_launch.reaping import started_at
+from hvd_trainer_launch.processes import started_at
 
 # How often the rank's open files are read until one is MPI's (a listing and a readlink per
 # file: tens of microseconds), and for how long after the rank starts.

@@ -2,7 +2,7 @@
 installation would use, and the command that adds each one that is missing.
 
 Each line is best effort: a missing or broken optional library is reported, never raised.
-The commands come from hvd_trainer.runtime.installs, which the ranks' own error messages use too.
+The commands come from hvd_trainer_launch.installs, which the ranks' own error messages use too.
 """
 import importlib
 import os
@@ -13,8 +13,7 @@ import sys
 from importlib import metadata
 from typing import List, NamedTuple, Optional
 
-from hvd_trainer.runtime import installs
-from hvd_trainer_launch import mpi
+from hvd_trainer_launch import installs, mpi
 
 # Where distributions put sshd when /usr/sbin is not on PATH (a non-root user's PATH).
 _SSHD_FOLDERS = ("/usr/sbin", "/usr/local/sbin", "/sbin")

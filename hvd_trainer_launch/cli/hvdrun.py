@@ -1,13 +1,13 @@
 """``hvdrun``: start a command on N ranks through the MPI's own mpiexec, Horovod-style.
 
-mpiexec runs ``python -m hvd_trainer_launch.worker -- command ...`` on every rank; the worker
-prefixes output lines with the rank, and reports its rank's start and a non-zero exit to
-hvdrun's report port (launch/protocol.py, launch/reports.py), never through the output. This
-module reads the command line and checks it; launch/job.py runs the job: it relays the output
-(launch/relay.py), ends the whole job promptly after a failure or a Ctrl-C/SIGTERM (reaping
-what mpiexec leaves behind: launch/reaping.py), and returns the failed rank's exit code.
-It takes horovodrun's flags; launch/flags.py says what each one does, or why it is refused.
-With --min-np, --max-np or --host-discovery-script it runs elastically (launch/elastic.py).
+mpiexec runs ``python -m hvd_trainer_launch.rank.wrapper -- command ...`` on every rank; the
+wrapper prefixes output lines with the rank, and reports its rank's start and a non-zero exit
+to hvdrun's report port (protocol.py, job/reports.py), never through the output. This module
+reads the command line and checks it; job/watch.py runs the job: it relays the output
+(job/relay.py), ends the whole job promptly after a failure or a Ctrl-C/SIGTERM (killing what
+mpiexec leaves behind: processes.py), and returns the failed rank's exit code. It takes
+horovodrun's flags; job/flags.py says what each one does, or why it is refused. With
+--min-np, --max-np or --host-discovery-script it runs elastically (elastic/driver.py).
 """
 import argparse
 import math
@@ -17,11 +17,15 @@ import shlex
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from hvd_trainer_launch import config_file, elastic, flags, horovod_shim, job, mpi, reports
-from hvd_trainer_launch.relay import OutputRelay, say
+from hvd_trainer_launch import mpi
+from hvd_trainer_launch.cli import config_file
+from hvd_trainer_launch.elastic import driver as elastic
+from hvd_trainer_launch.job import flags, reports, watch as job
+from hvd_trainer_launch.job.relay import OutputRelay, say
+from hvd_trainer_launch.rank import horovod_shim
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface: every horovodrun 0.28.1 flag (launch/flags.py) plus hvdrun's own."""
+    """The command-line interface: every horovodrun 0.28.1 flag (job/flags.py) plus hvdrun's own."""
     # argparse's allow_abbrev stays on: horovodrun takes unambiguous prefixes of its flags.
     parser = argparse.ArgumentParser(
         prog="hvdrun",
@@ -67,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parse_arguments(parser, argv)
     if args.check_build:
-        from hvd_trainer_launch.check_build import check_build
+        from hvd_trainer_launch.cli.check_build import check_build
         return check_build(args.mpiexec)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.np is None and not elastic.requested(args):
@@ -156,7 +160,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, launcher: mp
     own = dict(flags.rank_variables(args, launcher.flavour), **placed,
                **job.report_variables(server, secret))
     env = dict(job.rank_environment(args, launcher.flavour), **own)
-    program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
+    program = [sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--"] + command
     forwarded = job.engine_forwarded(engine, own) if engine else None
     mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env,
                                         forwarded)

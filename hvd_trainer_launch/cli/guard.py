@@ -1,5 +1,5 @@
 """hvdrun for a caller that may die first (``hvd_trainer.run``): ``python -m
-hvd_trainer_launch.guard FD FOLDER HVDRUN-ARGUMENTS...`` runs hvdrun in this process and, when the
+hvd_trainer_launch.cli.guard FD FOLDER HVDRUN-ARGUMENTS...`` runs hvdrun in this process and, when the
 caller dies, ends the job as on SIGTERM and removes FOLDER (the call's files, which the
 caller would have removed after reading the results).
 
@@ -44,7 +44,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _leave)
     threading.Thread(target=_watch, args=(fd,), daemon=True, name="hvdrun-caller").start()
     try:
-        from hvd_trainer_launch import hvdrun
+        from hvd_trainer_launch.cli import hvdrun
         return hvdrun.main(arguments)
     finally:
         if _caller_gone.is_set():

@@ -1,9 +1,9 @@
 """One MPI job of hvdrun, start to end: the ranks' environment, then mpiexec run under watch.
 
-The output goes through the relay (launch/relay.py), the reports through the report port;
+The output goes through the relay (hvd_trainer_launch/job/relay.py), the reports through the report port;
 after the first failure or a signal the job is ended, and whatever mpiexec started on this
-host that outlives it is killed (launch/reaping.py). hvdrun's plain mode runs one such job,
-its elastic mode one per life (launch/elastic.py).
+host that outlives it is killed (hvd_trainer_launch/processes.py). hvdrun's plain mode runs one such job,
+its elastic mode one per life (hvd_trainer_launch/elastic/driver.py).
 """
 import argparse
 import json
@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from hvd_trainer_launch import flags, mpi, protocol, reports
-from hvd_trainer_launch.reaping import kill_processes, launched
-from hvd_trainer_launch.relay import OutputRelay, say
-from hvd_trainer_launch.worker import die_with_parent
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.job import flags, reports
+from hvd_trainer_launch.job.relay import OutputRelay, say
+from hvd_trainer_launch.processes import die_with_parent, kill_processes, launched
 
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
@@ -40,7 +40,7 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
 
 
 class EngineJob(NamedTuple):
-    """What an engine launch (engine_launch) tells hvdrun: the job's secret (hex text), which
+    """What an engine launch (engines.launch) tells hvdrun: the job's secret (hex text), which
     the agents give the ranks, and the names of its variables for the ranks."""
 
     secret: str
@@ -57,7 +57,7 @@ def engine_job(environ: Dict[str, str]) -> Optional[EngineJob]:
 
 # What of hvdrun's environment the MPI launcher itself needs in an engine job, besides the
 # variables for the ranks: where its programs and libraries are, and the MPIs' own settings
-# (and, under Open MPI, what its launcher agent engine_ssh needs: Python's path, the shell
+# (and, under Open MPI, what its launcher agent engines.ssh needs: Python's path, the shell
 # that mpirun writes the daemon's command for, the engine launch's key).
 _LAUNCHER_NEEDS = ("PATH", "LD_LIBRARY_PATH", "TMPDIR", "HOME", "LANG", "SHELL", "PYTHONPATH",
                    protocol.ENGINE_LAUNCH_SECRET_VARIABLE)

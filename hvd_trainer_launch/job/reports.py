@@ -1,6 +1,6 @@
 """hvdrun's report port: where the ranks' wrappers say that their rank started and how it ended.
 
-The reports travel apart from the ranks' output (launch/protocol.py), so nothing a rank prints
+The reports travel apart from the ranks' output (hvd_trainer_launch/protocol.py), so nothing a rank prints
 is ever read as one. The port listens on the loopback when every rank runs on this machine,
 else on the first --network-interface's address (on every interface without one), and serves
 each connection on a thread of its own with a deadline for the whole exchange, so a slow or

@@ -16,7 +16,7 @@ import stat
 import tempfile
 from typing import List, NamedTuple, Optional
 
-from hvd_trainer_launch.reaping import started_at
+from hvd_trainer_launch.processes import started_at
 
 
 class Maker(NamedTuple):
@@ -24,7 +24,7 @@ class Maker(NamedTuple):
 
     namespace: int  # the inode of its PID namespace
     pid: int
-    started: bytes  # reaping.started_at
+    started: bytes  # processes.started_at
 
 
 def _namespace() -> Optional[int]:

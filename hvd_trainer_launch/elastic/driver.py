@@ -32,14 +32,16 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from hvd_trainer_launch import job, mpi, notices, protocol, reports
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.elastic import notices
+from hvd_trainer_launch.job import reports, watch as job
 from hvd_trainer_launch.protocol import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE,
                                          ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_VARIABLE,
                                          GENERATION_VARIABLE, MIN_NP_VARIABLE, NOTIFY_VARIABLE,
                                          RESET_EXIT_CODE, RESTART_VARIABLE, ULFM_VARIABLE)
-from hvd_trainer_launch.reaping import kill_processes, launched
-from hvd_trainer_launch.relay import ENDED, Failure, OutputRelay, first_failure, say
-from hvd_trainer_launch.reports import interface_address
+from hvd_trainer_launch.job.relay import ENDED, Failure, first_failure, OutputRelay, say
+from hvd_trainer_launch.job.reports import interface_address
+from hvd_trainer_launch.processes import kill_processes, launched
 
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as horovodrun
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
@@ -229,7 +231,7 @@ _LOCAL_NAMES = ("localhost", "127.0.0.1")
 
 
 class Generation:
-    """The notice port (:class:`hvd_trainer_launch.notices.NoticeServer`): tells the hosts'
+    """The notice port (:class:`hvd_trainer_launch.elastic.notices.NoticeServer`): tells the hosts'
     generation number, which goes up when discovery reports a change (rank 0 asks at each
     commit), and hears the newest commit rank 0 has written (``committed``, for the next
     life). It listens on the loopback while every rank runs here, else on the first
@@ -512,7 +514,7 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     # are hvdrun's, random and made here, so no other user can make them first on this host.
     job_dir, disk_dir = _job_folders()
     folders = protocol.job_folders(job_dir, disk_dir)
-    program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
+    program = [sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--"] + command
     restarts = 0
     unblamed = 0  # failed lives in a row with no host to blame (see below)
     failed_launches = 0  # lives in a row in which no rank started

@@ -11,9 +11,9 @@ import shlex
 import sys
 from typing import Any, Dict, List, NamedTuple, Tuple
 
-from hvd_trainer_launch import horovod_shim
 from hvd_trainer_launch.mpi import HYDRA, OPENMPI
 from hvd_trainer_launch.protocol import TIMESTAMP_VARIABLE
+from hvd_trainer_launch.rank import horovod_shim
 
 # Horovod's --log-level choices and the hvd_trainer logger level each becomes (hvd_trainer
 # logs nothing finer than debug).

@@ -1,7 +1,7 @@
 """hvdrun's output relay: mpiexec's output shown whole line by line, and the wrappers' reports
 recorded, from which the first failure of a job is chosen and named.
 
-It reads the line format and reports of launch/protocol.py; job.run_job drives it.
+It reads the line format and reports of hvd_trainer_launch/protocol.py; job.run_job drives it.
 """
 import os
 import sys
@@ -10,7 +10,7 @@ import time
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.outputs import Output
+from hvd_trainer_launch.files.outputs import Output
 
 # How a rank that exited after the launcher signalled it is reported (a consequence, mostly).
 ENDED = "was ended by the launcher, with code"
@@ -46,7 +46,7 @@ class OutputRelay:
 
     Output is only shown, never read for reports (those come to deliver()): no output of a
     rank can end or fail the job. Each line arrives whole with its rank's prefix, or as
-    pieces whose prefix says that the line goes on (launch/protocol.py); pieces are joined
+    pieces whose prefix says that the line goes on (hvd_trainer_launch/protocol.py); pieces are joined
     per rank and stream, so a line stays whole and prefixed however mpiexec interleaves the
     ranks. (A rank that calls MPI_Abort is named by nobody: mpiexec's exit code tells it.) A
     per-rank file that cannot be written warns once and stops; the relay goes on. ``hosts``

@@ -9,7 +9,7 @@ Nothing named ``horovod`` is installed, and a real Horovod is never shadowed: wh
 importable, hvdrun refuses to start. A folder that already holds this shim (the peer-suite
 harness writes one, with test-only modules beside it) is used as it is. The engines' ranks
 (hvd_trainer.spark, hvd_trainer.ray) get the shim without asking, where no Horovod is
-installed (engine_rank).
+installed (engines/rank.py).
 
 Each generated module copies the public names of the hvd_trainer module it stands for, so a
 name patched on ``horovod.torch`` is not patched on ``hvd_trainer.torch``. The launcher only
@@ -20,10 +20,10 @@ import os
 import shutil
 from typing import Dict, List, Mapping, Optional
 
-from hvd_trainer_launch import owned_folders
+from hvd_trainer_launch.files import owned_folders
 
 # Set (to 1) for the ranks by hvdrun --horovod (and hvd_trainer.run(..., horovod=True)).
-# In an engine job's ranks, which get the shim where no Horovod is installed (engine_rank),
+# In an engine job's ranks, which get the shim where no Horovod is installed (engines/rank.py),
 # "0" turns that off.
 VARIABLE = "HVD_HOROVOD_SHIM"
 # The ranks' own shim folders in the temporary folder (owned_folders: a wrapper killed by

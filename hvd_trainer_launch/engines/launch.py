@@ -4,12 +4,12 @@ engine's agents instead of ssh, and the gathering of the ranks' outcomes that th
 back.
 
 Under MPICH, its manual launcher (``mpiexec -launcher manual``) prints the lines. Open MPI has
-none: its mpirun calls a launcher agent in place of ssh (``--mca plm_rsh_agent``: engine_ssh),
+none: its mpirun calls a launcher agent in place of ssh (``--mca plm_rsh_agent``: ssh.py),
 which hands each line over a Unix socket in this launch's private folder, signed with the
 launch's secret. mpirun is given a name of its own for each host (``hvd-agent<N>-<host>``),
 so that it starts even its own host's daemon through the agent there, as Hydra does: the ranks
 are the agents' descendants on every host, and the ranks put their host's own name back in
-HOROVOD_HOSTNAME (engine_rank).
+HOROVOD_HOSTNAME (rank.py).
 
 hvdrun runs as it does for a script (its wrapper per rank, HOROVOD_* variables, the report
 port, a failure naming its rank and host, the start timeout), under the guard that ends the
@@ -20,7 +20,7 @@ error that a failed job raises.
 What the MPI launcher carries to the hosts (its control port, or mpirun's, is open to anyone
 who reaches it) is only what the ranks may show: the caller's ``env`` and hvdrun's own
 variables. The secrets travel through the engine instead: the caller gives the job's secret
-to each agent (engine_agent), which hands it to its ranks; this process's environment does not
+to each agent (agent.py), which hands it to its ranks; this process's environment does not
 travel at all (a rank's is its agent's, plus those variables).
 """
 import collections
@@ -39,8 +39,9 @@ import threading
 from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional,
                     Sequence, Tuple)
 
-from hvd_trainer_launch import mpi, owned_folders, protocol
-from hvd_trainer_launch.relay import START_TIMEOUT_TEXT
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.files import owned_folders
+from hvd_trainer_launch.job.relay import START_TIMEOUT_TEXT
 
 # After asking hvdrun to end the job, how long before it is SIGKILLed.
 _KILL_GRACE_SECONDS = 10.0
@@ -107,7 +108,7 @@ class AgentLaunch:
 
     ``flavour``: the launcher's (mpi.HYDRA or mpi.OPENMPI, from :func:`check_launcher` on
     the driver); ``secret``: the job's 32 random bytes, which the caller hands each agent
-    (engine_agent.run_proxy) through the engine, never through the MPI launcher; ``env``:
+    (agent.run_proxy) through the engine, never through the MPI launcher; ``env``:
     variables for the ranks, which with hvdrun's own are all that the launcher carries (the
     rest of a rank's environment is its agent's: this process's does not travel);
     ``out``/``err``: streams for the ranks' output and hvdrun's messages (default: ours);
@@ -174,7 +175,7 @@ class AgentLaunch:
         watched, self._watching = os.pipe()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), self._folder,
+                [sys.executable, "-m", "hvd_trainer_launch.cli.guard", str(watched), self._folder,
                  *arguments, "--", *command],
                 env=run_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(watched,), start_new_session=True,
@@ -183,12 +184,12 @@ class AgentLaunch:
             os.close(watched)
 
     def _serve_agent(self, env: Dict[str, str]) -> List[str]:
-        """Listen for Open MPI's launcher agent (engine_ssh) in this launch's folder, and give
+        """Listen for Open MPI's launcher agent (ssh.py) in this launch's folder, and give
         it the launch's secret through ``env``; mpirun's arguments that make it call the agent
         in place of ssh, for every host at once (no tree), its daemons staying in the
         foreground (each is the process its agent runs, and dies with it)."""
         path = os.path.join(self._folder, _AGENT_SOCKET)
-        agent = [sys.executable, "-m", "hvd_trainer_launch.engine_ssh", path]
+        agent = [sys.executable, "-m", "hvd_trainer_launch.engines.ssh", path]
         if any(any(c.isspace() for c in word) for word in agent):  # mpirun splits at spaces
             raise EngineError(f"Open MPI's mpirun cannot call {' '.join(agent)!r} as its "
                               "launcher agent: a path holds a space; run from a Python (and "
@@ -411,6 +412,6 @@ def host_of_ranks(layout: Sequence[Tuple[str, int]]) -> Dict[int, str]:
 
 
 def rank_command(executable: Optional[str] = None) -> List[str]:
-    """The command each rank runs: engine_rank under ``executable`` (default: this Python,
+    """The command each rank runs: engines.rank under ``executable`` (default: this Python,
     whose path must exist on every host)."""
-    return [executable or sys.executable, "-m", "hvd_trainer_launch.engine_rank"]
+    return [executable or sys.executable, "-m", "hvd_trainer_launch.engines.rank"]

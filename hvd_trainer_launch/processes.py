@@ -1,12 +1,17 @@
-"""What mpiexec leaves behind on this host, found in /proc and killed: a stray ssh or proxy
-would hold the job's output open and keep its remote host busy after the job has ended.
+"""Processes that must not outlive the job: what mpiexec leaves behind on this host, found in
+/proc and killed (a stray ssh or proxy would hold the job's output open and keep its remote
+host busy after the job has ended), and children that the kernel ends when their starter dies.
 
 Each process is recorded with its start time (:func:`started_at`), so a pid that the system
 has reused since is never signalled.
 """
+import ctypes
 import os
 import signal
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
+
+# prctl's option: the signal the kernel sends a process when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 def started_at(pid: int) -> Optional[bytes]:
@@ -48,3 +53,22 @@ def kill_processes(processes: Dict[int, bytes]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:  # gone meanwhile
                 pass
+
+
+def die_with_parent(signum: int = signal.SIGKILL,
+                    unblock: Sequence[int] = ()) -> Callable[[], None]:
+    """Return a preexec_fn that makes the kernel send ``signum`` to the child when this
+    process dies (hvdrun's mpiexec, the wrapper's child): no process outlives its starter.
+    No-op where prctl is missing. ``unblock``: signals the starter blocks, which the child
+    must not inherit blocked."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    parent = os.getpid()
+
+    def preexec():
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signum)
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+    return preexec

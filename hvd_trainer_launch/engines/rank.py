@@ -1,12 +1,12 @@
 """The ranks' side of an engine job (hvd_trainer.spark, hvd_trainer.ray):
-``python -m hvd_trainer_launch.engine_rank``, started by hvdrun's wrapper under a launcher
+``python -m hvd_trainer_launch.engines.rank``, started by hvdrun's wrapper under a launcher
 proxy that an agent runs.
 
 It loads the function from the folder its agent named (protocol.ENGINE_FOLDER_VARIABLE), once
-the signature checks out, tells a Spark driver that it runs (engine_registry), calls it, and
+the signature checks out, tells a Spark driver that it runs (registry.py), calls it, and
 leaves the signed result (or the exception) there for the agent to carry back. An exception is raised after it is written, so that the rank exits
 non-zero and hvdrun ends the job naming the rank and its host. HOROVOD_HOSTNAME gets this
-host's own name back (engine_agent.hostname's): Open MPI's mpirun was given another for it.
+host's own name back (agent.hostname's): Open MPI's mpirun was given another for it.
 
 Where ``import horovod`` finds nothing on this rank's own path (this host, this Python), the
 rank gets hvd_trainer's horovod shim, which its agent wrote, at the end of its path: a
@@ -20,7 +20,10 @@ import socket
 import sys
 import traceback
 
-from hvd_trainer_launch import engine_registry, horovod_shim, signed_files, protocol
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.engines import registry as engine_registry
+from hvd_trainer_launch.files import signed as signed_files
+from hvd_trainer_launch.rank import horovod_shim
 
 
 def error_outcome(error: BaseException) -> bytes:

@@ -1,10 +1,10 @@
 """What Open MPI's mpirun runs in place of ssh in an engine job (hvd_trainer.spark,
-hvd_trainer.ray): ``python -m hvd_trainer_launch.engine_ssh SOCKET HOST COMMAND...``.
+hvd_trainer.ray): ``python -m hvd_trainer_launch.engines.ssh SOCKET HOST COMMAND...``.
 
 Open MPI has no manual launcher, but it calls a launcher agent of our choosing
 (``--mca plm_rsh_agent``) with the host and the command line that starts its daemon there, as
 it would call ssh. This agent does not run the command: it hands it to the engine launch that
-started mpirun (hvd_trainer_launch.engine_launch, over the Unix socket in that launch's
+started mpirun (hvd_trainer_launch.engines.launch, over the Unix socket in that launch's
 private folder, signed with the launch's secret), which gives it to the engine's agent on that
 host (a Ray actor, a Spark barrier task), and exits once the launch has taken it. The command
 is wrapped as ssh's remote side would run it: by the shell whose syntax mpirun wrote it in,
@@ -55,7 +55,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     when it cannot connect), with the reason on stderr."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3:
-        print("engine_ssh: usage: engine_ssh SOCKET HOST COMMAND...", file=sys.stderr)
+        print("hvd_trainer_launch.engines.ssh: usage: python -m hvd_trainer_launch.engines.ssh SOCKET HOST COMMAND...", file=sys.stderr)
         return _FAILED
     path, host, command = argv[0], argv[1], argv[2:]
     secret = os.environ.get(protocol.ENGINE_LAUNCH_SECRET_VARIABLE, "")
@@ -65,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             conn.connect(path)
             protocol.send_proxy_line(conn, bytes.fromhex(secret), host, proxy_line(command))
     except (OSError, ValueError) as error:
-        print(f"engine_ssh: could not hand the command for {host} to the engine launch at "
+        print(f"hvd_trainer_launch.engines.ssh: could not hand the command for {host} to the engine launch at "
               f"{path}: {error}", file=sys.stderr)
         return _FAILED
     return 0
