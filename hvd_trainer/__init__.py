@@ -4,7 +4,7 @@ This package is framework-free: the collectives below work on NumPy arrays and i
 does not import MXNet. ``DistributedTrainer`` and ``broadcast_parameters`` resolve lazily to
 the MXNet adapter in :mod:`hvd_trainer.mxnet`; ``DistributedOptimizer`` exists in both adapters,
 so it is taken from :mod:`hvd_trainer.mxnet` or :mod:`hvd_trainer.torch` by name. ``run`` is
-horovod.run (:mod:`hvd_trainer.runner`).
+horovod.run (:mod:`hvd_trainer_launch.engines.run`).
 """
 from .coordination.messages import MismatchError
 from .runtime.timeline import start_timeline, stop_timeline
@@ -27,8 +27,8 @@ _MXNET_NAMES = ("DistributedTrainer", "broadcast_parameters")
 
 
 def __getattr__(name: str):
-    if name == "run":  # imported on use, so that ``python -m hvd_trainer.runner`` runs it afresh
-        from .runner import run
+    if name == "run":  # imported on use: ``import hvd_trainer`` loads no launcher engine
+        from hvd_trainer_launch.engines.run import run
         return run
     if name in _MXNET_NAMES:
         from . import mxnet as adapter

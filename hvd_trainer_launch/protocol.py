@@ -82,6 +82,10 @@ ENGINE_FUNCTION = "function"
 ENGINE_RESULT = "result.{rank}"
 # The folder beside them that holds hvd_trainer's horovod shim (engines.rank offers it).
 ENGINE_SHIM_FOLDER = "horovod_shim"
+# A Spark job's ranks: JSON, for each local rank on the host, its task's resources
+# ({"gpu": ["0"]}), which the driver (engines.spark_run) hands the host's proxy and
+# hvd_trainer.spark.task reads on the rank.
+SPARK_RESOURCES_VARIABLE = "HVD_SPARK_TASK_RESOURCES"
 # What MPICH's mpiexec -launcher manual prints: one line per host holding the proxy command
 # that host must run, then the end marker, after which it waits for the proxies.
 MANUAL_LAUNCH_PREFIX = "HYDRA_LAUNCH: "

@@ -8,6 +8,6 @@ starting it (MPICH's manual launcher, Open MPI's launcher agent), each agent run
 start the ranks, MPI moves the data, and Ray's object store carries the function out and the
 results back (hvd_trainer_launch.engines.launch, engine_agent, engine_rank).
 """
-from hvd_trainer.ray.executor import ElasticRayExecutor, RayExecutor, Settings
+from hvd_trainer_launch.engines.ray_executor import ElasticRayExecutor, RayExecutor, Settings
 
 __all__ = ["RayExecutor", "ElasticRayExecutor", "Settings"]

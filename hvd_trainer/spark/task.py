@@ -3,16 +3,16 @@ may ask about the Spark task it stands for.
 
 The ranks are children of the launcher proxy that the first task on their host runs, not of
 their own task, so the driver hands that proxy every task's resources on the host, in local
-rank order (hvd_trainer.spark.runner), in :data:`RESOURCES_VARIABLE`; each rank reads its own.
+rank order (hvd_trainer_launch.engines.spark_run), in ``HVD_SPARK_TASK_RESOURCES``; each rank
+reads its own.
 """
 import json
 import os
 from typing import List
 
-__all__ = ["get_available_devices"]
+from hvd_trainer_launch.protocol import SPARK_RESOURCES_VARIABLE as RESOURCES_VARIABLE
 
-# JSON: for each local rank on this host, its task's resources ({"gpu": ["0"]}).
-RESOURCES_VARIABLE = "HVD_SPARK_TASK_RESOURCES"
+__all__ = ["get_available_devices"]
 
 
 def get_available_devices() -> List[str]:

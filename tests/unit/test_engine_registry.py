@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from hvd_trainer.spark import causes, runner, task
+from hvd_trainer_launch.engines import spark_causes as causes, spark_run as runner
+from hvd_trainer.spark import task
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines import registry as engine_registry
 from hvd_trainer_launch.engines.registry import Assignment, Registration

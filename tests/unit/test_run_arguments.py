@@ -8,7 +8,7 @@ import stat
 import pytest
 
 import hvd_trainer
-from hvd_trainer import runner
+from hvd_trainer_launch.engines import run as runner
 from hvd_trainer_launch.files import signed as signed_files
 
 SECRET = b"s" * 32

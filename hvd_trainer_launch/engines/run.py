@@ -7,7 +7,7 @@ O_EXCL and O_NOFOLLOW, mode 0600, and signed with HMAC-SHA256 under a random sec
 call that reaches the ranks in their environment; nothing is unpickled before its signature
 is verified. The label of each file (its name) is signed with it, so no file can stand in for
 another. Pickling is cloudpickle's, as in Horovod, so functions of ``__main__``, lambdas and
-closures travel by value. ``python -m hvd_trainer.runner FOLDER`` is the ranks' side.
+closures travel by value. ``python -m hvd_trainer_launch.engines.run FOLDER`` is the ranks' side.
 """
 import os
 import pickle
@@ -116,7 +116,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
                                   cloudpickle.dumps((func, tuple(args), kwargs or {})), secret)
         command = [sys.executable, "-m", "hvd_trainer_launch.cli.guard", str(watched), folder,
                    *_hvdrun_flags(num_proc, given), "--",
-                   executable or sys.executable, "-m", "hvd_trainer.runner", folder]
+                   executable or sys.executable, "-m", "hvd_trainer_launch.engines.run", folder]
         env = dict(os.environ, **{SECRET_VARIABLE: secret.hex()})
         process = subprocess.Popen(command, env=env, pass_fds=(watched,))
         os.close(watched)

@@ -24,10 +24,10 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer.spark import causes
-from hvd_trainer.spark.task import RESOURCES_VARIABLE
+from hvd_trainer_launch.engines import spark_causes as causes
 from hvd_trainer_launch.engines import (agent as engine_agent, checks as engine_checks,
                                         launch as engine_launch, registry as engine_registry)
+from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines.launch import EngineError, EngineTimeout
 
 # Horovod's default start timeout, and the variable it reads first.
@@ -180,7 +180,7 @@ def _assignments(tasks: Dict[int, engine_registry.Registration], layout: Sequenc
         on_host = sorted(index for index, task in tasks.items() if task.host == host)
         resources = [tasks[index].resources for index in on_host]
         assignments[on_host[0]] = engine_registry.Assignment(
-            line, {RESOURCES_VARIABLE: json.dumps(resources),
+            line, {protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources),
                    engine_registry.VARIABLE: registry})
     return assignments
 
