@@ -15,6 +15,7 @@ import threading
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 from hvd_trainer_launch import protocol
+from hvd_trainer_launch.files import signed
 from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_VARIABLE,
                                          SECRET_VARIABLE)
 
@@ -160,7 +161,7 @@ class CommitStore:
         for number, path in sorted(found, reverse=True):
             try:
                 with open(path, "rb") as f:
-                    payload = files.verify(self.secret, f.read(), f"commit file {path!r}")
+                    payload = signed.verify(self.secret, f.read(), f"commit file {path!r}")
                 Commit.from_payload(payload)
                 return number, payload
             except (OSError, ValueError) as error:

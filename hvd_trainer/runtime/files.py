@@ -10,22 +10,18 @@ appended to only when the file is our own regular file; folders that hold the jo
 are 0700 and refused when another user owns them or may write into them. Bytes that the job
 reads back from disk or a port are signed with the job's secret (HMAC-SHA256), which hvdrun
 generates and hands to the ranks in ``HVD_JOB_SECRET`` (:mod:`hvd_trainer_launch.protocol`),
-and verified before they are unpickled.
+and verified before they are unpickled; the signed format is the launcher's
+(:mod:`hvd_trainer_launch.files.signed`), one for every signed file of the job.
 
 Standard library only.
 """
 import glob
-import hashlib
-import hmac
 import os
 import stat
 import tempfile
 from typing import Any, Callable, Sequence
 
-from hvd_trainer_launch.protocol import mac
-
-_SIGNED = b"hvd_trainer signed 1\n"
-_MAC_BYTES = hashlib.sha256().digest_size
+from hvd_trainer_launch.files import signed
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -33,31 +29,17 @@ def write_atomically(path: str, data: bytes) -> None:
     synced, then renamed over it, so ``path`` is always the old file or the new one and a
     symlink planted at either name is never followed. Concurrent writers each use their own
     temporary file."""
-    _write_new(path, lambda fd: _write_all(fd, data), sync=True)
+    _write_new(path, lambda fd: signed.write_all(fd, data), sync=True)
 
 
 def write_signed(path: str, secret: bytes, parts: Sequence[Any], sync: bool = True,
                  tag: str = "") -> None:
-    """Write what ``sign(secret, b"".join(parts))`` returns as the whole of ``path``, as
-    :func:`write_atomically` does (``sync``: fsync before the rename), without joining the
-    ``parts`` (buffers such as bytes or arrays, possibly large): each is hashed and written in
-    pieces that stay in the processor's cache, and the MAC goes into its place at the end.
+    """Write ``b"".join(parts)`` signed with ``secret`` (files.signed's format, no label) as the
+    whole of ``path``, as :func:`write_atomically` does (``sync``: fsync before the rename),
+    without joining the ``parts`` (buffers such as bytes or arrays, possibly large).
     The temporary file's name holds ``tag`` (``.NAME.TAG.RANDOM.tmp``), so that its writer's
     leftovers can be told from others' (:func:`remove_temporaries`)."""
-    views = [memoryview(part).cast("B") for part in parts]
-    digest = hmac.new(secret, digestmod=hashlib.sha256)
-    digest.update(sum(view.nbytes for view in views).to_bytes(8, "big"))
-
-    def fill(fd: int) -> None:
-        _write_all(fd, _SIGNED + bytes(_MAC_BYTES))
-        for view in views:
-            for start in range(0, view.nbytes, _PIECE):
-                piece = view[start:start + _PIECE]
-                digest.update(piece)
-                _write_all(fd, piece)
-        os.pwrite(fd, digest.digest(), len(_SIGNED))
-
-    _write_new(path, fill, sync, f"{tag}." if tag else "")
+    _write_new(path, lambda fd: signed.fill(fd, secret, parts), sync, f"{tag}." if tag else "")
 
 
 def remove_temporaries(folder: str, name: str, keep_tag: str) -> None:
@@ -71,15 +53,6 @@ def remove_temporaries(folder: str, name: str, keep_tag: str) -> None:
                 os.unlink(path)
             except FileNotFoundError:  # another rank of this host removed it first
                 pass
-
-
-_PIECE = 1 << 20  # bytes hashed and written at a time: they stay in the cache in between
-
-
-def _write_all(fd: int, data: Any) -> None:
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        view = view[os.write(fd, view):]
 
 
 def _write_new(path: str, fill: Callable[[int], None], sync: bool, tag: str = "") -> None:
@@ -122,22 +95,3 @@ def private_folder(path: str) -> str:
     if info.st_mode & 0o077:  # ours, but readable by others (as older versions made it)
         os.chmod(path, 0o700)
     return path
-
-
-def sign(secret: bytes, data: bytes) -> bytes:
-    """``data`` with a header and its MAC under ``secret`` in front."""
-    return _SIGNED + mac(secret, data) + data
-
-
-def verify(secret: bytes, signed: Any, what: str) -> memoryview:
-    """The data of what :func:`sign` returned (bytes or any buffer; a view of it, without a
-    copy); ValueError naming ``what`` when it is not whole or was not signed with ``secret``
-    (truncated, altered, another job's, or no signature at all)."""
-    signed = memoryview(signed).cast("B")
-    start = len(_SIGNED) + _MAC_BYTES
-    if signed[:len(_SIGNED)] != _SIGNED or signed.nbytes < start:
-        raise ValueError(f"{what} is not signed (truncated, or not written by this job)")
-    if not hmac.compare_digest(signed[len(_SIGNED):start], mac(secret, signed[start:])):
-        raise ValueError(f"{what} does not match its signature (truncated, altered, or "
-                         "signed by another job)")
-    return signed[start:]

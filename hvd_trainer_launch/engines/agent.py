@@ -19,10 +19,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.files import owned_folders, signed as signed_files
+from hvd_trainer_launch.engines.calls import HostOutcome
+from hvd_trainer_launch.files import owned_folders, signed
 from hvd_trainer_launch.processes import die_with_parent
 from hvd_trainer_launch.rank import horovod_shim
 
@@ -33,16 +34,6 @@ FOLDER_PREFIX = "hvd_engine."
 _KILL_GRACE_SECONDS = 5.0
 # How much of the end of the proxy's messages comes back.
 _MESSAGE_BYTES = 4096
-
-
-class HostOutcome(NamedTuple):
-    """What an agent carries back: its host, the proxy's exit code, each rank's signed
-    outcome (pickled; the driver unpickles it), and the end of the proxy's own messages."""
-
-    host: str
-    code: int
-    outcomes: Dict[int, bytes]
-    messages: str = ""
 
 
 def hostname() -> str:
@@ -60,7 +51,7 @@ def run_proxy(line: str, payload: bytes, secret: bytes,
     owned_folders.sweep(FOLDER_PREFIX)  # what agents killed on this host left
     folder = owned_folders.make(FOLDER_PREFIX)
     try:
-        signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, payload, secret)
+        signed.write_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret, payload)
         horovod_shim.write(os.path.join(folder, protocol.ENGINE_SHIM_FOLDER))
         env = {**os.environ, **(env or {}), protocol.ENGINE_FOLDER_VARIABLE: folder,
                protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
@@ -83,7 +74,8 @@ def run_proxy(line: str, payload: bytes, secret: bytes,
         prefix = protocol.ENGINE_RESULT.format(rank="")
         for name in os.listdir(folder):
             if name.startswith(prefix) and name[len(prefix):].isdigit():
-                outcomes[int(name[len(prefix):])] = signed_files.read_signed(folder, name, secret)
+                outcomes[int(name[len(prefix):])] = signed.read_signed(
+                    os.path.join(folder, name), secret)
         return HostOutcome(hostname(), code if code >= 0 else 128 - code, outcomes, said)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

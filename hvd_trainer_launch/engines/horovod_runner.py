@@ -10,7 +10,7 @@ import io
 import os
 from typing import Any, Callable
 
-from hvd_trainer_launch.engines import agent as engine_agent, launch as engine_launch
+from hvd_trainer_launch.engines import agent as engine_agent, calls, launch as engine_launch
 from hvd_trainer_launch.engines.spark_run import run as spark_run
 
 __all__ = ["HorovodRunner"]
@@ -76,12 +76,11 @@ def _run_here(main: Callable[..., Any], kwargs: dict, size: int) -> Any:
                                        secret=secret)
     try:
         line, = launch.proxies()
-        outcome = engine_agent.run_proxy(line, engine_launch.payload(main, (), kwargs), secret)
+        outcome = engine_agent.run_proxy(line, calls.payload(main, (), kwargs), secret)
         code = launch.wait()
     except BaseException:  # Ctrl-C, or a start that failed: end the job, then go
         launch.end()
         raise
-    return engine_launch.gather(outcome.outcomes, size, getattr(main, "__name__", repr(main)),
-                                engine_launch.host_of_ranks([(host, size)]), code,
-                                launch.messages,
-                                proxies=[(outcome.host, outcome.code, outcome.messages)])[0]
+    return calls.gather(outcome.outcomes, size, getattr(main, "__name__", repr(main)),
+                        engine_launch.host_of_ranks([(host, size)]), code, launch.messages,
+                        proxies=[outcome])[0]

@@ -1,7 +1,6 @@
 """The launching side of an engine job (hvd_trainer.spark, hvd_trainer.ray): hvdrun with an
 MPI launcher that starts no proxy itself but hands each host's proxy command line to the
-engine's agents instead of ssh, and the gathering of the ranks' outcomes that the agents carry
-back.
+engine's agents instead of ssh (what the ranks send back is calls.py's).
 
 Under MPICH, its manual launcher (``mpiexec -launcher manual``) prints the lines. Open MPI has
 none: its mpirun calls a launcher agent in place of ssh (``--mca plm_rsh_agent``: ssh.py),
@@ -27,7 +26,6 @@ import collections
 import io
 import json
 import os
-import pickle
 import re
 import shlex
 import shutil
@@ -36,10 +34,10 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional,
-                    Sequence, Tuple)
+from typing import Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout
 from hvd_trainer_launch.files import owned_folders
 from hvd_trainer_launch.job.relay import START_TIMEOUT_TEXT
 
@@ -54,32 +52,6 @@ FOLDER_PREFIX = "hvd_engine_launch."
 # How many of the MPI launcher's own last lines on stderr are kept, and how much of each.
 _LAUNCHER_LINES = 20
 _LAUNCHER_LINE_BYTES = 1000
-# The longest traceback that an EngineError's message quotes whole; a longer one is cut in
-# the middle there, and kept whole in its rank_traceback.
-MESSAGE_TRACEBACK_CHARS = 64 * 1024
-
-
-class EngineError(RuntimeError):
-    """An engine job failed: a rank raised or died, an agent was lost, or it never started.
-    ``rank_traceback`` is the whole traceback of the rank that raised ('' otherwise): the
-    message quotes at most MESSAGE_TRACEBACK_CHARS of it."""
-
-    def __init__(self, message: str, rank_traceback: str = ""):
-        super().__init__(message)
-        self.rank_traceback = rank_traceback
-
-
-class EngineTimeout(EngineError, TimeoutError):
-    """An engine job could not start in time (too few resources, agents or ranks that never
-    came)."""
-
-
-class LostAgent(NamedTuple):
-    """An agent that its engine lost while the job ran: its host, and what the engine said
-    of it (an actor's death, an executor's loss: killed, out of memory, exit code)."""
-
-    host: str
-    cause: str = ""
 
 
 def check_launcher(mpiexec: Optional[str] = None) -> mpi.Launcher:
@@ -327,78 +299,20 @@ def _show(out, data: bytes) -> None:
         pass
 
 
-def rank_layout(hosts: Iterable[str]) -> List[Tuple[str, int]]:
+class HostRanks(NamedTuple):
+    """A host of a job's layout and how many ranks it runs."""
+
+    host: str
+    ranks: int
+
+
+def rank_layout(hosts: Iterable[str]) -> List[HostRanks]:
     """The hosts of the agents' slots, one entry per slot, as (host, ranks) in order of first
     appearance: the ranks on one host are consecutive and share local_rank/local_size."""
     counts: Dict[str, int] = {}
     for host in hosts:
         counts[host] = counts.get(host, 0) + 1
-    return list(counts.items())
-
-
-def payload(func: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: Optional[Dict[str, Any]] = None) -> bytes:
-    """(func, args, kwargs) pickled by value (cloudpickle, as Horovod), for the agents."""
-    import cloudpickle
-    return cloudpickle.dumps((func, tuple(args or ()), dict(kwargs or {})))
-
-
-def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, str],
-           code: int, messages: Sequence[str], lost: Sequence[LostAgent] = (),
-           proxies: Sequence[Tuple[str, int, str]] = ()) -> List[Any]:
-    """The ranks' results in rank order from the ``outcomes`` that the agents carried back;
-    EngineError naming the rank (and host) that raised, the ranks without a result, or the
-    agents ``lost`` and why, with hvdrun's ``messages`` and exit ``code``, and what each proxy
-    that failed (``proxies``: host, exit code, its messages) said."""
-    results, raised, missing = {}, [], []
-    for rank in range(size):
-        if rank not in outcomes:
-            missing.append(rank)
-            continue
-        try:
-            kind, *value = pickle.loads(outcomes[rank])
-        except Exception as error:  # e.g. a class this process cannot import
-            raise EngineError(f"the result of {name} on rank {rank} cannot be unpickled here: "
-                              f"{error}") from error
-        if kind == "ok":
-            results[rank] = value[0]
-        else:
-            raised.append((rank, *value))
-    said = f"\nhvdrun: {'; '.join(messages)}" if messages else ""
-    said += "".join(f"\nthe launcher proxy on {host} exited with code {proxy_code}"
-                    + (f": {text.strip()}" if text.strip() else "")
-                    for host, proxy_code, text in proxies if proxy_code)
-    if raised:
-        rank, error, text = raised[0]
-        others = [r for r, *_ in raised[1:]]
-        also = f" (also on rank{'s' if len(others) > 1 else ''} " \
-               f"{', '.join(map(str, others))})" if others else ""
-        raise EngineError(f"{name} raised on rank {rank} on host {hosts.get(rank, '?')}{also}:"
-                          f"\n{_quoted(text)}{said}", text) from error
-    if lost:
-        raise EngineError(f"{name}: the agent{'s' if len(lost) > 1 else ''} on "
-                          f"{', '.join(agent.host for agent in lost)} "
-                          f"{'were' if len(lost) > 1 else 'was'} lost (its executor or actor "
-                          "died) and the job was ended"
-                          + "".join(f"\n{agent.host}: {agent.cause}" for agent in lost
-                                    if agent.cause) + said)
-    if missing or code:
-        where = sorted({hosts[r] for r in missing if r in hosts})
-        text = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-                f"{' on ' + ', '.join(where) if where else ''} ended without a result; "
-                if missing else "")
-        raise EngineError(f"{name}: {text}hvdrun exited with code {code}{said}")
-    return [results[rank] for rank in range(size)]
-
-
-def _quoted(text: str) -> str:
-    """``text`` whole up to MESSAGE_TRACEBACK_CHARS, else its start and end with a note of
-    what was cut (the end holds the exception itself)."""
-    if len(text) <= MESSAGE_TRACEBACK_CHARS:
-        return text
-    head, tail = MESSAGE_TRACEBACK_CHARS // 4, MESSAGE_TRACEBACK_CHARS * 3 // 4
-    return (f"{text[:head]}\n[... {len(text) - head - tail} characters cut here; the whole "
-            f"traceback is the EngineError's rank_traceback ...]\n{text[-tail:]}")
+    return [HostRanks(host, ranks) for host, ranks in counts.items()]
 
 
 def host_of_ranks(layout: Sequence[Tuple[str, int]]) -> Dict[int, str]:

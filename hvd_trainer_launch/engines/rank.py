@@ -18,37 +18,12 @@ import os
 import pickle
 import socket
 import sys
-import traceback
+from typing import Callable, Optional
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.engines import registry as engine_registry
-from hvd_trainer_launch.files import signed as signed_files
+from hvd_trainer_launch.engines import calls, registry
+from hvd_trainer_launch.files import signed
 from hvd_trainer_launch.rank import horovod_shim
-
-
-def error_outcome(error: BaseException) -> bytes:
-    """The pickled ("error", exception, text) of a rank whose function raised ``error``; the
-    text alone where the exception does not survive pickling (some cannot be rebuilt). A
-    subclass of SystemExit (hvd_trainer's own, from sys.exit in a job) travels as the
-    SystemExit that the function's sys.exit call means; the text leaves out the frames that
-    say ``__tracebackhide__ = True`` (the convention of pytest's: that sys.exit's)."""
-    import cloudpickle
-    if isinstance(error, SystemExit) and type(error) is not SystemExit:
-        plain = SystemExit(error.code)
-        plain.__cause__, plain.__context__ = error.__cause__, error.__context__
-        error = plain.with_traceback(error.__traceback__)
-    shown = traceback.TracebackException(type(error), error, error.__traceback__)
-    hidden = [bool(frame.f_locals.get("__tracebackhide__"))
-              for frame, _ in traceback.walk_tb(error.__traceback__)]
-    shown.stack = traceback.StackSummary.from_list(
-        [entry for entry, hide in zip(shown.stack, hidden) if not hide])
-    text = "".join(shown.format())
-    try:
-        payload = cloudpickle.dumps(("error", error, text))
-        pickle.loads(payload)
-        return payload
-    except Exception:
-        return cloudpickle.dumps(("error", None, text))
 
 
 def offer_horovod_shim(folder: str) -> bool:
@@ -63,9 +38,27 @@ def offer_horovod_shim(folder: str) -> bool:
     return True
 
 
+def call_function(folder: str, secret: bytes, rank: int,
+                  started: Optional[Callable[[], None]] = None) -> None:
+    """Load the function from ``folder`` once its signature checks out, say so to
+    ``started`` (if any), call it, and leave this rank's signed :class:`calls.Outcome` there;
+    an exception is left too and then raised, so that the rank exits non-zero and hvdrun ends
+    the job naming it. The ranks' side of every call on N ranks (hvd_trainer.run's too)."""
+    func, args, kwargs = pickle.loads(
+        signed.read_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret))
+    if started is not None:
+        started()
+    result = os.path.join(folder, protocol.ENGINE_RESULT.format(rank=rank))
+    try:
+        outcome = calls.returned(func(*args, **kwargs))
+    except BaseException as error:
+        signed.write_signed(result, secret, calls.raised(error))
+        raise
+    signed.write_signed(result, secret, outcome)
+
+
 def main() -> None:
     """Run the function of this rank's agent and leave the outcome for it."""
-    import cloudpickle
     folder = os.environ.pop(protocol.ENGINE_FOLDER_VARIABLE)  # not for func's own children
     secret = bytes.fromhex(os.environ.pop(protocol.ENGINE_SECRET_VARIABLE))
     os.environ.pop(protocol.ENGINE_LAUNCH_SECRET_VARIABLE, None)
@@ -77,18 +70,10 @@ def main() -> None:
         pass
     offer_horovod_shim(os.path.join(folder, protocol.ENGINE_SHIM_FOLDER))
     rank = int(os.environ["HOROVOD_RANK"])
-    label = protocol.ENGINE_RESULT.format(rank=rank)
-    func, args, kwargs = pickle.loads(
-        signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret))
-    registry = os.environ.pop(engine_registry.VARIABLE, None)
-    if registry:  # a Spark job's driver: its start ends when every rank runs the function
-        engine_registry.report_running(registry, secret, rank)
-    try:
-        payload = cloudpickle.dumps(("ok", func(*args, **kwargs)))
-    except BaseException as error:
-        signed_files.write_signed(folder, label, error_outcome(error), secret)
-        raise
-    signed_files.write_signed(folder, label, payload, secret)
+    address = os.environ.pop(registry.VARIABLE, None)
+    # A Spark job's driver: its start ends when every rank runs the function.
+    started = (lambda: registry.report_running(address, secret, rank)) if address else None
+    call_function(folder, secret, rank, started)
 
 
 if __name__ == "__main__":

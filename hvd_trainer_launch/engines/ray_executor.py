@@ -6,11 +6,11 @@ import re
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from hvd_trainer_launch.engines import (agent as engine_agent, checks as engine_checks,
+from hvd_trainer_launch.engines import (agent as engine_agent, calls, checks as engine_checks,
                                         launch as engine_launch)
-from hvd_trainer_launch.engines.launch import EngineError, EngineTimeout, LostAgent
+from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout, HostOutcome, LostAgent
 
 # After hvdrun has ended, how long the agents get to return before they count as lost.
 _AGENT_GRACE_SECONDS = 15.0
@@ -39,15 +39,22 @@ def _call_with_executable(fn: Callable[[Any], Any], cls: Optional[type],
     return fn(cls(*args, **kwargs) if cls is not None else None)
 
 
+class _Place(NamedTuple):
+    """Where an agent runs: its host's name and its Ray node."""
+
+    host: str
+    node: str
+
+
 class _Agent:
     """The Ray actor on one worker's resources; the first on each node runs its proxy."""
 
-    def where(self) -> tuple:
+    def where(self) -> "_Place":
         import ray
-        return engine_agent.hostname(), ray.get_runtime_context().get_node_id()
+        return _Place(engine_agent.hostname(), ray.get_runtime_context().get_node_id())
 
-    def run_proxy(self, line: str, payload: bytes, secret: bytes) -> tuple:
-        return tuple(engine_agent.run_proxy(line, payload, secret))
+    def run_proxy(self, line: str, payload: bytes, secret: bytes) -> HostOutcome:
+        return engine_agent.run_proxy(line, payload, secret)
 
 
 def _driver_path(given: Optional[str]) -> Dict[str, str]:
@@ -111,7 +118,7 @@ class RayExecutor:
             (1 if use_gpu else 0)
         self._actors: List[Any] = []
         self._agents: List[Any] = []  # one per host: the actor that runs its proxy
-        self._layout: List[tuple] = []  # (host, ranks) in rank order
+        self._layout: List[engine_launch.HostRanks] = []  # in rank order
         self._pg = None
         self._env: Dict[str, str] = {}
         self._executable = (None, (), {})
@@ -175,16 +182,16 @@ class RayExecutor:
             self.shutdown()
             raise EngineTimeout(f"RayExecutor.start: the agents did not come up within "
                                 f"timeout_s={self.settings.timeout_s:g} s") from None
-        by_node: Dict[str, int] = {}
-        self._agents, self._layout = [], []
-        for actor, (host, node) in zip(self._actors, places):
-            if node not in by_node:
-                by_node[node] = len(self._agents)
-                self._agents.append(actor)
-                self._layout.append([host, 0])
-            self._layout[by_node[node]][1] += per_bundle
-        # Ranks in node order: the ranks on one host are consecutive (local_rank, local_size).
-        self._layout = [tuple(entry) for entry in self._layout]
+        # Ranks in node order: the ranks on one node are consecutive (local_rank, local_size).
+        # The first actor on a node is its agent (two Ray nodes on one machine: two agents).
+        agents: Dict[str, Any] = {}
+        ranks: Dict[str, int] = {}
+        for actor, place in zip(self._actors, places):
+            agents.setdefault(place.node, (actor, place.host))
+            ranks[place.node] = ranks.get(place.node, 0) + per_bundle
+        self._agents = [actor for actor, _ in agents.values()]
+        self._layout = [engine_launch.HostRanks(host, ranks[node])
+                        for node, (_, host) in agents.items()]
 
     def shutdown(self) -> None:
         """Kill the agents and free their resources (a job in flight ends with them)."""
@@ -205,7 +212,7 @@ class RayExecutor:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order. EngineError
         names the rank and host that raised, or the agent lost and what Ray said of it."""
         engine_checks.check_function(fn, "RayExecutor.run")
-        return self._job(engine_launch.payload(fn, args, kwargs), self._layout,
+        return self._job(calls.payload(fn, args, kwargs), self._layout,
                          getattr(fn, "__name__", repr(fn)), callbacks)
 
     def execute(self, fn: Callable[[Any], Any],
@@ -214,15 +221,16 @@ class RayExecutor:
         on the rank for this call; None without one); the results in rank order."""
         engine_checks.check_function(fn, "RayExecutor.execute")
         cls, args, kwargs = self._executable
-        return self._job(engine_launch.payload(_call_with_executable, (fn, cls, args, kwargs)),
+        return self._job(calls.payload(_call_with_executable, (fn, cls, args, kwargs)),
                          self._layout, getattr(fn, "__name__", repr(fn)), callbacks)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on one rank (a job of size 1 on the first host); its result."""
         engine_checks.check_function(fn, "RayExecutor.execute_single")
         cls, args, kwargs = self._executable
-        return self._job(engine_launch.payload(_call_with_executable, (fn, cls, args, kwargs)),
-                         [(self._layout[0][0], 1)] if self._layout else [],
+        return self._job(calls.payload(_call_with_executable, (fn, cls, args, kwargs)),
+                         [engine_launch.HostRanks(self._layout[0].host, 1)]
+                         if self._layout else [],
                          getattr(fn, "__name__", repr(fn)), None)[0]
 
     def run_remote(self, fn: Callable[..., Any], args: Optional[Sequence[Any]] = None,
@@ -235,7 +243,7 @@ class RayExecutor:
 
     # -- one job -------------------------------------------------------------------------
 
-    def _job(self, payload: bytes, layout: Sequence[tuple], name: str,
+    def _job(self, payload: bytes, layout: Sequence[engine_launch.HostRanks], name: str,
              callbacks: Optional[List[Callable]]) -> List[Any]:
         """Run one job on ``layout``, after the one running on this executor (if any) ends:
         its workers serve one job at a time, so a call made meanwhile waits, saying so."""
@@ -255,7 +263,7 @@ class RayExecutor:
                 callback(result)
         return results
 
-    def _one_job(self, payload: bytes, layout: Sequence[tuple], name: str) -> List[Any]:
+    def _one_job(self, payload: bytes, layout: Sequence[engine_launch.HostRanks], name: str) -> List[Any]:
         """hvdrun with the agents of ``layout``'s hosts running its proxies; the results."""
         import ray
         if not self._agents:
@@ -270,7 +278,7 @@ class RayExecutor:
                                            verbose=self.settings.verbose)
         outcomes: Dict[int, bytes] = {}
         lost: List[LostAgent] = []
-        proxies: List[tuple] = []
+        proxies: List[HostOutcome] = []
         try:
             try:
                 lines = launch.proxies(self.settings.timeout_s)
@@ -284,9 +292,9 @@ class RayExecutor:
                 done, pending = ray.wait(pending, timeout=0.2)
                 for ref in done:
                     try:
-                        host, proxy_code, found, said = ray.get(ref)
-                        outcomes.update(found)
-                        proxies.append((host, proxy_code, said))
+                        ended = ray.get(ref)
+                        outcomes.update(ended.outcomes)
+                        proxies.append(ended)
                     except ray.exceptions.RayError as error:
                         lost.append(LostAgent(refs[ref], _lost_cause(error)))
                         launch.end()
@@ -303,7 +311,7 @@ class RayExecutor:
             raise
         if launch.start_timed_out():
             raise self._start_timeout(name, f"hvdrun: {launch.said()}")
-        return engine_launch.gather(outcomes, size, name, engine_launch.host_of_ranks(layout),
+        return calls.gather(outcomes, size, name, engine_launch.host_of_ranks(layout),
                                     code, launch.messages, lost, proxies)
 
     def _start_timeout(self, name: str, said: str) -> EngineTimeout:

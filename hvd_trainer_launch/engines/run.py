@@ -1,16 +1,14 @@
 """``hvd_trainer.run``: horovod.run's API. Call a function on N ranks that hvdrun starts and
 return its results in rank order.
 
-The function and its arguments travel to the ranks, and each rank's result (or exception)
-back, as files in a private folder (``tempfile.mkdtemp``: mode 0700; owned_folders), each created with
-O_EXCL and O_NOFOLLOW, mode 0600, and signed with HMAC-SHA256 under a random secret of this
-call that reaches the ranks in their environment; nothing is unpickled before its signature
-is verified. The label of each file (its name) is signed with it, so no file can stand in for
-another. Pickling is cloudpickle's, as in Horovod, so functions of ``__main__``, lambdas and
-closures travel by value. ``python -m hvd_trainer_launch.engines.run FOLDER`` is the ranks' side.
+The function and its arguments travel to the ranks, and each rank's outcome back, as signed
+files (files.signed) in a private folder of this call (files.owned_folders), under a random
+secret of this call that reaches the ranks in their environment. Everything else is what the
+engines do too (engines.calls, engines.rank.call_function): hvdrun (over ssh, or on this
+machine) stands where an engine's agents stand. ``python -m hvd_trainer_launch.engines.run
+FOLDER`` is the ranks' side.
 """
 import os
-import pickle
 import secrets
 import shutil
 import signal
@@ -19,12 +17,13 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch.engines.rank import error_outcome
-from hvd_trainer_launch.files import owned_folders, signed as signed_files
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.engines import calls
+from hvd_trainer_launch.engines.rank import call_function
+from hvd_trainer_launch.files import owned_folders, signed
 
 # The call's secret (hex), for the ranks.
 SECRET_VARIABLE = "HVD_RUN_SECRET"
-_FUNCTION = "function"
 _FOLDER_PREFIX = "hvd_run."  # the calls' folders in the temporary folder (owned_folders)
 # Horovod's arguments that hvd_trainer.run refuses, and why.
 _ELASTIC = ("elastic jobs run as scripts: hvdrun --min-np N --max-np M python train.py, with "
@@ -33,10 +32,6 @@ _REFUSED = {"min_num_proc": _ELASTIC, "max_num_proc": _ELASTIC, "min_np": _ELAST
             "max_np": _ELASTIC, "slots": _ELASTIC, "reset_limit": _ELASTIC,
             "cooldown_range": _ELASTIC, "host_discovery_script": _ELASTIC,
             "use_gloo": "hvd_trainer runs on MPI only; drop use_gloo"}
-
-
-def _result_name(rank: int) -> str:
-    return f"result.{rank}"
 
 
 def _hvdrun_flags(num_proc: int, given: Dict[str, Any]) -> List[str]:
@@ -83,7 +78,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     keyword-only) is ``hvdrun --horovod``: ``func`` may ``import horovod.torch`` and the other
     horovod modules, which are hvd_trainer's on the ranks. The elastic arguments
     and ``use_gloo`` raise ValueError naming the argument. An exception in ``func`` on some
-    rank raises RuntimeError here naming the rank (the exception itself is its cause when it
+    rank raises EngineError (a RuntimeError) here naming the rank (the exception itself is its cause when it
     could be pickled); so does a rank that ends without a result. It blocks until the job ends.
     """
     given = dict(locals())
@@ -102,8 +97,6 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         raise ValueError("hvd_trainer.run: give hosts or hostfile, not both")
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"hvd_trainer.run: num_proc={num_proc!r} must be an int >= 1")
-    import cloudpickle  # only here: the ranks unpickle with pickle
-
     secret = secrets.token_bytes(32)
     owned_folders.sweep(_FOLDER_PREFIX)
     folder = owned_folders.make(_FOLDER_PREFIX)
@@ -112,8 +105,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     # later call's sweep removes it when the guard was killed too.
     watched, watching = os.pipe()
     try:
-        signed_files.write_signed(folder, _FUNCTION,
-                                  cloudpickle.dumps((func, tuple(args), kwargs or {})), secret)
+        signed.write_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret,
+                            calls.payload(func, args, kwargs))
         command = [sys.executable, "-m", "hvd_trainer_launch.cli.guard", str(watched), folder,
                    *_hvdrun_flags(num_proc, given), "--",
                    executable or sys.executable, "-m", "hvd_trainer_launch.engines.run", folder]
@@ -137,51 +130,26 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
 
 
 def _collect(folder: str, secret: bytes, ranks: int, code: int, name: str) -> List[Any]:
-    """The ranks' results in rank order, or RuntimeError naming the ranks that raised or
-    left no result."""
-    results, raised, missing = [], [], []
+    """The ranks' results in rank order, or EngineError (a RuntimeError) naming the ranks that
+    raised or left no result."""
+    outcomes = {}
     for rank in range(ranks):
-        if not os.path.exists(os.path.join(folder, _result_name(rank))):
-            missing.append(rank)
-            continue
-        payload = signed_files.read_signed(folder, _result_name(rank), secret)
-        try:
-            kind, *value = pickle.loads(payload)
-        except Exception as error:  # e.g. a class this process cannot import
-            raise RuntimeError(f"hvd_trainer.run: the result of {name} on rank {rank} cannot "
-                               f"be unpickled here: {error}") from error
-        (results if kind == "ok" else raised).append((rank, *value))
-    if raised:
-        first, error, text = raised[0]
-        ranks_text = (f"rank {first}" if len(raised) == 1 else
-                      f"ranks {', '.join(str(r) for r, *_ in raised)} (rank {first}'s below)")
-        raise RuntimeError(f"hvd_trainer.run: {name} raised on {ranks_text}:\n{text}") from error
-    if missing or code:
-        ranks_text = (f"rank{'s' if len(missing) > 1 else ''} "
-                      f"{', '.join(map(str, missing))} ended without a result; " if missing else "")
-        raise RuntimeError(f"hvd_trainer.run: {ranks_text}hvdrun exited with code {code} "
-                           "(the ranks' output above says why)")
-    return [value for _, value in results]
+        path = os.path.join(folder, protocol.ENGINE_RESULT.format(rank=rank))
+        if os.path.exists(path):
+            outcomes[rank] = signed.read_signed(path, secret)
+    return calls.gather(outcomes, ranks, f"hvd_trainer.run: {name}", {}, code, [])
 
 
 def _main(folder: str) -> None:
-    """The ranks' side: verify and load the function, call it, write the signed result; an
-    exception is written too and then raised, so that hvdrun ends the job."""
-    import cloudpickle
+    """The ranks' side: the function called as every call on N ranks calls it
+    (engines.rank.call_function), from the folder the caller named."""
     secret = bytes.fromhex(os.environ.pop(SECRET_VARIABLE))  # not for func's own children
     rank = int(os.environ["HOROVOD_RANK"])
-    try:
-        func, args, kwargs = pickle.loads(signed_files.read_signed(folder, _FUNCTION, secret))
-    except FileNotFoundError:
-        sys.exit(f"hvd_trainer.run: rank {rank} finds no {os.path.join(folder, _FUNCTION)}: "
-                 "every host must see the folder the function travels through; set TMPDIR "
-                 "to a folder all hosts share")
-    try:
-        payload = cloudpickle.dumps(("ok", func(*args, **kwargs)))
-    except BaseException as error:
-        signed_files.write_signed(folder, _result_name(rank), error_outcome(error), secret)
-        raise
-    signed_files.write_signed(folder, _result_name(rank), payload, secret)
+    if not os.path.exists(os.path.join(folder, protocol.ENGINE_FUNCTION)):
+        sys.exit(f"hvd_trainer.run: rank {rank} finds no "
+                 f"{os.path.join(folder, protocol.ENGINE_FUNCTION)}: every host must see the "
+                 "folder the function travels through; set TMPDIR to a folder all hosts share")
+    call_function(folder, secret, rank)
 
 
 if __name__ == "__main__":

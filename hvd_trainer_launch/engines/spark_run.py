@@ -24,11 +24,11 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch.engines import spark_causes as causes
-from hvd_trainer_launch.engines import (agent as engine_agent, checks as engine_checks,
-                                        launch as engine_launch, registry as engine_registry)
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.engines.launch import EngineError, EngineTimeout
+from hvd_trainer_launch.engines import (agent as engine_agent, calls, checks as engine_checks,
+                                        launch as engine_launch, registry as engine_registry,
+                                        spark_causes as causes)
+from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout
 
 # Horovod's default start timeout, and the variable it reads first.
 _DEFAULT_START_TIMEOUT = 600.0
@@ -48,7 +48,7 @@ _ELASTIC = ("hvd_trainer.spark.run_elastic is not supported: hvd_trainer's elast
 def _task(payload: bytes, secret: bytes, registry: str, wait: float) -> Callable:
     """The function each barrier task runs over its (unused) partition: register, then run
     the proxy command the driver answers with, if any; its one row is the outcome of its
-    host's ranks (engine_agent.HostOutcome), or None from the tasks that run none. It refers
+    host's ranks (calls.HostOutcome), or None from the tasks that run none. It refers
     to hvd_trainer_launch's modules alone, so that a task imports nothing more (hvd_trainer
     itself, NumPy) before it registers."""
 
@@ -110,7 +110,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         start_timeout = float(os.environ.get(_START_TIMEOUT_VARIABLE, _DEFAULT_START_TIMEOUT))
     secret = os.urandom(32)
     conf = context.getConf()
-    payload = engine_launch.payload(fn, args, kwargs)
+    payload = calls.payload(fn, args, kwargs)
     registry = engine_registry.Registry(conf.get("spark.driver.host"), secret, num_proc,
                                         num_proc, bind=conf.get("spark.driver.bindAddress"))
     start = _Start(began, start_timeout, num_proc, context.defaultParallelism)
@@ -153,10 +153,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     finally:
         registry.close()
     hosts = [outcome for outcome in results if outcome is not None]
-    return engine_launch.gather(
+    return calls.gather(
         {rank: outcome for host in hosts for rank, outcome in host.outcomes.items()}, num_proc,
         getattr(fn, "__name__", repr(fn)), engine_launch.host_of_ranks(layout), code,
-        launch.messages, proxies=[(host.host, host.code, host.messages) for host in hosts])
+        launch.messages, proxies=hosts)
 
 
 def _hvdrun_args(nics: Optional[Sequence[str]], timestamps: bool, verbose: int) -> List[str]:
@@ -268,7 +268,7 @@ class _BarrierJob:
         self._context.cancelJobGroup(self._group)
         self._thread.join(30)
 
-    def results(self, tasks: Dict[int, Any]) -> List[Optional[engine_agent.HostOutcome]]:
+    def results(self, tasks: Dict[int, Any]) -> List[Optional[calls.HostOutcome]]:
         """The tasks' rows once the job ends; EngineError (or EngineTimeout when the
         cluster has too few slots) saying why it failed (``tasks``: the registrations)."""
         while self._thread.is_alive():

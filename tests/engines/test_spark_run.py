@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import engines
-from hvd_trainer_launch.engines.launch import EngineError
+from hvd_trainer_launch.engines.calls import EngineError
 
 RANKS = 3
 # The ranks cannot import this test module: its functions travel by value, as __main__'s do.

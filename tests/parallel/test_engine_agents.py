@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from hvd_trainer_launch import mpi, protocol
-from hvd_trainer_launch.engines import agent as engine_agent, launch as engine_launch
-from hvd_trainer_launch.engines.launch import EngineError
+from hvd_trainer_launch.engines import agent as engine_agent, calls, launch as engine_launch
+from hvd_trainer_launch.engines.calls import EngineError
 from hvd_trainer_launch.files import owned_folders
 
 pytestmark = pytest.mark.mpi
@@ -65,7 +65,7 @@ def test_each_agent_runs_its_hosts_proxy():
     launch = _launch(LAYOUT, secret)
     try:
         lines = launch.proxies(60)
-        payload = engine_launch.payload(_collective, (2.0,))
+        payload = calls.payload(_collective, (2.0,))
         found = [None] * len(lines)
 
         def agent(place):
@@ -84,7 +84,7 @@ def test_each_agent_runs_its_hosts_proxy():
         [[r for r, h in engine_launch.host_of_ranks(LAYOUT).items() if h == host]
          for host, _ in LAYOUT]
     outcomes = {rank: data for outcome in found for rank, data in outcome.outcomes.items()}
-    results = engine_launch.gather(outcomes, 3, "_collective",
+    results = calls.gather(outcomes, 3, "_collective",
                                    engine_launch.host_of_ranks(LAYOUT), code, launch.messages)
     want = sum(np.arange(6.0) * (rank + 1) * 2.0 for rank in range(3))
     for rank, (variables, summed, shim) in enumerate(results):
@@ -143,7 +143,7 @@ def test_a_killed_agent_takes_its_proxy_and_ranks_with_it(tmp_path):
         line, = launch.proxies(60)
         agent = subprocess.Popen([sys.executable, "-c", _AGENT, line, secret.hex()],
                                  stdin=subprocess.PIPE, env=dict(os.environ, **{marker: "1"}))
-        agent.stdin.write(engine_launch.payload(_sleep_long))
+        agent.stdin.write(calls.payload(_sleep_long))
         agent.stdin.close()
         deadline = time.monotonic() + 60
         while out.getvalue().count(b"asleep") < 3:
@@ -165,7 +165,7 @@ def test_a_killed_agent_takes_its_proxy_and_ranks_with_it(tmp_path):
         assert time.monotonic() < deadline, "processes left behind the killed agent"
         time.sleep(0.2)
     with pytest.raises(EngineError, match="ended without a result"):
-        engine_launch.gather({}, 3, "_sleep_long", engine_launch.host_of_ranks(layout), code,
+        calls.gather({}, 3, "_sleep_long", engine_launch.host_of_ranks(layout), code,
                              launch.messages)
     # SIGKILL skipped the agent's cleanup: its folder (the pickled function) stays until the
     # next agent on this host sweeps it.
@@ -182,13 +182,13 @@ def test_a_missing_executable_and_bad_launcher_arguments_are_named():
         secret=secret, start_timeout=60, err=io.BytesIO())
     try:
         line, = missing.proxies(60)
-        outcome = engine_agent.run_proxy(line, engine_launch.payload(len, ([],)), secret)
+        outcome = engine_agent.run_proxy(line, calls.payload(len, ([],)), secret)
         code = missing.wait(60)
     finally:
         missing.end()
     with pytest.raises(EngineError, match=r"rank 0: cannot run '/no/such/python': No such "
                                           r"file or directory"):
-        engine_launch.gather(outcome.outcomes, 1, "len", {0: HOST}, code, missing.messages)
+        calls.gather(outcome.outcomes, 1, "len", {0: HOST}, code, missing.messages)
     bad = engine_launch.AgentLaunch([(HOST, 1)], engine_launch.rank_command(), flavour=FLAVOUR,
                                     secret=secret, mpi_args=["--no-such-launcher-flag"],
                                     start_timeout=60, err=io.BytesIO())

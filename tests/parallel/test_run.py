@@ -44,7 +44,7 @@ def test_the_function_runs_collectives_with_its_arguments(np_):
 @pytest.mark.parametrize("np_", [3])
 def test_an_exception_on_one_rank_raises_in_the_caller_naming_the_rank(np_):
     out = drive("raises", np_)
-    assert "RAISED RuntimeError: hvd_trainer.run: raises_on_rank_1 raised on rank 1:" in out
+    assert "RAISED EngineError: hvd_trainer.run: raises_on_rank_1 raised on rank 1:" in out
     assert "ValueError: rank 1 found a bad batch" in out  # the rank's traceback
     assert "| CAUSE ValueError('rank 1 found a bad batch')" in out
 
@@ -53,7 +53,7 @@ def test_horovod_true_gives_the_function_horovod_and_without_it_there_is_none():
     # 1 + 2 + 3 summed over 3 ranks; hvd_trainer.run is horovod.run inside.
     assert result(drive("horovod", 3)) == [("0.28.1", True, 6.0)] * 3
     out = drive("no_horovod", 3)
-    assert "RAISED RuntimeError: hvd_trainer.run: horovod_root raised on rank" in out
+    assert "RAISED EngineError: hvd_trainer.run: horovod_root raised on rank" in out
     assert "ModuleNotFoundError: No module named 'horovod'" in out
 
 
@@ -61,7 +61,7 @@ def test_horovod_true_gives_the_function_horovod_and_without_it_there_is_none():
 def test_a_rank_that_exits_without_a_result_is_named(np_):
     out = drive("exits", np_)
     # Rank 2 returns at once, but hvdrun may end it first.
-    assert re.search(r"RAISED RuntimeError: hvd_trainer.run: ranks? 1(, 2)? ended without a "
+    assert re.search(r"RAISED EngineError: hvd_trainer.run: \w+: ranks? 1(, 2)? ended without a "
                      r"result; hvdrun exited with code 3", out), out
 
 

@@ -14,6 +14,7 @@ from hvd_trainer.elastic import store
 from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.elastic.driver import Generation
+from hvd_trainer_launch.files import signed
 
 SECRET = "0123456789abcdef"
 
@@ -149,7 +150,7 @@ def test_new_hosts_end_the_process_for_a_restart_with_the_state_committed(job, m
             train(state)
         assert leave.value.code == protocol.RESET_EXIT_CODE
         (commit,) = job.glob("rank0.*.commit")
-        data = files.verify(SECRET.encode(), commit.read_bytes(), "commit")
+        data = signed.verify(SECRET.encode(), commit.read_bytes(), "commit")
         assert pickle.loads(data) == {"step": 5}
     finally:
         server.close()
@@ -201,7 +202,7 @@ def test_commits_are_signed_owner_only_files_in_an_owner_only_folder(job):
     (commit,) = job.glob("rank0.*.commit")
     assert stat.S_IMODE(job.stat().st_mode) == 0o700
     assert stat.S_IMODE(commit.stat().st_mode) == 0o600
-    assert pickle.loads(files.verify(SECRET.encode(), commit.read_bytes(), "commit")) == {"step": 1}
+    assert pickle.loads(signed.verify(SECRET.encode(), commit.read_bytes(), "commit")) == {"step": 1}
 
 
 def test_a_commit_folder_of_another_user_is_refused_and_nothing_in_it_runs(job):
@@ -229,7 +230,9 @@ def test_a_bad_newest_commit_falls_back_to_the_one_before_naming_the_file(job, d
         newest = job / "rank3.000000000009.commit"
         newest.write_bytes(pickle.dumps(_Planted(str(marker))))
     elif damage == "another job's":
-        newest.write_bytes(files.sign(b"another secret", pickle.dumps({"step": 99})))
+        newest.unlink()
+        files.write_signed(str(newest), b"another secret", [pickle.dumps({"step": 99})],
+                           sync=False)
     else:
         newest.write_bytes(newest.read_bytes()[:-4])
     fresh = elastic.ObjectState(step=0)

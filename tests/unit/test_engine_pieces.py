@@ -13,8 +13,8 @@ import cloudpickle
 import pytest
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.engines import launch as engine_launch
-from hvd_trainer_launch.engines.launch import EngineError
+from hvd_trainer_launch.engines import calls, launch as engine_launch
+from hvd_trainer_launch.engines.calls import EngineError, HostOutcome, Outcome
 from hvd_trainer_launch.files import signed as signed_files
 
 
@@ -24,19 +24,19 @@ def test_rank_layout_groups_by_first_appearance():
 
 
 def _ok(value):
-    return cloudpickle.dumps(("ok", value))
+    return calls.returned(value)
 
 
 def test_gather_orders_results_by_rank():
     outcomes = {2: _ok("two"), 0: _ok("zero"), 1: _ok("one")}
-    assert engine_launch.gather(outcomes, 3, "f", {}, 0, []) == ["zero", "one", "two"]
+    assert calls.gather(outcomes, 3, "f", {}, 0, []) == ["zero", "one", "two"]
 
 
 def test_gather_names_the_rank_and_host_that_raised():
     error = KeyError("boom")
-    outcomes = {0: _ok(0), 1: cloudpickle.dumps(("error", error, "Traceback: KeyError boom"))}
+    outcomes = {0: _ok(0), 1: cloudpickle.dumps(Outcome(raised=error, text="Traceback: KeyError boom"))}
     with pytest.raises(EngineError, match=r"f raised on rank 1 on host h2:\nTraceback") as raised:
-        engine_launch.gather(outcomes, 2, "f", {0: "h1", 1: "h2"}, 1, ["rank 1 exited"])
+        calls.gather(outcomes, 2, "f", {0: "h1", 1: "h2"}, 1, ["rank 1 exited"])
     assert isinstance(raised.value.__cause__, KeyError)
 
 
@@ -44,23 +44,24 @@ def test_gather_names_missing_ranks_lost_agents_and_failed_proxies():
     with pytest.raises(EngineError, match=r"rank 1 on h2 ended without a result; hvdrun exited "
                                           r"with code 1(.|\n)*proxy on h2 exited with code 5: "
                                           r"cannot connect"):
-        engine_launch.gather({0: _ok(0)}, 2, "f", {0: "h1", 1: "h2"}, 1, [],
-                             proxies=[("h1", 0, ""), ("h2", 5, "cannot connect\n")])
+        calls.gather({0: _ok(0)}, 2, "f", {0: "h1", 1: "h2"}, 1, [],
+                     proxies=[HostOutcome("h1", 0, {}),
+                              HostOutcome("h2", 5, {}, "cannot connect\n")])
     cause = "ActorDiedError: The actor is dead because it was killed by `ray.kill`."
     with pytest.raises(EngineError, match=r"f: the agent on h2 was lost .*\nh2: " +
                        re.escape(cause)):
-        engine_launch.gather({0: _ok(0)}, 2, "f", {}, 0, [],
-                             lost=[engine_launch.LostAgent("h2", cause)])
+        calls.gather({0: _ok(0)}, 2, "f", {}, 0, [],
+                             lost=[calls.LostAgent("h2", cause)])
 
 
 def test_a_long_traceback_is_cut_in_the_message_and_kept_whole_on_the_error():
     text = "Traceback (most recent call last):\n" + "  frame\n" * 20000 + "KeyError: 'end'\n"
-    outcomes = {0: cloudpickle.dumps(("error", KeyError("end"), text))}
+    outcomes = {0: cloudpickle.dumps(Outcome(raised=KeyError("end"), text=text))}
     with pytest.raises(EngineError) as raised:
-        engine_launch.gather(outcomes, 1, "f", {0: "h1"}, 1, [])
+        calls.gather(outcomes, 1, "f", {0: "h1"}, 1, [])
     message = str(raised.value)
-    assert len(text) > 2 * engine_launch.MESSAGE_TRACEBACK_CHARS
-    assert len(message) < engine_launch.MESSAGE_TRACEBACK_CHARS + 1000
+    assert len(text) > 2 * calls.MESSAGE_TRACEBACK_CHARS
+    assert len(message) < calls.MESSAGE_TRACEBACK_CHARS + 1000
     assert "characters cut here" in message and message.endswith("KeyError: 'end'\n")
     assert raised.value.rank_traceback == text
 
@@ -73,44 +74,45 @@ def test_sys_exit_travels_as_the_systemexit_it_means():
         __tracebackhide__ = True  # noqa: F841 (as hvd_trainer's replacement of sys.exit)
         raise _JobsOwnExit(status)
 
-    from hvd_trainer_launch.engines import rank as engine_rank
     try:
         exit_as_a_job_does(3)
     except SystemExit as raised:
-        kind, error, text = pickle.loads(engine_rank.error_outcome(raised))
-    assert (kind, type(error), error.code) == ("error", SystemExit, 3)
-    assert text.endswith("    exit_as_a_job_does(3)\nSystemExit: 3\n")
-    assert "_JobsOwnExit" not in text
+        outcome = pickle.loads(calls.raised(raised))
+    assert (outcome.failed, type(outcome.raised), outcome.raised.code) == (True, SystemExit, 3)
+    assert outcome.text.endswith("    exit_as_a_job_does(3)\nSystemExit: 3\n")
+    assert "_JobsOwnExit" not in outcome.text
 
 
 def test_signed_files_round_trip_and_refuse_tampering(tmp_path):
     secret = os.urandom(32)
     folder = str(tmp_path)
     os.chmod(folder, 0o700)
-    signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"payload", secret)
-    assert signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, secret) == b"payload"
+    signed_files.write_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret, b"payload")
+    function = os.path.join(folder, protocol.ENGINE_FUNCTION)
+    assert signed_files.read_signed(function, secret) == b"payload"
     with pytest.raises(FileExistsError):  # never over an existing file
-        signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, b"other", secret)
+        signed_files.write_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret, b"other")
     with pytest.raises(ValueError, match="fails its signature check"):
-        signed_files.read_signed(folder, protocol.ENGINE_FUNCTION, os.urandom(32))
+        signed_files.read_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), os.urandom(32))
     # A file's signature binds its label: a result cannot stand in for the function.
     os.rename(os.path.join(folder, protocol.ENGINE_FUNCTION),
               os.path.join(folder, protocol.ENGINE_RESULT.format(rank=0)))
     with pytest.raises(ValueError, match="fails its signature check"):
-        signed_files.read_signed(folder, protocol.ENGINE_RESULT.format(rank=0), secret)
+        signed_files.read_signed(os.path.join(folder, protocol.ENGINE_RESULT.format(rank=0)),
+                                 secret)
     path = os.path.join(folder, "loose")
     with open(path, "wb") as f:
         f.write(b"x" * 40)
     os.chmod(path, 0o644)
     with pytest.raises(ValueError, match="not an owner-only file"):
-        signed_files.read_signed(folder, "loose", secret)
+        signed_files.read_signed(os.path.join(folder, "loose"), secret)
 
 
 def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypatch):
     from hvd_trainer_launch.engines import rank as engine_rank
     secret, folder = os.urandom(32), str(tmp_path)
-    signed_files.write_signed(folder, protocol.ENGINE_FUNCTION,
-                              cloudpickle.dumps((lambda a, b=0: a + b, (2,), {"b": 3})), secret)
+    signed_files.write_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret,
+                              calls.payload(lambda a, b=0: a + b, (2,), {"b": 3}))
     monkeypatch.setenv(protocol.ENGINE_FOLDER_VARIABLE, folder)
     monkeypatch.setenv(protocol.ENGINE_SECRET_VARIABLE, secret.hex())
     monkeypatch.setenv("HOROVOD_RANK", "4")
@@ -120,7 +122,8 @@ def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypa
     monkeypatch.chdir(folder)
     engine_rank.main()
     label = protocol.ENGINE_RESULT.format(rank=4)
-    assert pickle.loads(signed_files.read_signed(folder, label, secret)) == ("ok", 5)
+    assert pickle.loads(signed_files.read_signed(os.path.join(folder, label), secret)) == \
+        Outcome(value=5)
     assert os.environ["HOROVOD_HOSTNAME"] == socket.gethostname()
 
 

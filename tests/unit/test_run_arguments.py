@@ -9,6 +9,7 @@ import pytest
 
 import hvd_trainer
 from hvd_trainer_launch.engines import run as runner
+from hvd_trainer_launch.engines.calls import Outcome
 from hvd_trainer_launch.files import signed as signed_files
 
 SECRET = b"s" * 32
@@ -45,9 +46,9 @@ def test_accepted_arguments_become_hvdrun_flags():
 
 
 def test_a_signed_file_is_owner_only_and_round_trips(tmp_path):
-    signed_files.write_signed(str(tmp_path), "result.0", pickle.dumps({"x": 1}), SECRET)
+    signed_files.write_signed(os.path.join(str(tmp_path), "result.0"), SECRET, pickle.dumps({"x": 1}))
     assert stat.S_IMODE(os.stat(tmp_path / "result.0").st_mode) == 0o600
-    assert pickle.loads(signed_files.read_signed(str(tmp_path), "result.0", SECRET)) == {"x": 1}
+    assert pickle.loads(signed_files.read_signed(os.path.join(str(tmp_path), "result.0"), SECRET)) == {"x": 1}
 
 
 def test_a_signed_file_never_replaces_a_file_or_follows_a_link(tmp_path):
@@ -56,7 +57,7 @@ def test_a_signed_file_never_replaces_a_file_or_follows_a_link(tmp_path):
     (tmp_path / "result.2").write_bytes(b"")
     for label in ("result.1", "result.2"):
         with pytest.raises(FileExistsError):
-            signed_files.write_signed(str(tmp_path), label, b"x", SECRET)
+            signed_files.write_signed(os.path.join(str(tmp_path), label), SECRET, b"x")
     assert (tmp_path / "target").read_bytes() == b""
 
 
@@ -76,7 +77,7 @@ class Trap:
 
 def test_signatures_are_checked_per_file_and_key(tmp_path):
     folder = str(tmp_path)
-    signed_files.write_signed(folder, "result.0", b"payload", SECRET)
+    signed_files.write_signed(os.path.join(folder, "result.0"), SECRET, b"payload")
     data = (tmp_path / "result.0").read_bytes()
     (tmp_path / "result.1").write_bytes(data)  # another rank's label
     (tmp_path / "tampered").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -84,10 +85,10 @@ def test_signatures_are_checked_per_file_and_key(tmp_path):
         os.chmod(tmp_path / label, 0o600)
     for label, secret in (("result.0", b"t" * 32), ("result.1", SECRET), ("tampered", SECRET)):
         with pytest.raises(ValueError, match="fails its signature check"):
-            signed_files.read_signed(folder, label, secret)
+            signed_files.read_signed(os.path.join(folder, label), secret)
     os.chmod(tmp_path / "result.0", 0o644)
     with pytest.raises(ValueError, match="not an owner-only file"):
-        signed_files.read_signed(folder, "result.0", SECRET)
+        signed_files.read_signed(os.path.join(folder, "result.0"), SECRET)
 
 
 def tamper(path):
@@ -97,7 +98,8 @@ def tamper(path):
 
 def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
     folder = str(tmp_path)
-    signed_files.write_signed(folder, "function", pickle.dumps((Trap(), (), {})), SECRET)
+    signed_files.write_signed(os.path.join(folder, "function"), SECRET,
+                              pickle.dumps((Trap(), (), {})))
     tamper(tmp_path / "function")
     monkeypatch.setenv("HOROVOD_RANK", "0")
     monkeypatch.setenv(runner.SECRET_VARIABLE, SECRET.hex())
@@ -105,7 +107,8 @@ def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
         runner._main(folder)
     assert LOADED == [] and not (tmp_path / "result.0").exists()
     (tmp_path / "function").unlink()
-    signed_files.write_signed(folder, "function", pickle.dumps((divmod, (7, 2), {})), SECRET)
+    signed_files.write_signed(os.path.join(folder, "function"), SECRET,
+                              pickle.dumps((divmod, (7, 2), {})))
     monkeypatch.setenv(runner.SECRET_VARIABLE, SECRET.hex())
     runner._main(folder)
     assert runner.SECRET_VARIABLE not in os.environ  # the function's children do not get it
@@ -114,13 +117,15 @@ def test_the_ranks_unpickle_only_a_verified_function(tmp_path, monkeypatch):
 
 def test_the_caller_unpickles_only_verified_results(tmp_path):
     folder = str(tmp_path)
-    signed_files.write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
+    signed_files.write_signed(os.path.join(folder, "result.0"), SECRET,
+                              pickle.dumps(Outcome(value=Trap())))
     tamper(tmp_path / "result.0")
     with pytest.raises(ValueError, match="fails its signature check"):
         runner._collect(folder, SECRET, 1, 0, "f")
     assert LOADED == []
     (tmp_path / "result.0").unlink()
-    signed_files.write_signed(folder, "result.0", pickle.dumps(("ok", Trap())), SECRET)
+    signed_files.write_signed(os.path.join(folder, "result.0"), SECRET,
+                              pickle.dumps(Outcome(value=Trap())))
     assert runner._collect(folder, SECRET, 1, 0, "f") == [None]
     assert LOADED == ["unpickled"]  # the trap works: the refusals above are real
     LOADED.clear()
