@@ -1,6 +1,7 @@
 """hvdrun's notice port in elastic mode: rank 0 asks it whether the hosts changed, and tells
 it the newest commit rank 0 has written (protocol.notice_reply: both ends prove that
-they hold the job's secret).
+they hold the job's secret); :class:`Generation` keeps the port, the generation number and
+the newest commit across the job's lives.
 
 One thread serves every connection at once through a selector, so that a peer that sends
 its bytes slowly, or none, holds up nobody else: each exchange has EXCHANGE_SECONDS in all,
@@ -12,9 +13,11 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Dict, NamedTuple
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 from hvd_trainer_launch import protocol
+from hvd_trainer_launch.elastic.discovery import Hosts
+from hvd_trainer_launch.job.reports import interface_address
 
 EXCHANGE_SECONDS = 5.0  # a whole exchange, from accept to reply
 MAX_OPEN = 128  # connections served at once; a new one beyond closes the oldest
@@ -136,3 +139,53 @@ class NoticeServer:
         except (KeyError, ValueError):
             pass
         conn.close()
+
+
+_LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
+class Generation:
+    """The notice port (:class:`NoticeServer`) across the job's lives: tells the hosts'
+    generation number, which goes up when discovery reports a change (rank 0 asks at each
+    commit), and hears the newest commit rank 0 has written (``committed``, for the next
+    life). It listens on the loopback while every rank runs here, else on the first
+    --network-interface (on every interface without one)."""
+
+    def __init__(self, secret: bytes, nics: Sequence[str] = ()):
+        self.secret, self.nics = secret, list(nics)
+        self.number = 0
+        self.committed = 0
+        self.server: Optional[NoticeServer] = None
+        self.bound: Optional[str] = None
+        self._listen("127.0.0.1")
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def _listen(self, address: str) -> None:
+        """Serve on ``address`` (a new port) from now on; the old server closes."""
+        server = NoticeServer(address, self.secret, lambda: self.number, self._heard)
+        if self.server is not None:
+            self.server.close()
+        self.server, self.bound = server, address
+
+    def _heard(self, written: int) -> None:
+        self.committed = max(self.committed, written)
+
+    def address(self, layout: Hosts) -> str:
+        """host:port for the ranks of ``layout``, listening where they can reach it and no
+        wider: the loopback when they all run here."""
+        local = set(_LOCAL_NAMES) | {socket.gethostname(), socket.getfqdn()}
+        if all(host in local for host, _ in layout):
+            bind = host = "127.0.0.1"
+        elif self.nics:
+            bind = host = interface_address(self.nics[0])
+        else:
+            bind, host = "", socket.getfqdn()
+        if bind != self.bound:
+            self._listen(bind)
+        return f"{host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.close()

@@ -253,7 +253,8 @@ def _run_elastic(args):
     # Patched by the suites. hvdrun runs discovery every second (no flag changes that), and
     # reads the elastic timeout from --elastic-timeout, which launch._run_elastic passes.
     "horovod/runner/elastic/driver.py": '''"""Generated shim: the driver settings the suites patch."""
-from hvd_trainer_launch.elastic.driver import DEFAULT_ELASTIC_TIMEOUT, DISCOVERY_INTERVAL
+from hvd_trainer_launch.elastic.discovery import DISCOVERY_INTERVAL
+from hvd_trainer_launch.elastic.driver import DEFAULT_ELASTIC_TIMEOUT
 
 DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_INTERVAL
 ELASTIC_TIMEOUT_SECS = DEFAULT_ELASTIC_TIMEOUT

@@ -9,23 +9,23 @@ import pytest
 from hvd_trainer import elastic as core
 from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.cli import hvdrun
-from hvd_trainer_launch.elastic import driver as elastic
+from hvd_trainer_launch.elastic import discovery, driver as elastic, notices, registration
 from hvd_trainer_launch.job import flags
 from hvd_trainer_launch.job.relay import ENDED
 
 
 def test_discovery_lines_take_slots_per_host_when_they_give_none():
     text = "a:2\nb\n\n  c:1  \n"
-    assert elastic.parse_discovered(text, 4) == [("a", 2), ("b", 4), ("c", 1)]
-    assert elastic.parse_discovered("b\n", None) == [("b", 1)]
+    assert discovery.parse_discovered(text, 4) == [("a", 2), ("b", 4), ("c", 1)]
+    assert discovery.parse_discovered("b\n", None) == [("b", 1)]
     with pytest.raises(ValueError, match="bad host entry 'a:x'"):
-        elastic.parse_discovered("a:x\n", None)
+        discovery.parse_discovered("a:x\n", None)
 
 
 def test_ranks_fill_the_hosts_in_order():
-    layout = elastic.allocate([("a", 2), ("b", 3), ("c", 4)], 4)
+    layout = discovery.allocate([("a", 2), ("b", 3), ("c", 4)], 4)
     assert layout == [("a", 2), ("b", 2)]
-    assert [elastic.host_of(layout, rank) for rank in range(4)] == ["a", "a", "b", "b"]
+    assert [discovery.host_of(layout, rank) for rank in range(4)] == ["a", "a", "b", "b"]
 
 
 class Clock:
@@ -38,7 +38,7 @@ class Clock:
 
 def test_a_life_that_failed_on_a_host_maybe_as_a_consequence_keeps_its_row():
     # b failed in the second life too, but after a's failure: no count, and no break.
-    blacklist = elastic.Blacklist(None, Clock())
+    blacklist = registration.Blacklist(None, Clock())
     assert blacklist.life_ended(["a", "b"], {"b"}) == []
     assert blacklist.life_ended(["a", "b"], {"a"}, unsure={"b"}) == []
     assert blacklist.life_ended(["a", "b"], {"b"}) == ["b"]
@@ -46,7 +46,7 @@ def test_a_life_that_failed_on_a_host_maybe_as_a_consequence_keeps_its_row():
 
 def test_a_host_failing_in_two_lives_in_a_row_is_out_for_the_cooldown():
     clock = Clock()
-    blacklist = elastic.Blacklist((5.0, 5.0), clock)
+    blacklist = registration.Blacklist((5.0, 5.0), clock)
     hosts = [("a", 2), ("b", 2)]
     assert blacklist.life_ended(["a", "b"], {"a"}) == []
     assert blacklist.life_ended(["a", "b"], set()) == []  # a good life in between
@@ -59,7 +59,7 @@ def test_a_host_failing_in_two_lives_in_a_row_is_out_for_the_cooldown():
 
 def test_without_a_cooldown_a_failing_host_stays_out():
     clock = Clock()
-    blacklist = elastic.Blacklist(None, clock)
+    blacklist = registration.Blacklist(None, clock)
     blacklist.life_ended(["a"], {"a"})
     blacklist.life_ended(["a"], {"a"})
     clock.now += 1e9
@@ -111,7 +111,7 @@ SECRET = b"the job's secret"
 
 
 def test_the_notice_port_listens_on_the_loopback_when_every_rank_runs_here():
-    generation = elastic.Generation(SECRET)
+    generation = notices.Generation(SECRET)
     try:
         address = generation.address([("localhost", 2), ("127.0.0.1", 2)])
         assert generation.server.listener.getsockname() == ("127.0.0.1", generation.port)
@@ -121,7 +121,7 @@ def test_the_notice_port_listens_on_the_loopback_when_every_rank_runs_here():
 
 
 def test_the_notice_port_listens_on_the_chosen_interface_for_other_hosts():
-    generation = elastic.Generation(SECRET, nics=["lo"])
+    generation = notices.Generation(SECRET, nics=["lo"])
     try:
         address = generation.address([("node-a", 2), ("node-b", 2)])
         assert generation.server.listener.getsockname()[0] == "127.0.0.1"  # lo's address
@@ -129,11 +129,11 @@ def test_the_notice_port_listens_on_the_chosen_interface_for_other_hosts():
     finally:
         generation.close()
     with pytest.raises(ValueError, match="--network-interface no-such-nic0: no IPv4 address"):
-        elastic.interface_address("no-such-nic0")
+        notices.interface_address("no-such-nic0")
 
 
 def test_the_notice_port_tells_only_the_holder_of_the_secret():
-    generation = elastic.Generation(SECRET)
+    generation = notices.Generation(SECRET)
     generation.number = 3
     try:
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
@@ -169,7 +169,7 @@ def test_a_rank_ignores_a_notice_that_hvdrun_did_not_sign(monkeypatch, caplog):
 
 
 def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
-    relay = elastic.ElasticRelay(4, False, None)
+    relay = registration.ElasticRelay(4, False, None)
     relay.record(2, 1, "exited with code")
     relay.record(0, 3, "exited with code")
     relay.record(1, protocol.RESET_EXIT_CODE, "exited with code")  # left for new hosts
@@ -179,13 +179,13 @@ def test_a_life_counts_every_rank_that_failed_before_hvdrun_began_to_end_it():
     assert relay.failed == {2: 1, 0: 3}
     assert (relay.settle().rank, relay.failure.code) == (2, 1)  # the earliest exit
     layout = [("a", 2), ("b", 2)]
-    assert {elastic.host_of(layout, rank) for rank in relay.failed} == {"a", "b"}
+    assert {discovery.host_of(layout, rank) for rank in relay.failed} == {"a", "b"}
 
 
 def test_a_life_counts_against_the_host_of_its_first_own_failure_by_exit_time():
     # Rank 3 on b was killed first; rank 1 on a failed after it, its peer gone; rank 0 was
     # ended by the launcher even earlier, which is no failure of its own.
-    relay = elastic.ElasticRelay(4, False, None)
+    relay = registration.ElasticRelay(4, False, None)
     relay.record(1, 1, "exited with code", at=20.5)
     relay.record(0, 143, ENDED, at=19.0)
     relay.record(3, 137, "exited with code", at=20.1)
@@ -195,7 +195,7 @@ def test_a_life_counts_against_the_host_of_its_first_own_failure_by_exit_time():
 def test_a_life_counts_against_the_host_of_a_killed_rank_seen_just_after_a_survivors_abort():
     # As hvdrun names the first failure: rank 3 on b was killed (-9), but its wrapper saw it
     # 3 ms after rank 1's MPI on a had aborted on the lost connection.
-    relay = elastic.ElasticRelay(4, False, None)
+    relay = registration.ElasticRelay(4, False, None)
     relay.record(1, 14, "exited with code", at=20.100)
     relay.record(3, 137, "exited with code", at=20.103, killed=True)
     assert relay.blamed([("a", 2), ("b", 2)]) == {"b"}
@@ -204,8 +204,8 @@ def test_a_life_counts_against_the_host_of_a_killed_rank_seen_just_after_a_survi
 def test_a_life_whose_launch_failed_counts_against_the_hosts_that_started_nothing():
     # No rank failed on its own; ranks 2 and 3 (on b and c) never started: ssh could not reach
     # their hosts. Rank 1, here, did not start either, but only as the launch was dropped.
-    relay = elastic.ElasticRelay(4, False, None)
+    relay = registration.ElasticRelay(4, False, None)
     relay.started.add(0)
     layout = [("localhost", 2), ("b", 1), ("c", 1)]
     assert relay.blamed(layout) == {"b", "c"}
-    assert elastic.ElasticRelay(2, False, None).blamed([("localhost", 2)]) == {"localhost"}
+    assert registration.ElasticRelay(2, False, None).blamed([("localhost", 2)]) == {"localhost"}

@@ -14,14 +14,14 @@ import pytest
 from hvd_trainer.runtime import runtime
 from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.cli import hvdrun
-from hvd_trainer_launch.elastic import driver as elastic
+from hvd_trainer_launch.elastic import discovery, driver as elastic, notices
 from hvd_trainer_launch.job import watch as job
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
 def test_slow_and_idle_peers_on_the_notice_port_hold_up_no_proper_question():
-    generation = elastic.Generation(SECRET)
+    generation = notices.Generation(SECRET)
     generation.number = 3
     stop = threading.Event()
     idle = []
@@ -59,7 +59,7 @@ def test_slow_and_idle_peers_on_the_notice_port_hold_up_no_proper_question():
 
 
 def test_a_question_that_does_not_prove_the_secret_is_not_heard():
-    generation = elastic.Generation(SECRET)
+    generation = notices.Generation(SECRET)
     try:
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
             with pytest.raises(ConnectionError):
@@ -179,8 +179,8 @@ def discover_in_thread(discovery):
 def test_a_hanging_discovery_script_is_killed_with_its_child_at_the_timeout(hanging_script,
                                                                             monkeypatch):
     script, pid_file = hanging_script
-    monkeypatch.setattr(elastic, "DISCOVERY_TIMEOUT", 1.0)
-    thread, outcome = discover_in_thread(elastic.Discovery(script, [], None))
+    monkeypatch.setattr(discovery, "DISCOVERY_TIMEOUT", 1.0)
+    thread, outcome = discover_in_thread(discovery.Discovery(script, [], None))
     thread.join(30)
     assert not thread.is_alive(), "the discovery did not return after its timeout"
     assert not running(int(pid_file.read_text())), "the script's child is left running"
@@ -189,13 +189,13 @@ def test_a_hanging_discovery_script_is_killed_with_its_child_at_the_timeout(hang
 
 def test_stopping_the_host_watch_kills_a_discovery_under_way_with_its_child(hanging_script):
     script, pid_file = hanging_script
-    discovery = elastic.Discovery(script, [], None)
-    thread, _ = discover_in_thread(discovery)
+    running_discovery = discovery.Discovery(script, [], None)
+    thread, _ = discover_in_thread(running_discovery)
     deadline = time.monotonic() + 30
     while not pid_file.exists() or not pid_file.read_text().strip():
         assert time.monotonic() < deadline, "the discovery script did not start"
         time.sleep(0.05)
-    discovery.stop()  # what HostWatcher.stop() does when a life ends or hvdrun leaves
+    running_discovery.stop()  # what HostWatcher.stop() does when a life ends or hvdrun leaves
     thread.join(30)
     assert not thread.is_alive()
     assert not running(int(pid_file.read_text()))

@@ -13,7 +13,7 @@ from hvd_trainer import elastic
 from hvd_trainer.elastic import store
 from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.elastic.driver import Generation
+from hvd_trainer_launch.elastic.notices import Generation
 from hvd_trainer_launch.files import signed
 
 SECRET = "0123456789abcdef"
