@@ -23,7 +23,8 @@ _ELASTIC = ("elastic Ray jobs are not supported: hvd_trainer's elastic mode need
 
 class Settings:
     """What :meth:`RayExecutor.create_settings` returns: ``timeout_s`` bounds each job's start
-    (hvdrun's --start-timeout), ``placement_group_timeout_s`` the wait for resources."""
+    (hvdrun's --start-timeout), ``placement_group_timeout_s`` the wait for resources, ``nics``
+    the network interfaces the ranks use (hvdrun's --network-interfaces)."""
 
     def __init__(self, timeout_s: float = 30, placement_group_timeout_s: float = 100,
                  nics: Optional[Sequence[str]] = None, verbose: bool = False):
@@ -67,6 +68,11 @@ def _driver_path(given: Optional[str]) -> Dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(([given] if given else []) + entries)}
 
 
+def _nics_flags(nics: Optional[Sequence[str]]) -> List[str]:
+    """hvdrun's flag for the settings' ``nics``."""
+    return ["--network-interfaces", ",".join(nics)] if nics else []
+
+
 def _lost_cause(error: Exception) -> str:
     """What Ray said of a lost actor, without the fields that name the actor itself (class,
     id, pid, namespace): its death and why (ray.kill, the worker's exit, out of memory)."""
@@ -86,7 +92,8 @@ class RayExecutor:
     def create_settings(timeout_s: float = 30, ssh_identity_file: Optional[str] = None,
                         ssh_str: Optional[str] = None, placement_group_timeout_s: float = 100,
                         nics: Optional[Sequence[str]] = None) -> Settings:
-        """Horovod's settings; the ssh arguments are accepted and unused (no ssh here)."""
+        """Horovod's settings; the ssh arguments are accepted and unused (no ssh here: the
+        agents run the MPI launcher's proxies)."""
         return Settings(timeout_s, placement_group_timeout_s, nics)
 
     def __init__(self, settings: Settings, num_workers: Optional[int] = None,
@@ -96,9 +103,13 @@ class RayExecutor:
                  use_current_placement_group: bool = True,
                  min_workers: Optional[int] = None, max_workers: Optional[int] = None,
                  reset_limit: Optional[int] = None, cooldown_range: Optional[Sequence] = None,
-                 elastic_timeout: int = 600, override_discovery: bool = True):
+                 elastic_timeout: Optional[int] = None, override_discovery: Optional[bool] = None):
+        # Horovod's elastic arguments (elastic_timeout, override_discovery: 600 and True by
+        # default there, and used by its elastic mode alone) are refused when given.
         for name, value in (("min_workers", min_workers), ("max_workers", max_workers),
-                            ("reset_limit", reset_limit), ("cooldown_range", cooldown_range)):
+                            ("reset_limit", reset_limit), ("cooldown_range", cooldown_range),
+                            ("elastic_timeout", elastic_timeout),
+                            ("override_discovery", override_discovery)):
             if value is not None:
                 raise ValueError(f"RayExecutor: {name}={value!r}: {_ELASTIC}")
         if (num_workers is None) == (num_hosts is None):
@@ -116,6 +127,7 @@ class RayExecutor:
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker if gpus_per_worker is not None else \
             (1 if use_gpu else 0)
+        self.use_current_placement_group = use_current_placement_group
         self._actors: List[Any] = []
         self._agents: List[Any] = []  # one per host: the actor that runs its proxy
         self._layout: List[engine_launch.HostRanks] = []  # in rank order
@@ -136,9 +148,11 @@ class RayExecutor:
         when the cluster cannot place them within ``placement_group_timeout_s``; EngineError
         when this executor has started already (shutdown() first). ``extra_env_vars`` are
         the ranks' variables on top of their actor's environment (the driver's does not
-        travel)."""
+        travel). ValueError inside a placement group (a Ray Tune trial's) unless
+        use_current_placement_group=False: its bundles are not used (docs/limitations.md)."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import (get_current_placement_group, placement_group,
+                                              remove_placement_group)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         if self._pg is not None:
             raise EngineError(f"RayExecutor.start: this executor has started already (its "
@@ -148,6 +162,13 @@ class RayExecutor:
         self._flavour = engine_launch.check_launcher().flavour
         if not ray.is_initialized():
             ray.init()
+        # (Asked only now: Ray's question starts a Ray instance when none runs.)
+        if self.use_current_placement_group and get_current_placement_group() is not None:
+            raise ValueError("RayExecutor.start: this runs inside a Ray placement group, whose "
+                             "bundles use_current_placement_group=True (the default) asks the "
+                             "workers to take, and hvd_trainer does not place them there: pass "
+                             "use_current_placement_group=False, and the executor reserves a "
+                             "placement group of its own (the enclosing one must leave room)")
         self._executable = (executable_cls, tuple(executable_args or ()),
                             dict(executable_kwargs or {}))
         self._env = env
@@ -275,7 +296,8 @@ class RayExecutor:
         launch = engine_launch.AgentLaunch(layout, engine_launch.rank_command(),
                                            flavour=self._flavour, secret=secret, env=env,
                                            start_timeout=self.settings.timeout_s,
-                                           verbose=self.settings.verbose)
+                                           verbose=self.settings.verbose,
+                                           hvdrun_args=_nics_flags(self.settings.nics))
         outcomes: Dict[int, bytes] = {}
         lost: List[LostAgent] = []
         proxies: List[HostOutcome] = []

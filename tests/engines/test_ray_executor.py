@@ -95,6 +95,12 @@ def test_rank_that_raises_is_named_and_the_executor_goes_on(executor):
         lambda worker: (os.environ["HOROVOD_RANK"], os.environ["HOROVOD_SIZE"])) == ("0", "1")
 
 
+def test_the_settings_nics_reach_the_ranks(executor, monkeypatch):
+    # create_settings(nics=...) is hvdrun's --network-interfaces (it was accepted and dropped).
+    monkeypatch.setattr(executor.settings, "nics", ["lo"])
+    assert executor.run(lambda: os.environ.get("NCCL_SOCKET_IFNAME")) == ["lo"] * RANKS
+
+
 @pytest.mark.parametrize("arguments, named", [
     (dict(num_workers=0), "num_workers=0"), (dict(num_workers=-1), "num_workers=-1"),
     (dict(num_workers="2"), "num_workers='2'"), (dict(num_workers=2.5), "num_workers=2.5"),

@@ -169,3 +169,26 @@ def test_a_launch_that_fails_to_start_leaves_no_folder(tmp_path, monkeypatch):
         engine_launch.AgentLaunch([("h1", 1)], ["true"], flavour=mpi.HYDRA,
                                   secret=os.urandom(32))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, value", [
+    ("elastic_timeout", 600), ("override_discovery", True), ("min_workers", 1)])
+def test_ray_executors_elastic_arguments_are_refused_by_name(name, value):
+    # Horovod's elastic arguments: elastic_timeout and override_discovery were dropped unread.
+    from hvd_trainer_launch.engines.ray_executor import RayExecutor
+    with pytest.raises(ValueError, match=rf"^RayExecutor: {name}={value!r}: elastic Ray jobs "
+                                         r"are not supported: .* hvdrun --min-np/--max-np"):
+        RayExecutor(RayExecutor.create_settings(), num_workers=1, **{name: value})
+
+
+def test_ray_executor_refuses_to_start_inside_a_placement_group(monkeypatch):
+    # use_current_placement_group=True (Horovod's default) was accepted and ignored.
+    ray = pytest.importorskip("ray")
+    import ray.util.placement_group  # noqa: F401 (the module patched below)
+    from hvd_trainer_launch.engines.ray_executor import RayExecutor
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no Ray instance is started
+    monkeypatch.setattr(sys.modules["ray.util.placement_group"], "get_current_placement_group",
+                        lambda: object())
+    with pytest.raises(ValueError, match=r"inside a Ray placement group.* pass "
+                                         r"use_current_placement_group=False"):
+        RayExecutor(RayExecutor.create_settings(), num_workers=1).start()
