@@ -180,3 +180,32 @@ def test_nothing_in_the_tree_points_at_readme_sections_that_moved():
                     hits += [f"{os.path.relpath(path, REPO)}: {m.group(0)}"
                              for m in stale.finditer(f.read())]
     assert not hits, hits
+
+
+def _design_tree() -> str:
+    """docs/design.md's tree of the repository (its last block that lists hvd_trainer_launch/)."""
+    with open(os.path.join(REPO, "docs", "design.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```\n(.*?)```", f.read(), re.S)
+    return next(block for block in reversed(blocks) if "\nhvd_trainer_launch/" in block)
+
+
+def test_the_design_tree_names_every_launcher_module_under_its_folder():
+    # A stranger finds each launcher module (where the Spark driver code is, which module
+    # signs files) in docs/design.md: each folder's modules listed under it.
+    tree = _design_tree().split("\nhvd_trainer_launch/", 1)[1].split("\n")
+    listed, folder = set(), ""
+    for line in tree:
+        if not line.startswith("  ") and line.strip():
+            break  # the next top-level entry
+        name = line.strip().split(" ")[0] if line.strip() else ""
+        if line.startswith("    ") and name.endswith(".py"):
+            listed.add(f"{folder}/{name}")
+        elif line.startswith("  ") and not line.startswith("    ") and name:
+            folder = name.rstrip("/") if name.endswith("/") else ""
+            if name.endswith(".py"):
+                listed.add(name)
+    root = os.path.join(REPO, "hvd_trainer_launch")
+    found = {os.path.relpath(os.path.join(parent, f), root)
+             for parent, _, files in os.walk(root) for f in files
+             if f.endswith(".py") and f != "__init__.py"}
+    assert "engines/spark_run.py" in found and found - listed == set()
