@@ -91,18 +91,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     ``use_gloo=True`` raises ValueError: hvd_trainer runs on MPI only. ``extra_mpi_args`` go
     to mpiexec, ``env`` to the ranks; the ranks' output is written to ``stdout``/``stderr``
     (default: ours) as it comes."""
-    if use_gloo:
-        raise ValueError("hvd_trainer.spark.run: use_gloo=True is not supported: hvd_trainer "
-                         "runs on MPI only; drop use_gloo")
-    if use_mpi is False:
-        raise ValueError("hvd_trainer.spark.run: use_mpi=False is not supported: hvd_trainer "
-                         "runs on MPI only; drop use_mpi")
     began = time.monotonic()
-    from pyspark import SparkContext
-    context = SparkContext._active_spark_context
-    if context is None:
-        raise ValueError("hvd_trainer.spark.run needs an active SparkSession: create one "
-                         "first (SparkSession.builder...getOrCreate())")
+    context = _active_context(use_gloo, use_mpi)
     num_proc = _num_proc(num_proc, context)
     ranks_env = engine_checks.rank_env(env, "env", "hvd_trainer.spark.run")
     flavour = engine_launch.check_launcher().flavour
@@ -157,6 +147,23 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         {rank: outcome for host in hosts for rank, outcome in host.outcomes.items()}, num_proc,
         getattr(fn, "__name__", repr(fn)), engine_launch.host_of_ranks(layout), code,
         launch.messages, proxies=hosts)
+
+
+def _active_context(use_gloo: Optional[bool], use_mpi: Optional[bool]):
+    """The active SparkContext; ValueError for the arguments that ask for no MPI, or when
+    there is no active SparkSession."""
+    if use_gloo:
+        raise ValueError("hvd_trainer.spark.run: use_gloo=True is not supported: hvd_trainer "
+                         "runs on MPI only; drop use_gloo")
+    if use_mpi is False:
+        raise ValueError("hvd_trainer.spark.run: use_mpi=False is not supported: hvd_trainer "
+                         "runs on MPI only; drop use_mpi")
+    from pyspark import SparkContext
+    context = SparkContext._active_spark_context
+    if context is None:
+        raise ValueError("hvd_trainer.spark.run needs an active SparkSession: create one "
+                         "first (SparkSession.builder...getOrCreate())")
+    return context
 
 
 def _hvdrun_args(nics: Optional[Sequence[str]], timestamps: bool, verbose: int) -> List[str]:

@@ -125,77 +125,102 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
                threading.Thread(target=relay.relay, args=(process.stderr, sys.stderr.buffer), daemon=True)]
     for reader in readers:
         reader.start()
-    received: List[int] = []
-    handled = 0
+    watch = _Watch(process, relay, np, start_timeout, failure_grace)
     # Forward signals while the job runs; the caller's handlers come back afterwards.
-    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
+    previous = {signum: signal.signal(signum, watch.signalled)
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    ending = False
-    kill_at = None
-    left: Dict[int, bytes] = {}  # what mpiexec had started when it was told to end
-    start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
     while process.poll() is None:
-        now = time.monotonic()
-        if start_deadline is not None and now >= start_deadline:
-            start_deadline = None
-            missing = sorted(set(range(np)) - relay.started)
-            if missing:
-                relay.not_started(missing, start_timeout)
-        if len(received) > handled:
-            handled = len(received)
-            if handled == 1:
-                relay.interrupted = True
-                say(f"received {signal.Signals(received[0]).name}; ending the job")
-                left.update(launched(process.pid))  # mpiexec may orphan them as it ends
-                process.send_signal(received[0])
-                ending, kill_at = True, now + KILL_GRACE_SECONDS
-            else:
-                kill_at = now
-        first = relay.first_report()
-        # After a start timeout (the only failure chosen before this) nobody is left to report.
-        if first is not None and not ending and (relay.failure is not None or (
-                failure_grace is not None and now >= first + failure_grace)):
-            relay.settle()
-            relay.ending = True
-            left.update(launched(process.pid))
-            process.terminate()
-            ending, kill_at = True, now + KILL_GRACE_SECONDS
-        if kill_at is not None and now >= kill_at:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            kill_processes({**left, **launched(process.pid)})
-            kill_at = None
+        watch.check(time.monotonic())
         time.sleep(0.05)
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-    kill_processes({**left, **launched(process.pid)})
+    kill_processes({**watch.left, **launched(process.pid)})
     for reader in readers:  # a process that outlived mpiexec may hold its pipes: do not wait forever
         reader.join(KILL_GRACE_SECONDS)
     if not any(reader.is_alive() for reader in readers):
         relay.close()
-    if received:
-        return 128 + received[0]
+    if watch.received:
+        return 128 + watch.received[0]
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
+    return _exit_code(command[0], code, relay, np, watch.ending)
+
+
+class _Watch:
+    """One job's watch while mpiexec runs: the signals received (the first is forwarded, a
+    second kills), the start timeout, the end after the first failure, and the SIGKILL of a
+    job that lingers, with what mpiexec had started when it was told to end (``left``)."""
+
+    def __init__(self, process: subprocess.Popen, relay: OutputRelay, np: int,
+                 start_timeout: Optional[float], failure_grace: Optional[float]):
+        self.process, self.relay, self.np = process, relay, np
+        self.start_timeout, self.failure_grace = start_timeout, failure_grace
+        self.start_deadline = None if start_timeout is None else time.monotonic() + start_timeout
+        self.received: List[int] = []
+        self.handled = 0
+        self.ending = False
+        self.kill_at: Optional[float] = None
+        self.left: Dict[int, bytes] = {}
+
+    def signalled(self, signum: int, _frame) -> None:
+        self.received.append(signum)
+
+    def check(self, now: float) -> None:
+        """Act on what happened since the last check."""
+        process, relay = self.process, self.relay
+        if self.start_deadline is not None and now >= self.start_deadline:
+            self.start_deadline = None
+            missing = sorted(set(range(self.np)) - relay.started)
+            if missing:
+                relay.not_started(missing, self.start_timeout)
+        if len(self.received) > self.handled:
+            self.handled = len(self.received)
+            if self.handled == 1:
+                relay.interrupted = True
+                say(f"received {signal.Signals(self.received[0]).name}; ending the job")
+                self.left.update(launched(process.pid))  # mpiexec may orphan them as it ends
+                process.send_signal(self.received[0])
+                self.ending, self.kill_at = True, now + KILL_GRACE_SECONDS
+            else:
+                self.kill_at = now
+        first = relay.first_report()
+        # After a start timeout (the only failure chosen before this) nobody is left to report.
+        if first is not None and not self.ending and (relay.failure is not None or (
+                self.failure_grace is not None and now >= first + self.failure_grace)):
+            relay.settle()
+            relay.ending = True
+            self.left.update(launched(process.pid))
+            process.terminate()
+            self.ending, self.kill_at = True, now + KILL_GRACE_SECONDS
+        if self.kill_at is not None and now >= self.kill_at:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            kill_processes({**self.left, **launched(process.pid)})
+            self.kill_at = None
+
+
+def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bool) -> int:
+    """hvdrun's exit code for a job whose mpiexec (``launcher``) exited with ``code``: the
+    first failure's, or 1 where ranks were lost unseen or none started, with a message."""
     unexited = relay.unexited(EXIT_REPORT_GRACE_SECONDS) if code == 0 and not ending else []
     if relay.settle() is not None:
         return relay.failure.code or 1
     if unexited:
-        say(f"{command[0]} exited with code 0, but {relay.ranks(unexited)} never reported "
+        say(f"{launcher} exited with code 0, but {relay.ranks(unexited)} never reported "
             "an exit: their host's MPI daemon or proxy was lost (killed, or its host went "
             "down); failing the job")
         return 1
     missing = sorted(set(range(np)) - relay.started)
     if code and missing:
-        say(f"{command[0]} exited with code {code} before {relay.ranks(missing)} started; "
-             "its messages above say why (e.g. ssh could not reach a host)")
+        say(f"{launcher} exited with code {code} before {relay.ranks(missing)} started; "
+            "its messages above say why (e.g. ssh could not reach a host)")
     elif code:
-        say(f"{command[0]} exited with code {code}; no rank reported its own exit (a rank that "
-             "calls MPI_Abort is killed before it can)")
+        say(f"{launcher} exited with code {code}; no rank reported its own exit (a rank that "
+            "calls MPI_Abort is killed before it can)")
     elif np and len(missing) == np:
-        say(f"{command[0]} exited with code 0 but no rank reported its start: it started "
-             "none (is it an MPI launcher? see --mpiexec and HVD_MPIEXEC), or the ranks could "
-             "not reach hvdrun's report port (their warnings above say so)")
+        say(f"{launcher} exited with code 0 but no rank reported its start: it started "
+            "none (is it an MPI launcher? see --mpiexec and HVD_MPIEXEC), or the ranks could "
+            "not reach hvdrun's report port (their warnings above say so)")
         return 1
     return code

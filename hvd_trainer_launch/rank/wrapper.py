@@ -328,12 +328,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
     report(rank, protocol.Started(rank, socket.gethostname()))
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
-    env[protocol.WORKER_VARIABLE] = "1"
-    env.pop(protocol.REPORTS_VARIABLE, None)  # the wrapper's, not for the command's own launches
-    if HOSTS_VARIABLE in env:
-        _write_all(2, _with_horovod_variables(env, rank))
+    env = _child_environment(rank)
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
         shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None
     except (horovod_shim.RealHorovodError, OSError) as error:
@@ -359,41 +354,67 @@ def main(argv: Optional[List[str]] = None) -> int:
                    .encode())
         report(rank, protocol.Exited(rank, code, time.time()))
         return code
-    signalled = []  # the launcher's signals, passed on to the child
-    ended: List[Tuple[float, Tuple[bool, int]]] = []  # when (SIGCHLD, this host's clock) and how
-    # the child was first seen ended
-
-    def notice_end(_signum: Optional[int] = None, _frame: Any = None) -> None:
-        if not ended:
-            how = _end_of(child.pid)
-            if how is not None:
-                ended.append((time.time(), how))
-
-    def forward(received: int, _frame) -> None:
-        # A child that ended before the launcher's signal reached the wrapper was not ended by
-        # it, unless the same signal killed it (sent to the wrapper's process group): after a
-        # rank is killed on its host, Open MPI may signal every rank, that one's wrapper
-        # included, before the wrapper has woken to its child's end.
-        notice_end()
-        if ended and ended[0][1] != (True, received):
-            return
-        signalled.append(received)
-        if not ended:
-            child.send_signal(received)
-
-    signal.signal(signal.SIGCHLD, notice_end)
+    end = _ChildEnd(child)
+    signal.signal(signal.SIGCHLD, end.notice)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
+        signal.signal(signum, end.forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
     relay = _start_relay(child, rank, os.environ.get(protocol.TIMESTAMP_VARIABLE) == "1")
     returncode, relay_ended = _wait_child(child, relay, parent, rank)
     horovod_shim.remove(shim)
-    code = returncode if returncode >= 0 else 128 - returncode
-    notice_end()
-    exited = protocol.Exited(rank, code, at=ended[0][0],  # not the drain's time
-                             killed=returncode < 0, ended=bool(signalled))
+    end.notice()
     if not relay_ended:
         _wait_relay(relay)
+    return _report_end(rank, returncode, end)
+
+
+def _child_environment(rank: int) -> Dict[str, str]:
+    """The command's environment: the wrapper's, unbuffered Python, marked as a rank's, without
+    the report port (the wrapper's, not for the command's own launches); where hvdrun placed
+    the ranks, Horovod's variables (said on stderr when the launcher placed them otherwise)."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
+    env[protocol.WORKER_VARIABLE] = "1"
+    env.pop(protocol.REPORTS_VARIABLE, None)
+    if HOSTS_VARIABLE in env:
+        _write_all(2, _with_horovod_variables(env, rank))
+    return env
+
+
+class _ChildEnd:
+    """The child's end as the wrapper sees it: when (SIGCHLD, this host's clock) and how it
+    was first seen ended, and the launcher's signals passed on to it (``signalled``)."""
+
+    def __init__(self, child: subprocess.Popen):
+        self.child = child
+        self.signalled: List[int] = []
+        self.ended: List[Tuple[float, Tuple[bool, int]]] = []
+
+    def notice(self, _signum: Optional[int] = None, _frame: Any = None) -> None:
+        if not self.ended:
+            how = _end_of(self.child.pid)
+            if how is not None:
+                self.ended.append((time.time(), how))
+
+    def forward(self, received: int, _frame) -> None:
+        # A child that ended before the launcher's signal reached the wrapper was not ended by
+        # it, unless the same signal killed it (sent to the wrapper's process group): after a
+        # rank is killed on its host, Open MPI may signal every rank, that one's wrapper
+        # included, before the wrapper has woken to its child's end.
+        self.notice()
+        if self.ended and self.ended[0][1] != (True, received):
+            return
+        self.signalled.append(received)
+        if not self.ended:
+            self.child.send_signal(received)
+
+
+def _report_end(rank: int, returncode: int, end: _ChildEnd) -> int:
+    """Report the child's end to hvdrun and return the wrapper's exit code; under --ulfm, a
+    child killed by a signal is died of by the wrapper too."""
+    code = returncode if returncode >= 0 else 128 - returncode
+    exited = protocol.Exited(rank, code, at=end.ended[0][0],  # not the drain's time
+                             killed=returncode < 0, ended=bool(end.signalled))
     if returncode == -signal.SIGBUS:
         _write_all(2, _bus_error(rank, mpi.OPENMPI if "OMPI_COMM_WORLD_RANK" in os.environ
                                  else mpi.HYDRA))
