@@ -61,9 +61,7 @@ fi
 if ((${#missing[@]})); then
     $PY -m pip install -q "${missing[@]}" || echo "gpu_check: could not install ${missing[*]}"
 fi
-src=$(mktemp -d)  # the launcher's source folder under its installed name
-ln -s "$PWD/launch" "$src/hvd_trainer_launch"
-export PYTHONPATH="$PWD:$src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # hvd_trainer and hvd_trainer_launch
 $PY - <<'PY' || exit 1
 import sys
 import numpy
