@@ -1,9 +1,9 @@
-"""The ``hvdrun`` launcher: starts a training command on N ranks through the MPI's own mpiexec.
+"""The ``hvdrun`` launcher and the engines: start a training command, or a function, on N ranks
+through the MPI's own mpiexec (over ssh, or through a Spark or Ray engine's agents).
 
-Installed as ``hvd_trainer_launch``. It imports neither MXNet nor hvd_trainer's core (only
-``--check-build`` reads the core's install hints), so it starts fast and works before the rest
-of the package is importable; the per-rank files of --output-filename are written by
-:mod:`hvd_trainer_launch.files.outputs`, which the ranks' own outputs use too. What the launcher
-and the ranks tell each other (variables, exit codes, output lines, reports) is in
-:mod:`hvd_trainer_launch.protocol`, standard library only, which the core imports too.
+It imports nothing of hvd_trainer's core, MXNet or NumPy, so it starts fast and works before
+the rest of the package is importable; the core imports it instead, for what both sides share:
+the launcher–rank protocol (:mod:`hvd_trainer_launch.protocol`: variables, exit codes, output
+lines, reports), the install hints (:mod:`hvd_trainer_launch.installs`), the signed-file format
+and the output files (:mod:`hvd_trainer_launch.files`). docs/design.md lists every module.
 """
