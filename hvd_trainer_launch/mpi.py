@@ -202,7 +202,7 @@ def parse_hosts(spec: str) -> List[Tuple[str, int]]:
     hosts = []
     for entry in spec.split(","):
         host, _, slots = entry.strip().partition(":")
-        hosts.append(_host(host, slots or "1", entry))
+        hosts.append(host_entry(host, slots or "1", entry))
     return hosts
 
 
@@ -232,7 +232,7 @@ def _hostfile_entry(entry: str) -> Tuple[str, int]:
     host, *options = entry.split()
     if not options and ":" in host:
         host, _, slots = host.partition(":")
-        return _host(host, slots or "1", entry)
+        return host_entry(host, slots or "1", entry)
     given: Dict[str, str] = {}
     for option in options:
         key, equals, value = option.partition("=")
@@ -240,7 +240,7 @@ def _hostfile_entry(entry: str) -> Tuple[str, int]:
             raise ValueError(f"bad host entry {entry!r}: {option!r} is not one of slots=N, "
                              "max_slots=M (each at most once)")
         given[key] = value
-    found = _host(host, given.get("slots", "1"), entry)
+    found = host_entry(host, given.get("slots", "1"), entry)
     most = given.get("max_slots")
     if most is not None and (not most.isdigit() or int(most) < found[1]):
         raise ValueError(f"bad host entry {entry!r}: max_slots must be a whole number no less "
@@ -248,8 +248,9 @@ def _hostfile_entry(entry: str) -> Tuple[str, int]:
     return found
 
 
-def _host(host: str, slots: str, entry: str) -> Tuple[str, int]:
-    """Check one host entry; the error quotes the entry and the expected form."""
+def host_entry(host: str, slots: str, entry: str) -> Tuple[str, int]:
+    """One host entry (-H, a hostfile, a discovery script's line) checked: (host, slots);
+    ValueError quotes the entry and the expected form."""
     if not host or not slots.isdigit() or int(slots) < 1:
         raise ValueError(f"bad host entry {entry!r}: expected host:slots or 'host slots=N' with N >= 1")
     return host, int(slots)

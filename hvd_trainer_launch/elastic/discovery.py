@@ -21,7 +21,8 @@ def parse_discovered(text: str, slots_per_host: Optional[int]) -> Hosts:
         entry = line.strip()
         if entry:
             host, _, slots = entry.partition(":")
-            hosts.append(mpi._host(host.strip(), slots.strip() or str(slots_per_host or 1), entry))
+            hosts.append(mpi.host_entry(host.strip(), slots.strip() or str(slots_per_host or 1),
+                                        entry))
     return hosts
 
 
