@@ -23,6 +23,9 @@ import numpy as np
 
 from .collectives.powersgd import PowerSGD
 
+__all__ = ["Compression", "Compressor", "FP16Compressor", "GatherCompressor", "NoneCompressor",
+           "OneBit", "ScaledTwoBit", "TopK", "TwoBit", "from_params"]
+
 # Encoders work through long tensors in chunks of this many elements (512 KiB of float32),
 # so that each vectorised pass runs in the L2 cache instead of main memory.
 _CHUNK = 1 << 17
@@ -307,6 +310,10 @@ class TopK(GatherCompressor):
         return 8 * self.count(size)
 
 
+# What ``compression=`` takes: Horovod's compressors, the packed codecs, PowerSGD's settings.
+AnyCompressor = Union[Type[Compressor], GatherCompressor, PowerSGD]
+
+
 # -- compression_params ---------------------------------------------------------------------
 _TYPES = {"fp16": (None, {}), "2bit": (TwoBit, {"threshold": 0.5}),
           "1bit": (OneBit, {"threshold": 0.5}), "topk": (TopK, {"ratio": None}),
@@ -321,8 +328,7 @@ def _number(value: Any, what: str) -> float:
     return float(value)
 
 
-def from_params(params: Dict[str, Any]
-                ) -> Union[Type[Compressor], GatherCompressor, PowerSGD]:
+def from_params(params: Dict[str, Any]) -> AnyCompressor:
     """The compressor for MXNet-style ``compression_params``, with every option checked.
 
     Types: ``fp16``; ``2bit`` and ``1bit`` (``threshold``, default 0.5 as in MXNet);

@@ -1,6 +1,6 @@
 """Error-feedback sums: packed payloads that cannot be summed in place travel by allgather.
 
-Every rank encodes its gradient with a codec (a :class:`compression.GatherCompressor`),
+Every rank encodes its gradient with a codec (a :class:`hvd_trainer.compression.GatherCompressor`),
 keeping what it did not send in a per-tensor residual; one allgather carries every rank's
 payloads, and every rank decodes and sums them in rank order, so all ranks apply
 bit-identical updates.

@@ -338,8 +338,3 @@ def uncovered(comm: Communicator) -> Iterator[None]:
         yield
     finally:
         sched.set_covered(outer)
-
-
-def agreements(comm: Communicator) -> int:
-    """How many agreement exchanges this rank has made on ``comm`` (tests count them)."""
-    return scheduler.of(comm).exchanges

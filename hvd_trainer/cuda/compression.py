@@ -130,7 +130,8 @@ def device_codec(codec: GatherCompressor):
 
 
 class DeviceErrorFeedbackSum:
-    """:class:`compression.ErrorFeedbackSum` with residuals, payloads and decoding on the GPU."""
+    """:class:`~hvd_trainer.collectives.feedback.ErrorFeedbackSum` with residuals, payloads and
+    decoding on the GPU."""
 
     def __init__(self, codec: GatherCompressor):
         self.codec = device_codec(codec)

@@ -37,7 +37,7 @@ from ..coordination.handles import Handle
 from ..collectives.memory import KernelMemory
 from ..collectives.arguments import Average, Sum
 from ..runtime.runtime import ProcessSet, global_process_set, rank
-from ..training.steps import table_shape
+from ..training.kinds import table_shape
 from . import bridge
 from . import sparse as torch_sparse
 from .compression import KERNELS, Compression

@@ -24,7 +24,7 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer.coordination import agreement, records
+from hvd_trainer.coordination import records, scheduler
 from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
@@ -84,12 +84,12 @@ class Recorder:
 def counted(call):
     """(agreement exchanges, other MPI calls) that ``call()`` makes on this rank."""
     recorder = Recorder(COMM.comm)
-    COMM.comm, before = recorder, agreement.agreements(COMM)
+    COMM.comm, before = recorder, scheduler.of(COMM).exchanges
     try:
         call()
     finally:
         COMM.comm = recorder.comm
-    return agreement.agreements(COMM) - before, [c for c in recorder.calls if c != "Iprobe"]
+    return scheduler.of(COMM).exchanges - before, [c for c in recorder.calls if c != "Iprobe"]
 
 
 def one_exchange():
