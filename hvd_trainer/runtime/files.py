@@ -38,8 +38,8 @@ def write_atomically(path: str, data: bytes) -> None:
 
 def write_signed(path: str, secret: bytes, parts: Sequence[Any], sync: bool = True,
                  tag: str = "") -> None:
-    """Write what ``sign(secret, b"".join(parts))`` returns as the whole of ``path``, as
-    :func:`write_atomically` does (``sync``: fsync before the rename), without joining the
+    """Write ``b"".join(parts)`` signed with ``secret`` (a header, its MAC under ``secret``,
+    the data) as the whole of ``path``, as :func:`write_atomically` does (``sync``: fsync before the rename), without joining the
     ``parts`` (buffers such as bytes or arrays, possibly large): each is hashed and written in
     pieces that stay in the processor's cache, and the MAC goes into its place at the end.
     The temporary file's name holds ``tag`` (``.NAME.TAG.RANDOM.tmp``), so that its writer's
@@ -124,14 +124,9 @@ def private_folder(path: str) -> str:
     return path
 
 
-def sign(secret: bytes, data: bytes) -> bytes:
-    """``data`` with a header and its MAC under ``secret`` in front."""
-    return _SIGNED + mac(secret, data) + data
-
-
 def verify(secret: bytes, signed: Any, what: str) -> memoryview:
-    """The data of what :func:`sign` returned (bytes or any buffer; a view of it, without a
-    copy); ValueError naming ``what`` when it is not whole or was not signed with ``secret``
+    """The data of a signed file's contents, as :func:`write_signed` wrote them (bytes or any
+    buffer; a view of it, without a copy); ValueError naming ``what`` when it is not whole or was not signed with ``secret``
     (truncated, altered, another job's, or no signature at all)."""
     signed = memoryview(signed).cast("B")
     start = len(_SIGNED) + _MAC_BYTES

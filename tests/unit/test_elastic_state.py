@@ -229,7 +229,9 @@ def test_a_bad_newest_commit_falls_back_to_the_one_before_naming_the_file(job, d
         newest = job / "rank3.000000000009.commit"
         newest.write_bytes(pickle.dumps(_Planted(str(marker))))
     elif damage == "another job's":
-        newest.write_bytes(files.sign(b"another secret", pickle.dumps({"step": 99})))
+        newest.unlink()
+        files.write_signed(str(newest), b"another secret", [pickle.dumps({"step": 99})],
+                           sync=False)
     else:
         newest.write_bytes(newest.read_bytes()[:-4])
     fresh = elastic.ObjectState(step=0)
