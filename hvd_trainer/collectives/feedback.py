@@ -55,7 +55,9 @@ class ErrorFeedbackSum:
         send = np.empty(offsets[-1], np.uint8)
         tic = time.perf_counter()
         for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            residual = self.residuals.setdefault(key, np.zeros(t.size, np.float32))
+            residual = self.residuals.get(key)
+            if residual is None:
+                residual = self.residuals[key] = np.zeros(t.size, np.float32)
             payload = codec.encode(t.reshape(-1), residual)
             if payload.dtype != np.uint8 or payload.shape != (end - start,):
                 raise ValueError(f"{type(codec).__name__}.encode returned {payload.dtype} of "

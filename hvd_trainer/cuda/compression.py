@@ -153,7 +153,9 @@ class DeviceErrorFeedbackSum:
         send = cupy.empty(int(offsets[-1]), np.uint8)
         tic = time.perf_counter()
         for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            residual = self.residuals.setdefault(key, cupy.zeros(t.size, np.float32))
+            residual = self.residuals.get(key)
+            if residual is None:
+                residual = self.residuals[key] = cupy.zeros(t.size, np.float32)
             send[start:end] = self.codec.encode(t.reshape(-1), residual)
         encoded = time.perf_counter()
         every = collective_ops.allgather(send, name, process_set).reshape(-1, send.size)

@@ -21,9 +21,9 @@ sums): overlap pays only where ranks have cores to spare while backward runs; on
 whose cores all compute it slows the step (figures in benchmarks/README.md).
 
 **Several contexts** per process: fresh gradients are summed locally into the first context's
-buffer, allreduced once, and copied back to every context. Compressed gradients, row-sparse
-gradients and gradients on a GPU take the reducer's per-tensor path: summed into the first
-context's buffer, reduced, copied back (GPU gradients are staged through host memory).
+buffer, reduced once (through the reducer's comm hook, compressed or not), and copied back to
+every context. Row-sparse gradients (and 0-d ones) take the reducer's per-tensor path: summed
+into the first context's buffer, reduced, copied back.
 
 **Stale gradients.** The step's one agreement checks that every rank has the same gradients
 and settings and carries the freshness flags: a gradient fresh on some rank is reduced

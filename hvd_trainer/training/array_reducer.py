@@ -4,9 +4,9 @@
 For adapters whose framework produces a whole step's gradients at once as values that cannot
 become views of a bucket (TensorFlow's immutable tensors, from ``GradientTape.gradient`` or a
 Keras optimizer's ``apply``). Each step copies the dense gradients into fresh flat buckets
-(the one copy; the results are views of them), hands the others over as they are, and lets the
-reducer do the rest: one agreement, buckets, compression, row-sparse gradients, stale ranks'
-zeros, autotuning.
+(the one copy; the results are views of them), compressed or not, hands the others (row-sparse,
+0-d) over as they are, and lets the reducer do the rest: one agreement, each bucket through its
+comm hook, row-sparse gradients, stale ranks' zeros, autotuning.
 
 **Kinds.** A gradient is dense (an array), row-sparse (``(ids, rows)``, ids may repeat) or
 missing on a rank (None: that rank contributes zeros). The ranks agree on each gradient's
