@@ -227,13 +227,19 @@ class Reducer:
 
     # -- readiness --------------------------------------------------------------------------
     def _current(self) -> Step:
+        """The step being marked, made (and with ``eager``, queued) by the first mark."""
         step = self._step
-        if step is None:
-            step = self._step = Step(self.buckets, self._bucket_of, self._lock)
-            if self.eager:
-                with self._lock:
-                    self._start(step)
-                work_order.on_own_collective(self._close_early)
+        if step is not None:
+            return step
+        with self._lock:  # two backward threads (CPU and GPU gradients) may mark first at once
+            made = self._step is None
+            if made:
+                self._step = Step(self.buckets, self._bucket_of, self._lock)
+                if self.eager:
+                    self._start(self._step)
+            step = self._step
+        if made and self.eager:
+            work_order.on_own_collective(self._close_early)
         return step
 
     def begin(self) -> None:
@@ -258,12 +264,13 @@ class Reducer:
     def mark_all(self, ready: Iterable[Tuple[int, Any]]) -> None:
         """:meth:`mark` for each (key, value) pair, in one call (step-time readiness)."""
         step = self._current()
-        marks = []
+        marks, seen = [], set()
         for key, value in ready:
             position = self.position(key)
-            if step.marked(position) or any(p == position for p, _ in marks):
+            if step.marked(position) or position in seen:
                 raise RuntimeError(f"gradient {self.name(key)!r} was marked ready twice in "
                                    "one step")
+            seen.add(position)
             marks.append((position, value))
         step.mark_all(marks)
         if self.eager and step.pending():
