@@ -2,8 +2,8 @@
 
 Two allreduce algorithms:
 
-* ``ring``: reduce-scatter then allgather, each hop a receive and a send with the left and
-  right neighbours. The buffer is cut into ``size`` chunks whose lengths differ by at most one
+* ``ring``: reduce-scatter then allgather over ``Sendrecv`` with the left and right
+  neighbours. The buffer is cut into ``size`` chunks whose lengths differ by at most one
   element, so every count (zero, fewer elements than ranks, odd) and every world size works.
   It reduces any NumPy dtype with a ufunc, including float16 and bfloat16, which MPI cannot
   sum: each hop adds in float32 and rounds once to the 16-bit type.
@@ -19,11 +19,6 @@ one-byte allreduce, then leaves such buffers to the ring (benchmarks/min_max.py)
 ``auto`` uses native below ``ring_threshold`` bytes and the ring at or above it; the default
 threshold comes from ``benchmarks/allreduce.py`` (see benchmarks/README.md). Buffers travel as
 raw bytes except in native reductions, so MPI never needs to know a dtype it lacks.
-
-Waiting: the data phases a training step makes (the ring's hops, a native allreduce, an
-allgather) start nonblocking and wait without holding the core once they have waited 100 µs
-(backends/waiting.py), where MPI's blocking calls would spin: the step's reductions share the
-rank's core with backward.
 
 Messages of any size: MPI counts and displacements are C ints (below 2 GiB of bytes) unless
 the library has MPI-4's large counts. Without them, point-to-point messages, broadcasts and
@@ -41,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import REDUCE_UFUNCS, split_evenly, waiting, widened
+from . import REDUCE_UFUNCS, split_evenly, widened
 from .halves import NUMPY, Kernels, is_half
 
 if not MPI.Is_initialized():
@@ -124,9 +119,7 @@ class MPICommunicator:
         """``MPI_Sendrecv`` of raw bytes, in pieces where the counts are too large."""
         send, recv = send.view(np.uint8), recv.view(np.uint8)
         if self._fits(send.size, recv.size):
-            requests = [self.comm.Irecv([recv, MPI.BYTE], source, tag),
-                        self.comm.Isend([send, MPI.BYTE], dest, tag)]
-            waiting.wait_until(lambda: MPI.Request.Testall(requests))
+            self.comm.Sendrecv([send, MPI.BYTE], dest, tag, [recv, MPI.BYTE], source, tag)
             return
         # A message of n bytes is always cut into the same pieces, by its sender and by its
         # receiver (who knows n), whatever else either of them sends or receives: the send
@@ -136,7 +129,7 @@ class MPICommunicator:
                     for a, b in _pieces(recv.size, limit)]
         requests += [self.comm.Isend([send[a:b], MPI.BYTE], dest, tag)
                      for a, b in _pieces(send.size, limit)]
-        waiting.wait_until(lambda: MPI.Request.Testall(requests))
+        MPI.Request.Waitall(requests)
 
     # -- allreduce -------------------------------------------------------------------------
     def allreduce(self, buf: np.ndarray, op: str, out: Optional[np.ndarray] = None,
@@ -149,8 +142,7 @@ class MPICommunicator:
         if self._use_native(buf, op) and not self._order_matters(buf, op):
             for a, b in _pieces(buf.size, self.count_limit or buf.size):
                 send = MPI.IN_PLACE if out is buf else buf[a:b]
-                request = self.comm.Iallreduce(send, out[a:b], _MPI_OPS[op])
-                waiting.wait_until(request.Test)
+                self.comm.Allreduce(send, out[a:b], _MPI_OPS[op])
         else:
             self.ring_allreduce(buf, op, out, kernels)
 
@@ -254,9 +246,8 @@ class MPICommunicator:
         byte_counts = [c * item for c in counts]
         displs = [0, *accumulate(byte_counts[:-1])]
         if self._fits(*byte_counts, *displs):
-            request = self.comm.Iallgatherv(_bytes(send),
-                                            [recv.view(np.uint8), byte_counts, displs, MPI.BYTE])
-            waiting.wait_until(request.Test)
+            self.comm.Allgatherv(_bytes(send),
+                                 [recv.view(np.uint8), byte_counts, displs, MPI.BYTE])
             return
         # Too large for int counts: each rank's part is broadcast from it, in pieces.
         for root, (start, count) in enumerate(zip(displs, byte_counts)):

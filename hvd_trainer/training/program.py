@@ -56,6 +56,8 @@ def run(reducer: Any, step: Step, flags: bool) -> None:
                 futures = []
                 for bucket in step.buckets:
                     step.wait_for_bucket(bucket.number)
+                    if not own and reducer.size > 1:
+                        agreement.meet(comm)  # a late peer's wait leaves the core to backward
                     futures.append(_reduce_bucket(reducer, bucket, step))
                 step.wait_for_all()
                 _reduce_rest(reducer, step)
