@@ -3,6 +3,7 @@
 (``require``, ``PYTORCH``, ``tf``, ``Any``) is public; and every cross-reference in the
 package's docstrings (``:func:`...```, ``:class:`...```, ...) names something that exists."""
 import ast
+import functools
 import importlib.util
 import os
 import re
@@ -122,7 +123,9 @@ def test_a_face_declares_all_and_binds_each_name(face):
     assert not set(names) & NOT_PUBLIC, f"{face}.__all__ makes {set(names) & NOT_PUBLIC} public"
 
 
+@functools.lru_cache(maxsize=None)
 def _generator():
+    """docs/hooks/generate.py, loaded once (it reads the package with griffe once)."""
     spec = importlib.util.spec_from_file_location(
         "docs_generate", os.path.join(REPO, "docs", "hooks", "generate.py"))
     module = importlib.util.module_from_spec(spec)
