@@ -2,7 +2,7 @@
 return its results in rank order.
 
 The function and its arguments travel to the ranks, and each rank's result (or exception)
-back, as files in a private folder (``tempfile.mkdtemp``: mode 0700), each created with
+back, as files in a private folder (``tempfile.mkdtemp``: mode 0700; owned_folders), each created with
 O_EXCL and O_NOFOLLOW, mode 0600, and signed with HMAC-SHA256 under a random secret of this
 call that reaches the ranks in their environment; nothing is unpickled before its signature
 is verified. The label of each file (its name) is signed with it, so no file can stand in for
@@ -16,15 +16,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch import signed_files
+from hvd_trainer_launch import owned_folders, signed_files
+from hvd_trainer_launch.engine_rank import error_outcome
 
 # The call's secret (hex), for the ranks.
 SECRET_VARIABLE = "HVD_RUN_SECRET"
 _FUNCTION = "function"
+_FOLDER_PREFIX = "hvd_run."  # the calls' folders in the temporary folder (owned_folders)
 # Horovod's arguments that hvd_trainer.run refuses, and why.
 _ELASTIC = ("elastic jobs run as scripts: hvdrun --min-np N --max-np M python train.py, with "
             "hvd_trainer.elastic.run inside")
@@ -104,9 +105,11 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     import cloudpickle  # only here: the ranks unpickle with pickle
 
     secret = secrets.token_bytes(32)
-    folder = tempfile.mkdtemp(prefix="hvd_run.")
+    owned_folders.sweep(_FOLDER_PREFIX)
+    folder = owned_folders.make(_FOLDER_PREFIX)
     # hvdrun runs under a guard that ends the job and removes the folder if this process
-    # dies (hvd_trainer_launch.guard): it watches a pipe whose write end only we hold.
+    # dies (hvd_trainer_launch.guard): it watches a pipe whose write end only we hold; a
+    # later call's sweep removes it when the guard was killed too.
     watched, watching = os.pipe()
     try:
         signed_files.write_signed(folder, _FUNCTION,
@@ -176,14 +179,7 @@ def _main(folder: str) -> None:
     try:
         payload = cloudpickle.dumps(("ok", func(*args, **kwargs)))
     except BaseException as error:
-        import traceback
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        try:
-            payload = cloudpickle.dumps(("error", error, text))
-            pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
-        except Exception:  # then it travels as its text alone
-            payload = cloudpickle.dumps(("error", None, text))
-        signed_files.write_signed(folder, _result_name(rank), payload, secret)
+        signed_files.write_signed(folder, _result_name(rank), error_outcome(error), secret)
         raise
     signed_files.write_signed(folder, _result_name(rank), payload, secret)
 

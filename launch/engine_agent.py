@@ -3,7 +3,14 @@ proxy command for this host, in place of ssh, and carries back the results of th
 the proxy started here.
 
 The proxy dies with the agent's process (PR_SET_PDEATHSIG), and hvdrun's wrapper ends its rank
-when the proxy goes, so killing an agent leaves nothing behind on its host.
+when the proxy goes, so killing an agent leaves no process behind on its host; its folder,
+which SIGKILL keeps it from removing, goes with the next job's agent there (owned_folders).
+
+The agent hands its ranks, in the proxy's environment, what the MPI launcher must not carry
+(its control port is open to anyone who can reach it): the secret that signs the function and
+results, and the job's secret that signs the wrappers' reports to hvdrun (derived from it:
+protocol.engine_job_secret). It also writes hvd_trainer's horovod shim into its folder, which
+each rank puts on its path where no Horovod is installed (engine_rank).
 """
 import os
 import shlex
@@ -12,10 +19,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-from typing import Dict, NamedTuple
+from typing import Dict, NamedTuple, Optional
 
-from hvd_trainer_launch import signed_files, protocol
+from hvd_trainer_launch import horovod_shim, owned_folders, signed_files, protocol
 from hvd_trainer_launch.worker import die_with_parent
+
+# The agents' folders in the temporary folder: "hvd_engine." and their maker (owned_folders).
+FOLDER_PREFIX = "hvd_engine."
 
 # After a signal asks the proxy to end, how long before it is SIGKILLed.
 _KILL_GRACE_SECONDS = 5.0
@@ -38,16 +48,22 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def run_proxy(line: str, payload: bytes, secret: bytes) -> HostOutcome:
+def run_proxy(line: str, payload: bytes, secret: bytes,
+              env: Optional[Dict[str, str]] = None) -> HostOutcome:
     """Run the proxy ``line`` (what the MPI launcher handed over for this host) with the
     pickled (function, args, kwargs) ``payload`` where this host's ranks find it, wait for it,
-    and return this host's outcomes. The job's ``secret`` signs the files in between."""
-    folder = tempfile.mkdtemp(prefix="hvd_engine.")
+    and return this host's outcomes. The job's ``secret`` (the engine launch's: AgentLaunch's
+    ``secret``) signs the files in between, and the reports (protocol.engine_job_secret);
+    ``env``: more variables for the proxy and its ranks."""
+    owned_folders.sweep(FOLDER_PREFIX)  # what agents killed on this host left
+    folder = owned_folders.make(FOLDER_PREFIX)
     try:
         signed_files.write_signed(folder, protocol.ENGINE_FUNCTION, payload, secret)
-        env = dict(os.environ, **{protocol.ENGINE_FOLDER_VARIABLE: folder,
-                                  protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
-                                  protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()})
+        horovod_shim.write(os.path.join(folder, protocol.ENGINE_SHIM_FOLDER))
+        env = {**os.environ, **(env or {}), protocol.ENGINE_FOLDER_VARIABLE: folder,
+               protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
+               protocol.SECRET_VARIABLE: protocol.engine_job_secret(secret),
+               protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()}
         # The proxy's own messages (the ranks' output travels to mpiexec, not here).
         messages = tempfile.TemporaryFile()
         proxy = subprocess.Popen(shlex.split(line), env=env, stdin=subprocess.DEVNULL,

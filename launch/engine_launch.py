@@ -16,8 +16,16 @@ port, a failure naming its rank and host, the start timeout), under the guard th
 job when this process dies. Its output is shown as it comes, except the launcher's
 ``HYDRA_LAUNCH`` lines, which are kept for the agents; its own messages are kept too, for the
 error that a failed job raises.
+
+What the MPI launcher carries to the hosts (its control port, or mpirun's, is open to anyone
+who reaches it) is only what the ranks may show: the caller's ``env`` and hvdrun's own
+variables. The secrets travel through the engine instead: the caller gives the job's secret
+to each agent (engine_agent), which hands it to its ranks; this process's environment does not
+travel at all (a rank's is its agent's, plus those variables).
 """
+import collections
 import io
+import json
 import os
 import pickle
 import re
@@ -27,11 +35,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
-from hvd_trainer_launch import horovod_shim, mpi, protocol
+from hvd_trainer_launch import mpi, owned_folders, protocol
+from hvd_trainer_launch.relay import START_TIMEOUT_TEXT
 
 # After asking hvdrun to end the job, how long before it is SIGKILLed.
 _KILL_GRACE_SECONDS = 10.0
@@ -39,10 +48,37 @@ _KILL_GRACE_SECONDS = 10.0
 _HVDRUN_MESSAGE = b"hvdrun: "
 # The socket, in the launch's private folder, where Open MPI's launcher agent hands the lines.
 _AGENT_SOCKET = "agent.sock"
+# The launches' private folders in the temporary folder (owned_folders).
+FOLDER_PREFIX = "hvd_engine_launch."
+# How many of the MPI launcher's own last lines on stderr are kept, and how much of each.
+_LAUNCHER_LINES = 20
+_LAUNCHER_LINE_BYTES = 1000
+# The longest traceback that an EngineError's message quotes whole; a longer one is cut in
+# the middle there, and kept whole in its rank_traceback.
+MESSAGE_TRACEBACK_CHARS = 64 * 1024
 
 
 class EngineError(RuntimeError):
-    """An engine job failed: a rank raised or died, an agent was lost, or it never started."""
+    """An engine job failed: a rank raised or died, an agent was lost, or it never started.
+    ``rank_traceback`` is the whole traceback of the rank that raised ('' otherwise): the
+    message quotes at most MESSAGE_TRACEBACK_CHARS of it."""
+
+    def __init__(self, message: str, rank_traceback: str = ""):
+        super().__init__(message)
+        self.rank_traceback = rank_traceback
+
+
+class EngineTimeout(EngineError, TimeoutError):
+    """An engine job could not start in time (too few resources, agents or ranks that never
+    came)."""
+
+
+class LostAgent(NamedTuple):
+    """An agent that its engine lost while the job ran: its host, and what the engine said
+    of it (an actor's death, an executor's loss: killed, out of memory, exit code)."""
+
+    host: str
+    cause: str = ""
 
 
 def check_launcher(mpiexec: Optional[str] = None) -> mpi.Launcher:
@@ -70,24 +106,51 @@ class AgentLaunch:
     :meth:`wait` the job's exit code.
 
     ``flavour``: the launcher's (mpi.HYDRA or mpi.OPENMPI, from :func:`check_launcher` on
-    the driver); ``env``: variables the ranks get on top of this process's; ``out``/``err``:
-    streams for the ranks' output and hvdrun's messages (default: ours); ``mpi_args``: more
-    arguments for the MPI launcher, word by word; ``hvdrun_args``: more of hvdrun's flags
-    (--network-interfaces, --prefix-output-with-timestamp); ``horovod``: give the ranks the
-    horovod shim (default: when this process imported horovod from it)."""
+    the driver); ``secret``: the job's 32 random bytes, which the caller hands each agent
+    (engine_agent.run_proxy) through the engine, never through the MPI launcher; ``env``:
+    variables for the ranks, which with hvdrun's own are all that the launcher carries (the
+    rest of a rank's environment is its agent's: this process's does not travel);
+    ``out``/``err``: streams for the ranks' output and hvdrun's messages (default: ours);
+    ``mpi_args``: more arguments for the MPI launcher, word by word; ``hvdrun_args``: more of
+    hvdrun's flags (--network-interfaces, --prefix-output-with-timestamp)."""
 
     def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str], *,
-                 flavour: str, env: Optional[Dict[str, str]] = None,
+                 flavour: str, secret: bytes, env: Optional[Dict[str, str]] = None,
                  start_timeout: Optional[float] = None, mpi_args: Sequence[str] = (),
-                 out=None, err=None, verbose: bool = False, hvdrun_args: Sequence[str] = (),
-                 horovod: Optional[bool] = None):
+                 out=None, err=None, verbose: bool = False, hvdrun_args: Sequence[str] = ()):
         self.hosts = [(name, count) for name, count in hosts]
         self._lines: Dict[int, str] = {}  # by the host's place in ``hosts``
         self._announced = threading.Event()
-        self.messages: List[str] = []  # hvdrun's own lines
-        self._folder = tempfile.mkdtemp(prefix="hvd_engine_launch.")  # the guard's to remove
+        self.messages: List[str] = []  # hvdrun's own lines, and the ranks' wrappers'
+        # The launcher's own lines on stderr (the end of them), for a launch that fails.
+        self.launcher_messages: Deque[str] = collections.deque(maxlen=_LAUNCHER_LINES)
         self._listener: Optional[socket.socket] = None
-        env = dict(os.environ, **(env or {}))
+        self._watching, self._process, self._readers = -1, None, []
+        owned_folders.sweep(FOLDER_PREFIX)  # what launches whose driver was killed left
+        self._folder = owned_folders.make(FOLDER_PREFIX)  # the guard's to remove if we die
+        try:
+            self._start(command, flavour, secret, dict(env or {}), start_timeout, mpi_args,
+                        verbose, hvdrun_args)
+        except BaseException:
+            self._close()
+            raise
+        self._readers = [
+            threading.Thread(target=self._read_stdout, args=(out or sys.stdout.buffer,),
+                             daemon=True),
+            threading.Thread(target=self._read_stderr, args=(err or sys.stderr.buffer,),
+                             daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def _start(self, command: Sequence[str], flavour: str, secret: bytes,
+               env: Dict[str, str], start_timeout: Optional[float], mpi_args: Sequence[str],
+               verbose: bool, hvdrun_args: Sequence[str]) -> None:
+        """Start hvdrun under the guard: its environment is ours with ``env``, the job's
+        secret and the names of ``env`` (protocol.ENGINE_*), which it passes to the ranks."""
+        run_env = dict(os.environ)
+        run_env.update(env)
+        run_env[protocol.ENGINE_JOB_SECRET_VARIABLE] = protocol.engine_job_secret(secret)
+        run_env[protocol.ENGINE_RANK_VARIABLES_VARIABLE] = json.dumps(sorted(env))
         if flavour == mpi.HYDRA:
             names, own = [name for name, _ in self.hosts], list(protocol.MANUAL_LAUNCHER_ARGUMENTS)
         else:
@@ -98,8 +161,7 @@ class AgentLaunch:
                     f"{', '.join(twice)} holds several agents, and Open MPI's daemons collide on "
                     "one machine (each reports the machine's name to mpirun): run one agent per "
                     "machine, or use MPICH (pip install mpich mpi4py)")
-            names, own = agent_names(hosts), self._serve_agent(env)
-        watched, self._watching = os.pipe()
+            names, own = agent_names(hosts), self._serve_agent(run_env)
         size = sum(count for _, count in self.hosts)
         arguments = ["-np", str(size), "-H",
                      ",".join(f"{name}:{count}" for name, (_, count) in zip(names, self.hosts)),
@@ -109,22 +171,16 @@ class AgentLaunch:
         if verbose:
             arguments.append("--verbose")
         arguments += list(hvdrun_args)
-        if driver_uses_shim() if horovod is None else horovod:  # a horovod script's ranks
-            arguments.append("--horovod")
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), self._folder,
-             *arguments, "--", *command],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(watched,), start_new_session=True,
-            cwd="/")  # mpiexec's folder must exist on every host
-        os.close(watched)
-        self._readers = [
-            threading.Thread(target=self._read_stdout, args=(out or sys.stdout.buffer,),
-                             daemon=True),
-            threading.Thread(target=self._read_stderr, args=(err or sys.stderr.buffer,),
-                             daemon=True)]
-        for reader in self._readers:
-            reader.start()
+        watched, self._watching = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "hvd_trainer_launch.guard", str(watched), self._folder,
+                 *arguments, "--", *command],
+                env=run_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, pass_fds=(watched,), start_new_session=True,
+                cwd="/")  # mpiexec's folder must exist on every host
+        finally:
+            os.close(watched)
 
     def _serve_agent(self, env: Dict[str, str]) -> List[str]:
         """Listen for Open MPI's launcher agent (engine_ssh) in this launch's folder, and give
@@ -178,29 +234,48 @@ class AgentLaunch:
         self._announced.set()  # hvdrun ended before announcing: proxies() sees no lines
 
     def _read_stderr(self, err) -> None:
-        """Show hvdrun's stderr, keeping its own messages."""
+        """Show hvdrun's stderr, keeping its own messages, the ranks' wrappers' (``[N]<stderr>:
+        hvdrun: ...``: a command that cannot run, a rank killed by SIGBUS) and the end of the
+        MPI launcher's own lines."""
         for line in iter(self._process.stderr.readline, b""):
             # Open MPI's help messages end with a NUL byte, which then leads the next line.
-            text = line.lstrip(b"\0")
+            text = line.lstrip(b"\0").rstrip()
+            ranked = protocol.LINE_PREFIX.match(text)
+            said = text[ranked.end():] if ranked and not protocol.is_continued(ranked[3]) \
+                else b""
             if text.startswith(_HVDRUN_MESSAGE):
-                self.messages.append(text[len(_HVDRUN_MESSAGE):].decode(errors="replace").strip())
+                self.messages.append(text[len(_HVDRUN_MESSAGE):].decode(errors="replace"))
+            elif said.startswith(_HVDRUN_MESSAGE):
+                self.messages.append(f"rank {int(ranked[1])}: "
+                                     + said[len(_HVDRUN_MESSAGE):].decode(errors="replace"))
+            elif text and not ranked:
+                self.launcher_messages.append(text[:_LAUNCHER_LINE_BYTES].decode(errors="replace"))
             _show(err, line)
+
+    def said(self) -> str:
+        """hvdrun's messages, then the MPI launcher's own lines, for an error."""
+        return "; ".join(self.messages) + "".join(
+            f"\nthe MPI launcher said: {line}" for line in self.launcher_messages)
 
     def proxies(self, timeout: Optional[float] = None) -> List[str]:
         """The proxy command line of each host, in the order of ``hosts``; EngineError when
         hvdrun ends (or ``timeout`` passes) before the launcher handed them all over."""
         if not self._announced.wait(timeout):
             self.end()
-            raise EngineError(f"the MPI launcher handed over no proxy commands within "
-                              f"{timeout:g} s")
+            raise EngineTimeout(f"the MPI launcher handed over no proxy commands within "
+                                f"{timeout:g} s of its start")
         lines = dict(self._lines)
         if len(lines) != len(self.hosts):
             code = self.wait()
             raise EngineError(
                 f"the MPI launcher handed over {len(lines)} proxy commands for "
                 f"{len(self.hosts)} hosts and hvdrun exited with code {code}: "
-                + ("; ".join(self.messages) or "see its output above"))
+                + (self.said() or "see its output above"))
         return [lines[index] for index in range(len(self.hosts))]
+
+    def start_timed_out(self) -> bool:
+        """Whether hvdrun ended the job because ranks did not start within start_timeout."""
+        return any(START_TIMEOUT_TEXT in message for message in self.messages)
 
     def poll(self) -> Optional[int]:
         """hvdrun's exit code, or None while it runs."""
@@ -228,6 +303,7 @@ class AgentLaunch:
         return self.wait()
 
     def _close(self) -> None:
+        """Close the guard's pipe and the launcher agent's socket; remove the folder."""
         if self._watching >= 0:
             os.close(self._watching)
             self._watching = -1
@@ -239,14 +315,6 @@ class AgentLaunch:
             self._listener.close()
             self._listener = None
         shutil.rmtree(self._folder, ignore_errors=True)
-
-
-def driver_uses_shim() -> bool:
-    """Whether this process imported ``horovod`` from hvd_trainer's shim (a Horovod script
-    whose import was changed): then the ranks get the shim too (hvdrun --horovod)."""
-    module = sys.modules.get("horovod")
-    origin = getattr(module, "__file__", None)
-    return bool(origin) and horovod_shim.is_shim(origin)
 
 
 def _show(out, data: bytes) -> None:
@@ -275,12 +343,12 @@ def payload(func: Callable[..., Any], args: Sequence[Any] = (),
 
 
 def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, str],
-           code: int, messages: Sequence[str], lost: Sequence[str] = (),
+           code: int, messages: Sequence[str], lost: Sequence[LostAgent] = (),
            proxies: Sequence[Tuple[str, int, str]] = ()) -> List[Any]:
     """The ranks' results in rank order from the ``outcomes`` that the agents carried back;
     EngineError naming the rank (and host) that raised, the ranks without a result, or the
-    agents ``lost``, with hvdrun's ``messages`` and exit ``code``, and what each proxy that
-    failed (``proxies``: host, exit code, its messages) said."""
+    agents ``lost`` and why, with hvdrun's ``messages`` and exit ``code``, and what each proxy
+    that failed (``proxies``: host, exit code, its messages) said."""
     results, raised, missing = {}, [], []
     for rank in range(size):
         if rank not in outcomes:
@@ -305,10 +373,14 @@ def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, st
         also = f" (also on rank{'s' if len(others) > 1 else ''} " \
                f"{', '.join(map(str, others))})" if others else ""
         raise EngineError(f"{name} raised on rank {rank} on host {hosts.get(rank, '?')}{also}:"
-                          f"\n{text}{said}") from error
+                          f"\n{_quoted(text)}{said}", text) from error
     if lost:
-        raise EngineError(f"the agent on {', '.join(lost)} was lost (its executor or actor "
-                          f"died) while running {name}; the job was ended{said}")
+        raise EngineError(f"{name}: the agent{'s' if len(lost) > 1 else ''} on "
+                          f"{', '.join(agent.host for agent in lost)} "
+                          f"{'were' if len(lost) > 1 else 'was'} lost (its executor or actor "
+                          "died) and the job was ended"
+                          + "".join(f"\n{agent.host}: {agent.cause}" for agent in lost
+                                    if agent.cause) + said)
     if missing or code:
         where = sorted({hosts[r] for r in missing if r in hosts})
         text = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
@@ -316,6 +388,16 @@ def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, st
                 if missing else "")
         raise EngineError(f"{name}: {text}hvdrun exited with code {code}{said}")
     return [results[rank] for rank in range(size)]
+
+
+def _quoted(text: str) -> str:
+    """``text`` whole up to MESSAGE_TRACEBACK_CHARS, else its start and end with a note of
+    what was cut (the end holds the exception itself)."""
+    if len(text) <= MESSAGE_TRACEBACK_CHARS:
+        return text
+    head, tail = MESSAGE_TRACEBACK_CHARS // 4, MESSAGE_TRACEBACK_CHARS * 3 // 4
+    return (f"{text[:head]}\n[... {len(text) - head - tail} characters cut here; the whole "
+            f"traceback is the EngineError's rank_traceback ...]\n{text[-tail:]}")
 
 
 def host_of_ranks(layout: Sequence[Tuple[str, int]]) -> Dict[int, str]:

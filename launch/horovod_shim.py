@@ -3,10 +3,13 @@
 Each rank's wrapper writes a small ``horovod`` package into a private folder of its own
 (``tempfile.mkdtemp``: mode 0700; files created with O_EXCL, never through a link) and puts the
 folder first on the rank's PYTHONPATH, so the script and every Python process it starts import
-``horovod.torch`` as ``hvd_trainer.torch`` and so on; the folder goes when the rank ends.
+``horovod.torch`` as ``hvd_trainer.torch`` and so on; the folder goes when the rank ends (or
+with a later rank's sweep on the host, when its wrapper was killed: owned_folders).
 Nothing named ``horovod`` is installed, and a real Horovod is never shadowed: when one is
 importable, hvdrun refuses to start. A folder that already holds this shim (the peer-suite
-harness writes one, with test-only modules beside it) is used as it is.
+harness writes one, with test-only modules beside it) is used as it is. The engines' ranks
+(hvd_trainer.spark, hvd_trainer.ray) get the shim without asking, where no Horovod is
+installed (engine_rank).
 
 Each generated module copies the public names of the hvd_trainer module it stands for, so a
 name patched on ``horovod.torch`` is not patched on ``hvd_trainer.torch``. The launcher only
@@ -15,11 +18,17 @@ writes the text; the imports run in the ranks.
 import importlib.machinery
 import os
 import shutil
-import tempfile
 from typing import Dict, List, Mapping, Optional
 
+from hvd_trainer_launch import owned_folders
+
 # Set (to 1) for the ranks by hvdrun --horovod (and hvd_trainer.run(..., horovod=True)).
+# In an engine job's ranks, which get the shim where no Horovod is installed (engine_rank),
+# "0" turns that off.
 VARIABLE = "HVD_HOROVOD_SHIM"
+# The ranks' own shim folders in the temporary folder (owned_folders: a wrapper killed by
+# SIGKILL leaves its folder to the next rank's sweep).
+FOLDER_PREFIX = "hvd_horovod_shim."
 # The first line of the generated horovod/__init__.py: how hvdrun tells its shim from Horovod.
 MARKER = "# hvd_trainer's horovod shim (hvdrun --horovod)"
 # The Horovod release whose API the shim stands for (horovod.__version__).
@@ -65,6 +74,23 @@ REEXPORTS: Dict[str, str] = {
     "horovod.keras.elastic": "hvd_trainer.tensorflow.keras.elastic",
     # The engines: horovod.spark.run and horovod.ray.RayExecutor over Spark and Ray.
     "horovod.spark": "hvd_trainer.spark",
+    "horovod.spark.task": "hvd_trainer.spark.task",
+    # The Spark estimators and their parts, by Horovod's module paths.
+    "horovod.spark.common": "hvd_trainer.spark.common",
+    "horovod.spark.common.backend": "hvd_trainer.spark.common.backend",
+    "horovod.spark.common.estimator": "hvd_trainer.spark.common.estimator",
+    "horovod.spark.common.params": "hvd_trainer.spark.common.params",
+    "horovod.spark.common.store": "hvd_trainer.spark.common.store",
+    "horovod.spark.common.util": "hvd_trainer.spark.common.prepare",
+    "horovod.spark.torch": "hvd_trainer.spark.torch",
+    "horovod.spark.torch.estimator": "hvd_trainer.spark.torch.estimator",
+    "horovod.spark.torch.remote": "hvd_trainer.spark.torch.remote",
+    "horovod.spark.keras": "hvd_trainer.spark.keras",
+    "horovod.spark.keras.estimator": "hvd_trainer.spark.keras.estimator",
+    "horovod.spark.keras.remote": "hvd_trainer.spark.keras.remote",
+    "horovod.spark.lightning": "hvd_trainer.spark.lightning",
+    "horovod.spark.lightning.estimator": "hvd_trainer.spark.lightning.estimator",
+    "horovod.spark.lightning.remote": "hvd_trainer.spark.lightning.remote",
     "horovod.ray": "hvd_trainer.ray",
 }
 # Modules written as they are: the root's public names (horovod.run, __version__), and
@@ -156,7 +182,8 @@ def prepare(env: Dict[str, str], path: Optional[List[str]] = None) -> Optional[s
     Raises RealHorovodError when a real Horovod is importable."""
     if check(path) is not None:
         return None
-    folder = tempfile.mkdtemp(prefix="hvd_horovod_shim.")
+    owned_folders.sweep(FOLDER_PREFIX)
+    folder = owned_folders.make(FOLDER_PREFIX)
     try:
         write(folder)
     except BaseException:

@@ -15,7 +15,7 @@ import os
 import secrets
 import shlex
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hvd_trainer_launch import config_file, elastic, flags, horovod_shim, job, mpi, reports
 from hvd_trainer_launch.relay import OutputRelay, say
@@ -128,8 +128,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if elastic.requested(args):
         return elastic.run(args, launcher, mpi_args, command, hosts)
-    one_host = all(mpi.this_machine(host) for host, _ in nodes)
-    if one_host:
+    return _run(parser, args, launcher, mpi_args, command, hosts, nodes, placed)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, launcher: mpi.Launcher,
+         mpi_args: List[str], command: List[str], hosts: List[Tuple[str, int]],
+         nodes: List[Tuple[str, int]], placed: Dict[str, str]) -> int:
+    """hvdrun's plain mode: one MPI job of ``command`` on ``nodes`` (``placed``: the ranks'
+    layout variables), with its report port; its exit code. Under an engine launch
+    (job.engine_job) the MPI launcher carries neither the job's secret nor hvdrun's own
+    environment, only the ranks' variables."""
+    if all(mpi.this_machine(host) for host, _ in nodes):
         advice = mpi.shared_memory_advice(launcher.flavour, args.np)
         if advice:
             say(f"warning: {advice}")
@@ -137,22 +146,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             placed.update({name: value for name, value in job.LOOPBACK_VARIABLES.items()
                            if name not in os.environ})
     relay = OutputRelay(args.np, args.no_prefix, args.output_filename, nodes)
-    secret = secrets.token_hex(32)  # signs the wrappers' reports; only the ranks get it
+    engine = job.engine_job(os.environ)
+    # Signs the wrappers' reports; only the ranks get it (from their agents in an engine job).
+    secret = engine.secret if engine else secrets.token_hex(32)
     try:
         server = reports.serve(secret.encode(), nodes, args.nics, relay.deliver)
     except (ValueError, OSError) as error:
         parser.error(f"cannot open hvdrun's report port: {error}")
-    env = dict(job.rank_environment(args, launcher.flavour), **placed,
+    own = dict(flags.rank_variables(args, launcher.flavour), **placed,
                **job.report_variables(server, secret))
+    env = dict(job.rank_environment(args, launcher.flavour), **own)
     program = [sys.executable, "-m", "hvd_trainer_launch.worker", "--"] + command
-    mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env)
+    forwarded = job.engine_forwarded(engine, own) if engine else None
+    mpiexec_command = mpi.build_command(launcher, args.np, hosts, mpi_args, program, env,
+                                        forwarded)
     if args.verbose:
         say(f"running: {shlex.join(mpiexec_command)}")
     try:
-        return job.run_job(mpiexec_command, env, relay, args.np, args.start_timeout)
+        return job.run_job(mpiexec_command, job.launcher_environment(env, forwarded), relay,
+                           args.np, args.start_timeout)
     finally:
         server.close()
-
 
 if __name__ == "__main__":
     sys.exit(main())

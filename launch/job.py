@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from hvd_trainer_launch import flags, mpi, protocol, reports
 from hvd_trainer_launch.reaping import kill_processes, launched
@@ -37,6 +37,57 @@ def rank_environment(args: argparse.Namespace, flavour: str) -> Dict[str, str]:
         env.setdefault(name, value)
     env.update(flags.rank_variables(args, flavour))
     return env
+
+
+class EngineJob(NamedTuple):
+    """What an engine launch (engine_launch) tells hvdrun: the job's secret (hex text), which
+    the agents give the ranks, and the names of its variables for the ranks."""
+
+    secret: str
+    variables: Tuple[str, ...]
+
+
+def engine_job(environ: Dict[str, str]) -> Optional[EngineJob]:
+    """The engine launch's request, taken out of ``environ`` (hvdrun's own, so that it
+    reaches no rank); None outside an engine launch."""
+    secret = environ.pop(protocol.ENGINE_JOB_SECRET_VARIABLE, None)
+    names = environ.pop(protocol.ENGINE_RANK_VARIABLES_VARIABLE, "[]")
+    return EngineJob(secret, tuple(json.loads(names))) if secret else None
+
+
+# What of hvdrun's environment the MPI launcher itself needs in an engine job, besides the
+# variables for the ranks: where its programs and libraries are, and the MPIs' own settings
+# (and, under Open MPI, what its launcher agent engine_ssh needs: Python's path, the shell
+# that mpirun writes the daemon's command for, the engine launch's key).
+_LAUNCHER_NEEDS = ("PATH", "LD_LIBRARY_PATH", "TMPDIR", "HOME", "LANG", "SHELL", "PYTHONPATH",
+                   protocol.ENGINE_LAUNCH_SECRET_VARIABLE)
+_LAUNCHER_SETTINGS = ("HYDRA_", "MPIEXEC_", "MPIR_CVAR_", "MPICH_", "I_MPI_", "OMPI_", "OPAL_",
+                      "PMIX_", "PRTE_")
+_LAST_VARIABLE = "HVD_LAUNCHER_END"
+
+
+def launcher_environment(env: Dict[str, str], forwarded: Optional[List[str]]) -> Dict[str, str]:
+    """The MPI launcher's own environment: ``env`` whole in a plain job; in an engine job only
+    the variables ``forwarded`` to the ranks and those it needs itself, since MPICH's mpiexec
+    sends its whole environment to whoever connects to its control port as a proxy (the
+    proxies, not mpiexec, keep only the forwarded ones for the ranks)."""
+    if forwarded is None:
+        return env
+    kept = {name: value for name, value in env.items()
+            if name in forwarded or name in _LAUNCHER_NEEDS or name.startswith(_LAUNCHER_SETTINGS)}
+    # MPICH 5.0.2's proxies never find the last variable of mpiexec's environment among those
+    # that -genvlist names (measured: the ranks lacked it); one that no rank needs goes last.
+    kept.pop(_LAST_VARIABLE, None)
+    kept[_LAST_VARIABLE] = "1"
+    return kept
+
+
+def engine_forwarded(engine: EngineJob, own: Dict[str, str]) -> List[str]:
+    """The variables the MPI launcher passes to an engine job's ranks: the caller's, the MPI
+    finalize ones, and ``own`` (those hvdrun set), never the job's secret, which the agents
+    give the ranks."""
+    names = {*engine.variables, *protocol.NO_FINALIZE_WAIT_VARIABLES, *own}
+    return sorted(names - {protocol.SECRET_VARIABLE})
 
 
 def hosts_variable(flavour: str, hosts: List[Tuple[str, int]], np: int) -> Dict[str, str]:

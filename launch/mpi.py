@@ -310,14 +310,18 @@ def placement(flavour: str, hosts: Sequence[Tuple[str, int]], np: int) -> List[T
 
 def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],
                   mpi_args: Sequence[str], program: Sequence[str],
-                  environ: Mapping[str, str]) -> List[str]:
-    """The launcher command line that runs ``program`` on ``np`` ranks with all of ``environ``.
+                  environ: Mapping[str, str],
+                  forward: Optional[Sequence[str]] = None) -> List[str]:
+    """The launcher command line that runs ``program`` on ``np`` ranks with all of ``environ``,
+    or with only the variables named in ``forward`` (taken from ``environ``, the launcher's
+    environment): then the rest of a rank's environment is its proxy's.
 
-    Hydra forwards the whole environment with -genvall, fills each host's slots in turn and
-    oversubscribes by default; Open MPI needs ``-x NAME`` per variable, a by-slot mapping that
-    may oversubscribe (unless ``mpi_args`` map the ranks themselves), and --allow-run-as-root
-    under root.
+    Hydra forwards the whole environment with -genvall (a list with -genvlist), fills each
+    host's slots in turn and oversubscribes by default; Open MPI needs ``-x NAME`` per
+    variable, a by-slot mapping that may oversubscribe (unless ``mpi_args`` map the ranks
+    themselves), and --allow-run-as-root under root.
     """
+    names = sorted(environ) if forward is None else sorted(set(forward) & set(environ))
     command = [launcher.path, "-n", str(np)]
     host_list = ",".join(f"{host}:{slots}" for host, slots in hosts)
     if launcher.flavour == OPENMPI:
@@ -330,14 +334,27 @@ def build_command(launcher: Launcher, np: int, hosts: Sequence[Tuple[str, int]],
             command.append("--allow-run-as-root")
         if hosts:
             command += ["-H", host_list]
-        for name in sorted(environ):
+        for name in names:
             if _VARIABLE_NAME.match(name) and not name.startswith(_OPENMPI_PRIVATE_PREFIXES):
                 command += ["-x", name]
     else:
-        command.append("-genvall")
+        listed = [name for name in names if _VARIABLE_NAME.match(name)]  # no comma in them
+        command += (["-genvall"] if forward is None else
+                    ["-genvlist", ",".join(listed)] if listed else ["-genvnone"])
         if hosts:
             command += ["-hosts", host_list]
     return command + list(mpi_args) + list(program)
+
+
+def variable_name_error(name: object) -> Optional[str]:
+    """Why ``name`` cannot be an environment variable that both MPIs pass to the ranks (a
+    str of letters, digits and underscores, not starting with a digit), or None."""
+    if not isinstance(name, str):
+        return f"{name!r} is a {type(name).__name__}, not a str"
+    if not _VARIABLE_NAME.match(name):
+        return (f"{name!r} is not a variable name (letters, digits and underscores, not "
+                "starting with a digit)")
+    return None
 
 
 SHARED_MEMORY = "/dev/shm"

@@ -80,6 +80,8 @@ ENGINE_WORKDIR_VARIABLE = "HVD_ENGINE_WORKDIR"
 # The labels of those files, which their signatures bind: the function, and rank N's result.
 ENGINE_FUNCTION = "function"
 ENGINE_RESULT = "result.{rank}"
+# The folder beside them that holds hvd_trainer's horovod shim (engine_rank offers it).
+ENGINE_SHIM_FOLDER = "horovod_shim"
 # What MPICH's mpiexec -launcher manual prints: one line per host holding the proxy command
 # that host must run, then the end marker, after which it waits for the proxies.
 MANUAL_LAUNCH_PREFIX = "HYDRA_LAUNCH: "
@@ -90,6 +92,14 @@ MANUAL_LAUNCHER_ARGUMENTS = ("-launcher", "manual")
 # hands each host's daemon command to the engine launch over a Unix socket
 # (:func:`send_proxy_line`), signed with the launch's secret (hex text) in this variable.
 ENGINE_LAUNCH_SECRET_VARIABLE = "HVD_ENGINE_LAUNCH_SECRET"
+
+# An engine launch (engine_launch) runs hvdrun with the job's secret in the first variable
+# (hex text), for hvdrun's reports: the agents give it to the ranks, so it never travels
+# through the MPI launcher, whose control port anyone may reach. The second names (a JSON
+# list) the caller's variables for the ranks: the launcher passes those and hvdrun's own, and
+# the rest of a rank's environment is its agent's.
+ENGINE_JOB_SECRET_VARIABLE = "HVD_ENGINE_JOB_SECRET"
+ENGINE_RANK_VARIABLES_VARIABLE = "HVD_ENGINE_RANK_VARIABLES"
 
 # The wrapper's exit codes when it cannot start the command, as a shell's.
 NOT_FOUND_EXIT_CODE = 127
@@ -298,6 +308,13 @@ def job_secret(environ: Optional[Mapping[str, str]] = None) -> Optional[bytes]:
     """The job's secret from :data:`SECRET_VARIABLE`, or None outside hvdrun."""
     value = (os.environ if environ is None else environ).get(SECRET_VARIABLE)
     return value.encode() if value else None
+
+
+def engine_job_secret(secret: bytes) -> str:
+    """The job's secret (:data:`SECRET_VARIABLE`'s hex text) of an engine job whose agents
+    hold ``secret``: derived from it, so that the key of the reports is not the key of the
+    function and results that ``secret`` signs."""
+    return mac(secret, b"hvd_trainer engine reports").hex()
 
 
 MEMORY_ROOT = "/dev/shm"  # a tmpfs on Linux: its files live in memory

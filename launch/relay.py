@@ -210,8 +210,7 @@ class OutputRelay:
                 return
             self.failure = Failure(missing[0], 1, "did not start")
             self.reported.append(self.failure)
-        say(f"{self.ranks(missing)} did not start within --start-timeout {seconds:g} s; "
-             "ending the job")
+        say(f"{self.ranks(missing)} {START_TIMEOUT_TEXT} {seconds:g} s; ending the job")
 
     def close(self) -> None:
         """Close the per-rank files."""
@@ -219,6 +218,8 @@ class OutputRelay:
             target.close()
 
 
+# What hvdrun says of ranks that did not start in time (the engines look for it).
+START_TIMEOUT_TEXT = "did not start within --start-timeout"
 # hvdrun's messages and the ranks' lines reach our stdout and stderr from several threads; one
 # write at a time, or a pipe that takes a long line in parts would get a message in between.
 _WRITING = threading.Lock()

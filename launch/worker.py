@@ -29,7 +29,6 @@ import os
 import selectors
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -37,13 +36,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import horovod_shim, mpi, protocol
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
+from hvd_trainer_launch.segments import Segments
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 # How many ranks the launcher put on this host: Hydra's variable, then Open MPI's.
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
-# How often the relay looks at which MPI shared memory the child maps: until it maps some, and after.
-_SEGMENT_LOOK_SECONDS = 0.25
-_SEGMENT_LOOK_AGAIN_SECONDS = 2.0
 # What the launchers tell a rank of its place on its node, and the Horovod variable each must
 # equal. (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK does not follow the rank order, MPI's does.)
 _LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
@@ -194,7 +191,7 @@ def _write_lines(fd: int, pieces: List[bytes]) -> None:
 
 
 def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool,
-           segments: "Segments") -> None:
+           segments: Segments) -> None:
     """Copy each source fd to its target fd line by line, prefixed with the rank (and with the
     time when ``stamp``), until all close.
 
@@ -213,7 +210,7 @@ def _relay(sources: Dict[int, int], rank: int, wrapper: int, stamp: bool,
     deadline = None
     while selector.get_map():
         segments.look()
-        for key, _ in selector.select(timeout=0.2):
+        for key, _ in selector.select(timeout=min(0.2, segments.wait_seconds())):
             source = key.fd
             data = os.read(source, 1 << 16)
             if not data:
@@ -308,70 +305,6 @@ def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> 
             end()
         if ending_since is not None and time.monotonic() > ending_since + _KILL_GRACE_SECONDS:
             child.kill()
-
-
-def mapped_segments(pid: int) -> Dict[str, int]:
-    """The files of MPI's shared memory (mpi.SEGMENT_PREFIXES) in /dev/shm that process ``pid``
-    maps, with their inode numbers; those already removed are left out."""
-    found: Dict[str, int] = {}
-    folder = mpi.SHARED_MEMORY.encode() + b"/"
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as maps:
-            for line in maps:
-                fields = line.rstrip(b"\n").split(None, 5)  # address, mode, offset, dev, inode, path
-                if len(fields) == 6 and fields[5].startswith(folder) and \
-                        fields[5][len(folder):].decode(errors="replace").startswith(mpi.SEGMENT_PREFIXES) \
-                        and not fields[5].endswith(b" (deleted)"):
-                    found[os.fsdecode(fields[5])] = int(fields[4])
-    except (OSError, ValueError):  # gone, or not Linux
-        pass
-    return found
-
-
-def _started_at(pid: int) -> Optional[bytes]:
-    """When process ``pid`` started (its /proc stat field), telling it from a later process
-    that reuses the number; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            return stat_file.read().rpartition(b")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-class Segments:
-    """The files of MPI's shared memory that the rank (process ``pid``) maps, watched from its
-    output relay, which outlives the wrapper (see above): when the rank is gone, the relay
-    removes those that MPI left (a rank that failed or was killed never removes them). Only
-    files seen in the rank's own maps go, and each only while it is still the same file (its
-    inode) and ours: never another job's. A rank killed within a look's interval of mapping
-    them may leave them."""
-
-    def __init__(self, pid: int):
-        self.pid, self.started = pid, _started_at(pid)
-        self.found: Dict[str, int] = {}
-        self._next = 0.0
-
-    def look(self) -> None:
-        """Note what the rank maps now (at most every _SEGMENT_LOOK_SECONDS, and every
-        _SEGMENT_LOOK_AGAIN_SECONDS once it maps some)."""
-        now = time.monotonic()
-        if now < self._next or self.started is None:
-            return
-        self._next = now + (_SEGMENT_LOOK_AGAIN_SECONDS if self.found else _SEGMENT_LOOK_SECONDS)
-        found = mapped_segments(self.pid)
-        if _started_at(self.pid) == self.started:  # still the rank, not a reused number
-            self.found.update(found)
-
-    def remove(self) -> None:
-        """Remove what the rank mapped and MPI left."""
-        self.look()
-        for path, inode in self.found.items():
-            try:
-                info = os.lstat(path)
-                if stat.S_ISREG(info.st_mode) and info.st_ino == inode and info.st_uid == os.geteuid():
-                    os.unlink(path)
-            except OSError:  # already removed (by another rank of this host, or by MPI)
-                pass
 
 
 def _bus_error(rank: int, launcher_flavour: str) -> bytes:

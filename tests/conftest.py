@@ -14,6 +14,11 @@ import sys
 
 import pytest
 
+import session_shm
+
+# Before pytest starts a thread: this session's own /dev/shm (None once made), checked at the end.
+_SHM_NOT_PRIVATE = session_shm.make_private()
+
 # The README installs with pip's --no-compile (byte-compiling all of torch, MXNet, Ray and
 # TensorFlow took about a minute per environment on 2 cores), so modules are compiled as
 # they are first imported, and the compiled code must be kept: with PYTHONDONTWRITEBYTECODE
@@ -84,3 +89,23 @@ def pytest_collection_modifyitems(config, items):
         missing = _missing(workers or _worker_sources(item.path.read_text()))
         if missing:
             item.add_marker(pytest.mark.skip(reason=_reason(missing)))
+
+
+_shm_left: list = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when its runs left anything in its own /dev/shm (tests/session_shm.py)."""
+    if _SHM_NOT_PRIVATE is None:
+        _shm_left.extend(session_shm.leftovers())
+        if _shm_left:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SHM_NOT_PRIVATE is not None:
+        terminalreporter.write_line(f"/dev/shm left behind: not checked ({_SHM_NOT_PRIVATE})")
+    elif _shm_left:
+        terminalreporter.write_line(f"FAILED: the session's runs left {len(_shm_left)} entries "
+                                    f"in /dev/shm: {', '.join(_shm_left)}", red=True)

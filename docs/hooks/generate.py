@@ -43,7 +43,7 @@ SETTINGS: Dict[str, str] = {
     "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "steps per autotune sample (at least 2: a sample is timed "
                                      "between its steps' launches)",
     "HVD_ALLREDUCE_ALGO": "`ring`, `native` (`MPI_Allreduce`), or `auto` (a host allreduce "
-                          "small enough to travel inside the agreement does, then native below "
+                          "small enough for the agreement's carrier gathers it, then native below "
                           "`HVD_RING_THRESHOLD`, the ring above it)",
     "HVD_RING_THRESHOLD": "`auto` uses native below it and the ring from it on, bytes",
     "HVD_HIERARCHICAL_ALLREDUCE": "1: the world's host allreduce reduces within each host, "
@@ -80,8 +80,22 @@ SET_BY_HVDRUN: Dict[str, str] = {
                          "([Running on Spark](spark.md), [Running on Ray](ray.md))",
     "HVD_ENGINE_SECRET": "an engine job's key, which signs the files in `HVD_ENGINE_FOLDER`",
     "HVD_ENGINE_WORKDIR": "the working folder of an engine job's agent, where its ranks work",
+    "HVD_ENGINE_REGISTRY": "host:port of a Spark job's registry on the driver, where each "
+                           "rank says that it runs the function ([Running on Spark]"
+                           "(spark.md#how-it-works))",
+    "HVD_SPARK_TASK_RESOURCES": "the resources Spark assigned to the tasks on a rank's host, by "
+                                "local rank, for `hvd_trainer.spark.task.get_available_devices`",
     "HVD_ENGINE_LAUNCH_SECRET": "an engine launch's key under Open MPI, which signs the proxy "
                                 "commands that its launcher agent (`engine_ssh`) hands over",
+    "HVD_ENGINE_JOB_SECRET": "an engine launch's `HVD_JOB_SECRET` for hvdrun, which the agents "
+                             "hand the ranks: it never travels through the MPI launcher "
+                             "([Security](security.md#the-mpi-launchers-control-port))",
+    "HVD_LAUNCHER_END": "the last variable of an engine job's `mpiexec` environment: MPICH "
+                        "5.0.2's proxies never pass the ranks the last one that `-genvlist` "
+                        "names",
+    "HVD_ENGINE_RANK_VARIABLES": "the names of an engine job's variables for the ranks (`env`, "
+                                 "`extra_env_vars`), which with hvdrun's own are all that the "
+                                 "MPI launcher passes them",
     "HVD_ELASTIC_DIR": "the job's folder for elastic commits on each host's local disk",
     "HVD_ELASTIC_RESTART": "how many times the elastic job was restarted before this life",
     "HVD_ELASTIC_NOTIFY": "host:port where hvdrun tells the hosts' generation",
@@ -95,7 +109,9 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ULFM": "set by `--ulfm`: the survivors of a killed rank shrink the job and go on",
     "HVD_ELASTIC_MIN_NP": "`--min-np`, with `--ulfm`: fewer survivors end the life instead",
     "HVD_HOROVOD_SHIM": "set by `--horovod`: each rank's wrapper puts a `horovod` shim first "
-                        "on the rank's `PYTHONPATH` ([hvdrun](hvdrun.md#horovod))",
+                        "on the rank's `PYTHONPATH` ([hvdrun](hvdrun.md#horovod)); `0` in an "
+                        "engine job's `env` turns off the shim its ranks get "
+                        "([Running on Ray](ray.md#functions-written-for-horovod))",
     "HVDRUN_WORKER": "marks a rank started by hvdrun's wrapper",
     "HVDRUN_HOSTS": "the hosts and slots, for the wrapper's `HOROVOD_*` variables",
     "HVDRUN_TIMESTAMP": "set by `--prefix-output-with-timestamp`",

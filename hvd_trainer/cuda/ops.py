@@ -52,7 +52,10 @@ def communicator(process_set: ProcessSet = global_process_set):
     if held is not None:
         return held
     choice = runtime.setting("GPU_COMMUNICATOR")
-    places = host.allgather_object((socket.gethostname(), device()))
+    # A GPU is told apart by its bus address: device numbers are per process
+    # (CUDA_VISIBLE_DEVICES), so ranks that each see one GPU all call theirs GPU 0.
+    places = host.allgather_object((socket.gethostname(),
+                                    cupy.cuda.Device(device()).pci_bus_id))
     shared = len(set(places)) < len(places)
     if choice == "nccl" and (shared or not nccl.available()):
         why = (f"ranks share a GPU ({places}); give each rank its own GPU"

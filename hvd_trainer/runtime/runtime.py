@@ -314,6 +314,7 @@ def _install_exit_hook() -> None:
 
     @functools.wraps(original)
     def exit_rank(status: Any = None) -> None:
+        __tracebackhide__ = True  # noqa: F841 (an engine rank's error report leaves it out)
         if threading.current_thread() is not threading.main_thread():
             original(status)  # ends only this thread
         raise _RankExit(status)  # no local name: this frame lives on in the traceback

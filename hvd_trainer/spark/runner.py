@@ -1,95 +1,86 @@
 """horovod.spark.run over hvd_trainer's engine mechanism: one Spark barrier job whose tasks
-are the agents.
+are the agents, hvdrun on the driver.
 
-The tasks learn their hosts from one another (BarrierTaskContext.allGather), so the ranks are
-laid out by executor host; task 0 runs hvdrun with an MPI launcher that hands over its proxy
-lines instead of starting them (hvd_trainer_launch.engine_launch), and hands each host's line
-to the first task on that host (a second allGather); each such task runs its proxy, and
-returns the outcomes of its host's ranks as its task result. hvdrun runs in task
-0 because Spark gives a running task no way to hear from the driver: the ranks' output shows
-in that executor's log as it comes, and on the driver (``stdout``/``stderr``) when the job ends.
+Each task dials the driver's registry (hvd_trainer_launch.engine_registry) and says where it
+runs and which resources Spark gave it. Once every task has, the driver lays the ranks out by
+host, runs hvdrun with an MPI launcher that hands over one proxy command per host
+(hvd_trainer_launch.engine_launch), and answers the first task on each host with its host's
+command, which the task runs (engine_agent); the others end. The tasks carry the ranks'
+results back as task results.
+
+hvdrun runs on the driver, as Horovod's mpirun and the Ray engine's hvdrun do, so the ranks'
+output reaches the driver as it is printed, through the launcher, and nothing keeps it. The
+tasks dial the driver because Spark gives a running task no way to hear from it, and its
+exchange between tasks (BarrierTaskContext.allGather) costs a second a call (docs/spark.md).
+``start_timeout`` bounds the whole start on one clock: every task registered, then every rank
+running the function (each rank says so to the registry).
 """
-import io
 import json
 import os
 import shlex
+import subprocess
 import sys
-import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvd_trainer_launch import engine_agent, engine_launch
-from hvd_trainer_launch.engine_launch import EngineError
+from hvd_trainer.spark import causes
+from hvd_trainer.spark.task import RESOURCES_VARIABLE
+from hvd_trainer_launch import engine_agent, engine_checks, engine_launch, engine_registry
+from hvd_trainer_launch.engine_launch import EngineError, EngineTimeout
 
 # Horovod's default start timeout, and the variable it reads first.
 _DEFAULT_START_TIMEOUT = 600.0
 _START_TIMEOUT_VARIABLE = "HOROVOD_SPARK_START_TIMEOUT"
+# How long a task waits for the driver's answer beyond start_timeout (the driver cancels the
+# job at start_timeout; this only ends a task whose driver went away).
+_ANSWER_GRACE_SECONDS = 60.0
+# After the tasks have returned, how long hvdrun gets to end before it is ended.
+_HVDRUN_GRACE_SECONDS = 15.0
+_POLL_SECONDS = 0.05
 _ELASTIC = ("hvd_trainer.spark.run_elastic is not supported: hvd_trainer's elastic mode needs "
             "hvdrun to add and remove hosts, and a Spark barrier job is all or nothing (a lost "
             "task fails the stage); run elastic jobs with hvdrun --min-np/--max-np "
             "(docs/limitations.md)")
 
 
-class EngineTimeout(EngineError, TimeoutError):
-    """The barrier job's tasks did not all start within start_timeout."""
-
-
-class _Tee(io.RawIOBase):
-    """A binary stream that writes to this process's stream and keeps a copy."""
-
-    def __init__(self, target):
-        self.target, self.kept = target, bytearray()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self.kept += data
-        try:
-            self.target.write(bytes(data))
-            self.target.flush()
-        except (OSError, ValueError):
-            pass
-        return len(data)
-
-
-def _task(payload: bytes, secret: bytes, start_timeout: float, env: Dict[str, str],
-          flavour: str, mpi_args: List[str], hvdrun_args: List[str],
-          executable: Optional[str], horovod: bool) -> Callable:
-    """The function each barrier task runs over its (unused) partition (``flavour``: the
-    MPI launcher's, found on the driver: a task must not load the MPI library)."""
+def _task(payload: bytes, secret: bytes, registry: str, wait: float) -> Callable:
+    """The function each barrier task runs over its (unused) partition: register, then run
+    the proxy command the driver answers with, if any; its one row is the outcome of its
+    host's ranks (engine_agent.HostOutcome), or None from the tasks that run none. It refers
+    to hvd_trainer_launch's modules alone, so that a task imports nothing more (hvd_trainer
+    itself, NumPy) before it registers."""
 
     def task(_partition):
         from pyspark import BarrierTaskContext
         context = BarrierTaskContext.get()
-        index = context.partitionId()
-        host = engine_agent.hostname()
-        hosts = context.allGather(host)
-        layout = engine_launch.rank_layout(hosts)
-        launch, message = None, ""
-        out, err = _Tee(sys.stdout.buffer), _Tee(sys.stderr.buffer)
-        if index == 0:
-            try:
-                launch = engine_launch.AgentLaunch(
-                    layout, engine_launch.rank_command(executable), flavour=flavour, env=env,
-                    start_timeout=start_timeout, mpi_args=mpi_args, out=out, err=err,
-                    hvdrun_args=hvdrun_args, horovod=horovod)
-                message = json.dumps({"lines": launch.proxies(start_timeout)})
-            except Exception as error:
-                message = json.dumps({"error": str(error)})
-        announced = json.loads(context.allGather(message)[0])
-        outcome = None
-        if "lines" in announced and hosts.index(host) == index:  # the first task on its host
-            place = [name for name, _ in layout].index(host)
-            outcome = tuple(engine_agent.run_proxy(announced["lines"][place], payload, secret))
-        code, messages = None, []
-        if launch is not None:
-            code, messages = launch.wait(), launch.messages
-        yield ("done", index, (host, outcome, code, messages, announced.get("error"),
-                               bytes(out.kept), bytes(err.kept)))
+        resources = {name: list(info.addresses) for name, info in context.resources().items()}
+        mine = engine_registry.Registration(context.partitionId(), engine_agent.hostname(),
+                                            resources)
+        assignment = engine_registry.register(registry, secret, mine, wait)
+        if assignment.line is None:
+            yield None
+        else:
+            yield engine_agent.run_proxy(assignment.line, payload, secret, env=assignment.env)
 
     return task
+
+
+def _num_proc(num_proc: Any, context) -> int:
+    """``num_proc``, or Spark's default parallelism for None; ValueError unless a positive int."""
+    if num_proc is None:
+        return context.defaultParallelism
+    return engine_checks.check_count(num_proc, "num_proc", "hvd_trainer.spark.run")
+
+
+def _refuse_other_than_mpi(use_mpi: Optional[bool], use_gloo: Optional[bool]) -> None:
+    """ValueError for ``use_gloo=True`` or ``use_mpi=False``: hvd_trainer runs on MPI only."""
+    if use_gloo:
+        raise ValueError("hvd_trainer.spark.run: use_gloo=True is not supported: hvd_trainer "
+                         "runs on MPI only; drop use_gloo")
+    if use_mpi is False:
+        raise ValueError("hvd_trainer.spark.run: use_mpi=False is not supported: hvd_trainer "
+                         "runs on MPI only; drop use_mpi")
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict] = None,
@@ -99,137 +90,206 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         stdout=None, stderr=None, verbose: int = 1, nics: Optional[Sequence[str]] = None,
         prefix_output_with_timestamp: bool = False,
         executable: Optional[str] = None) -> List[Any]:
-    """horovod.spark.run: ``fn(*args, **kwargs)`` on ``num_proc`` ranks (default: Spark's
-    default parallelism), one per Spark task, laid out by executor host; the results in rank
-    order. Needs an active SparkSession (or SparkContext) whose cluster has ``num_proc``
-    task slots free at once. EngineError names a rank (and host) that raised or a lost
-    executor; TimeoutError when the tasks do not all start within ``start_timeout``
-    (default $HOROVOD_SPARK_START_TIMEOUT, else 600 s). ``use_gloo=True`` raises ValueError:
-    hvd_trainer runs on MPI only. ``extra_mpi_args`` go to mpiexec, ``env`` to the ranks;
-    the ranks' output is written to ``stdout``/``stderr`` (default: ours) when the job ends."""
-    if use_gloo:
-        raise ValueError("hvd_trainer.spark.run: use_gloo=True is not supported: hvd_trainer "
-                         "runs on MPI only; drop use_gloo")
-    if use_mpi is False:
-        raise ValueError("hvd_trainer.spark.run: use_mpi=False is not supported: hvd_trainer "
-                         "runs on MPI only; drop use_mpi")
+    """horovod.spark.run: ``fn(*args, **kwargs)`` on ``num_proc`` ranks (a positive int;
+    default: Spark's default parallelism), one per Spark task, laid out by executor host; the
+    results in rank order. Needs an active SparkSession (or SparkContext) whose cluster has
+    ``num_proc`` task slots free at once. EngineError names a rank (and host) that raised, or
+    a lost executor's host and what Spark said; TimeoutError (message starting "Timed out
+    waiting for") when the tasks, or then the ranks, have not all started within
+    ``start_timeout`` of the call (default $HOROVOD_SPARK_START_TIMEOUT, else 600 s).
+    ``use_gloo=True`` raises ValueError: hvd_trainer runs on MPI only. ``extra_mpi_args`` go
+    to mpiexec, ``env`` to the ranks; the ranks' output is written to ``stdout``/``stderr``
+    (default: ours) as it comes."""
+    _refuse_other_than_mpi(use_mpi, use_gloo)
+    began = time.monotonic()
     from pyspark import SparkContext
     context = SparkContext._active_spark_context
     if context is None:
         raise ValueError("hvd_trainer.spark.run needs an active SparkSession: create one "
                          "first (SparkSession.builder...getOrCreate())")
+    num_proc = _num_proc(num_proc, context)
+    ranks_env = engine_checks.rank_env(env, "env", "hvd_trainer.spark.run")
     flavour = engine_launch.check_launcher().flavour
-    num_proc = num_proc or context.defaultParallelism
     if start_timeout is None:
         start_timeout = float(os.environ.get(_START_TIMEOUT_VARIABLE, _DEFAULT_START_TIMEOUT))
-    hvdrun_args = []
-    if nics:
-        hvdrun_args += ["--network-interfaces", ",".join(nics)]
-    if prefix_output_with_timestamp:
-        hvdrun_args.append("--prefix-output-with-timestamp")
+    secret = os.urandom(32)
+    conf = context.getConf()
+    payload = engine_launch.payload(fn, args, kwargs)
+    registry = engine_registry.Registry(conf.get("spark.driver.host"), secret, num_proc,
+                                        num_proc, bind=conf.get("spark.driver.bindAddress"))
+    start = _Start(began, start_timeout, num_proc, context.defaultParallelism)
+    job = launch = None
+    try:
+        job = _BarrierJob(context, num_proc, _task(payload, secret, registry.address,
+                                                   start_timeout + _ANSWER_GRACE_SECONDS))
+        tasks = start.wait_for_tasks(job, registry)
+        # Only now: Horovod's own tests pass fn=None to a job whose tasks cannot start, and
+        # expect its TimeoutError; no rank has started yet either way.
+        engine_checks.check_function(fn, "hvd_trainer.spark.run")
+        layout = engine_launch.rank_layout(tasks[index].host for index in range(num_proc))
+        launch = engine_launch.AgentLaunch(
+            layout, engine_launch.rank_command(executable), flavour=flavour, secret=secret,
+            env=ranks_env,
+            mpi_args=shlex.split(extra_mpi_args or ""), out=stdout or sys.stdout,
+            err=stderr or sys.stderr,
+            hvdrun_args=_hvdrun_args(nics, prefix_output_with_timestamp, verbose))
+        try:
+            lines = launch.proxies(max(start.left(), 0))
+        except EngineError as error:
+            if start.left() <= 0:
+                raise start.ranks_late("hvdrun's launcher had not handed over its proxy "
+                                       "commands") from None
+            raise EngineError(f"hvd_trainer.spark.run: the MPI job did not start: {error}") \
+                from None
+        registry.answer(_assignments(tasks, layout, lines, registry.address))
+        start.wait_for_ranks(job, registry, launch, layout)
+        results = job.results(tasks)
+        try:
+            code = launch.wait(_HVDRUN_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:  # its proxies are gone: it would end by itself
+            code = launch.end()
+    except BaseException:  # a failure, a timeout or Ctrl-C: end the Spark job and hvdrun
+        if job is not None and not job.done():
+            job.cancel()
+        if launch is not None:
+            launch.end()
+        raise
+    finally:
+        registry.close()
+    hosts = [outcome for outcome in results if outcome is not None]
+    return engine_launch.gather(
+        {rank: outcome for host in hosts for rank, outcome in host.outcomes.items()}, num_proc,
+        getattr(fn, "__name__", repr(fn)), engine_launch.host_of_ranks(layout), code,
+        launch.messages, proxies=[(host.host, host.code, host.messages) for host in hosts])
+
+
+def _hvdrun_args(nics: Optional[Sequence[str]], timestamps: bool, verbose: int) -> List[str]:
+    """hvdrun's flags for horovod.spark.run's ``nics``, ``prefix_output_with_timestamp`` and
+    ``verbose``."""
+    flags = ["--network-interfaces", ",".join(nics)] if nics else []
+    if timestamps:
+        flags.append("--prefix-output-with-timestamp")
     if verbose and verbose >= 2:
-        hvdrun_args.append("--verbose")
-    name = getattr(fn, "__name__", repr(fn))
-    task = _task(engine_launch.payload(fn, args, kwargs), os.urandom(32), start_timeout,
-                 {str(k): str(v) for k, v in (env or {}).items()}, flavour,
-                 shlex.split(extra_mpi_args or ""), hvdrun_args, executable,
-                 engine_launch.driver_uses_shim())
-    rows = _collect(context, num_proc, task, start_timeout)
-    return _results(rows, num_proc, name, stdout or sys.stdout, stderr or sys.stderr)
+        flags.append("--verbose")
+    return flags
 
 
-def _collect(context, num_proc: int, task: Callable, start_timeout: float) -> list:
-    """Run the barrier job and return its rows; cancel it after ``start_timeout`` if its
-    tasks have not all started, or on Ctrl-C."""
-    group = f"hvd_trainer.spark.run.{uuid.uuid4().hex}"
-    box: Dict[str, Any] = {}
+def _assignments(tasks: Dict[int, engine_registry.Registration], layout: Sequence[tuple],
+                 lines: Sequence[str], registry: str) -> Dict[int, engine_registry.Assignment]:
+    """The first task on each host gets its host's proxy command, and for its ranks the
+    registry's address and the host's tasks' resources in local rank order (task index order,
+    as the layout numbers them); the other tasks get nothing to run."""
+    assignments = {}
+    for (host, _), line in zip(layout, lines):
+        on_host = sorted(index for index, task in tasks.items() if task.host == host)
+        resources = [tasks[index].resources for index in on_host]
+        assignments[on_host[0]] = engine_registry.Assignment(
+            line, {RESOURCES_VARIABLE: json.dumps(resources),
+                   engine_registry.VARIABLE: registry})
+    return assignments
 
-    def job():
-        context.setJobGroup(group, "hvd_trainer.spark.run", interruptOnCancel=True)
+
+class _Start:
+    """The job's start on one clock from the call: the tasks' registration, then the ranks'."""
+
+    def __init__(self, began: float, seconds: float, num_proc: int, parallelism: int):
+        self.began, self.seconds = began, seconds
+        self.num_proc, self.parallelism = num_proc, parallelism
+        self.tasks_at: Optional[float] = None
+
+    def left(self) -> float:
+        return self.began + self.seconds - time.monotonic()
+
+    def wait_for_tasks(self, job: "_BarrierJob", registry) -> Dict[int, Any]:
+        """Every task's registration; EngineTimeout at start_timeout, the job's error if it
+        fails first."""
+        while not registry.wait_registered(min(_POLL_SECONDS, max(self.left(), 0))):
+            if job.done():
+                job.results({})  # raises what Spark said
+                raise EngineError("hvd_trainer.spark.run: the Spark job ended before its "
+                                  "tasks registered with the driver")
+            if self.left() <= 0:
+                count = len(registry.registered())
+                raise EngineTimeout(
+                    f"Timed out waiting for Spark tasks to start: {count} of the "
+                    f"{self.num_proc} tasks started within start_timeout={self.seconds:g} s; "
+                    f"a barrier job needs all {self.num_proc} task slots at once (Spark's "
+                    f"default parallelism is {self.parallelism}): add executors or ask for a "
+                    "smaller num_proc, or a longer start_timeout if executors come on demand")
+        self.tasks_at = time.monotonic()
+        return registry.registered()
+
+    def wait_for_ranks(self, job: "_BarrierJob", registry, launch, layout) -> None:
+        """Until every rank runs the function (or the job or hvdrun ended: their outcome
+        says why); EngineTimeout naming the ranks still starting at start_timeout."""
+        while not registry.wait_running(min(_POLL_SECONDS, max(self.left(), 0))):
+            if job.done() or launch.poll() is not None:
+                return
+            if self.left() <= 0:
+                hosts = engine_launch.host_of_ranks(layout)
+                late = sorted(set(range(self.num_proc)) - registry.running())
+                where = sorted({hosts[rank] for rank in late})
+                raise self.ranks_late(f"rank{'s' if len(late) > 1 else ''} "
+                                      f"{', '.join(map(str, late))} on {', '.join(where)} had "
+                                      "not begun running the function")
+
+    def ranks_late(self, what: str) -> EngineTimeout:
+        """The error for a start past start_timeout once the tasks had started."""
+        return EngineTimeout(
+            f"Timed out waiting for the ranks to start: {what} within "
+            f"start_timeout={self.seconds:g} s (the Spark tasks had all started after "
+            f"{self.tasks_at - self.began:.1f} s); a rank's start is hvdrun's, its Python's "
+            "(`executable`) and the function's unpickling: check them, or give a longer "
+            "start_timeout")
+
+
+class _BarrierJob:
+    """The barrier job of ``num_proc`` tasks, collected in a thread of its own job group."""
+
+    def __init__(self, context, num_proc: int, task: Callable):
+        from pyspark import InheritableThread
+        self._context, self._task, self._num_proc = context, task, num_proc
+        self._group = f"hvd_trainer.spark.run.{uuid.uuid4().hex}"
+        self._box: Dict[str, Any] = {}
+        self._thread = InheritableThread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self) -> None:
+        self._context.setJobGroup(self._group, "hvd_trainer.spark.run", interruptOnCancel=True)
         try:
             # A barrier result stage whose task fails is not retried: Spark ends the job.
-            box["rows"] = (context.parallelize(range(num_proc), num_proc).barrier()
-                           .mapPartitions(task).collect())
+            self._box["rows"] = (self._context.parallelize(range(self._num_proc),
+                                                           self._num_proc)
+                                 .barrier().mapPartitions(self._task).collect())
         except BaseException as error:
-            box["error"] = error
+            self._box["error"] = error
 
-    from pyspark import InheritableThread
-    thread = InheritableThread(target=job, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-            if deadline is not None and time.monotonic() >= deadline:
-                started = _started(context, group)
-                if started >= num_proc:
-                    deadline = None
-                else:
-                    context.cancelJobGroup(group)
-                    thread.join(30)
-                    raise EngineTimeout(
-                        f"hvd_trainer.spark.run: {started} of the {num_proc} "
-                        f"tasks started within start_timeout={start_timeout:g} s; a barrier "
-                        f"job needs all {num_proc} task slots at once (Spark's default "
-                        f"parallelism is {context.defaultParallelism}): add executors or ask "
-                        "for a smaller num_proc")
-    except KeyboardInterrupt:
-        context.cancelJobGroup(group)
-        thread.join(30)
-        raise
-    if "error" in box:
-        text = str(box["error"])
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def cancel(self) -> None:
+        """Cancel the job (Spark kills its tasks' Python workers) and wait for it to end."""
+        self._context.cancelJobGroup(self._group)
+        self._thread.join(30)
+
+    def results(self, tasks: Dict[int, Any]) -> List[Optional[engine_agent.HostOutcome]]:
+        """The tasks' rows once the job ends; EngineError (or EngineTimeout when the
+        cluster has too few slots) saying why it failed (``tasks``: the registrations)."""
+        while self._thread.is_alive():
+            self._thread.join(0.2)  # short waits: Ctrl-C stays responsive
+        if "error" not in self._box:
+            return self._box["rows"]
+        text = str(self._box["error"])
         if "BarrierJobSlotsNumberCheckFailed" in text or "requires more slots" in text:
             raise EngineTimeout(
-                f"hvd_trainer.spark.run: num_proc={num_proc} needs {num_proc} task slots at "
-                f"once and the cluster has fewer (Spark's default parallelism is "
-                f"{context.defaultParallelism}): add executors or ask for a smaller "
+                f"hvd_trainer.spark.run: num_proc={self._num_proc} needs {self._num_proc} task "
+                f"slots at once and the cluster has fewer (Spark's default parallelism is "
+                f"{self._context.defaultParallelism}): add executors or ask for a smaller "
                 "num_proc") from None
-        reason = next((line for line in text.splitlines() if "Job aborted" in line),
-                      text.splitlines()[0] if text else repr(box["error"]))
+        hosts = {index: task.host for index, task in tasks.items()}
         raise EngineError(f"hvd_trainer.spark.run: the Spark job failed (a lost executor or "
-                          f"task ends the job; it is not retried): {reason}") from box["error"]
-    return box["rows"]
-
-
-def _started(context, group: str) -> int:
-    """How many tasks of the job group's stages are running or done."""
-    tracker = context.statusTracker()
-    count = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job_id)
-        for stage_id in (info.stageIds if info else ()):
-            stage = tracker.getStageInfo(stage_id)
-            if stage:
-                count += stage.numActiveTasks + stage.numCompletedTasks
-    return count
-
-
-def _results(rows: list, num_proc: int, name: str, stdout, stderr) -> List[Any]:
-    """The ranks' results from the tasks' rows, after showing task 0's copy of the output."""
-    outcomes: Dict[int, bytes] = {}
-    code, messages, layout, error, proxies = 0, [], [], None, []
-    for _, index, (host, outcome, task_code, task_messages, task_error, out, err) in rows:
-        if index == 0:
-            code, messages, error = task_code, task_messages, task_error
-            _write(stdout, out)
-            _write(stderr, err)
-        if outcome is not None:
-            outcomes.update(outcome[2])
-            proxies.append((outcome[0], outcome[1], outcome[3]))
-    hosts = [row[2][0] for row in sorted(rows, key=lambda row: row[1])]
-    layout = engine_launch.rank_layout(hosts)
-    if error:
-        raise EngineError(f"hvd_trainer.spark.run: the MPI job did not start: {error}")
-    return engine_launch.gather(outcomes, num_proc, name, engine_launch.host_of_ranks(layout),
-                                code or 0, messages, proxies=proxies)
-
-
-def _write(stream, data: bytes) -> None:
-    if data:
-        stream.write(data.decode(errors="replace") if isinstance(stream, io.TextIOBase)
-                     or hasattr(stream, "encoding") else data)
-        stream.flush()
+                          f"task ends the job; it is not retried): "
+                          f"{causes.explain(text, hosts)}") from self._box["error"]
 
 
 def run_elastic(*args, **kwargs):

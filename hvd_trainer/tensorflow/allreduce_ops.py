@@ -6,8 +6,9 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ..collectives import arguments, sparse
+from ..collectives import memory as core_memory
 from ..collectives import ops as core
-from ..collectives import sparse
 from ..collectives.arguments import Average, Sum
 from ..runtime.runtime import ProcessSet, global_process_set
 from . import bridge
@@ -26,11 +27,10 @@ def _allreduce_dense(tensors: List[tf.Tensor], op: Any, prescale: float, postsca
     name = bridge.graph_name(kind, name)
 
     def forward(inputs: List[tf.Tensor]) -> List[tf.Tensor]:
-        if kind == "allreduce":
-            work = lambda a: [core.allreduce(a, op, name, prescale, postscale, process_set)]
-        else:
-            work = lambda *arrays: core.grouped_allreduce(list(arrays), op, name, prescale,
-                                                          postscale, process_set)
+        def work(*arrays: np.ndarray) -> List[np.ndarray]:
+            return core.reduce_group(core_memory.HOST, arrays, op, name, prescale, postscale,
+                                     process_set, kind=kind, inplace=False,
+                                     halves=arguments.ROUNDED_EACH)
         return collective(work, inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
                            name, process_set)
 
@@ -73,7 +73,8 @@ def _allreduce_slices(slices: tf.IndexedSlices, op: Any, prescale: float, postsc
     out_values, out_ids = collective(work, [values, slices.indices, shape],
                                       [values.dtype, tf.int64],
                                       [tf.TensorShape([None]).concatenate(values.shape[1:]),
-                                       tf.TensorShape([None])], name, process_set)
+                                       tf.TensorShape([None])], name, process_set,
+                                     device=False)
     if op == Average:  # TensorFlow's division, as Horovod's: integers become floats
         out_values = out_values / tf.cast(process_set.size(), out_values.dtype)
     return tf.IndexedSlices(out_values, out_ids, dense_shape=slices.dense_shape)

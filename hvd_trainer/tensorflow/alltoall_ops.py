@@ -40,7 +40,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         return collective(work, [x, given], [x.dtype, tf.int32],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])
                             if x.shape.rank else None, tf.TensorShape([None])], name,
-                           process_set)
+                           process_set, device=False)
 
     def backward(inputs, outputs, upstream):
         grad, _ = alltoall(upstream[0], splits=outputs[1], process_set=process_set)

@@ -9,14 +9,24 @@ automatic control dependencies), the same order on every rank, as the core requi
 the bridge costs per call, eager and in a ``tf.function``, is measured by
 ``benchmarks/tf_bridge.py``.
 
-Host tensors only: a tensor on a GPU is copied to host memory by ``numpy()`` and the result
-lives on the CPU (TensorFlow moves it back where an op needs it). NumPy has no bfloat16;
-TensorFlow gives ``ml_dtypes.bfloat16`` arrays, which the core takes.
+**GPU tensors, eagerly.** The collectives that the core runs on GPU memory (allreduce,
+allgather, broadcast, reducescatter and their grouped forms) take an eager tensor in GPU
+memory as a CuPy array sharing it, through DLPack (``to_dlpack`` returns once TensorFlow's
+writes to it are done), without a copy to the host, and their CuPy results become GPU tensors
+the same way, once the GPU work on them is done (TensorFlow reads them on streams of its
+own). Where CuPy cannot run, for dtypes CuPy lacks (bfloat16), in a graph (a
+``tf.numpy_function`` takes host arrays), and for the other collectives, a GPU tensor is
+copied to host memory by ``numpy()`` and the result lives on the CPU (TensorFlow moves it
+back where an op needs it). NumPy has no bfloat16; TensorFlow gives ``ml_dtypes.bfloat16``
+arrays, which the core takes.
 """
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from ..collectives.dlpack import CUDA, Capsule
+from ..runtime import runtime
 
 # What the core cannot carry: strings, resources, variants (and quantized types).
 # Applied to the adapter's functions that a tf.function may call: AutoGraph runs them as they
@@ -58,15 +68,46 @@ def to_numpy(value: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
 
 
+def gpu_array(value: Any) -> Any:
+    """A CuPy array sharing an eager tensor's GPU memory; None for a tensor elsewhere, of a
+    dtype CuPy lacks, or where CuPy cannot run."""
+    device = getattr(value, "__dlpack_device__", None)
+    if device is None or device()[0] != CUDA or value.dtype == tf.bfloat16 \
+            or not runtime.cuda_built():
+        return None
+    import cupy
+    return cupy.from_dlpack(Capsule(value.__dlpack__(), device()))
+
+
+def from_dlpack(capsule: Any) -> tf.Tensor:
+    """TensorFlow's tensor over a ``dltensor`` capsule's memory (tests replace it where
+    TensorFlow's CPU build cannot take GPU memory)."""
+    return tf.experimental.dlpack.from_dlpack(capsule)
+
+
+def gpu_tensor(array: Any) -> tf.Tensor:
+    """A GPU tensor sharing CuPy ``array``'s memory, once the GPU work on it is done: the
+    core queued it on the communication thread's current stream, CuPy's null stream."""
+    import cupy
+    with cupy.cuda.Device(array.device.id):
+        cupy.cuda.Stream.null.synchronize()
+    return from_dlpack(array.toDlpack())
+
+
 def call(function: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
          dtypes: Sequence[tf.DType], shapes: Optional[Sequence[Any]] = None,
-         name: Optional[str] = None) -> List[tf.Tensor]:
+         name: Optional[str] = None, device: bool = False) -> List[tf.Tensor]:
     """``function(*arrays)`` on the inputs' values, its arrays returned as tensors of
     ``dtypes``: now when eager, otherwise as a ``tf.numpy_function`` op of the graph being
-    built (whose outputs get ``shapes``, where known)."""
+    built (whose outputs get ``shapes``, where known). With ``device``, eager GPU tensors
+    reach ``function`` as CuPy arrays (see the module docstring) and CuPy results come back
+    as GPU tensors."""
     if eager():
-        results = function(*[to_numpy(t) for t in inputs])
-        return [tf.convert_to_tensor(np.asarray(r), dtype=d) for r, d in zip(results, dtypes)]
+        arrays = [(gpu_array(t) if device else None) for t in inputs]
+        results = function(*[to_numpy(t) if a is None else a for t, a in zip(inputs, arrays)])
+        return [tf.convert_to_tensor(np.asarray(r), dtype=d)
+                if isinstance(r, (np.ndarray, np.generic)) else gpu_tensor(r)
+                for r, d in zip(results, dtypes)]
     @plain_python
     def on_arrays(*arrays: np.ndarray) -> List[np.ndarray]:
         # A 0-d input arrives as a NumPy scalar: made an array, as to_numpy does.

@@ -48,13 +48,13 @@ def run(work: Callable[[], T], name: Optional[str] = None,
 
 def collective(work: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
                 dtypes: Sequence[tf.DType], shapes: Sequence[Any], name: Optional[str],
-                process_set: ProcessSet) -> List[tf.Tensor]:
+                process_set: ProcessSet, device: bool = True) -> List[tf.Tensor]:
     """``work(*arrays)``, the collective ``name`` on ``process_set``, on the inputs' values,
     on the communication thread, now or when the graph runs (bridge.call); its arrays as
-    tensors."""
+    tensors. With ``device``, ``work`` takes CuPy arrays too (eager GPU tensors')."""
     in_graph = not tf.executing_eagerly()  # while a graph or a tf.function is built
     return bridge.call(lambda *arrays: run(lambda: work(*arrays), name, process_set, in_graph),
-                       inputs, dtypes, shapes, name)
+                       inputs, dtypes, shapes, name, device)
 
 
 def checked(kind: str, name: Optional[str], process_set: ProcessSet, check: Callable[[], T]) -> T:

@@ -6,7 +6,13 @@ How a collective runs (eagerly or in a graph), and its argument errors, are in c
 family of collectives has its module: allreduce_ops.py, allgather_ops.py, broadcast_ops.py,
 alltoall_ops.py, reducescatter_ops.py. The differentiable collectives are
 ``tf.custom_gradient`` functions with Horovod's gradient rules, documented on each. Results
-are new tensors on the host.
+are new tensors: on the GPU for eager GPU tensors where the core runs the collective on GPU
+memory, on the host otherwise.
+
+Scaled sums of float16 (Average, pre- and postscale; allreduce and reducescatter) round as
+Horovod's CPU path does, to float16 after the prescale, after each addition and after the
+postscale (``arguments.ROUNDED_EACH``), which is what Horovod's TensorFlow tests compute;
+the core and the other adapters round once.
 """
 from typing import Any, Callable, List, Optional
 

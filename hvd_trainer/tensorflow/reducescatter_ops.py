@@ -2,8 +2,11 @@
 gradient rule."""
 from typing import Any, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
+from ..collectives import arguments
+from ..collectives import memory as core_memory
 from ..collectives import ops as core
 from ..collectives.arguments import Average, Sum
 from ..runtime.runtime import ProcessSet, global_process_set
@@ -22,12 +25,9 @@ def _scatter_reduce(tensors: List[tf.Tensor], op: Any, prescale: float, postscal
     name = bridge.graph_name(kind, name)
 
     def forward(inputs):
-        def work(*arrays):
-            if kind == "reducescatter":
-                return [core.reducescatter(arrays[0], op, name, process_set, prescale,
-                                           postscale)]
-            return core.grouped_reducescatter(list(arrays), op, name, process_set, prescale,
-                                              postscale)
+        def work(*arrays: np.ndarray) -> List[np.ndarray]:
+            return core.scatter_reduce(core_memory.HOST, arrays, op, name, process_set,
+                                       prescale, postscale, kind, arguments.ROUNDED_EACH)
 
         return collective(work, inputs, [x.dtype for x in inputs],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])

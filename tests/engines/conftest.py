@@ -7,12 +7,14 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import uuid
 
 import pytest
 
 import engines
 
 INSTALL = "pip install -e '.[test]' (which brings ray and pyspark)"
+os.environ.setdefault(engines.SESSION_VARIABLE, uuid.uuid4().hex)
 
 
 @pytest.fixture(scope="session")
@@ -36,14 +38,19 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def spark():
-    """A SparkSession on local-cluster[HOSTS, SLOTS, MB]: real executor processes."""
+    """A SparkSession on local-cluster[HOSTS, SLOTS, MB]: real executor processes
+    (engines.spark_session)."""
     if importlib.util.find_spec("pyspark") is None:
         pytest.skip(f"pyspark is not installed here; {INSTALL}")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java 17 or later and none is on PATH (apt-get install "
                     "openjdk-17-jre-headless, or set JAVA_HOME)")
-    session = engines.spark_session()
+    folder = tempfile.mkdtemp(prefix="hvdspark-")  # its GPU discovery script
     try:
-        yield session
+        session = engines.spark_session(folder)
+        try:
+            yield session
+        finally:
+            session.stop()
     finally:
-        session.stop()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,11 +1,12 @@
 """Helpers of the engine tests: the clusters' sizes, and the processes a job left behind."""
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import List
+from typing import List, Optional
 
 RAY_CPUS = 3
 # Every Spark JVM (driver, executors, a bed's master and workers) starts with the client
@@ -56,12 +57,38 @@ def stop_processes_with(variable: str) -> None:
             pass
 
 
-def spark_session():
-    """A SparkSession on one executor with three slots: a barrier job short of slots fails
-    in seconds (the check's interval and failures lowered), not ten minutes."""
+# The GPU addresses that the Spark session's discovery script declares: one per slot.
+SPARK_GPUS = ["0", "1", "2"]
+# The session's limit on a job's results, low so that a test can pass it cheaply.
+SPARK_MAX_RESULT_SIZE = "16m"
+
+
+def gpu_discovery_script(folder: str) -> str:
+    """Write, in ``folder``, a Spark resource discovery script that declares SPARK_GPUS
+    (fake addresses: nothing uses a device), and return its path."""
+    path = os.path.join(folder, "gpus.sh")
+    found = json.dumps({"name": "gpu", "addresses": SPARK_GPUS})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w") as script:
+        script.write(f"#!/bin/sh\necho '{found}'\n")
+    return path
+
+
+def spark_session(folder: str):
+    """A SparkSession on one executor with three slots and a fake GPU per slot (declared by a
+    discovery script written in ``folder``), each task getting one: a barrier job short of
+    slots fails in seconds (the check's interval and failures lowered), not ten minutes. The
+    Python workers talk to their executor over Unix sockets, as docs/security.md recommends."""
     from pyspark.sql import SparkSession
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one
+    gpus = str(len(SPARK_GPUS))
     session = (SparkSession.builder.master("local-cluster[1,3,1024]")
+            .config("spark.worker.resource.gpu.discoveryScript", gpu_discovery_script(folder))
+            .config("spark.worker.resource.gpu.amount", gpus)
+            .config("spark.executor.resource.gpu.amount", gpus)
+            .config("spark.task.resource.gpu.amount", "1")
+            .config("spark.python.unix.domain.socket.enabled", "true")
+            .config("spark.driver.maxResultSize", SPARK_MAX_RESULT_SIZE)
             .appName("hvd_trainer engine tests")
             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
@@ -79,18 +106,39 @@ def spark_session():
     return session
 
 
-def processes_with(variable: str) -> List[int]:
-    """The PIDs of this user's processes whose environment sets ``variable`` (an engine job's
-    proxies, wrappers and ranks all have protocol.ENGINE_FOLDER_VARIABLE)."""
+# Set in the test session's environment (conftest), which its Spark executors, hvdrun and every
+# rank inherit: a check for processes left behind counts this session's, not those of another
+# session on the same machine.
+SESSION_VARIABLE = "HVD_TEST_SESSION"
+
+
+def job_processes() -> List[int]:
+    """The PIDs of this test session's engine job processes (proxies, wrappers, ranks: those
+    with HVD_ENGINE_FOLDER in their environment and this session's SESSION_VARIABLE)."""
+    mine = set(processes_with(SESSION_VARIABLE, os.environ[SESSION_VARIABLE]))
+    return [pid for pid in processes_with("HVD_ENGINE_FOLDER") if pid in mine]
+
+
+def processes_with(variable: str, value: Optional[str] = None) -> List[int]:
+    """The PIDs of this session's processes whose environment sets ``variable`` (to ``value``,
+    when given; an engine job's proxies, wrappers and ranks all have
+    protocol.ENGINE_FOLDER_VARIABLE): those of this user in this process's mount namespace,
+    which under root is the session's own (tests/session_shm.py)."""
     wanted = f"{variable}=".encode()
+    whole = None if value is None else wanted + value.encode()
     found = []
+    ours = os.stat("/proc/self/ns/mnt").st_ino
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
+            if os.stat(f"/proc/{entry}/ns/mnt").st_ino != ours:
+                continue
             with open(f"/proc/{entry}/environ", "rb") as environ:
-                if any(item.startswith(wanted) for item in environ.read().split(b"\0")):
-                    found.append(int(entry))
+                items = environ.read().split(b"\0")
         except OSError:
-            pass
+            continue
+        if any(item == whole if whole is not None else item.startswith(wanted)
+               for item in items):
+            found.append(int(entry))
     return found

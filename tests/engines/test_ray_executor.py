@@ -1,7 +1,10 @@
 """hvd_trainer.ray.RayExecutor on a real local Ray instance (3 CPUs): results against NumPy,
-Horovod's per-rank variables, a rank that raises, too few CPUs, a killed agent, Ctrl-C on the
-driver, and no process left behind."""
+Horovod's per-rank variables and path, a rank that raises, bad arguments refused before
+anything starts, too few CPUs, a killed agent (named with Ray's words, its folder swept by the
+next job), two calls at once, Ctrl-C on the driver, a Ray Train loop that imports
+horovod.torch against one process, and no process left behind."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +28,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 def _collective(scale):
     """On each rank: its place and a Sum allreduce and allgather of rank-made arrays."""
     import os
+    import sys
     import numpy as np
     import hvd_trainer as hvd
     hvd.init()
@@ -33,7 +37,8 @@ def _collective(scale):
              "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
     return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
             {name: os.environ.get(name) for name in names},
-            hvd.allreduce(mine, op=hvd.Sum), hvd.allgather(mine[None, :] + hvd.rank()))
+            hvd.allreduce(mine, op=hvd.Sum), hvd.allgather(mine[None, :] + hvd.rank()),
+            sys.path)
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +52,18 @@ def executor(ray_cluster):
         job.shutdown()
 
 
-def test_results_against_numpy(executor):
+def test_results_against_numpy(executor, tmp_path, monkeypatch):
+    # A driver run as `python -c` or in a notebook: '' (its working folder) on its path.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
     results = executor.run(_collective, args=[2.0])
+    # Python normalises PYTHONPATH's entries at a rank's start ('a/../b' becomes 'b').
+    drivers = [os.path.abspath(entry) for entry in sys.path if entry and os.path.isdir(entry)]
     rows = [np.arange(5.0) * (rank + 1) * 2.0 for rank in range(RANKS)]
-    for rank, (got_rank, size, local_rank, local_size, variables, summed, gathered) in \
+    for rank, (got_rank, size, local_rank, local_size, variables, summed, gathered, path) in \
             enumerate(results):
+        assert str(tmp_path) not in path  # issue 46: the driver's folder stood in for ''
+        assert set(drivers) <= set(path)  # the rest of the driver's path, as Ray gives it
         assert (got_rank, size, local_rank, local_size) == (rank, RANKS, rank, RANKS)
         assert variables == {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(RANKS),
                              "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(RANKS),
@@ -83,6 +95,35 @@ def test_rank_that_raises_is_named_and_the_executor_goes_on(executor):
         lambda worker: (os.environ["HOROVOD_RANK"], os.environ["HOROVOD_SIZE"])) == ("0", "1")
 
 
+@pytest.mark.parametrize("arguments, named", [
+    (dict(num_workers=0), "num_workers=0"), (dict(num_workers=-1), "num_workers=-1"),
+    (dict(num_workers="2"), "num_workers='2'"), (dict(num_workers=2.5), "num_workers=2.5"),
+    (dict(num_hosts=0), "num_hosts=0"),
+    (dict(num_hosts=2, num_workers_per_host=0), "num_workers_per_host=0"),
+])
+def test_bad_counts_are_refused_when_the_executor_is_made(arguments, named):
+    from hvd_trainer.ray import RayExecutor
+    with pytest.raises(ValueError, match=rf"^RayExecutor: {re.escape(named)} must be an int "
+                                         r">= 1$"):
+        RayExecutor(RayExecutor.create_settings(), **arguments)
+
+
+def test_bad_calls_are_refused_before_anything_starts(executor, ray_cluster):
+    from hvd_trainer.ray import RayExecutor
+    from ray.util import placement_group_table
+    groups = len(placement_group_table())
+    with pytest.raises(TypeError, match=r"RayExecutor.run: fn=5 is not callable"):
+        executor.run(5)
+    with pytest.raises(EngineError, match=r"started already .* call shutdown\(\) first"):
+        executor.start()  # issue 46: a second placement group, the first one left
+    fresh = RayExecutor(RayExecutor.create_settings(), num_workers=1)
+    with pytest.raises(ValueError, match=r"RayExecutor.start: extra_env_vars: 'A-B' is not a "
+                                         r"variable name"):
+        fresh.start(extra_env_vars={"A-B": "1"})
+    assert len(placement_group_table()) == groups
+    assert engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE) == []
+
+
 def test_too_few_cpus_is_a_timeout(ray_cluster):
     from hvd_trainer.ray import RayExecutor
     job = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=2),
@@ -102,6 +143,15 @@ def _sleep_long():
     time.sleep(120)
 
 
+def _agent_folder():
+    """The agent's folder of the job whose ranks run (their environment names it)."""
+    pid = engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE)[0]
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        wanted = f"{protocol.ENGINE_FOLDER_VARIABLE}=".encode()
+        return next(item[len(wanted):].decode() for item in environ.read().split(b"\0")
+                    if item.startswith(wanted))
+
+
 def test_killed_agent_ends_the_job(executor, ray_cluster):
     outcome = {}
 
@@ -117,18 +167,58 @@ def test_killed_agent_ends_the_job(executor, ray_cluster):
         assert time.monotonic() < deadline, "the ranks did not start"
         time.sleep(0.2)
     time.sleep(1)
+    folder = _agent_folder()
     ray_cluster.kill(executor._agents[0])
     thread.join(60)
     assert not thread.is_alive()
-    assert isinstance(outcome.get("error"), EngineError)
-    assert "was lost" in str(outcome["error"]) or "exited with code" in str(outcome["error"])
+    # The host, and what Ray said of the actor's death.
+    assert re.search(r"the agent on \S+ was lost .*\n\S+: ActorDiedError: .*ray\.kill",
+                     str(outcome.get("error"))), outcome
     deadline = time.monotonic() + 10
     while engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE):
         assert time.monotonic() < deadline, "processes left behind"
         time.sleep(0.2)
+    assert os.path.isdir(folder)  # SIGKILL skipped the agent's cleanup ...
     executor.shutdown()  # a lost agent: start afresh
     executor.start()
     assert [r[0] for r in executor.run(_collective, args=[1.0])] == list(range(RANKS))
+    assert not os.path.exists(folder)  # ... and the next job's agent swept it
+
+
+def _sleep_then_rank(seconds):
+    import time
+    import hvd_trainer as hvd
+    hvd.init()
+    time.sleep(seconds)
+    return hvd.rank()
+
+
+def test_a_second_call_waits_for_the_running_one_and_then_runs(executor):
+    # Issue 46: the second call started at once, queued on the actors behind the first, and
+    # failed after timeout_s with the MPI launcher's "Connection refused".
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(
+        ranks=executor.run(_sleep_then_rank, args=[4])))
+    saved, executor.settings.timeout_s = executor.settings.timeout_s, 3  # under the first's 4 s
+    try:
+        thread.start()
+        deadline = time.monotonic() + 30
+        while len(engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE)) < 2 * RANKS:
+            assert time.monotonic() < deadline, "the first call's ranks did not start"
+            time.sleep(0.1)
+        with pytest.warns(RuntimeWarning, match=r"_sleep_then_rank waits for _sleep_then_rank "
+                                                r"\(running since \d\d:\d\d:\d\d\) to end"):
+            assert executor.run(_sleep_then_rank, args=[0]) == list(range(RANKS))
+        thread.join(60)
+        # A start timeout says what it timed: no Python starts its rank in 10 ms.
+        executor.settings.timeout_s = 0.01
+        with pytest.raises(TimeoutError, match=r"_sleep_then_rank: the ranks did not all start "
+                                               r"within the settings' timeout_s=0.01 s, the time "
+                                               r"from launching the job to every rank's start"):
+            executor.run(_sleep_then_rank, args=[0])
+    finally:
+        executor.settings.timeout_s = saved
+    assert first["ranks"] == list(range(RANKS))
 
 
 _DRIVER = textwrap.dedent("""
@@ -176,7 +266,7 @@ def _torch_steps(ranks, steps):
     x, y = torch.randn(4 * RANKS, 6), torch.randn(4 * RANKS, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     if ranks is not None:
-        import hvd_trainer.torch as hvd
+        import horovod.torch as hvd  # a Ray Train loop, unchanged: no Horovod here, the shim
         hvd.init()
         x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
         optimizer = hvd.DistributedOptimizer(optimizer,
@@ -189,8 +279,12 @@ def _torch_steps(ranks, steps):
     return [p.detach().numpy().copy() for p in model.parameters()]
 
 
-def test_torch_training_equals_one_process_on_the_global_batch(executor):
+def test_torch_training_equals_one_process_on_the_global_batch(executor, monkeypatch):
+    # Issue 46: a loop that imports horovod.torch failed on every rank (No module named
+    # 'horovod') unless the driver itself had imported horovod from the shim.
     pytest.importorskip("torch")
+    for name in [n for n in sys.modules if n.split(".")[0] == "horovod"]:
+        monkeypatch.delitem(sys.modules, name)  # a driver that never imported horovod
     reference = _torch_steps(None, 3)
     for weights in executor.run(_torch_steps, args=[RANKS, 3]):
         for got, want in zip(weights, reference):

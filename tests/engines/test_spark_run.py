@@ -1,19 +1,24 @@
-"""hvd_trainer.spark.run on a real local-cluster (one executor JVM with 3 slots): results
-against NumPy, Horovod's per-rank variables, a rank that raises, too few slots, Ctrl-C on
-the driver, Gluon's DistributedTrainer against one process on the global batch, a killed
-executor (last: the cluster replaces it slowly), and no process left behind."""
+"""hvd_trainer.spark.run on a real local-cluster (one executor JVM with 3 slots, a fake GPU
+each): results against NumPy, Horovod's per-rank variables, a rank that raises, bad num_proc,
+each rank's own GPU, output on the driver while the ranks run (and in no executor log), results
+over spark.driver.maxResultSize, too few slots, a start past start_timeout (tasks, then ranks),
+Ctrl-C on the driver, Gluon's DistributedTrainer against one process on the global batch, an
+executor killed through a barrier socket and by SIGKILL (last: each takes the executor with it),
+and no process left behind."""
+import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import cloudpickle
 import numpy as np
 import pytest
 
 import engines
-from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engine_launch import EngineError
 
 RANKS = 3
@@ -35,7 +40,7 @@ def _collective(scale):
 
 def _wait_for_no_engine_processes(seconds):
     deadline = time.monotonic() + seconds
-    while engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE):
+    while engines.job_processes():
         assert time.monotonic() < deadline, "processes left behind"
         time.sleep(0.2)
 
@@ -82,6 +87,95 @@ def test_refusals(spark):
         hvd_trainer.spark.run_elastic(_raise_on_two)
 
 
+@pytest.mark.parametrize("num_proc", [0, -1, "2", 2.5, True])
+def test_num_proc_not_a_positive_int_is_refused(spark, num_proc):
+    import hvd_trainer.spark
+    with pytest.raises(ValueError, match=rf"num_proc={num_proc!r} must be an int >= 1"):
+        hvd_trainer.spark.run(_raise_on_two, num_proc=num_proc)
+
+
+def _devices_and_local_rank():
+    import hvd_trainer as hvd
+    from hvd_trainer.spark.task import get_available_devices
+    hvd.init()
+    return get_available_devices(), hvd.local_rank()
+
+
+def test_each_rank_gets_its_own_tasks_gpus(spark):
+    import hvd_trainer.spark
+    results = hvd_trainer.spark.run(_devices_and_local_rank, num_proc=RANKS)
+    assert [local_rank for _, local_rank in results] == list(range(RANKS))
+    # Each task asked for one of the discovery script's addresses: every rank has its own.
+    assert all(len(devices) == 1 for devices, _ in results)
+    assert sorted(devices[0] for devices, _ in results) == engines.SPARK_GPUS
+
+
+def _print_then_wait_to_be_seen(seen, marker):
+    import os
+    import time
+    import hvd_trainer as hvd
+    hvd.init()
+    if hvd.rank() == 0:
+        print(marker, flush=True)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.path.exists(seen)
+
+
+class _Watch(io.TextIOBase):
+    """A stream that records what it is given and touches ``seen`` when ``marker`` comes."""
+
+    def __init__(self, seen, marker):
+        self.seen, self.marker, self.text = seen, marker, ""
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+        if self.marker in self.text and not os.path.exists(self.seen):
+            open(self.seen, "w").close()
+        return len(text)
+
+
+def _executor_logs(application):
+    """The text of this application's executors' stdout and stderr files."""
+    text = ""
+    for pid in _executors_of(application):
+        folder = os.readlink(f"/proc/{pid}/cwd")
+        for name in ("stdout", "stderr"):
+            with open(os.path.join(folder, name), errors="replace") as log:
+                text += log.read()
+    return text
+
+
+def test_output_reaches_the_driver_as_it_is_printed_and_no_executor_log(spark, tmp_path):
+    import hvd_trainer.spark
+    marker = f"marker {uuid.uuid4().hex}"
+    seen = str(tmp_path / "seen")
+    out = _Watch(seen, marker)
+    # Rank 0 waits until the driver's stream has its line: the output came while it ran.
+    assert hvd_trainer.spark.run(_print_then_wait_to_be_seen, args=(seen, marker),
+                                 num_proc=RANKS, stdout=out) == [True] * RANKS
+    assert f"[0]<stdout>:{marker}" in out.text
+    assert marker not in _executor_logs(spark.sparkContext.applicationId)
+
+
+def _big_result(megabytes):
+    import numpy as np
+    return np.zeros(megabytes << 17)  # float64: 8 bytes each
+
+
+def test_results_over_max_result_size_are_named_with_the_limit(spark):
+    import hvd_trainer.spark
+    with pytest.raises(EngineError, match=r"results \(\d+\.\d MiB: the ranks' return values\) "
+                                          r"exceed spark.driver.maxResultSize \(16.0 MiB\).*"
+                                          r"spark.driver.maxResultSize', '4g'"):
+        hvd_trainer.spark.run(_big_result, args=(8,), num_proc=RANKS)
+    _wait_for_no_engine_processes(10)
+
+
 def test_too_few_slots_fails_in_seconds(spark):
     import hvd_trainer.spark
     started = time.monotonic()
@@ -125,7 +219,9 @@ def test_start_timeout_cancels_a_job_whose_tasks_cannot_all_start(spark):
     assert _holder_running(context, 60), "the holding job did not start"
     try:
         started = time.monotonic()
-        with pytest.raises(TimeoutError, match=r"of the 3 tasks started within "
+        # Horovod's words first (its test_timeout_with_mpi matches them).
+        with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start: "
+                                               r"0 of the 3 tasks started within "
                                                r"start_timeout=4 s.*add executors or ask for a "
                                                r"smaller num_proc"):
             hvd_trainer.spark.run(_collective, args=(1.0,), num_proc=RANKS, start_timeout=4)
@@ -147,7 +243,7 @@ def _when_ranks_run(action):
     """Call ``action`` once the job's ranks are running (seen by their environment)."""
     def watch():
         deadline = time.monotonic() + 60
-        while len(engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE)) < 2 * RANKS:
+        while len(engines.job_processes()) < 2 * RANKS:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.2)
@@ -220,15 +316,108 @@ def _executors_of(application):
     return found
 
 
+def _slow_python(folder):
+    """A Python for the ranks that takes 60 s to start."""
+    path = os.path.join(folder, "slow-python")
+    with open(path, "w") as script:
+        script.write(f"#!/bin/sh\nsleep 60\nexec {sys.executable} \"$@\"\n")
+    os.chmod(path, 0o700)
+    return path
+
+
+def test_start_timeout_bounds_a_rank_whose_start_is_slow(spark, tmp_path):
+    import hvd_trainer.spark
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^Timed out waiting for the ranks to start: ranks "
+                                           r"0, 1, 2 on \S+ had not begun running the function "
+                                           r"within start_timeout=10 s"):
+        hvd_trainer.spark.run(_sleep_long, num_proc=RANKS, start_timeout=10,
+                              executable=_slow_python(str(tmp_path)))
+    assert time.monotonic() - started < 40  # not the 60 s that the ranks' Python takes
+    _wait_for_no_engine_processes(20)
+
+
+def _executor_endpoints(context):
+    """The host:port of each executor (and the driver) that the driver knows."""
+    infos = context._jsc.sc().statusTracker().getExecutorInfos()
+    return {f"{info.host()}:{info.port()}" for info in infos}
+
+
+def _replaced(context, before, seconds=60):
+    """Wait until the driver has dropped the executors it knew (``before``) but itself, and
+    a new one has registered: the next job gets its slots."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = _executor_endpoints(context)
+        if len(before & now) == 1 and now - before:  # only the driver is still known
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no new executor registered: before {before}, now {now}")
+
+
+def _unix_listeners(pid):
+    """The paths of the Unix sockets on which process ``pid`` listens."""
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[len("socket:["):-1]
+              for fd in os.listdir(f"/proc/{pid}/fd")
+              if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    with open("/proc/net/unix") as table:
+        rows = [line.split() for line in table.read().splitlines()[1:]]
+    return [row[7] for row in rows if len(row) >= 8 and row[6] in inodes
+            and row[3] == "00010000"]  # __SO_ACCEPTCON: listening
+
+
+_CONNECT = ("import socket, sys\n"
+            "for path in sys.argv[1:]:\n"
+            "    with socket.socket(socket.AF_UNIX) as s:\n"
+            "        try:\n"
+            "            s.connect(path)\n"
+            "            print('connected')\n"
+            "        except OSError as error:\n"
+            "            print(type(error).__name__)\n")
+
+
+def test_a_connection_to_a_barrier_socket_is_named_and_shut_to_other_users(spark):
+    """Spark's executor dies (exit 50) when a connection to a barrier task's socket closes
+    before it authenticates; over Unix sockets (the session's spark.python.unix.domain.socket
+    .enabled) another user cannot connect, and the job's user who does is named as the cause."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to connect as another user (nobody)")
+    import hvd_trainer.spark
+    executors = _executors_of(spark.sparkContext.applicationId)
+    assert executors, "no executor JVM found"
+    executor = executors[0]
+    known = _executor_endpoints(spark.sparkContext)
+    said = {}
+
+    def connect():
+        paths = _unix_listeners(executor)
+        assert paths, "Spark did not give the barrier tasks Unix sockets"
+        said["nobody"] = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+             "-c", _CONNECT, *paths], capture_output=True, text=True).stdout.split()
+        subprocess.run([sys.executable, "-c", _CONNECT, *paths])  # this user's: the kill
+    _when_ranks_run(connect)
+    with pytest.raises(EngineError, match=r"the executor of task 0 on \S+ was lost .*code 50.*"
+                                          r"barrier socket.*unix.domain.socket.enabled"):
+        hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
+    assert said["nobody"] and set(said["nobody"]) == {"PermissionError"}
+    _wait_for_no_engine_processes(20)
+    _replaced(spark.sparkContext, known)
+
+
 def test_killed_executor_ends_the_job(spark):
     import hvd_trainer.spark
     context = spark.sparkContext
     executors = _executors_of(context.applicationId)
     assert executors, "no executor JVM found"
+    known = _executor_endpoints(context)
     _when_ranks_run(lambda: [os.kill(pid, signal.SIGKILL) for pid in executors])
     started = time.monotonic()
-    with pytest.raises(EngineError, match="the Spark job failed"):
+    with pytest.raises(EngineError, match=r"the Spark job failed .*the executor of task 0 on "
+                                          r"\S+ was lost .*Command exited with code 137.*"
+                                          r"killed \(SIGKILL"):
         hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
     assert time.monotonic() - started < 90
     _wait_for_no_engine_processes(20)
+    _replaced(context, known)  # the session's later tests (the estimators') need its slots
 

@@ -1,11 +1,12 @@
 """hvd_trainer.ray across the test bed: a Ray head on h1 and a Ray node on h2 and h3, each
 started with ``ray start --block`` inside its host and ended by PID (every process whose
-environment carries the fixture's marker), never by ``ray stop``. The driver runs on h1; ranks on
+environment carries the fixture's marker), never by ``ray stop``, with Ray's token
+authentication on (a driver without the token is refused). The driver runs on h1; ranks on
 other hosts are started by the agents there, with no ssh. Checked: the layout by host
 (local and cross ranks), data across the link against NumPy, a rank on h3 that raises, a
-killed agent (Ray's actor, Spark's executor) on h3 and Ctrl-C on the driver, with nothing
-left on any host. hvd_trainer.spark runs on a Spark standalone master with a worker per
-host, set up the same way."""
+killed agent (Ray's actor, named with Ray's words; Spark's executor) on h3 and Ctrl-C on the
+driver, with nothing left on any host. hvd_trainer.spark runs on a Spark standalone master
+with a worker per host, set up the same way."""
 import importlib.util
 import json
 import os
@@ -160,9 +161,13 @@ def ray_bed(bed):
 @pytest.fixture(scope="module")
 def driver(bed, ray_bed):
     """One driver run on h1: its PACKED results, RAISED, KILLED and INTERRUPTED messages, the
-    bytes each other host's link carried meanwhile, and the job processes left on each host
-    after it."""
+    bytes each other host's link carried meanwhile, the job processes left on each host after
+    it, and what a driver without the cluster's token, run meanwhile, got."""
     before = {host: bed.link_bytes(host) for host in ("h2", "h3")}
+    tokenless = bed.popen("h1", [sys.executable, "-c", f"import ray; ray.init(address={ray_bed!r})"],
+                          cwd=bed.shared, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={k: v for k, v in os.environ.items()
+                                          if not k.startswith("RAY_AUTH")})
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **_TOKEN)
     done = bed.run("h1", [sys.executable, "-c", _DRIVER, ray_bed, str(PAYLOAD), bed.shared],
                    cwd=bed.shared, env=env, capture_output=True, text=True, timeout=400)
@@ -171,7 +176,8 @@ def driver(bed, ray_bed):
              for line in done.stdout.splitlines()
              if line.startswith(("PACKED ", "RAISED ", "KILLED ", "INTERRUPTED "))}
     moved = {host: bed.link_bytes(host) - count for host, count in before.items()}
-    return lines, moved, multihost.wait_until_no_job_is_left(bed)
+    refused = tokenless.communicate(timeout=120)[1], tokenless.returncode
+    return lines, moved, multihost.wait_until_no_job_is_left(bed), refused
 
 
 def test_packed_layout_by_host(driver):
@@ -197,7 +203,14 @@ def test_data_crosses_the_link(driver):
 
 def test_killed_agent_on_h3_is_named_and_leaves_nothing(driver):
     assert "the agent on h3 was lost" in driver[0]["KILLED"]
+    assert re.search(r"\nh3: ActorDiedError: .*ray\.kill", driver[0]["KILLED"])  # Ray's words
     assert driver[2] == {}  # no rank, wrapper or proxy on any host (their own ps)
+
+
+def test_the_cluster_runs_with_token_authentication_on(driver):
+    # The driver above held the token; one without it was refused (Ray 2.60's default).
+    stderr, code = driver[3]
+    assert code != 0 and "AuthenticationError" in stderr, stderr[-2000:]
 
 
 def test_ctrl_c_on_the_driver_ends_the_job(driver):
@@ -393,6 +406,8 @@ def test_spark_rank_on_h3_raises_named(spark_driver):
 def test_spark_killed_executor_on_h3_ends_the_job_and_leaves_nothing(spark_driver):
     message, seconds = spark_driver[0]["KILLED"]
     assert "the Spark job failed" in message
+    # The host, from the task's registration, and what Spark said (its exit code's meaning).
+    assert re.search(r"the executor of task \d on h3 was lost .*Spark says", message), message
     assert seconds < 100  # the ranks sleep 120 s: the job ended because its executor died
     assert spark_driver[2] == {}  # no rank, wrapper or proxy on any host (their own ps)
 

@@ -30,12 +30,22 @@ rendezvous for Ray; hvd_trainer's Ray engine needs none, so the harness's test-o
 (``Coordinator``, ``MiniSettings``, ``create_placement_group``, ``BaseHorovodWorker``) are
 stand-ins that raise NotImplementedError: their tests fail, as they should.
 
+Horovod's Spark suite (ENGINE_SUITES: test/integration/test_spark.py) is one pytest process
+whose tests build their own Spark sessions and call ``horovod.spark.run`` (``--suite
+test_spark.py``). It imports many of Horovod's Spark and runner internals at its top (stores,
+driver and task services, codecs): SPARK_STAND_INS are classes and functions that raise
+NotImplementedError when used, so those tests fail, as they should. It gates its MPI tests on
+``is_open_mpi()``, since Horovod's Spark mode runs under Open MPI only; hvd_trainer's runs
+under MPICH too, so the harness's ``horovod.runner.mpi_run.is_open_mpi`` opens that gate for
+this suite (and says so). Its Gloo tests stay skipped (``gloo_built()`` is False).
+
 Horovod's elastic scenarios (ELASTIC_SUITES, test/integration) are single-process pytest files
 whose tests each launch a job: they run as ``python -m pytest -v <suite>.py`` (no hvdrun
 around pytest), and the shim's ``horovod.runner.launch._run_elastic`` runs each job with
 hvdrun in elastic mode (``--suite test_elastic_torch.py``).
 """
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -62,14 +72,24 @@ TF_SUITES = ("test_tensorflow.py", "test_tensorflow2_keras.py")
 ELASTIC_SUITES = {"test_elastic_torch.py": "test/integration/data/elastic_torch_main.py",
                   "test_elastic_tensorflow2.py":
                       "test/integration/data/elastic_tensorflow2_main.py"}
-# Engine suites: single-process pytest files of test/single whose tests start the clusters.
-ENGINE_SUITES = ("test_ray.py",)
+# Engine suites: single-process pytest files whose tests start the clusters, and their folders.
+ENGINE_SUITES = {"test_ray.py": "test/single", "test_spark.py": "test/integration"}
+# The Spark estimator suites (test/integration, one process each) and the stand-ins for the
+# Horovod internals they import: tests/peer/estimator_standins.py.
+_standins_spec = importlib.util.spec_from_file_location(
+    "estimator_standins", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "estimator_standins.py"))
+estimator_standins = importlib.util.module_from_spec(_standins_spec)
+_standins_spec.loader.exec_module(estimator_standins)
+ESTIMATOR_SUITES = estimator_standins.ESTIMATOR_SUITES
 # Single-process suites: pytest alone, no hvdrun around it.
-ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES)
+ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES, *ESTIMATOR_SUITES)
 # What the suites' own imports need beyond pytest, by suite (the default: test/utils/common.py's).
 SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
                  "test_ray.py": ("ray", "torch", "grpc"),
-                 **{suite: ("psutil",) for suite in ELASTIC_SUITES}}
+                 "test_spark.py": ("pyspark", "psutil", "torch"),
+                 **{suite: ("psutil",) for suite in ELASTIC_SUITES},
+                 **estimator_standins.SUITE_MODULES}
 # Environment by suite. test_tensorflow.py runs each test in a TF1 graph too, where one
 # session.run starts up to 21 independent collectives; hvd_trainer's block a session thread
 # each while they wait for the other ranks, so the session needs that many threads (the
@@ -77,7 +97,8 @@ SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
 # More pytest plugins (from the shim folder) by suite.
 SUITE_PLUGINS = {"test_ray.py": ("peer_ray_compat",)}
 SUITE_ENV = {"test_tensorflow.py": {"TF_NUM_INTEROP_THREADS": "32"},
-             "test_ray.py": {"PEER_OPEN_GLOO_GATE": "1"}}
+             "test_ray.py": {"PEER_OPEN_GLOO_GATE": "1"},
+             "test_spark.py": {"PEER_OPEN_MPI_GATE": "1"}}
 HELPER_MODULES = ("cloudpickle", "mock", "packaging")
 # Folders of Horovod's tree whose modules the suites import by bare name (sys.path additions).
 HELPER_FOLDERS = ("test/parallel", "test/integration", "test/utils")
@@ -105,6 +126,12 @@ def gloo_built():
     Ray tests need Gloo for its rendezvous, which hvd_trainer's Ray engine does not use)."""
     import hvd_trainer
     return os.environ.get("PEER_OPEN_GLOO_GATE") == "1" or hvd_trainer.gloo_built()
+
+
+def mpi_built():
+    """hvd_trainer's answer (the Spark suites import it)."""
+    import hvd_trainer
+    return hvd_trainer.mpi_built()
 ''',
     # test_ray.py imports Horovod's internals beside RayExecutor: stand-ins that say so.
     "horovod/ray/runner.py": '''"""Generated shim: RayExecutor, and stand-ins for Horovod's internals."""
@@ -152,6 +179,20 @@ def _init_without_redis(*args, _redis_max_memory=None, **kwargs):
 
 ray.init = _init_without_redis
 ''',
+    # test_spark.py gates its MPI tests on Open MPI, which Horovod's Spark mode needs.
+    "horovod/runner/mpi_run.py": '''"""Generated shim: the gate of test_spark.py's MPI tests."""
+import os
+
+
+def is_open_mpi(*args, **kwargs):
+    """Horovod runs Spark's MPI mode under Open MPI only (mpirun's rsh agent); hvd_trainer's
+    Spark engine runs under MPICH too, so the harness opens the gate for test_spark.py
+    (PEER_OPEN_MPI_GATE); otherwise whether hvd_trainer's MPI is Open MPI."""
+    if os.environ.get("PEER_OPEN_MPI_GATE") == "1":
+        return True
+    from hvd_trainer_launch import mpi
+    return mpi.find_launcher().flavour == mpi.OPENMPI
+''',
     "horovod/runner/util/__init__.py": "",
     # test/utils/common.py imports in_thread at module level (for its delay() helper).
     "horovod/runner/util/threads.py": '''"""Generated shim: the thread helper test/utils/common.py imports."""
@@ -172,6 +213,7 @@ import sys
 
 from hvd_trainer_launch import hvdrun
 
+from horovod.common.util import gloo_built, mpi_built  # noqa: F401 (test_spark.py patches them)
 from horovod.runner.elastic import constants, driver
 
 # What Horovod's suites match when a job fails; hvdrun's own messages say which rank and why.
@@ -238,6 +280,34 @@ def set_env_from_args(env, args):
 ''',
 }
 
+# test_spark.py imports these internals of Horovod's at its top (with its helpers): by module,
+# the classes and functions it names; each raises NotImplementedError when used.
+SPARK_STAND_INS = {
+    "horovod/spark/driver/host_discovery.py": (("SparkDriverHostDiscovery",), ()),
+    "horovod/spark/driver/rsh.py": ((), ("rsh",)),
+    "horovod/spark/runner.py": ((), ("_task_fn",)),
+    "horovod/spark/task/gloo_exec_fn.py": ((), ()),
+    "horovod/spark/task/mpirun_exec_fn.py": ((), ()),
+    **{f"horovod/runner/common/util/{name}.py": ((), ())
+       for name in ("codec", "safe_shell_exec", "timeout", "settings")},
+}
+
+
+def stand_in(classes: Sequence[str], functions: Sequence[str]) -> str:
+    """The text of a generated module whose ``classes`` and ``functions`` raise
+    NotImplementedError when used."""
+    text = '"""Generated shim: stand-ins for Horovod\'s internals, which hvd_trainer has not."""\n'
+    for name in classes:
+        text += (f"\n\nclass {name}:\n    def __init__(self, *args, **kwargs):\n"
+                 f"        raise NotImplementedError(\"{name} is Horovod's internal class; "
+                 f"hvd_trainer has none\")\n")
+    for name in functions:
+        text += (f"\n\ndef {name}(*args, **kwargs):\n"
+                 f"    raise NotImplementedError(\"{name} is Horovod's internal function; "
+                 f"hvd_trainer has none\")\n")
+    return text
+
+
 # Loaded into each rank's pytest with -p: one JSON line per event, flushed at once.
 REPORT_PLUGIN = '''"""Generated by run_peer_suites.py: writes this rank's pytest events to PEER_REPORT_DIR."""
 import json
@@ -283,8 +353,9 @@ def git_show(mirror: str, tag: str, path: str) -> Optional[bytes]:
 def suite_folder(suite: str) -> str:
     """The folder of Horovod's tree that holds ``suite``."""
     if suite in ENGINE_SUITES:
-        return "test/single"
-    return "test/integration" if suite in ELASTIC_SUITES else "test/parallel"
+        return ENGINE_SUITES[suite]
+    return "test/integration" if suite in (*ELASTIC_SUITES, *ESTIMATOR_SUITES) \
+        else "test/parallel"
 
 
 def export_suites(mirror: str, tag: str, suites: Sequence[str], root: str) -> List[str]:
@@ -320,7 +391,9 @@ def write_shim(shim: str) -> None:
     """Write hvdrun --horovod's shim, the test-only modules on it and the report plugin into
     ``shim``."""
     horovod_shim.write(shim)
-    for path, text in {**SHIM_MODULES, "peer_report.py": REPORT_PLUGIN}.items():
+    stand_ins = {path: stand_in(*names) for path, names in SPARK_STAND_INS.items()}
+    for path, text in {**SHIM_MODULES, **stand_ins, **estimator_standins.STANDIN_MODULES,
+                       "peer_report.py": REPORT_PLUGIN}.items():
         target = os.path.join(shim, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w") as f:
@@ -386,8 +459,12 @@ def run_job(venv: str, np: int, workdir: str, shim: str, targets: Sequence[str],
     plugins = [arg for name in SUITE_PLUGINS.get(suite, ()) for arg in ("-p", name)]
     cmd = [*launch, os.path.join(venv, "bin", "python"), "-m", "pytest", "-v", "-p", "peer_report",
            *plugins, *conftest, *pytest_args, *targets]
+    # The estimator suites' models are classes of the suite's module, which the ranks (Spark
+    # tasks' children, with this environment) unpickle by importing it.
+    suite_path = [workdir] if suite in ESTIMATOR_SUITES else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [shim] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+        [shim] + suite_path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
+                               else [])),
         PEER_REPORT_DIR=reports, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
         **SUITE_ENV.get(suite, {}))
     if suite in ONE_PROCESS_SUITES:  # their jobs start "python": this environment's
@@ -555,6 +632,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("test_ray.py: the harness opens the suite's gloo_built() gate (Horovod's Ray "
               "tests need Gloo for its rendezvous; hvd_trainer's Ray engine needs none)",
               flush=True)
+    if "test_spark.py" in suites:
+        print("test_spark.py: the harness opens the suite's is_open_mpi() gate (Horovod's "
+              "Spark MPI mode needs Open MPI; hvd_trainer's runs under MPICH too)", flush=True)
     needed = sorted(set(HELPER_MODULES).union(*(SUITE_MODULES.get(s, ()) for s in suites)))
     check = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
                             f"import {', '.join(needed)}, pytest"], capture_output=True)

@@ -3,8 +3,10 @@ results or an error that names the rank and host, and the signed files between a
 its ranks (a tampered or foreign file is refused before it is read)."""
 import os
 import pickle
+import re
 import shlex
 import socket
+import sys
 import threading
 
 import cloudpickle
@@ -42,8 +44,41 @@ def test_gather_names_missing_ranks_lost_agents_and_failed_proxies():
                                           r"cannot connect"):
         engine_launch.gather({0: _ok(0)}, 2, "f", {0: "h1", 1: "h2"}, 1, [],
                              proxies=[("h1", 0, ""), ("h2", 5, "cannot connect\n")])
-    with pytest.raises(EngineError, match="the agent on h2 was lost"):
-        engine_launch.gather({0: _ok(0)}, 2, "f", {}, 0, [], lost=["h2"])
+    cause = "ActorDiedError: The actor is dead because it was killed by `ray.kill`."
+    with pytest.raises(EngineError, match=r"f: the agent on h2 was lost .*\nh2: " +
+                       re.escape(cause)):
+        engine_launch.gather({0: _ok(0)}, 2, "f", {}, 0, [],
+                             lost=[engine_launch.LostAgent("h2", cause)])
+
+
+def test_a_long_traceback_is_cut_in_the_message_and_kept_whole_on_the_error():
+    text = "Traceback (most recent call last):\n" + "  frame\n" * 20000 + "KeyError: 'end'\n"
+    outcomes = {0: cloudpickle.dumps(("error", KeyError("end"), text))}
+    with pytest.raises(EngineError) as raised:
+        engine_launch.gather(outcomes, 1, "f", {0: "h1"}, 1, [])
+    message = str(raised.value)
+    assert len(text) > 2 * engine_launch.MESSAGE_TRACEBACK_CHARS
+    assert len(message) < engine_launch.MESSAGE_TRACEBACK_CHARS + 1000
+    assert "characters cut here" in message and message.endswith("KeyError: 'end'\n")
+    assert raised.value.rank_traceback == text
+
+
+def test_sys_exit_travels_as_the_systemexit_it_means():
+    class _JobsOwnExit(SystemExit):  # as hvd_trainer's, which sys.exit raises in a job
+        pass
+
+    def exit_as_a_job_does(status):
+        __tracebackhide__ = True  # noqa: F841 (as hvd_trainer's replacement of sys.exit)
+        raise _JobsOwnExit(status)
+
+    from hvd_trainer_launch import engine_rank
+    try:
+        exit_as_a_job_does(3)
+    except SystemExit as raised:
+        kind, error, text = pickle.loads(engine_rank.error_outcome(raised))
+    assert (kind, type(error), error.code) == ("error", SystemExit, 3)
+    assert text.endswith("    exit_as_a_job_does(3)\nSystemExit: 3\n")
+    assert "_JobsOwnExit" not in text
 
 
 def test_signed_files_round_trip_and_refuse_tampering(tmp_path):
@@ -78,6 +113,8 @@ def test_engine_rank_runs_the_function_and_leaves_its_outcome(tmp_path, monkeypa
     monkeypatch.setenv(protocol.ENGINE_SECRET_VARIABLE, secret.hex())
     monkeypatch.setenv("HOROVOD_RANK", "4")
     monkeypatch.setenv("HOROVOD_HOSTNAME", "hvd-agent0-elsewhere")  # Open MPI's name for it
+    monkeypatch.setenv("PYTHONPATH", "")  # engine_rank may offer the horovod shim on both
+    monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(folder)
     engine_rank.main()
     label = protocol.ENGINE_RESULT.format(rank=4)

@@ -114,7 +114,12 @@ def test_backends_never_import_a_framework(name):
     assert not any(m.split(".")[0] in FRAMEWORKS for m in _imports(name))
 
 
+# The Spark estimators are engine entry points above the adapters: they train with them.
+ESTIMATORS = ("hvd_trainer.spark.torch", "hvd_trainer.spark.keras", "hvd_trainer.spark.lightning")
+
+
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.startswith(ADAPTERS)
+                                        and not n.startswith(ESTIMATORS)
                                         and n != "hvd_trainer"))
 def test_the_core_never_imports_an_adapter(name):
     assert not any(m.startswith(ADAPTERS) for m in _imports(name))
@@ -131,7 +136,8 @@ LAYER_RANKS = {
     "compression": 4,                   # codecs, and PowerSGD's settings (its sums: collectives)
     "training": 5, "elastic": 5, "cuda": 5,  # reducer and steps; elastic state; GPU kernels
     "mxnet": 6, "torch": 6, "tensorflow": 6, "keras": 6,  # framework adapters
-    "runner": 6, "spark": 6, "ray": 6,  # hvd_trainer.run and the engines: launcher side
+    "runner": 6, "ray": 6,  # hvd_trainer.run and the engines: launcher side
+    "spark": 7,  # spark.run, and the estimators, which train with the adapters
 }
 ALLOWED_IMPORTS = {
     "backends": set(),
@@ -149,7 +155,9 @@ ALLOWED_IMPORTS = {
     "tensorflow": {"runtime", "coordination", "collectives", "compression", "training",
                    "elastic"},
     "keras": {"tensorflow"},
-    "runner": set(), "spark": set(), "ray": set(),
+    "runner": set(), "ray": set(),
+    # The estimators' stores write with runtime's safe files; they train with the adapters.
+    "spark": {"runtime", "torch", "tensorflow", "keras"},
 }
 
 

@@ -161,8 +161,15 @@ print("shim ok")
 
 def test_the_harness_shim_is_hvdrun_s_with_the_test_only_modules_added(tmp_path):
     harness.write_shim(str(tmp_path))
+    # The estimator suites' stand-ins replace a few generated modules with ones that carry
+    # the same hvd_trainer module's names plus stand-ins for Horovod's internals.
+    layered = harness.estimator_standins.STANDIN_MODULES
     for path, text in harness.horovod_shim.sources().items():
-        assert (tmp_path / path).read_text() == text
+        if path in layered:
+            target = text.split("import ", 1)[1].split(" ", 1)[0]
+            assert f"import {target} as _target" in (tmp_path / path).read_text()
+        else:
+            assert (tmp_path / path).read_text() == text
     for path in harness.SHIM_MODULES:
         assert path not in harness.horovod_shim.sources()
         assert (tmp_path / path).exists()
