@@ -20,10 +20,31 @@ from .runtime.runtime import (ProcessSet, ccl_built, cross_rank, cross_size, cud
                               is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                               mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from .coordination.scheduler import DuplicateNameError
+from .collectives import memory as _memory
 
 __version__ = "0.1.0"
 
+__all__ = ["add_process_set", "allgather", "allgather_object", "allreduce", "allreduce_",
+           "alltoall", "Average", "barrier", "broadcast", "broadcast_", "broadcast_object",
+           "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+           "DuplicateNameError", "global_process_set", "gloo_built", "gloo_enabled",
+           "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter",
+           "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "Max",
+           "Min", "MismatchError", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "nccl_built", "ProcessSet", "Product", "rank", "ReduceOp", "reducescatter",
+           "remove_process_set", "rocm_built", "run", "shutdown", "size", "start_timeline",
+           "stop_timeline", "Sum"]
+
 _MXNET_NAMES = ("DistributedTrainer", "broadcast_parameters")
+
+
+def _gpu_memory() -> None:
+    """Register the GPU's memory for CuPy arrays (imports CuPy): the collectives call it on
+    the first CuPy array they see."""
+    from .cuda import ops  # noqa: F401  (registers on import)
+
+
+_memory.register_provider("cupy", _gpu_memory)
 
 
 def __getattr__(name: str):

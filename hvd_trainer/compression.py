@@ -17,11 +17,14 @@ Horovod scripts that call ``Compression.fp16.compress`` themselves keep working.
 import abc
 import math
 import numbers
-from typing import Any, Dict, Tuple, Type, Union
+from typing import Any, Dict, Optional, Tuple, Type, Union
 
 import numpy as np
 
 from .collectives.powersgd import PowerSGD
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "GatherCompressor", "NoneCompressor",
+           "OneBit", "ScaledTwoBit", "TopK", "TwoBit", "from_params"]
 
 # Encoders work through long tensors in chunks of this many elements (512 KiB of float32),
 # so that each vectorised pass runs in the L2 cache instead of main memory.
@@ -275,29 +278,53 @@ class TopK(GatherCompressor):
 
     def encode(self, grad: np.ndarray, residual: np.ndarray) -> np.ndarray:
         k = self.count(grad.size)
-        magnitude = np.empty(grad.size, np.float32)
-        for start in range(0, grad.size, _CHUNK):
-            r = residual[start:start + _CHUNK]
-            r += grad[start:start + r.size]
-            np.abs(r, out=magnitude[start:start + r.size])
         index = None
         if grad.size > self._SAMPLED and 2 * k < grad.size:
-            # Entries not below a sample's quantile at twice the wanted fraction: about 2k
-            # candidates. If there are k or more, the exact top k is among them.
-            sample = magnitude[::grad.size // self._SAMPLED]
-            q = int(sample.size * (1 - 2 * k / grad.size))
-            cut = np.partition(sample, q)[q]
-            candidates = np.flatnonzero(~(magnitude < cut))
-            if candidates.size >= k:
-                pick = np.argpartition(magnitude[candidates], candidates.size - k)
-                index = candidates[pick[candidates.size - k:]]
+            index = self._preselected(grad, residual, k)
+        else:
+            for start in range(0, grad.size, _CHUNK):
+                r = residual[start:start + _CHUNK]
+                r += grad[start:start + r.size]
         if index is None:
-            index = np.argpartition(magnitude, grad.size - k)[grad.size - k:]
+            index = np.argpartition(np.abs(residual), grad.size - k)[grad.size - k:]
         out = np.empty(8 * k, np.uint8)
         out[:4 * k].view(_I32)[:] = index
         out[4 * k:].view(_F32)[:] = residual[index]
         residual[index] = 0
         return out
+
+    def _preselected(self, grad: np.ndarray, residual: np.ndarray, k: int
+                     ) -> Optional[np.ndarray]:
+        """Add ``grad`` into ``residual`` and return the indices of its ``k`` entries of
+        largest magnitude, or None when the preselection found fewer than ``k``.
+
+        The candidates are the entries not below a sample's quantile at twice the wanted
+        fraction: about 2k, and when there are k or more, the exact top k is among them. The
+        sample is taken first (|residual + grad| at a stride, the values the update gives),
+        so one pass of cache-sized chunks adds, measures and preselects.
+        """
+        stride = grad.size // self._SAMPLED
+        sample = np.abs(residual[::stride] + grad[::stride])
+        q = int(sample.size * (1 - 2 * k / grad.size))
+        cut = np.partition(sample, q)[q]
+        magnitude = np.empty(min(grad.size, _CHUNK), np.float32)
+        kept = np.empty(magnitude.size, bool)
+        found = []
+        for start in range(0, grad.size, _CHUNK):
+            r = residual[start:start + _CHUNK]
+            n = r.size
+            r += grad[start:start + n]
+            np.abs(r, out=magnitude[:n])
+            np.less(magnitude[:n], cut, out=kept[:n])
+            np.logical_not(kept[:n], out=kept[:n])  # a NaN is never below: it is kept
+            hit = np.flatnonzero(kept[:n])
+            if hit.size:
+                found.append(hit + start)
+        candidates = np.concatenate(found) if found else np.empty(0, np.intp)
+        if candidates.size < k:
+            return None
+        pick = np.argpartition(np.abs(residual[candidates]), candidates.size - k)
+        return candidates[pick[candidates.size - k:]]
 
     def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
         k = payload.size // 8
@@ -305,6 +332,10 @@ class TopK(GatherCompressor):
 
     def wire_bytes(self, size: int) -> int:
         return 8 * self.count(size)
+
+
+# What ``compression=`` takes: Horovod's compressors, the packed codecs, PowerSGD's settings.
+AnyCompressor = Union[Type[Compressor], GatherCompressor, PowerSGD]
 
 
 # -- compression_params ---------------------------------------------------------------------
@@ -321,8 +352,7 @@ def _number(value: Any, what: str) -> float:
     return float(value)
 
 
-def from_params(params: Dict[str, Any]
-                ) -> Union[Type[Compressor], GatherCompressor, PowerSGD]:
+def from_params(params: Dict[str, Any]) -> AnyCompressor:
     """The compressor for MXNet-style ``compression_params``, with every option checked.
 
     Types: ``fp16``; ``2bit`` and ``1bit`` (``threshold``, default 0.5 as in MXNet);

@@ -19,6 +19,7 @@ variables exist is found in the source (string literals ``"HVD_..."``/``"HVDRUN_
 ``env("...")`` calls), and a variable found there without a meaning here, or described here
 but gone from the code, fails the build.
 """
+import functools
 import os
 import re
 import sys
@@ -204,13 +205,21 @@ def flags_table() -> str:
     return "\n".join(rows)
 
 
+@functools.lru_cache(maxsize=None)
+def _package() -> object:
+    """The package as griffe reads it from the source, once (aliases resolve within it)."""
+    import griffe
+    return griffe.GriffeLoader(search_paths=[REPO]).load("hvd_trainer")
+
+
 def public_names(module: str) -> Tuple[List[str], List[str], List[str]]:
     """MODULE's public names, read statically: its ``__all__`` if it has one, else what it
     defines or imports from hvd_trainer. Returned apart: the names griffe cannot follow to a
     definition (values unpacked from a tuple, such as the reduction ops), and the public
     submodules the module imports."""
     import griffe
-    loaded = griffe.GriffeLoader(search_paths=[REPO]).load(module)
+    package = _package()
+    loaded = package[module.partition(".")[2]] if "." in module else package
     exported = loaded.exports  # __all__, when the module has one
     names, plain, modules = [], [], []
     for name, member in loaded.members.items():

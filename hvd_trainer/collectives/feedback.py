@@ -1,6 +1,6 @@
 """Error-feedback sums: packed payloads that cannot be summed in place travel by allgather.
 
-Every rank encodes its gradient with a codec (a :class:`compression.GatherCompressor`),
+Every rank encodes its gradient with a codec (a :class:`hvd_trainer.compression.GatherCompressor`),
 keeping what it did not send in a per-tensor residual; one allgather carries every rank's
 payloads, and every rank decodes and sums them in rank order, so all ranks apply
 bit-identical updates.
@@ -55,7 +55,9 @@ class ErrorFeedbackSum:
         send = np.empty(offsets[-1], np.uint8)
         tic = time.perf_counter()
         for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            residual = self.residuals.setdefault(key, np.zeros(t.size, np.float32))
+            residual = self.residuals.get(key)
+            if residual is None:
+                residual = self.residuals[key] = np.zeros(t.size, np.float32)
             payload = codec.encode(t.reshape(-1), residual)
             if payload.dtype != np.uint8 or payload.shape != (end - start,):
                 raise ValueError(f"{type(codec).__name__}.encode returned {payload.dtype} of "

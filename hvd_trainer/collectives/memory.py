@@ -3,13 +3,13 @@
 One implementation of each collective (ops.py) serves every kind of memory through a few
 hooks of :class:`Memory`: checking an array, packing it into fusion buffers, the
 communicator that moves its bytes. Host memory is :data:`HOST`; ``hvd_trainer.cuda``
-registers the GPU's (for CuPy arrays) when it is imported, which :func:`memory_of` does on
-the first CuPy array it sees.
+registers the GPU's (for CuPy arrays) when it is imported, which :func:`memory_of` has done on
+the first CuPy array it sees: the package registers how (:func:`register_provider`), so that
+this layer names no layer above it.
 """
 import contextlib
-import importlib
 import weakref
-from typing import Any, ContextManager, Dict
+from typing import Any, Callable, ContextManager, Dict
 
 import numpy as np
 
@@ -21,10 +21,10 @@ from ..runtime.runtime import ProcessSet
 _SUPPORTED_KINDS = {"b", "i", "u", "f", "c"}
 # Host fusion buffers per communicator.
 _pools: "weakref.WeakKeyDictionary[Any, fusion.BufferPool]" = weakref.WeakKeyDictionary()
-# The memory of each registered array module (by its top-level package name), and the
-# package that registers the memory of a module not registered yet.
+# The memory of each registered array module (by its top-level package name), and what
+# registers the memory of a module not registered yet.
 _registered: Dict[str, "Memory"] = {}
-_PROVIDERS = {"cupy": "hvd_trainer.cuda.ops"}
+_providers: Dict[str, Callable[[], None]] = {}
 
 
 def check_array(tensor: Any, arg: str, inplace: bool = False) -> np.ndarray:
@@ -117,6 +117,12 @@ def register(module: str, memory: Memory) -> None:
     _registered[module] = memory
 
 
+def register_provider(module: str, provide: Callable[[], None]) -> None:
+    """``provide()`` registers the memory of arrays of the package ``module``; it is called
+    when the first such array is seen."""
+    _providers[module] = provide
+
+
 def memory_of(tensor: Any) -> "Memory":
     """HOST for NumPy arrays; the GPU's memory (``hvd_trainer.cuda``) for CuPy arrays. A list
     goes by its first element."""
@@ -126,6 +132,6 @@ def memory_of(tensor: Any) -> "Memory":
     module = type(first).__module__.partition(".")[0]
     if module == "numpy":
         return HOST
-    if module not in _registered and module in _PROVIDERS:
-        importlib.import_module(_PROVIDERS[module])  # registers it
+    if module not in _registered and module in _providers:
+        _providers[module]()
     return _registered.get(module, HOST)

@@ -141,6 +141,23 @@ class PowerSGDSum:
         self.residuals: Dict[Hashable, np.ndarray] = {}
         self.factors: Dict[Hashable, np.ndarray] = {}
         self.steps: Dict[Hashable, int] = {}
+        self._products: Dict[Tuple[Tuple[int, ...], np.dtype], np.ndarray] = {}  # P·Qᵀ
+
+    def _product(self, like: np.ndarray) -> np.ndarray:
+        """A scratch array like ``like`` for P·Qᵀ, kept from step to step (one per shape)."""
+        held = self._products.get((like.shape, like.dtype))
+        if held is None:
+            held = self._products[(like.shape, like.dtype)] = np.empty_like(like)
+        return held
+
+    def _residual(self, key: Hashable, like: np.ndarray) -> np.ndarray:
+        """Tensor ``key``'s residual array, to be overwritten: the one kept from the last
+        step when it fits, a new one otherwise."""
+        held = self.residuals.get(key)
+        if held is None or held.shape != like.shape or held.dtype != like.dtype \
+                or not held.flags.writeable or not held.flags.c_contiguous:
+            held = self.residuals[key] = np.empty_like(like)
+        return held
 
     def state(self) -> Dict[str, Any]:
         """This rank's state, for checkpoints and elastic commits."""
@@ -196,13 +213,17 @@ class PowerSGDSum:
         tic = time.perf_counter()
         size = process_set.size()
         for c in compressed:
-            approx = c.p @ c.q.T  # the approximated sum of the ranks' inputs
+            # The approximated sum of the ranks' inputs, in arrays kept from step to step.
+            approx = np.matmul(c.p, c.q.T, out=self._product(c.matrix))
             if settings.use_error_feedback:
                 # This rank's share of what the approximation left out, as DDP's averages do.
-                self.residuals[c.key] = c.matrix - approx / c.matrix.dtype.type(size)
+                residual = self._residual(c.key, c.matrix)
+                np.divide(approx, c.matrix.dtype.type(size), out=residual)
+                np.subtract(c.matrix, residual, out=residual)
             if scale != 1.0:
-                approx *= c.matrix.dtype.type(scale)
-            c.matrix[...] = approx
+                np.multiply(approx, c.matrix.dtype.type(scale), out=c.matrix)
+            else:
+                c.matrix[...] = approx
             if settings.warm_start:
                 self.factors[c.key] = c.q
         if stats is not None:

@@ -20,7 +20,7 @@ an asynchronous one (:func:`start`, under handles.py's ``submit`` and the adapte
   switches, yet is ordered as if it had been submitted.
 - A thread may register a *closer* (:func:`on_own_collective`): a collective that the same
   thread starts later (submitted, or synchronous) runs it first. A training step that began
-  at a hook registers one (steps.py), so that a collective the script starts between backward
+  at a hook registers one (training/reducer.py), so that a collective the script starts between backward
   and the step's close first closes the step, instead of waiting behind a step that waits
   for the script.
 
@@ -61,7 +61,7 @@ _busy = 0  # work handed to the thread and not finished
 _slot = False  # a thread runs the queue's work in order (none is parked)
 _idle: List["_Worker"] = []
 _deferred: Optional[_Work] = None
-_closers: Dict[int, List[Callable[[], bool]]] = {}  # by thread ident
+_closers: Dict[threading.Thread, List[Callable[[], bool]]] = {}  # by thread
 _IDLE_SECONDS = 30.0  # an idle worker thread ends after this long without work
 
 
@@ -228,23 +228,25 @@ def _flush_locked() -> None:
 def on_own_collective(closer: Callable[[], bool]) -> None:
     """Call ``closer()`` when this thread next starts a collective (before it), until it
     returns True once or :func:`forget_closer` removes it."""
-    with _lock:
-        _closers.setdefault(threading.get_ident(), []).append(closer)
+    with _lock:  # by thread, not by its id: a new thread may get the id of one that ended
+        _closers.setdefault(threading.current_thread(), []).append(closer)
 
 
 def forget_closer(closer: Callable[[], bool]) -> None:
-    """Remove ``closer`` (registered by this thread), if it is still there."""
+    """Remove ``closer``, whichever thread registered it, if it is still there."""
     with _lock:
-        mine = _closers.get(threading.get_ident(), [])
-        if closer in mine:
-            mine.remove(closer)
+        for thread, theirs in list(_closers.items()):
+            if closer in theirs:
+                theirs.remove(closer)
+            if not theirs:
+                del _closers[thread]
 
 
 def _close() -> None:
     """Run this thread's closers (see :func:`on_own_collective`)."""
     if not _closers:
         return
-    me = threading.get_ident()
+    me = threading.current_thread()
     with _lock:  # off the list while they run: a closer's own collectives skip it
         mine = _closers.pop(me, [])
     keep = [closer for closer in mine if not closer()]

@@ -130,7 +130,8 @@ def device_codec(codec: GatherCompressor):
 
 
 class DeviceErrorFeedbackSum:
-    """:class:`compression.ErrorFeedbackSum` with residuals, payloads and decoding on the GPU."""
+    """:class:`~hvd_trainer.collectives.feedback.ErrorFeedbackSum` with residuals, payloads and
+    decoding on the GPU."""
 
     def __init__(self, codec: GatherCompressor):
         self.codec = device_codec(codec)
@@ -152,7 +153,9 @@ class DeviceErrorFeedbackSum:
         send = cupy.empty(int(offsets[-1]), np.uint8)
         tic = time.perf_counter()
         for (key, t), start, end in zip(named, offsets[:-1], offsets[1:]):
-            residual = self.residuals.setdefault(key, cupy.zeros(t.size, np.float32))
+            residual = self.residuals.get(key)
+            if residual is None:
+                residual = self.residuals[key] = cupy.zeros(t.size, np.float32)
             send[start:end] = self.codec.encode(t.reshape(-1), residual)
         encoded = time.perf_counter()
         every = collective_ops.allgather(send, name, process_set).reshape(-1, send.size)

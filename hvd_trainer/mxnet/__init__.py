@@ -22,3 +22,14 @@ from .optimizer import DistributedOptimizer
 from .parameters import broadcast_parameters
 from .trainer import DistributedTrainer
 from . import elastic
+
+__all__ = ["add_process_set", "allgather", "allgather_object", "allreduce", "allreduce_",
+           "alltoall", "Average", "broadcast", "broadcast_", "broadcast_object",
+           "broadcast_parameters", "ccl_built", "Compression", "cross_rank", "cross_size",
+           "cuda_built", "ddl_built", "DistributedOptimizer", "DistributedTrainer", "elastic",
+           "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+           "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter", "init",
+           "is_homogeneous", "is_initialized", "local_rank", "local_size", "Max", "Min",
+           "MismatchError", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+           "ProcessSet", "Product", "rank", "reducescatter", "remove_process_set", "rocm_built",
+           "shutdown", "size", "start_timeline", "stop_timeline", "Sum"]

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..elastic import (ElasticSampler, HorovodInternalError, HostsUpdatedInterrupt, ObjectState,
                        State, register_array_type, run)
+from ..training import hook_state
 from . import bridge
 from .trainer import DistributedTrainer
 
@@ -87,8 +88,9 @@ class GluonState(ObjectState):
         snapshot["_weights"] = [p.list_data()[0] for p in self._params]
         updater = trainer._updaters[0]
         snapshot["_trainer"] = (updater.states, updater.optimizer)
-        snapshot["_residuals"] = (trainer._reducer.shared_state(
-            f"{trainer._prefix}elastic.residuals") if trainer._member else None)
+        snapshot["_residuals"] = (hook_state.shared(
+            trainer._reducer, f"{trainer._prefix}elastic.residuals") if trainer._member
+            else None)
         return snapshot
 
     def load(self, snapshot: Dict[str, Any]) -> None:
@@ -105,7 +107,7 @@ class GluonState(ObjectState):
         # What updater.get_states(dump_optimizer=True) gives, the trainer's format.
         trainer._set_states(pickle.dumps(snapshot["_trainer"], pickle.HIGHEST_PROTOCOL))
         if trainer._member:
-            trainer._reducer.scatter_state(snapshot["_residuals"],
-                                           f"{trainer._prefix}elastic.residuals")
+            hook_state.scatter(trainer._reducer, snapshot["_residuals"],
+                               f"{trainer._prefix}elastic.residuals")
         super().load(snapshot)
 

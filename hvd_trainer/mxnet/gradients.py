@@ -21,9 +21,9 @@ sums): overlap pays only where ranks have cores to spare while backward runs; on
 whose cores all compute it slows the step (figures in benchmarks/README.md).
 
 **Several contexts** per process: fresh gradients are summed locally into the first context's
-buffer, allreduced once, and copied back to every context. Compressed gradients, row-sparse
-gradients and gradients on a GPU take the reducer's per-tensor path: summed into the first
-context's buffer, reduced, copied back (GPU gradients are staged through host memory).
+buffer, reduced once (through the reducer's comm hook, compressed or not), and copied back to
+every context. Row-sparse gradients (and 0-d ones) take the reducer's per-tensor path: summed
+into the first context's buffer, reduced, copied back.
 
 **Stale gradients.** The step's one agreement checks that every rank has the same gradients
 and settings and carries the freshness flags: a gradient fresh on some rank is reduced
@@ -44,7 +44,8 @@ import mxnet as mx
 import numpy as np
 
 from ..runtime import timeline
-from ..training.buckets import Bucket, Gradient, ReducerStep
+from ..training.buckets import Bucket, Gradient
+from ..training.step import Step
 from . import bridge, sparse_weights
 from . import sparse as sparse_nd
 from .errors import raises_mxnet_errors
@@ -111,18 +112,18 @@ class ReducedGradients:
                 given[i] = local_sum(param)
             if given[i] is not None:
                 ready.append((i, given[i]))
-        self._steps.mark_all(ready)
-        step, _ = self._steps.close()
+        self._reducer.mark_all(ready)
+        step, _ = self._reducer.close()
         update = (step.overlapped and self._step_ignore is not None
                   and getattr(self, "_amp_loss_scaler", None) is None)
-        results, _ = self._steps.finish(step, functools.partial(self._use_bucket, step, update))
+        results, _ = self._reducer.finish(step, functools.partial(self._use_bucket, step, update))
         for i, value in results.items():
             if i in self._sparse_grads:
                 sparse_nd.publish_rows(self._params[i], *value)
             else:
                 self._publish(self._params[i], value, in_place=value is given.get(i))
 
-    def _use_bucket(self, step: ReducerStep, update: bool, bucket: Bucket) -> None:
+    def _use_bucket(self, step: Step, update: bool, bucket: Bucket) -> None:
         """Take a reduced bucket: copy it to the other contexts and, with ``update`` (the
         reductions overlap inside ``step()``), queue its parameters' updates.
 
@@ -131,7 +132,7 @@ class ReducedGradients:
         gradient (Gluon raises before updating anything).
         """
         self._finish_bucket(bucket, step)
-        if update and (self._step_ignore or step.fresh.all()):
+        if update and (self._step_ignore or step.every_fresh):
             members = [i for i in bucket.keys if self._reducer.fresh(step, i)]
             with timeline.span(f"{self._prefix}bucket.{bucket.number}", "UPDATE"):
                 self._apply_updates(members, self._step_ignore)
@@ -171,7 +172,7 @@ class ReducedGradients:
                                     and self._params[i]._grad[0] is view
                                     for i, view in self._views.items()):
             self._reducer.lay_out()
-        self._steps.back_if_relaid()  # new gradients, or the autotuner's
+        self._reducer.back_if_relaid()  # new gradients, or the autotuner's
 
     def _back(self, buckets: List[Bucket]) -> None:
         """Back each bucket with a flat NDArray and install its views as the gradients.
@@ -219,14 +220,15 @@ class ReducedGradients:
             if k > 0:
                 first += bridge.read_view(grads[k]).reshape(-1)
 
-    def _finish_bucket(self, bucket: Bucket, step: ReducerStep) -> None:
+    def _finish_bucket(self, bucket: Bucket, step: Step) -> None:
         """Copy the reduced members to the other contexts and mark them fresh."""
-        if len(self._contexts) == 1 and step.whole[bucket.number]:
+        if len(self._contexts) == 1 and step.complete(bucket.number):
             return  # one context, every member already fresh
+        reduced = step.array(bucket.number)
         for i, start, end in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
             if self._reducer.fresh(step, i):
                 param = self._params[i]
-                self._publish(param, bucket.host[start:end].reshape(param.shape), in_place=True)
+                self._publish(param, reduced[start:end].reshape(param.shape), in_place=True)
 
     def _update(self, ignore_stale_grad=False):
         with timeline.span(f"{self._prefix}step", "UPDATE"):

@@ -18,7 +18,8 @@ error that is an ``MXNetError``, as horovod.mxnet's, and also the core's ``Value
 order they are made, which is the same order on every rank.
 
 Argument errors are collective too: a check of this module that fails on one rank goes
-through the core's agreement (``ops.refuse``), so every rank raises it.
+through the core's agreement (:func:`hvd_trainer.collectives.arguments.refuse`), so every rank
+raises it.
 """
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union

@@ -1,9 +1,8 @@
 """DistributedTrainer: gluon.Trainer whose gradients are summed across ranks by the core's reducer.
 
-The reducer (:mod:`hvd_trainer.training.reducer`) and the step protocol around it
-(:mod:`hvd_trainer.training.steps`) own the gradient machinery: buckets, the step's agreement and
-freshness flags, compression, row-sparse gradients, the communication thread, the residuals
-of exact resume, the collective side of checkpoints (:mod:`hvd_trainer.training.checkpoint`). This
+The reducer (:mod:`hvd_trainer.training.reducer`) owns the gradient machinery: buckets, the
+step's agreement and freshness flags, the comm hook (compression), row-sparse gradients, the
+communication thread, the residuals of exact resume, the collective side of checkpoints (:mod:`hvd_trainer.training.checkpoint`). This
 module keeps what is Gluon's: the parameter list, ``rescale_grad``, Horovod's and Gluon's
 arguments, the files of states and checkpoints; :mod:`.gradients` bridges the step's
 gradients (buckets as NDArrays, contexts, per-bucket updates).
@@ -17,13 +16,13 @@ import numpy as np
 
 from ..training import checkpoint
 from ..runtime import files, runtime
-from ..compression import Compression
+from ..compression import AnyCompressor, Compression
 from ..compression import from_params as compression_from_params
+from ..training.hooks import Hook
 from ..training.reducer import Reducer
-from ..training.buckets import AnyCompressor, check_settings
+from ..training.buckets import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.sparse import Exchange
-from ..training.steps import Steps
 from ..collectives.traffic import CommStats
 from . import bridge, sparse_weights
 from .errors import raises_mxnet_errors
@@ -142,7 +141,7 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
         self._sparse_grads = {i for i, p in enumerate(self._params) if p._grad_stype != "default"}
         self._gradients_key: Optional[tuple] = None  # what the reducer's gradients were made of
         self._views: Dict[int, mx.nd.NDArray] = {}  # the bucket views installed as gradients
-        self._steps = Steps(self._reducer, [], self._back)
+        self._reducer.attach(self._back)
         self._fresh_contexts: Dict[int, List[int]] = {}  # this step's fresh contexts, bucketed
         self._step_ignore: Optional[bool] = None  # step()'s ignore_stale_grad while it runs
         self._updated: set = set()           # parameters already updated in this step
@@ -165,6 +164,15 @@ class DistributedTrainer(ReducedGradients, mx.gluon.Trainer):
     def _row_sparse_pull(self, parameter, out, row_id, full_idx=False):
         # Parameter.row_sparse_data / list_row_sparse_data / _reduce ask the trainer for rows.
         self._sparse_weights.pull(parameter, out, row_id, full_idx)
+
+    def register_comm_hook(self, state: Any, hook: Hook) -> None:
+        """Reduce each gradient bucket with ``hook(state, bucket)`` instead of the built-in
+        sum (PyTorch DDP's ``register_comm_hook``): see :mod:`hvd_trainer.training.hooks`.
+        The hook gets NumPy views of the buckets and returns a future of their sum over the
+        ranks; ``rescale_grad`` still averages. Call it once, before the first step, on every
+        rank of the process set, on a trainer without compression."""
+        if self._member:
+            self._reducer.register_comm_hook(state, hook)
 
     @property
     def communication_stats(self) -> CommStats:

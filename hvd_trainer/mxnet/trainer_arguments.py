@@ -12,7 +12,7 @@ import mxnet as mx
 
 from ..collectives.powersgd import PowerSGD
 from ..compression import Compression, Compressor, GatherCompressor
-from ..training.buckets import AnyCompressor
+from ..compression import AnyCompressor
 
 
 class TrainerArguments(NamedTuple):

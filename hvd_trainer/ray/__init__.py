@@ -6,7 +6,7 @@ Each :meth:`RayExecutor.run` or :meth:`RayExecutor.execute` is one MPI job: hvdr
 driver runs the MPI launcher, which hands each host's proxy command over instead of
 starting it (MPICH's manual launcher, Open MPI's launcher agent), each agent runs its host's proxy command, the proxies
 start the ranks, MPI moves the data, and Ray's object store carries the function out and the
-results back (hvd_trainer_launch.engines.launch, engine_agent, engine_rank).
+results back (hvd_trainer_launch.engines: launch, agent, rank).
 """
 from hvd_trainer_launch.engines.ray_executor import ElasticRayExecutor, RayExecutor, Settings
 

@@ -31,17 +31,6 @@ def env(name: str, default: Optional[str] = None) -> Optional[str]:
     return default if value in (None, "") else value
 
 
-def env_int(name: str, default: int) -> int:
-    """An integer setting from the environment; a malformed value is an error naming it."""
-    raw = env(name)
-    if raw is None:
-        return default
-    try:
-        return int(float(raw))
-    except ValueError:
-        raise ValueError(f"HVD_{name}={raw!r} is not a number; set it to an integer") from None
-
-
 # Settings that decide the wire pattern, so every rank must use the same: rank 0's values,
 # read from its environment at init (Horovod's way). Each is (default, parser).
 

@@ -30,6 +30,20 @@ from .ops import (Adasum, allgather, allgather_object, allreduce, alltoall, broa
                   grouped_reducescatter, join, reducescatter)
 
 
+__all__ = ["Adasum", "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall",
+           "Average", "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
+           "broadcast_object_fn", "broadcast_variables", "ccl_built", "Compression", "cross_rank",
+           "cross_size", "cuda_built", "ddl_built", "DistributedGradientTape",
+           "DistributedOptimizer", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
+           "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+           "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
+           "local_size_op", "Max", "Min", "MismatchError", "mpi_built", "mpi_enabled",
+           "mpi_threads_supported", "nccl_built", "PartialDistributedGradientTape",
+           "process_set_included_op", "ProcessSet", "Product", "rank", "rank_op", "reducescatter",
+           "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "start_timeline",
+           "stop_timeline", "Sum", "SyncBatchNormalization"]
+
+
 def size_op(process_set_id: int = 0, name: str = None) -> tf.Tensor:
     """The number of ranks in the process set, as a tensor."""
     return tf.constant(_process_set(process_set_id).size(), tf.int32, name=name)

@@ -13,6 +13,8 @@ import tensorflow as tf
 from ..compression import Compressor, NoneCompressor
 from ..collectives.powersgd import PowerSGD
 
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
 
 class FP16Compressor(Compressor):
     """Floating-point tensors travel as float16 and come back in their own dtype; other

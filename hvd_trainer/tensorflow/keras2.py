@@ -91,16 +91,17 @@ class Keras2Hooks:
 
 class Keras2Distributed:
     """What DistributedOptimizer adds to a Keras 2 optimizer's class; the reduction's settings
-    are the class's (``_hvd_settings``), so ``from_config`` rebuilds it too."""
+    are the class's (``_hvd_settings``, ``_hvd_scale_local``), so ``from_config`` rebuilds it
+    too."""
 
     _hvd_settings: Dict[str, Any] = {}
     _hvd_passes = 1
     _hvd_average_aggregated = False
+    _hvd_scale_local = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._hvd_local: set = set()
-        self._hvd_scale_local = True
         self._hvd_made = Reduction("DistributedOptimizer.", **self._hvd_settings)
         # Horovod's name, which its tests read.
         self._agg_helper = (LocalAggregation(self._hvd_passes, self._hvd_average_aggregated)
@@ -151,17 +152,19 @@ class Keras2Distributed:
 
 
 def distributed_class(base: type, settings: Dict[str, Any], passes: int,
-                      average_aggregated: bool, classes: Dict[Any, type]) -> type:
+                      average_aggregated: bool, classes: Dict[Any, type],
+                      scale_local: bool = True) -> type:
     """``base`` (a Keras 2 optimizer class) with :class:`Keras2Distributed` in front, named
     and placed as ``base`` so that a saved model names the plain optimizer; cached in
-    ``classes`` by its settings."""
-    key = (base, passes, average_aggregated,
+    ``classes`` by its settings (``scale_local``: Horovod's ``scale_local_gradients``)."""
+    key = (base, passes, average_aggregated, scale_local,
            tuple(sorted((k, id(v) if k == "process_set" else v) for k, v in settings.items())))
     if key not in classes:
         classes[key] = type(base.__name__, (Keras2Distributed, base),
                             {"__doc__": base.__doc__, "__module__": base.__module__,
                              "_hvd_settings": dict(settings), "_hvd_passes": passes,
-                             "_hvd_average_aggregated": average_aggregated})
+                             "_hvd_average_aggregated": average_aggregated,
+                             "_hvd_scale_local": scale_local})
     return classes[key]
 
 

@@ -20,6 +20,8 @@ from ..collectives.arguments import Sum
 from . import keras2
 from .ops import allreduce
 
+__all__ = ["SyncBatchNormalization"]
+
 _BatchNormalization = tf.keras.layers.BatchNormalization
 # Keras 2's BatchNormalization takes fused= and has another _moments signature than Keras 3's.
 _KERAS2 = keras2.is_keras2_class(_BatchNormalization)

@@ -1,7 +1,7 @@
 """horovod.torch's API: a Horovod script runs unchanged after `import hvd_trainer.torch as hvd`.
 
 Runtime functions, process sets and reduction ops come from the framework-free core; the
-collectives here take and return torch tensors. CPU tensors only.
+collectives here take and return torch tensors, on the CPU or on a CUDA device (see ops.py).
 """
 from hvd_trainer_launch.installs import PYTORCH, require
 
@@ -27,3 +27,19 @@ from .ops import (Adasum, allgather, allgather_async, allgather_object, allreduc
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm
+
+__all__ = ["Adasum", "add_process_set", "allgather", "allgather_async", "allgather_object",
+           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+           "alltoall_async", "Average", "barrier", "broadcast", "broadcast_", "broadcast_async",
+           "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
+           "broadcast_parameters", "ccl_built", "Compression", "cross_rank", "cross_size",
+           "cuda_built", "ddl_built", "DistributedOptimizer", "elastic", "global_process_set",
+           "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async",
+           "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+           "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+           "HorovodInternalError", "init", "is_homogeneous", "is_initialized", "join",
+           "local_rank", "local_size", "Max", "Min", "MismatchError", "mpi_built", "mpi_enabled",
+           "mpi_threads_supported", "nccl_built", "poll", "ProcessSet", "Product", "rank",
+           "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown",
+           "size", "sparse_allreduce_async", "start_timeline", "stop_timeline", "Sum",
+           "SyncBatchNorm", "synchronize"]

@@ -61,6 +61,13 @@ class AdasumDistributed:
                            "skip_synchronize() (clip gradients before step() as usual: they "
                            "are this rank's own)")
 
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Refused: with op=Adasum the ranks combine updates, not gradient buckets."""
+        raise ValueError("DistributedOptimizer(op=Adasum) combines the ranks' updates, so it "
+                         "has no gradient buckets to hook; use op=hvd.Average with "
+                         "register_comm_hook(None, hooks.adasum_hook) to combine gradients "
+                         "by Adasum instead")
+
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Record ``passes``; gradients accumulate in ``.grad`` until ``step()`` whatever it
         is, and the local step uses them all."""

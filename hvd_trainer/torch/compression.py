@@ -17,6 +17,8 @@ from ..compression import Compressor, NoneCompressor
 from ..collectives.powersgd import PowerSGD
 from . import bridge
 
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
 
 class Kernels(halves.Kernels):
     """torch's CPU kernels (vectorised, each 16-bit sum computed in float32 and rounded once),

@@ -17,6 +17,7 @@ import torch.utils.data
 from .. import elastic as core
 from ..runtime import runtime
 from ..elastic import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, run
+from ..training import hook_state
 from ..training.reducer import Reducer
 from .optimizer import _Distributed
 
@@ -163,7 +164,7 @@ class TorchState(ObjectState):
 
     def save(self) -> Dict[str, Any]:
         snapshot = super().save()
-        snapshot["_residuals"] = {name: reducer.shared_state(f"elastic.residuals.{name}")
+        snapshot["_residuals"] = {name: hook_state.shared(reducer, f"elastic.residuals.{name}")
                                   for name, reducer in self._reducers().items()}
         return snapshot
 
@@ -172,4 +173,4 @@ class TorchState(ObjectState):
         saved = snapshot["_residuals"]
         for name, reducer in self._reducers().items():
             if name in saved:
-                reducer.scatter_state(saved[name], f"elastic.residuals.{name}")
+                hook_state.scatter(reducer, saved[name], f"elastic.residuals.{name}")

@@ -28,10 +28,11 @@ sparse gradients are reduced densely.
 **Sparse gradients** (``nn.Embedding(sparse=True)``) are summed by the core's row allgather
 (:func:`hvd_trainer.collectives.sparse.allreduce_rows`, dense fallback included) unless
 ``sparse_as_dense``; which gradients are sparse shows only in backward, so the ranks agree on
-it after the first steps (see :mod:`hvd_trainer.training.steps`).
+it after the first steps (see :mod:`hvd_trainer.training.kinds`).
 
-The step protocol around the reducer (readiness batching, early close, the kinds' agreement)
-is the core's (:mod:`hvd_trainer.training.steps`); this module turns tensors into what it takes.
+The step itself (readiness, early close, the kinds' agreement, each bucket through the comm
+hook) is the core reducer's (:mod:`hvd_trainer.training.reducer`); this module turns tensors
+into what it takes.
 """
 import contextlib
 import functools
@@ -42,10 +43,10 @@ import torch
 
 from .. import compression as core_compression
 from ..collectives.arguments import Average
-from ..training.buckets import Bucket, Gradient
-from ..training.reducer import Reducer
 from ..runtime.runtime import ProcessSet
-from ..training.steps import DENSE, NONE, Steps, table_shape
+from ..training.buckets import Bucket, Gradient
+from ..training.kinds import DENSE, NONE, Kinds, table_shape
+from ..training.reducer import Reducer
 from . import backward_collectives, bridge
 from . import sparse as torch_sparse
 from .compression import KERNELS, Compression, FP16Compressor
@@ -70,7 +71,7 @@ class ReducedGradients:
     def _set_up_reduction(self, compression: Any, op: Any, gradient_predivide_factor: float,
                           num_groups: int, sparse_as_dense: bool,
                           process_set: ProcessSet) -> None:
-        """The reducer, its step protocol, the buckets and the hooks (members of the set)."""
+        """The reducer, the buckets and the hooks (members of the set)."""
         self._views: Dict[int, torch.Tensor] = {}
         self._flats: List[torch.Tensor] = []
         # Gradients that backward made sparse on this rank and that are reduced densely, with
@@ -94,10 +95,11 @@ class ReducedGradients:
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 num_groups=num_groups, sparse_as_dense=sparse_as_dense,
                                 process_set=process_set, eager=True, kernels=KERNELS)
-        self._steps = Steps(self._reducer, [_gradient(k, p) for k, p in enumerate(self._params)],
-                            self._back_buckets, kinds=kinds, rows=self._rows, fill=self._fill,
-                            inside=lambda: torch._C._current_graph_task_id() != -1)
-        self._steps.back_if_relaid()
+        self._reducer.attach(
+            self._back_buckets, kinds=Kinds([_gradient(k, p) for k, p in enumerate(self._params)],
+                                            kinds),
+            rows=self._rows, fill=self._fill,
+            inside=lambda: torch._C._current_graph_task_id() != -1)
         for k, p in enumerate(self._params):
             self._hooks.append(p.register_post_accumulate_grad_hook(
                 functools.partial(self._on_gradient, k)))
@@ -156,14 +158,14 @@ class ReducedGradients:
         dense, in its bucket view or as a NumPy view."""
         p = self._params[k]
         grad = p.grad
-        kind = self._steps.kinds[k]
+        kind = self._reducer.kinds[k]
         if kind == NONE:
             is_sparse = grad.layout == torch.sparse_coo
             # kept for the rows, in case every rank's first gradient is sparse
-            self._steps.see(k, grad.sparse_dim() if is_sparse else DENSE,
+            self._reducer.see(k, grad.sparse_dim() if is_sparse else DENSE,
                             grad if is_sparse else None)
         elif kind != DENSE:
-            self._steps.mark(k, self._rows(k, grad))
+            self._reducer.mark(k, self._rows(k, grad))
             return
         if grad.layout != torch.strided:
             if kind == DENSE:  # sparse_as_dense, or a CUDA parameter: it goes back sparse
@@ -176,11 +178,11 @@ class ReducedGradients:
                 p.grad = view
             if k in self._produced:  # on the stream current here, which wrote it
                 self._produced[k].record(torch.cuda.current_stream(p.device))
-            self._steps.mark(k)
+            self._reducer.mark(k)
         else:
             if not grad.is_contiguous():
                 grad = p.grad = grad.contiguous()
-            self._steps.mark(k, bridge.view(grad))
+            self._reducer.mark(k, bridge.view(grad))
 
     def _rows(self, k: int, grad: Optional[torch.Tensor]
               ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -188,7 +190,7 @@ class ReducedGradients:
         sparse dimensions) as all its rows; None for no gradient."""
         if grad is None:
             return None
-        sparse_dim = self._steps.kinds[k]
+        sparse_dim = self._reducer.kinds[k]
         if grad.layout == torch.sparse_coo and grad.sparse_dim() == sparse_dim:
             return torch_sparse.to_rows(grad)
         table = grad.detach().to_dense().reshape(
@@ -211,11 +213,11 @@ class ReducedGradients:
     def synchronize(self) -> None:
         """Finish reducing every gradient; afterwards each ``.grad`` holds the average (or
         sum) over the process set. A collective: every member calls it once per step."""
-        if self._steps is None:
+        if self._reducer is None:
             return
-        step, every_marked = self._steps.close()
+        step, every_marked = self._reducer.close()
         try:
-            results, relaid = self._steps.finish(step, self._on_bucket)
+            results, relaid = self._reducer.finish(step, self._on_bucket)
         finally:
             self._left = [self._passes] * len(self._params)
         # A gradient the hooks marked in a bucket is already its view (see _mark).
@@ -223,7 +225,7 @@ class ReducedGradients:
         scale = self._postscale()
         for k in keys:
             p = self._params[k]
-            kind = self._steps.kinds[k]
+            kind = self._reducer.kinds[k]
             if kind == NONE:
                 continue  # no rank has had a gradient: its kind, dense or sparse, is unknown
             if kind != DENSE:

@@ -13,11 +13,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from ..collectives.arguments import Average, Sum
+from ..training.hooks import Hook
 from ..training.reducer import Reducer
 from ..training.buckets import check_settings
 from ..runtime.runtime import ProcessSet, global_process_set
 from ..collectives.sparse import Exchange
-from ..training.steps import Steps
 from .adasum_optimizer import AdasumDistributed, check_adasum
 from .compression import Compression
 from .gradients import ReducedGradients
@@ -41,7 +41,6 @@ class _Distributed(ReducedGradients):
         self._names = [self._parameter_names[p] for p in self._params]
         self._left = [backward_passes_per_step] * len(self._params)  # passes until ready
         self._held: List[int] = []  # ready, held back while backward has collectives to make
-        self._steps: Optional[Steps] = None
         self._reducer: Optional[Reducer] = None
         if process_set.included():  # outside it: a plain local optimizer, as in Horovod
             self._set_up_reduction(compression, op, gradient_predivide_factor, num_groups,
@@ -54,6 +53,16 @@ class _Distributed(ReducedGradients):
         if self._reducer is None:
             return {}
         return {self._names[k]: e for k, e in self._reducer.sparse_exchanges.items()}
+
+    def register_comm_hook(self, state: Any, hook: Hook) -> None:
+        """Reduce each gradient bucket with ``hook(state, bucket)`` instead of the built-in
+        sum (PyTorch DDP's ``register_comm_hook``; Horovod has none): see
+        :mod:`hvd_trainer.training.hooks`. The hook gets NumPy (CuPy for CUDA parameters)
+        views of the buckets and returns a future of their sum over the ranks; ``step()``
+        still averages. Call it once, before the first backward pass, on every rank of the
+        process set, on an optimizer made with ``compression=Compression.none``."""
+        if self._reducer is not None:
+            self._reducer.register_comm_hook(state, hook)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Accumulate ``passes`` backward passes per step from now on; call it between steps."""

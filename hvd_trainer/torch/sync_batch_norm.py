@@ -15,7 +15,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..collectives.arguments import Sum
 from ..runtime.runtime import ProcessSet, global_process_set
-from . import backward_collectives, ops
+from . import backward_collectives, calls, ops
+
+__all__ = ["SyncBatchNorm"]
 
 _NAME = "sync_batch_norm"
 
@@ -120,7 +122,7 @@ class SyncBatchNorm(_BatchNorm):
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight,
                                 self.bias, batch_stats, factor, self.eps)
         # A bad input on one rank is refused on all: the refusal meets the others' allgather.
-        ops.checked("allgather", f"{_NAME}.stats", self.process_set,
+        calls.checked("allgather", f"{_NAME}.stats", self.process_set,
                      lambda: self._check_input_dim(input))
         return _SyncBatchNorm.apply(input, self.weight, self.bias, self.running_mean,
                                     self.running_var, self.eps, factor, self.process_set)

@@ -4,14 +4,14 @@
 For adapters whose framework produces a whole step's gradients at once as values that cannot
 become views of a bucket (TensorFlow's immutable tensors, from ``GradientTape.gradient`` or a
 Keras optimizer's ``apply``). Each step copies the dense gradients into fresh flat buckets
-(the one copy; the results are views of them), hands the others over as they are, and lets the
-reducer do the rest: one agreement, buckets, compression, row-sparse gradients, stale ranks'
-zeros, autotuning.
+(the one copy; the results are views of them), compressed or not, hands the others (row-sparse,
+0-d) over as they are, and lets the reducer do the rest: one agreement, each bucket through its
+comm hook, row-sparse gradients, stale ranks' zeros, autotuning.
 
 **Kinds.** A gradient is dense (an array), row-sparse (``(ids, rows)``, ids may repeat) or
 missing on a rank (None: that rank contributes zeros). The ranks agree on each gradient's
 kind, dense winning over row-sparse, in one small allreduce at the steps in which a gradient
-has had no kind agreed yet (usually the first only; :func:`hvd_trainer.training.steps.agree_kinds`);
+has had no kind agreed yet (usually the first only; :func:`hvd_trainer.training.kinds.agree_kinds`);
 a rank whose gradient has the other form converts it. A gradient missing on every rank so far stays out of the step.
 """
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -20,14 +20,14 @@ import numpy as np
 
 from ..collectives import sparse
 from ..compression import Compression
-from .buckets import AnyCompressor, Gradient
-from .reducer import Reducer
 from ..runtime.runtime import ProcessSet, global_process_set
-from .steps import DENSE, NONE, agree_kinds
+from .buckets import Gradient
+from .kinds import DENSE, NONE, agree_kinds
+from .reducer import Reducer
 
 Rows = Tuple[np.ndarray, np.ndarray]
 Value = Union[None, np.ndarray, Rows]
-SPARSE = 1  # the agreed kind of a row-sparse gradient (see steps.py: the largest kind wins)
+SPARSE = 1  # the agreed kind of a row-sparse gradient (see kinds.py: the largest kind wins)
 
 
 class ArrayReducer:
@@ -39,7 +39,7 @@ class ArrayReducer:
     """
 
     def __init__(self, shapes: Sequence[Tuple[int, ...]], dtypes: Sequence[Any], *,
-                 prefix: str = "", compression: AnyCompressor = Compression.none,
+                 prefix: str = "", compression: Any = Compression.none,
                  gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                  sparse_as_dense: bool = False,
                  process_set: ProcessSet = global_process_set):
@@ -87,12 +87,9 @@ class ArrayReducer:
                 ready.append((k, None))
             else:
                 ready.append((k, np.array(self._dense(k, value), self.dtypes[k], order="C")))
-        self.reducer.mark_all_ready(ready)
-        step = self.reducer.launch()
-        try:
-            results = self.reducer.finish(step)
-        finally:
-            step.program.exception()  # on an error, let the reductions end before leaving
+        self.reducer.mark_all(ready)
+        step, _ = self.reducer.close()
+        results, _ = self.reducer.finish(step)
         out: List[Value] = [None] * len(self.shapes)
         for k in keys:
             if not self.reducer.fresh(step, k):

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..runtime import files, runtime
 from ..collectives import objects
+from . import hook_state
 from .reducer import Reducer
 
 _MAGIC = b"hvd_trainer residuals 1\n"
@@ -138,7 +139,7 @@ def save(fname: str, reducer: Reducer, weights: Callable[[], List[np.ndarray]],
     first rank of the reducer's process set (or locally, on a rank outside it). A collective
     over the set; a write error raises OSError on every member."""
     member = reducer.process_set.included()
-    residuals = reducer.gather_state(f"{reducer.prefix}residuals") if member else None
+    residuals = hook_state.gather(reducer, f"{reducer.prefix}residuals") if member else None
 
     def build() -> bytes:
         return pack({"format": _FORMAT, "weights": weights(),
@@ -166,7 +167,7 @@ def load(fname: str, reducer: Reducer, shapes: Sequence[Tuple[int, ...]],
                              "that saved it")
     restore(weights, checkpoint["states"])
     if process_set.included():
-        reducer.scatter_state(residuals, f"{reducer.prefix}residuals")
+        hook_state.scatter(reducer, residuals, f"{reducer.prefix}residuals")
     return checkpoint["extra"]
 
 

@@ -117,7 +117,8 @@ def test_stall_shutdown_ends_the_job():
 
 
 # -- timeline -------------------------------------------------------------------------------
-STEP_PHASES = ["WAIT_FOR_GRADIENT"] * 4 + ["NEGOTIATE", "COMPRESS", "FUSE", "DECODE", "UPDATE"]
+# An fp16 step: the step's agreement, then its one bucket through the fp16 hook, the update.
+STEP_PHASES = ["NEGOTIATE", "WAIT_FOR_GRADIENT", "COMPRESS", "FUSE", "DECODE", "UPDATE"]
 
 
 def steps_of(path):
@@ -138,17 +139,19 @@ def steps_of(path):
 
 
 def check_step(spans):
-    """Phases in order without overlap; COMMUNICATE inside FUSE; the group's (covered)
+    """Phases in order without overlap; COMMUNICATE inside FUSE; the bucket's (covered)
     NEGOTIATE between COMPRESS and FUSE."""
-    group = [s for s in spans if s[0] == "grad.0:3"]
-    main = [s for s in spans if s not in group or s[1] in ("COMPRESS", "FUSE", "DECODE")]
+    group = [s for s in spans if s[0] == "bucket.0"]
+    main = [s for s in spans if s not in group
+            or s[1] in ("WAIT_FOR_GRADIENT", "COMPRESS", "FUSE", "DECODE")]
     assert [s[1] for s in main] == STEP_PHASES, [s[:2] for s in main]
     for earlier, later in zip(main, main[1:]):
         assert earlier[2] <= earlier[3] <= later[2] + 1e-2, (earlier, later)
     fuse = next(s for s in group if s[1] == "FUSE")
     inner = [s for s in group if s[1] == "COMMUNICATE"]
     assert inner and all(fuse[2] <= s[2] <= s[3] <= fuse[3] + 1e-2 for s in inner)
-    assert [s[1] for s in group] == ["COMPRESS", "NEGOTIATE", "FUSE", "COMMUNICATE", "DECODE"]
+    assert [s[1] for s in group] == ["WAIT_FOR_GRADIENT", "COMPRESS", "NEGOTIATE", "FUSE",
+                                     "COMMUNICATE", "DECODE"]
 
 
 def test_timeline_phases_nest_in_order_and_start_stop_at_run_time(tmp_path):

@@ -131,8 +131,8 @@ def test_a_reducer_follows_the_schedule_relays_its_buckets_and_keeps_the_choice(
                 bucket.flat[a:b] = step + key
                 values[key] = bucket.flat[a:b]
         layouts.append((reducer.bucket_threshold, len(reducer.buckets)))
-        reducer.mark_all_ready([(0, None), (1, None)])
-        reducer.finish(reducer.launch())
+        reducer.mark_all([(0, None), (1, None)])
+        reducer.finish(reducer.close()[0])
         for key, value in values.items():  # a size-1 sum leaves each gradient as it was
             assert np.array_equal(value, np.full(size, step + key, np.float32))
     assert layouts == [(16 * MiB, 1)] * 2 + [(MiB, 2)] * 2 + [(4 * MiB, 2)] * 2 \

@@ -101,3 +101,16 @@ def test_a_name_built_on_first_use_resolves_through_the_shim(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert proc.stdout.split() == ["True", "True", "True"], proc.stderr[-2000:]
+
+
+def test_the_shims_modules_carry_the_targets_all_and_nothing_else(tmp_path):
+    pytest.importorskip("mxnet")  # the TensorFlow environment has none
+    horovod_shim.write(str(tmp_path))
+    script = ("import horovod.mxnet as hvd, hvd_trainer.mxnet as ours\n"
+              "assert hvd.__all__ == ours.__all__ and hvd.allreduce is ours.allreduce\n"
+              "for name in ('require', 'MXNET', 'np', 'mx'):\n"
+              "    assert not hasattr(hvd, name), name\n"
+              "print('ALL')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert proc.stdout.strip() == "ALL", proc.stderr

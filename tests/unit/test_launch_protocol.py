@@ -211,20 +211,3 @@ def test_no_launcher_folder_imports_one_that_imports_it_back():
 
 def test_the_protocol_is_standard_library_only():
     assert _launcher_imports("protocol") == set()
-
-
-def test_every_launcher_module_and_function_fits_the_size_rule():
-    # The founders' rule (no module over 500 lines, no function over 80) in the launcher too;
-    # launch/elastic.py had 616 lines and a 119-line run, worker.py's main 98.
-    long = []
-    for name in _launcher_modules() + ["__init__"]:
-        with open(os.path.join(LAUNCH, *name.split(".")) + ".py") as f:
-            source = f.read()
-        if len(source.splitlines()) > 500:
-            long.append(f"{name} ({len(source.splitlines())} lines)")
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                if node.end_lineno - first + 1 > 80:
-                    long.append(f"{name}.{node.name} ({node.end_lineno - first + 1} lines)")
-    assert long == []

@@ -84,12 +84,12 @@ def test_unregistered_process_set_is_an_error():
 def test_env_reads_horovod_spelling_as_fallback(monkeypatch):
     monkeypatch.delenv("HVD_FUSION_THRESHOLD", raising=False)
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1024")
-    assert config.env_int("FUSION_THRESHOLD", 7) == 1024
+    assert config.env("FUSION_THRESHOLD", "7") == "1024"
     monkeypatch.setenv("HVD_FUSION_THRESHOLD", "2048")
-    assert config.env_int("FUSION_THRESHOLD", 7) == 2048
-    monkeypatch.setenv("HVD_FUSION_THRESHOLD", "lots")
-    with pytest.raises(ValueError, match="HVD_FUSION_THRESHOLD"):
-        config.env_int("FUSION_THRESHOLD", 7)
+    assert config.env("FUSION_THRESHOLD", "7") == "2048"
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD")
+    monkeypatch.setenv("HVD_FUSION_THRESHOLD", "")
+    assert config.env("FUSION_THRESHOLD", "7") == "7"
 
 
 @pytest.mark.parametrize("count, parts", [(0, 3), (2, 3), (10, 3), (9, 3), (7, 2)])

@@ -131,10 +131,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: pass 1 "
                              "or more")
         cls = keras2.distributed_class(type(optimizer), settings, int(backward_passes_per_step),
-                                       bool(average_aggregated_gradients), _classes)
-        distributed = cls.from_config(optimizer.get_config())
-        distributed._hvd_scale_local = bool(scale_local_gradients)
-        return distributed
+                                       bool(average_aggregated_gradients), _classes,
+                                       bool(scale_local_gradients))
+        return cls.from_config(optimizer.get_config())
     cls = _distributed_class(type(optimizer), settings)
     distributed = cls.from_config(optimizer.get_config())
     distributed.__dict__["_hvd_scale_local"] = bool(scale_local_gradients)

@@ -14,9 +14,13 @@ from typing import Any, Callable, Dict, Optional, Union
 import keras
 import numpy as np
 
+from ...collectives.arguments import Average
 from ...runtime.runtime import rank, size
 from .. import ops
 from ..keras2 import Keras2Hooks, legacy_momentum, optimizer_variables, set_legacy_momentum
+
+__all__ = ["BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback",
+           "LearningRateWarmupCallback", "MetricAverageCallback"]
 
 
 def _variables(owner: Any) -> list:
@@ -77,7 +81,7 @@ class MetricAverageCallback(Callback):
             return
         names = sorted(logs)
         values = np.array([float(logs[n]) for n in names], np.float64)
-        averaged = ops.allreduce(values, op=ops.Average, name="MetricAverageCallback")
+        averaged = ops.allreduce(values, op=Average, name="MetricAverageCallback")
         for n, v in zip(names, np.asarray(averaged)):
             logs[n] = float(v)
 

@@ -214,8 +214,8 @@ def the_reducer_reduces_gpu_buckets_after_their_producers() -> None:
             for k, s in enumerate(shapes):
                 views[k][...] = cupy.asarray(data(10 * rank + step + k, s))
         produced.record(produce)
-        reducer.mark_all_ready([(k, None) for k in range(len(shapes))])
-        reducer.finish(reducer.launch())
+        reducer.mark_all([(k, None) for k in range(len(shapes))])
+        reducer.finish(reducer.close()[0])
         for event in reduced.values():
             cupy.cuda.get_current_stream().wait_event(event)
         for k, s in enumerate(shapes):

@@ -8,7 +8,8 @@
 - every type leaves bit-identical weights on every rank;
 - save_checkpoint / load_checkpoint keep the residuals (PowerSGD's factors and counts too): a
   resumed run continues bit-identically;
-- communication_stats count the bytes of each transport.
+- communication_stats count the bytes of each transport;
+- a user's comm hook (register_comm_hook) that sums sums like the built-in hook.
 Run with the pytest temporary directory as the only argument.
 """
 import math
@@ -22,6 +23,7 @@ from mxnet import autograd, gluon
 import hvd_trainer
 from case_runner import run_cases
 from hvd_trainer.compression import GatherCompressor
+from hvd_trainer.training import hooks
 
 FEATURES, HIDDEN, CLASSES, PER_RANK, STEPS = 20, 64, 16, 8, 6
 SGD = {"learning_rate": 0.1, "momentum": 0.9}
@@ -216,6 +218,33 @@ def stats_count_bytes():
     say("communication_stats count allgather and ring bytes")
 
 
+def summing_hook(calls, bucket):
+    """A user's comm hook: the bucket summed by hvd_trainer.allreduce_ in place."""
+    calls.append(bucket.index)
+    hvd_trainer.allreduce_(bucket.buffer, op=hvd_trainer.Sum, name=f"user.{bucket.index}",
+                           prescale_factor=bucket.prescale, process_set=bucket.process_set)
+    return hooks.done(bucket.buffer)
+
+
+def user_comm_hook_sums_like_the_builtin_one():
+    data = batches(12)
+    calls = []
+    _, plain, _, _ = distributed(None, data, bias=True)
+    mx.random.seed(100 + hvd_trainer.rank())
+    net = make_net(True)
+    net.initialize(mx.init.Xavier())
+    trainer = hvd_trainer.DistributedTrainer(net.collect_params(), "sgd", dict(SGD),
+                                             prefix="hooked.")
+    trainer.register_comm_hook(calls, summing_hook)
+    for x, y in data:
+        backward(net, mine(x), mine(y), [mx.cpu()])
+        trainer.step(PER_RANK)
+    for i, (a, b) in enumerate(zip(weights(net), plain)):
+        assert np.array_equal(a, b), f"comm hook: tensor {i} differs from the built-in sum"
+    assert len(calls) == STEPS and set(calls) == {0}, calls
+    say("a user's comm hook sums like the built-in one")
+
+
 if __name__ == "__main__":
     run_cases({"equals_mxnet_2bit": equals_mxnet_2bit,
                "topk_everything_is_uncompressed": topk_everything_is_uncompressed,
@@ -224,5 +253,7 @@ if __name__ == "__main__":
                    sys.argv[1], {"type": "2bit", "threshold": 0.02}),
                "resume_keeps_powersgd_state": lambda: resume_keeps_residuals(
                    sys.argv[1], {"type": "powersgd", "rank": 2, "start_iter": 1}),
-               "stats_count_bytes": stats_count_bytes},
+               "stats_count_bytes": stats_count_bytes,
+               "user_comm_hook_sums_like_the_builtin_one":
+                   user_comm_hook_sums_like_the_builtin_one},
               rank=hvd_trainer.rank(), selected=sys.argv[2:])

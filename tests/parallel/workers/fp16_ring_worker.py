@@ -102,7 +102,8 @@ def torch_api_case(name):
 
 def reducer_case(kernels):
     """fp16 compression: float32 gradients (odd sizes, a 0-d one) through the float16 wire
-    buffer, beside a float16 and an int32 gradient that travel as they are."""
+    buffer of their bucket (the 0-d one, which has no bucket, through one of its own), beside
+    a float16 and an int32 gradient that travel as they are."""
     shapes = [(3, 5), (), (65537,), (1,), (2, 3, 7)]
 
     def run():
@@ -110,28 +111,44 @@ def reducer_case(kernels):
         grads = [Gradient(k, s, "<f4") for k, s in enumerate(shapes)]
         grads += [Gradient(10, (11,), "<f2"), Gradient(11, (4,), "<i4")]
         reducer.set_gradients(grads)
+        shape_of = {g.key: g.shape for g in grads}
+        views = {}
+        for bucket in reducer.buckets:
+            flat = np.zeros(bucket.bounds[-1], bucket.dtype)
+            bucket.open = lambda flat=flat: flat
+            for key, a, b in zip(bucket.keys, bucket.bounds, bucket.bounds[1:]):
+                views[key] = flat[a:b].reshape(shape_of[key])
+        wide = [g for g in grads if g.dtype == "<f4"]
+        # What travels together: the bucketed float32 gradients, last first, in one wire
+        # buffer (the default threshold holds them all); the 0-d one alone.
+        wires = [[g for g in reversed(wide) if g.shape], [g for g in wide if not g.shape]]
         for step in range(2):
             def value(rank, g):
                 x = inputs(rank, max(1, int(np.prod(g.shape))), np.float16, 100 * step + g.key)
                 if g.dtype == "<i4":
                     return (np.arange(4) * (rank + 1) + step).astype(np.int32)
                 return x.astype(g.dtype).reshape(g.shape)
-            mine = {g.key: value(R, g) for g in grads}
-            reducer.mark_all_ready(list(mine.items()))
-            got = reducer.finish(reducer.launch())
-            wide = [g for g in grads if g.dtype == "<f4"]
-            wire = [np.concatenate([value(r, g).astype(np.float16).reshape(-1) for g in wide])
-                    for r in range(N)]
-            summed = ring_sum(wire, np.float16).astype(np.float32)
-            offset = 0
-            for g in wide:
-                size = int(np.prod(g.shape))
-                want = summed[offset:offset + size].reshape(g.shape)
-                offset += size
-                assert got[g.key].dtype == np.float32 and got[g.key].shape == g.shape
-                same(got[g.key].astype(np.float16), want.astype(np.float16),
-                     f"{kernels} reducer step {step} gradient {g.key}")
-                assert np.array_equal(np.isnan(got[g.key]), np.isnan(want))
+            ready = []
+            for g in grads:
+                if g.key in views:
+                    views[g.key][...] = value(R, g)
+                ready.append((g.key, None if g.key in views else value(R, g)))
+            reducer.mark_all(ready)
+            results, _ = reducer.finish(reducer.close()[0])
+            got = {**views, **results}
+            for together in wires:
+                wire = [np.concatenate([value(r, g).astype(np.float16).reshape(-1)
+                                        for g in together]) for r in range(N)]
+                summed = ring_sum(wire, np.float16).astype(np.float32)
+                offset = 0
+                for g in together:
+                    size = int(np.prod(g.shape))
+                    want = summed[offset:offset + size].reshape(g.shape)
+                    offset += size
+                    assert got[g.key].dtype == np.float32 and got[g.key].shape == g.shape
+                    same(got[g.key].astype(np.float16), want.astype(np.float16),
+                         f"{kernels} reducer step {step} gradient {g.key}")
+                    assert np.array_equal(np.isnan(got[g.key]), np.isnan(want))
             same(got[10], ring_sum([value(r, grads[-2]) for r in range(N)], np.float16),
                  f"{kernels} reducer float16 gradient")
             assert np.array_equal(got[11], sum(value(r, grads[-1]) for r in range(N)))

@@ -17,7 +17,7 @@ import numpy as np
 
 import hvd_trainer
 from case_runner import run_cases
-from hvd_trainer.training import checkpoint
+from hvd_trainer.training import checkpoint, hook_state
 from hvd_trainer.training.array_reducer import ArrayReducer
 from hvd_trainer.compression import Compression
 from powersgd_model import PowerSGDModel
@@ -92,7 +92,7 @@ def resume_keeps_state(directory):
     train(first, weights, range(4))
     checkpoint.save(fname, first.reducer, lambda: [w.copy() for w in weights],
                     lambda: b"", None)
-    committed = pickle.loads(pickle.dumps(first.reducer.shared_state("commit")))
+    committed = pickle.loads(pickle.dumps(hook_state.shared(first.reducer, "commit")))
     middle = [w.copy() for w in weights]
     train(first, weights, range(4, 8))
     same_on_every_rank(weights, "uninterrupted")
@@ -107,7 +107,7 @@ def resume_keeps_state(directory):
                     restore)
     train(loaded, resumed, range(4, 8))
     restored = ArrayReducer(SHAPES, DTYPES, compression=Compression.powersgd(**settings))
-    restored.reducer.scatter_state(committed, "commit")
+    hook_state.scatter(restored.reducer, committed, "commit")
     again = [w.copy() for w in middle]
     train(restored, again, range(4, 8))
     fresh = ArrayReducer(SHAPES, DTYPES, compression=Compression.powersgd(**settings))

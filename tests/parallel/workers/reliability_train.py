@@ -19,7 +19,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvd_trainer as hvd
-from hvd_trainer.coordination import agreement
+from hvd_trainer.coordination import scheduler
 from hvd_trainer.runtime import runtime
 from trainer_common import IN, OUT, global_batches, loss_fn, my_rows, seed_per_rank
 
@@ -90,10 +90,10 @@ if case == "mismatch":
         trainer = hvd.DistributedTrainer(net.collect_params(), *SGD, num_groups=groups,
                                          prefix=f"g{groups}.")
         step(net, trainer, 0)
-        before = agreement.agreements(comm)
+        before = scheduler.of(comm).exchanges
         for s in range(1, 4):
             step(net, trainer, s)
-        made = agreement.agreements(comm) - before
+        made = scheduler.of(comm).exchanges - before
         assert made == 3, f"num_groups={groups}: {made} agreement exchanges in 3 steps"
     print(f"rank {R}: every mismatch raised on every rank; one agreement per step")
 elif case == "exception":

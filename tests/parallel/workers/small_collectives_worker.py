@@ -26,7 +26,7 @@ import numpy as np
 
 import hvd_trainer as hvd
 from case_runner import run_cases
-from hvd_trainer.coordination import agreement, records
+from hvd_trainer.coordination import records, scheduler
 from hvd_trainer.runtime import runtime
 
 R, N = hvd.rank(), hvd.size()
@@ -87,12 +87,12 @@ def counted(call):
     """(agreement exchanges, carrier gathers, other MPI calls) that ``call()`` makes on this
     rank."""
     recorder, carrier = Recorder(COMM.comm), records.carrier_of(COMM)
-    COMM.comm, before, gathers = recorder, agreement.agreements(COMM), carrier.gathers
+    COMM.comm, before, gathers = recorder, scheduler.of(COMM).exchanges, carrier.gathers
     try:
         call()
     finally:
         COMM.comm = recorder.comm
-    return (agreement.agreements(COMM) - before, carrier.gathers - gathers,
+    return (scheduler.of(COMM).exchanges - before, carrier.gathers - gathers,
             [c for c in recorder.calls if c != "Iprobe"])
 
 

@@ -4,7 +4,8 @@ One process replays the job: each rank's gradient from a replica of the weights 
 rows, each rank's residual per tensor, the codec's rule written out here (not the library's),
 the decoded values summed and averaged, then plain torch SGD. Tensors under the codecs'
 min_size (the biases) are averaged uncompressed. PowerSGD replays its own NumPy model
-(powersgd_model.py). Each case reports on its own (case_runner.py).
+(powersgd_model.py). A user's comm hook (register_comm_hook) against the built-in sum.
+Each case reports on its own (case_runner.py).
 """
 import copy
 import math
@@ -12,9 +13,11 @@ import math
 import numpy as np
 import torch
 
+import hvd_trainer
 import hvd_trainer.torch as hvd
 from case_runner import run_cases
 from hvd_trainer.compression import OneBit, ScaledTwoBit, TopK, TwoBit
+from hvd_trainer.training import hooks
 from powersgd_model import PowerSGDModel
 
 hvd.init()
@@ -133,5 +136,46 @@ def run_powersgd() -> None:
         assert all(np.array_equal(a, b) for a, b in zip(every[0], theirs)), f"rank {r} differs"
 
 
+def summing_hook(calls, bucket):
+    """A user's comm hook: the bucket summed by hvd_trainer.allreduce into a new array."""
+    calls.append(bucket.index)
+    return hooks.done(hvd_trainer.allreduce(bucket.buffer, op=hvd_trainer.Sum,
+                                            name=f"user.{bucket.index}",
+                                            prescale_factor=bucket.prescale,
+                                            process_set=bucket.process_set))
+
+
+def run_comm_hook() -> None:
+    """register_comm_hook: a user's hook that sums as the built-in one does gives the same
+    weights, bit for bit, and is called once per bucket and step; registering after the first
+    step, or on an op=Adasum optimizer, is refused."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16))
+    nets = [net, copy.deepcopy(net)]
+    plain, hooked = [hvd.DistributedOptimizer(
+        torch.optim.SGD(n.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=[(f"{which}.{name}", p) for name, p in n.named_parameters()])
+        for which, n in zip(("plain", "hooked"), nets)]
+    calls = []
+    hooked.register_comm_hook(calls, summing_hook)
+    for step in range(STEPS):
+        for n, optimizer in zip(nets, (plain, hooked)):
+            optimizer.zero_grad()
+            loss(n, step, RANK).backward()
+            optimizer.step()
+    for (name, p), q in zip(nets[0].named_parameters(), nets[1].parameters()):
+        assert torch.equal(p, q), f"comm hook: {name} differs from the built-in sum"
+    assert len(calls) == STEPS * len(hooked._reducer.buckets) > 0, calls
+    for refused in (hooked, hvd.DistributedOptimizer(
+            torch.optim.SGD(copy.deepcopy(net).parameters(), lr=0.1), op=hvd.Adasum)
+            if SIZE & (SIZE - 1) == 0 else hooked):
+        try:
+            refused.register_comm_hook(None, hooks.sum_hook)
+        except ValueError:
+            continue
+        raise AssertionError("register_comm_hook was not refused")
+
+
 run_cases({"2bit": lambda: run("2bit"), "scaled_2bit": lambda: run("scaled 2bit"),
-           "1bit": lambda: run("1bit"), "topk": lambda: run("topk"), "powersgd": run_powersgd})
+           "1bit": lambda: run("1bit"), "topk": lambda: run("topk"), "powersgd": run_powersgd,
+           "comm_hook": run_comm_hook})

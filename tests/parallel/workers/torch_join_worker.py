@@ -117,8 +117,8 @@ def checks_reducer(seed: int, active) -> None:
         if key != stale:
             views[key][...] = data(seed + 20, RANK, (2,)) + key
             ready.append((key, None))
-    reducer.mark_all_ready(ready)
-    reducer.finish(reducer.launch())
+    reducer.mark_all(ready)
+    reducer.finish(reducer.close()[0])
     for key in (0, 7, 399):
         want = sum(data(seed + 20, r, (2,)) + key for r in active
                    if not (key == 7 and r == active[0]))
