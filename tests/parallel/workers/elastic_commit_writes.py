@@ -31,12 +31,13 @@ from hvd_trainer import elastic
 from hvd_trainer.elastic import store
 from hvd_trainer.runtime import files
 from hvd_trainer_launch import protocol
+from hvd_trainer_launch.files import signed
 
 N = 1 << 20  # float64 weights: 8 MiB, 8 pieces of a write
 K = 3
 mode, folder = sys.argv[1], sys.argv[2]
 life = int(os.environ.get("HVD_ELASTIC_RESTART", "0"))
-_write_all = files._write_all
+_write_all = signed.write_all  # every piece of a commit goes through it
 hang = threading.Event()  # set: this rank's writes stop after their first piece
 never = threading.Event()
 
@@ -116,5 +117,5 @@ if mode == "failed-write":
     hvd.init()
     failing_writes()
 else:
-    files._write_all = faulty_write_all
+    signed.write_all = faulty_write_all
     train(elastic.ObjectState(step=0, weights=np.zeros(N)))
