@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import engines
+import torch_loops
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engine_launch import EngineError
 
@@ -248,75 +249,12 @@ def test_ctrl_c_on_the_driver_leaves_nothing(ray_cluster, executor):
     executor.start()
 
 
-def _model_and_batch():
-    """A small model and a fixed global batch of 4 rows per rank."""
-    import torch
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    return model, torch.randn(4 * RANKS, 6), torch.randn(4 * RANKS, 2)
-
-
-def _optimizer(model):
-    import torch
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-
-def _weights(model):
-    return [p.detach().numpy().copy() for p in model.parameters()]
-
-
-def _torch_steps(ranks, steps):
-    """Train _model_and_batch's model for ``steps`` SGD-with-momentum steps on this rank's
-    slice of the batch (one slice per rank; the whole batch when ``ranks`` is None)."""
-    import torch
-    model, x, y = _model_and_batch()
-    optimizer = _optimizer(model)
-    if ranks is not None:
-        import horovod.torch as hvd  # a Ray Train loop, unchanged: no Horovod here, the shim
-        hvd.init()
-        x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
-        optimizer = hvd.DistributedOptimizer(optimizer,
-                                             named_parameters=model.named_parameters())
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-    return _weights(model)
-
-
-def _lightning_steps(steps):
-    """The same training with Lightning 2 and hvd_trainer's HorovodStrategy: one step an epoch
-    for ``steps`` epochs, each rank on its share of the batch (Lightning's DistributedSampler
-    deals the rows as _torch_steps slices them)."""
-    import torch
-    import pytorch_lightning as pl
-    from hvd_trainer.torch.lightning import HorovodStrategy
-    model, x, y = _model_and_batch()
-
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch, _):
-            return torch.nn.functional.mse_loss(self.model(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return _optimizer(self.model)
-    trainer = pl.Trainer(strategy=HorovodStrategy(), accelerator="cpu", max_epochs=steps,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
-    trainer.fit(Module(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
-                                                      batch_size=len(x) // RANKS))
-    return _weights(model)
-
-
 def _torch_then_lightning(steps):
     """One job for both (the ranks import torch once): each rank's weights from each."""
     import importlib.util
     lightning = importlib.util.find_spec("pytorch_lightning") is not None
-    return _torch_steps(RANKS, steps), (_lightning_steps(steps) if lightning else None)
+    return (torch_loops.train_func({"steps": steps}),
+            torch_loops.lightning_steps(steps) if lightning else None)
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +266,7 @@ def trained(executor):
         for name in [n for n in sys.modules if n.split(".")[0] == "horovod"]:
             patch.delitem(sys.modules, name)
         ranks = executor.run(_torch_then_lightning, args=[3])
-    return ranks, _torch_steps(None, 3)
+    return ranks, torch_loops.one_process(3)
 
 
 def test_torch_training_equals_one_process_on_the_global_batch(trained):
