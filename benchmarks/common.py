@@ -1,4 +1,5 @@
 """Shared plumbing for the benchmarks that compare one process with 2 ranks."""
+import contextlib
 import datetime
 import json
 import os
@@ -7,8 +8,9 @@ import re
 import resource
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 
 def launch(script: str, ranks: int, args: List[str], threads: int = 1,
@@ -27,6 +29,46 @@ def launch(script: str, ranks: int, args: List[str], threads: int = 1,
     if out.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     return json.loads(found.group(1))
+
+
+def launch_tree(tree: str, script: str, args: List[str], ranks: int = 2) -> dict:
+    """Run ``script`` (with ``args``) on ``ranks`` processes under hvdrun, importing
+    hvd_trainer from ``tree`` (a checkout, through PYTHONPATH); return the RESULT rank 0
+    prints, after checking that the workers imported that tree."""
+    cmd = [sys.executable, "-m", "hvd_trainer_launch.hvdrun", "-np", str(ranks), "--no-prefix",
+           sys.executable, os.path.abspath(script), *args]
+    env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    found = re.search(r"RESULT (\{.*\})", out.stdout)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
+    result = json.loads(found.group(1))
+    if not result["file"].startswith(tree):
+        raise RuntimeError(f"the worker imported {result['file']}, not the tree {tree}")
+    return result
+
+
+@contextlib.contextmanager
+def detached_tree(rev: str) -> Iterator[str]:
+    """A detached worktree of commit ``rev`` of this checkout, removed afterwards."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, rev)
+        subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", "-f", path, rev],
+                       check=True, capture_output=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", path],
+                           capture_output=True)
+
+
+class Polled:
+    """An mpi4py request behind the backends' Request protocol (``test()``), to poll a raw
+    request as the agreement polls its own."""
+
+    def __init__(self, request) -> None:
+        self.test = request.Test
 
 
 def slowest_rank(value: float, distributed: bool) -> float:

@@ -9,13 +9,12 @@ Run:  python benchmarks/cost_model.py measure CONSTANTS.json [--no-bed]   (the b
 * on this host, 2 and 3 ranks (hvdrun, ``HVD_ALLREDUCE_ALGO=ring``): at tiny sizes our ring
   allreduce called directly, the whole ``allreduce_``, its agreement alone and a raw mpi4py
   ``Sendrecv`` of the ring's chunk around the same ring, so the ring's fixed cost per step is
-  ring / 2(N-1) - Sendrecv; a raw persistent ``Allgather`` of the agreement's record; on 2
+  ring / 2(N-1) - Sendrecv; a raw persistent ``Allreduce`` of the agreement's record; on 2
   ranks a ping-pong at 8 B..64 MiB (the shared-memory link) and ``Gather`` and ``Bcast`` of
   16 MiB (the hierarchical allreduce's host steps); at 1 and 16 MiB the ring, as checks;
 * in one process, then in two at once: NumPy's sum (the ring's reduce), each packed codec's
   encode and decode of a 100 MB float32 gradient, PowerSGD's compute for 25 matrices of
-  1000 x 1000 at rank 4 (its own code, at world size 1), and how the agreement's reading of
-  the gathered records grows with the number of ranks;
+  1000 x 1000 at rank 4 (its own code, at world size 1);
 * on the 2-host test bed (tests/multihost/testbed.py), on the bare veth link and under tc tbf
   at 10 and 1 Gbit/s (slow_link.shape): a 2-rank ping-pong over lan0 at 8 B..64 MiB, fitted
   to t = alpha + n * beta (see fit_link), and as checks the 100 MB ring, the agreement,
@@ -97,11 +96,10 @@ class Ring:
 
 @dataclasses.dataclass(frozen=True)
 class Agreement:
-    """The agreement's Python: ``fixed`` seconds per exchange beyond the raw allgather of the
-    records, and ``per_rank`` seconds to read each rank's gathered record."""
+    """The agreement's Python: ``fixed`` seconds per exchange beyond the raw allreduce of its
+    record (it reads one reduced record, whatever the number of ranks)."""
 
     fixed: float
-    per_rank: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,21 +284,12 @@ def packed_memory_bytes(ranks: int, nbytes: float, *, codec: Codec) -> float:
     return ranks * nbytes * codec.wire
 
 
-def agreement_seconds(ranks: int, *, per_host: int, agreement: Agreement, host: Link,
+def agreement_seconds(ranks: int, *, per_host: int, agreement: Agreement, host: Host,
                       link: Link) -> float:
-    """One agreement (coordination/agreement.py): an allgather of every rank's record, read in
-    Python rank by rank."""
-    return (agreement.fixed + ranks * agreement.per_rank
-            + allgather_seconds(ranks, record_bytes(ranks), per_host=per_host, host=host,
-                                link=link))
-
-
-def fixed_record_seconds(ranks: int, *, per_host: int, agreement: Agreement, host: Host,
-                         link: Link) -> float:
-    """The alternative: one allreduce of a fixed 72-byte record (digest bounds, state, flags or-ed,
-    as Horovod's bit vector), whose size does not grow with the ranks."""
-    header = records.HEADER_WORDS * 8
-    return agreement.fixed + native_allreduce_seconds(ranks, header, itemsize=8,
+    """One agreement (coordination/agreement.py): its Python and an allreduce of every rank's
+    record (digest and complement, state, flags, or-ed), whose size does not grow with the
+    ranks."""
+    return agreement.fixed + native_allreduce_seconds(ranks, record_bytes(ranks), itemsize=8,
                                                       per_host=per_host, host=host, link=link)
 
 
@@ -312,15 +301,6 @@ def fit_link(sizes: Sequence[float], seconds: Sequence[float]) -> Link:
     beta = (sum((n - n0) * (t - t0) for n, t in zip(sizes, seconds))
             / sum((n - n0) ** 2 for n in sizes))
     return Link(alpha=t0 - n0 * beta, beta=beta)
-
-
-def fit_per_rank(ranks: Sequence[int], seconds: Sequence[float]) -> Link:
-    """Ordinary least squares of seconds = fixed + ranks * per_rank (as a Link)."""
-    count = len(ranks)
-    mean_n, mean_t = sum(ranks) / count, sum(seconds) / count
-    slope = (sum((n - mean_n) * (t - mean_t) for n, t in zip(ranks, seconds))
-             / sum((n - mean_n) ** 2 for n in ranks))
-    return Link(alpha=mean_t - slope * mean_n, beta=slope)
 
 
 class Mechanisms(NamedTuple):
@@ -444,10 +424,8 @@ def _constants_table(alone: Constants, busy: Constants, whole: float) -> List[st
             f"over its steps, 2 ranks | {_us(whole)} µs | same |",
             both("allreduce: Python per call beyond agreement and ring",
                  lambda c: f"{_us(c.ring.call)} µs"),
-            both("agreement: Python per exchange beyond the raw allgather",
+            both("agreement: Python per exchange beyond the raw allreduce of its record",
                  lambda c: f"{_us(c.agreement.fixed)} µs"),
-            both("agreement: reading each rank's record",
-                 lambda c: f"{c.agreement.per_rank * 1e9:.0f} ns"),
             both("NumPy float32 sum", lambda c: f"{1e-9 / c.host.reduce_beta:.2f} GB/s"),
             both("shared memory: alpha, bandwidth",
                  lambda c: f"{_us(c.host.shm.alpha)} µs, {1e-9 / c.host.shm.beta:.2f} GB/s"),
@@ -473,44 +451,30 @@ def _agreement_table(c: Constants, tables: Dict[str, Dict[int, Mechanisms]],
     names = list(tables)
     out = ["", "## The agreement: one per step (µs), and its share of a step with the fastest "
            "mechanism", "",
-           "| ranks | record B | MPICH allgather, rounds | "
-           + " | ".join(f"{n}: agreement (share) | {n}: fixed 72 B allreduce" for n in names)
-           + " |", "|---|---|---|" + "---|---|" * len(names)]
+           "| ranks | record B | " + " | ".join(f"{n}: agreement (share)" for n in names)
+           + " |", "|---|---|" + "---|" * len(names)]
     shares: Dict[str, Dict[int, float]] = {n: {} for n in names}
     for ranks in sorted(set(RANKS) | {1000, 1500}):
-        record = record_bytes(ranks)
-        algorithm = allgather_algorithm(ranks, record * ranks)
-        cells = [str(ranks), str(record), f"{algorithm.name}, {algorithm.rounds}"]
+        cells = [str(ranks), str(record_bytes(ranks))]
         for name in names:
             link = c.links[name]
             agree = agreement_seconds(ranks, per_host=per_host, agreement=c.agreement,
-                                      host=c.host.shm, link=link)
-            fixed = fixed_record_seconds(ranks, per_host=per_host, agreement=c.agreement,
-                                         host=c.host, link=link)
+                                      host=c.host, link=link)
             row = tables[name].get(ranks) or mechanisms(ranks, per_host=per_host, constants=c,
                                                         link=link)
             share = agree / (agree + min(row.every().values()))
             shares[name][ranks] = share
-            cells += [f"{_us(agree)} ({share:.1%})", _us(fixed)]
+            cells.append(f"{_us(agree)} ({share:.1%})")
         out.append("| " + " | ".join(cells) + " |")
-    ring = ring_from()
-    out += ["", f"MPICH gathers the records by its ring, N-1 rounds, from {ring} ranks on where "
-            "the count is not a power of two (every record is 72 B there, 80 KiB in all).", ""]
+    out.append("")
     for name in names:
-        above = first_above({n: shares[name][n] for n in RANKS}, 0.10)
-        out.append(f"- {name}: on a power of two of ranks the share passes 10% "
+        every = {n: shares[name][n] for n in shares[name]}
+        above = first_above(every, 0.01)
+        out.append(f"- {name}: the share passes 1% "
                    + (f"at {above} ranks" if above else "at no count up to 4,096")
-                   + f"; at 1,500 ranks it is {shares[name][1500]:.0%}.")
+                   + f"; at most {max(every.values()):.2%} (1,500 ranks: "
+                   f"{every[1500]:.2%}, 4,096: {every[4096]:.2%}).")
     return out
-
-
-def ring_from() -> int:
-    """The fewest ranks, not a power of two, whose agreement MPICH gathers by its ring."""
-    ranks = 3
-    while ranks & (ranks - 1) == 0 or \
-            allgather_algorithm(ranks, ranks * record_bytes(ranks)).name != "ring":
-        ranks += 1
-    return ranks
 
 
 def _memory_table(c: Constants) -> List[str]:
@@ -553,10 +517,10 @@ def predictions(data: dict, constants: Constants) -> List[Check]:
             checks.append(Check(f"agreement, {n} ranks, one host",
                                 fixed_costs(local["tiny"], n).agreement,
                                 agreement_seconds(n, per_host=n, agreement=constants.agreement,
-                                                  host=host.shm, link=host.shm)))
+                                                  host=host, link=host.shm)))
     for name, bed in raw["bed"].items():
         link = constants.links[name]
-        agree = agreement_seconds(2, per_host=1, agreement=constants.agreement, host=host.shm,
+        agree = agreement_seconds(2, per_host=1, agreement=constants.agreement, host=host,
                                   link=link)
         checks += [
             Check(f"our ring, 2 hosts, {name}, 100 MB", bed["ring"],
@@ -634,18 +598,22 @@ def _agreement_alone(comm) -> Callable[[], None]:
     return run
 
 
-def _raw_record_allgather(nbytes: int) -> Callable[[], None]:
-    """A raw persistent MPI_Allgather of ``nbytes`` per rank, as the agreement starts one."""
+def _raw_record_allreduce(nbytes: int) -> Callable[[], None]:
+    """A raw persistent bitwise-or MPI_Allreduce of ``nbytes``, started and polled by Test as
+    the agreement starts and polls one (MPI_Wait's own waiting differs: under load it gave
+    more than the whole agreement)."""
     import numpy as np
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     send = np.zeros(nbytes // 8, np.int64)
-    recv = np.zeros((world.size, send.size), np.int64)
-    request = world.Allgather_init(send, recv)
+    recv = np.zeros_like(send)
+    request = world.Allreduce_init(send, recv, MPI.BOR)
+    test = request.Test
 
     def run() -> None:
         request.Start()
-        request.Wait()
+        while not test():
+            pass
     return run
 
 
@@ -674,14 +642,13 @@ def local_worker() -> None:
             "sendrecv": lambda: world.Sendrecv([send, MPI.BYTE], right, 0,
                                                [recv, MPI.BYTE], left, 0)}, 40, 25)
     record = record_bytes(n)
-    allgather = _best({"record": _raw_record_allgather(record),
-                       "header": _raw_record_allgather(records.HEADER_WORDS * 8)}, 40, 25)
+    allreduce = _best({"record": _raw_record_allreduce(record)}, 40, 25)
     ring = {}
     for size in CHECKED:
         buf = np.ones(size // 4, np.float32)
         ring[size] = _best({"ring": lambda: comm.ring_allreduce(buf, "sum")}, 3,
                            max(3, (64 << 20) // size // 4))["ring"]
-    result = {"ranks": n, "tiny": tiny, "record": record, "allgather": allgather, "ring": ring}
+    result = {"ranks": n, "tiny": tiny, "record": record, "allreduce": allreduce, "ring": ring}
     if n == 2:
         result["ping_pong"] = {size: _ping_pong(world, size) for size in PING_PONG}
         big = np.ones(16 << 20, np.uint8)
@@ -694,7 +661,7 @@ def local_worker() -> None:
 
 
 def host_worker() -> None:
-    """One process: NumPy's sum, the codecs, PowerSGD's compute, reading the records."""
+    """One process: NumPy's sum, the codecs, PowerSGD's compute."""
     import numpy as np
 
     import hvd_trainer as hvd
@@ -726,14 +693,7 @@ def host_worker() -> None:
         named = [(f"m{i}", m.copy()) for i, m in enumerate(matrices)]
         took = _timed(lambda: summer.sum_(named, "cost"))
         powersgd = min(powersgd, took) if repetition else powersgd  # the first warms up
-    reading = {}
-    for ranks in (2, 64, 512, 4096):
-        buffers = records.Records(_Claimed(ranks))
-        buffers.recv[:, records.STATE] = records.ACTIVE
-        buffers.words = records.pack_flags(np.ones(82, bool))  # a training step's flags
-        reading[ranks] = min(_timed(lambda: records.Gathered(buffers).flags(None, 82))
-                             for _ in range(50))
-    report({"reduce_beta": reduce, "codecs": codecs, "powersgd": powersgd, "reading": reading})
+    report({"reduce_beta": reduce, "codecs": codecs, "powersgd": powersgd})
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -837,15 +797,13 @@ def constants_from(local: Dict[int, dict], one: dict, bed: Dict[str, dict]) -> d
     shm = fit_link([int(s) for s in ping], list(ping.values()))
     nbytes = two["host_bytes"]
     host_steps = two["host_steps"]
-    reading = fit_per_rank([int(n) for n in one["reading"]], list(one["reading"].values()))
     constants = {
         "host": {"shm": dataclasses.asdict(shm),
                  "gather_beta": (host_steps["gather"] - shm.alpha) / nbytes,
                  "bcast_beta": (host_steps["bcast"] - shm.alpha) / nbytes,
                  "reduce_beta": one["reduce_beta"]},
         "ring": {"step": fixed.step, "call": fixed.call},
-        "agreement": {"fixed": fixed.agreement - two["allgather"]["record"] - 2 * reading.beta,
-                      "per_rank": reading.beta},
+        "agreement": {"fixed": fixed.agreement - two["allreduce"]["record"]},
         "codecs": one["codecs"], "powersgd_compute": one["powersgd"],
         "links": {}}
     for name, measured in bed.items():

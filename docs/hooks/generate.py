@@ -42,7 +42,7 @@ SETTINGS: Dict[str, str] = {
     "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "steps per autotune sample (at least 2: a sample is timed "
                                      "between its steps' launches)",
     "HVD_ALLREDUCE_ALGO": "`ring`, `native` (`MPI_Allreduce`), or `auto` (a host allreduce "
-                          "small enough to travel inside the agreement does, then native below "
+                          "small enough for the agreement's carrier gathers it, then native below "
                           "`HVD_RING_THRESHOLD`, the ring above it)",
     "HVD_RING_THRESHOLD": "`auto` uses native below it and the ring from it on, bytes",
     "HVD_HIERARCHICAL_ALLREDUCE": "1: the world's host allreduce reduces within each host, "

@@ -81,6 +81,12 @@ class Communicator(Protocol):
         knows) into ``recv``, in rank order, made again and again on the same buffers: each
         call of the returned function begins one and returns at once; poll its request."""
 
+    def repeated_allreduce(self, send: np.ndarray, recv: np.ndarray,
+                           op: str) -> Callable[[], Request]:
+        """An allreduce of every rank's ``send`` (an integer dtype MPI knows, the same size on
+        every rank) into ``recv`` with ``op`` (a REDUCE_UFUNCS key), made again and again on
+        the same buffers, as :meth:`repeated_allgather`."""
+
     def post(self, dest: int, message: Any) -> None:
         """Send a small picklable message to rank ``dest``'s mailbox without waiting for it.
 

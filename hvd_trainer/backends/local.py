@@ -48,6 +48,13 @@ class LocalCommunicator:
             return _Done()
         return start
 
+    def repeated_allreduce(self, send: np.ndarray, recv: np.ndarray,
+                           op: str) -> Callable[[], _Done]:
+        def start() -> _Done:
+            recv[...] = send  # one rank's contribution is the reduction
+            return _Done()
+        return start
+
     def post(self, dest: int, message: Any) -> None:
         raise ValueError(f"rank {dest} does not exist in a size-1 world")
 

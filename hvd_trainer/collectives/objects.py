@@ -3,7 +3,7 @@ gather_object and scatter_object.
 
 Every one pickles inside its argument checks, before the agreement, so that an object that
 cannot be pickled raises on every rank instead of leaving the others in the data phase. Small
-pickles travel in the agreement's own exchange (broadcast_object, allgather_object).
+pickles travel in the agreement's carrier (broadcast_object, allgather_object).
 """
 from __future__ import annotations  # the nested functions' annotations cost each call else
 

@@ -27,47 +27,51 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..coordination import agreement, records
-from . import fusion
+from . import fusion, plans
 from ..runtime import runtime, timeline
 from ..backends import REDUCE_UFUNCS, split_evenly, widened
 from .memory import HOST, Memory, check_array, memory_of
 from ..runtime.runtime import ProcessSet, global_process_set
-from .arguments import (BACKEND_OP, Average, ReduceOp, check_list, check_reduction, check_root,
-                        check_rows, describe_reduction, describe_tensor, half_in_float32,
-                        prescaled, reduction_signature, scales, tensor_signature)
+from .arguments import (BACKEND_OP, ROUNDED_ONCE, Average, ReduceOp, check_list,
+                        check_reduction, check_root, check_rows, describe_reduction,
+                        describe_tensor, half_in_float32, prescaled, scales, tensor_signature)
 
 
 # -- allreduce ------------------------------------------------------------------------------
 def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                  process_set: ProcessSet = global_process_set, *, kind: str,
-                 inplace: bool) -> List[Any]:
-    """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused."""
+                 inplace: bool, halves: str = ROUNDED_ONCE) -> List[Any]:
+    """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused;
+    ``halves``: how a scaled sum of 16-bit floats is rounded (see arguments.ROUNDED_ONCE)."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
+        key = plans.reduction_key(comm, memory, kind, tensors, op, prescale_factor,
+                                  postscale_factor, inplace, halves)
+        plan = plans.reductions.get(key)
         with call.checks():
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
             else:
                 tensors = check_list(tensors, memory, inplace)
-            op = check_reduction(op, prescale_factor, postscale_factor)
+            if plan is None:  # a known reduction's key stands for these checks
+                op = check_reduction(op, prescale_factor, postscale_factor)
 
         def describe() -> Dict[str, Any]:
             return describe_reduction(call.name, tensors, op, prescale_factor, postscale_factor)
 
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
-        signature = reduction_signature(memory, tensors, op, prescale_factor, postscale_factor)
-        pre, post = scales(op, comm, prescale_factor, postscale_factor)
-        wide = [half_in_float32(t, op, pre, post) for t in tensors]
-        wire = _carried_dtype(memory, tensors, wide, records.room(comm))
-        if wire is None:
-            call.agree(describe, signature=signature)
+        if plan is None:
+            plan = plans.reductions.keep(key, plans.reduction(
+                comm, memory, kind, tensors, op, prescale_factor, postscale_factor, halves))
+        if plan.wire is None:
+            call.agree(describe, signature=plan.signature)
         else:
-            done = _carried_reduction(call, describe, signature, tensors, wide, wire, op, pre,
-                                      post, inplace)
+            done = _carried_reduction(call, describe, tensors, plan, op, inplace)
             if done is not None:
                 return done
+        pre, post, wide = plan.pre, plan.post, plan.wide
         if inplace:
             outputs = tensors
         else:
@@ -97,57 +101,36 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         return list(halves)
 
 
-def _carried_dtype(memory: Memory, tensors: Sequence[Any], wide: Sequence[bool],
-                   room: int) -> Optional[np.dtype]:
-    """The dtype in which ``tensors`` can travel inside the agreement (see agreement.py), or
-    None: host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
-    ``room`` bytes, under HVD_ALLREDUCE_ALGO=auto. Decided from what the ranks agree on, so
-    every rank decides alike when they agree."""
-    if memory is not HOST or not room or runtime.setting("ALLREDUCE_ALGO") != "auto":
-        return None
-    wire, size = None, 0
-    for t, w in zip(tensors, wide):
-        dtype = _FLOAT32 if w else t.dtype
-        if wire is not None and dtype != wire:
-            return None
-        wire, size = dtype, size + t.size
-    return wire if wire is not None and size * wire.itemsize <= room else None
-
-
-_FLOAT32 = np.dtype(np.float32)
-
-
 def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, Any]],
-                       signature: Any, tensors: Sequence[np.ndarray], wide: Sequence[bool],
-                       wire: np.dtype, op: ReduceOp, pre: float, post: float,
+                       tensors: Sequence[np.ndarray], plan: plans.Reduction, op: ReduceOp,
                        inplace: bool) -> Optional[List[np.ndarray]]:
-    """Reduce ``tensors`` with their data inside the agreement: every rank reduces the
-    gathered payloads in rank order, so every rank gets the same bits; 16-bit floats are
-    added in float32 and rounded after each addition, as the ring does (the ``wide`` ones,
-    prescaled in their own precision first, are rounded once, as in the data phase). None if
-    the payloads did not travel."""
-    sources = tensors
-    if pre != 1.0 and any(wide):  # as the data phase prescales them (see prescaled)
-        sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
-    lone = len(sources) == 1 and sources[0].dtype == wire and pre == 1.0
-    if lone:
-        payload = sources[0].ravel().view(np.uint8)  # a copy only if strided
+    """Reduce ``tensors`` with their data in the carrier: every rank reduces the gathered
+    payloads in rank order, so every rank gets the same bits; 16-bit floats are added in
+    float32 and rounded after each addition, as the ring does (the ``wide`` ones, prescaled
+    in their own precision first, are rounded once, as in the data phase). None if the
+    payloads did not travel."""
+    wire, pre = plan.wire, plan.pre
+    if plan.lone:
+        payload = tensors[0].ravel().view(np.uint8)  # a copy only if strided
     else:
+        sources = tensors
+        if pre != 1.0 and any(plan.wide):  # as the data phase prescales them (see prescaled)
+            sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
         flat = np.empty(sum(t.size for t in sources), wire)
         fusion.pack(sources, flat, pre)
         payload = flat.view(np.uint8)
-    carried = call.exchange(describe, payload, signature)
+    carried = call.exchange(describe, payload, plan.signature)
     if carried is None or not carried.every():
         return None
     outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
-    flat = outputs[0].reshape(-1) if lone else np.empty(payload.size // wire.itemsize, wire)
+    flat = outputs[0].reshape(-1) if plan.lone else np.empty(payload.size // wire.itemsize, wire)
     parts = carried.rows[:, :payload.size].view(wire)
     reduce, widen = _REDUCE[op], widened(wire)
     reduce(parts[0], parts[1], out=flat, dtype=widen)  # in rank order, as the ring adds
     for rank in range(2, len(parts)):
         reduce(flat, parts[rank], out=flat, dtype=widen)
-    if not lone or post != 1.0:
-        fusion.unpack(flat, outputs, post)
+    if not plan.lone or plan.post != 1.0:
+        fusion.unpack(flat, outputs, plan.post)
     return outputs
 
 
@@ -260,28 +243,33 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
     """Broadcast from the global rank ``root_rank``, into ``tensor`` or a new array."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, "broadcast", name) as call:
+        key = plans.broadcast_key(comm, tensor, root_rank, inplace)
+        plan = plans.broadcasts.get(key)
         with call.checks():
             memory.check(tensor, "tensor", inplace)
-            root = check_root(root_rank, process_set)
+            root = check_root(root_rank, process_set) if plan is None else plan.root
 
         def describe() -> Dict[str, Any]:
             return {"root_rank": int(root_rank), "tensors": [describe_tensor(tensor, call.name)]}
 
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
-        signature = (int(root_rank), tensor_signature(memory, [tensor]))
-        if memory is HOST and tensor.nbytes <= records.room(comm):
-            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8)
-                                    if comm.rank == root else None, signature)
+        if plan is None:
+            plan = plans.broadcasts.keep(key, plans.broadcast(comm, memory, tensor,
+                                                               int(root_rank), root))
+        if plan.fits:
+            mine = comm.rank == root
+            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
+                                    else None, plan.signature)
             sent = None if carried is None else carried.of(root)
             if sent is not None:
-                if inplace and comm.rank == root:
+                if inplace and mine:
                     return tensor
                 out = tensor if inplace else np.empty(tensor.shape, tensor.dtype)
                 out.reshape(-1).view(np.uint8)[...] = sent
                 return out
         else:
-            call.agree(describe, signature=signature)
+            call.agree(describe, signature=plan.signature)
         if not inplace:
             tensor = memory.xp.array(tensor, order="C", copy=True)
         data = memory.mover(process_set)
@@ -377,8 +365,9 @@ def grouped_reducescatter(tensors: Sequence[np.ndarray], op: Any = Average,
 
 def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional[str],
                    process_set: ProcessSet, prescale_factor: float, postscale_factor: float,
-                   kind: str) -> List[Any]:
-    """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor."""
+                   kind: str, halves: str = ROUNDED_ONCE) -> List[Any]:
+    """The reducescatter family: each rank gets its share of dim 0 of each reduced tensor;
+    ``halves`` as in :func:`reduce_group`."""
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, kind, name) as call:
         with call.checks():
@@ -398,7 +387,7 @@ def scatter_reduce(memory: Memory, tensors: Sequence[Any], op: Any, name: Option
             row = int(np.prod(t.shape[1:], dtype=np.int64))
             shares = rows_per_rank(t.shape[0], comm.size)
             work = prescaled(memory, t, pre)
-            if half_in_float32(t, op, pre, post):
+            if half_in_float32(t, op, pre, post, halves):
                 work = work.astype(memory.xp.float32)
             with call.communicate():
                 mine = data.reduce_scatter(work, [s * row for s in shares], BACKEND_OP[op])

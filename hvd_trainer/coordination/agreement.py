@@ -1,18 +1,18 @@
 """Agreement between ranks before a collective runs.
 
 A collective (:func:`collective`, a :class:`Call`) agrees with the other ranks on what it is
-about to do in one small exchange of fixed-size records (records.py); if the ranks' records
-differ, they exchange their full descriptions and every rank raises the same error
-(messages.py). Rounds over the calls pending on a rank, and joined ranks' part in them, are
-rounds.py's.
+about to do in one small exchange of a fixed-size record (records.py: a digest reduced by
+allreduce, 72 bytes per rank at any rank count); if the ranks' digests differ, they exchange
+their full descriptions and every rank raises the same error (messages.py). Rounds over the
+calls pending on a rank, and joined ranks' part in them, are rounds.py's.
 
-**Small calls in one exchange.** A small collective puts its data in its record (its
-payload: the tensor to reduce or gather, the root's tensor or pickled object), so that when
-the ranks agree its data has travelled too: allreduce (under ``HVD_ALLREDUCE_ALGO=auto``)
-reduces the gathered payloads in rank order, identically on every rank; broadcast, allgather
-and the object collectives read them. When the records differ, or a rank has joined, the
-payloads are dropped and the call runs its own data phase after the usual outcome of the
-agreement (its error, or a match by name).
+**Small calls carry their data.** A small collective that every rank agreed on at once (no
+rank joined) gathers its data (its payload: the tensor to reduce or gather, the root's
+tensor or pickled object) in one persistent gather right after (:meth:`Call.exchange`):
+allreduce (under ``HVD_ALLREDUCE_ALGO=auto``) reduces the gathered payloads in rank order,
+identically on every rank; broadcast, allgather and the object collectives read them. When
+the digests differ, or a rank has joined, the call runs its own data phase after the usual
+outcome of the agreement (its error, or a match by name).
 
 **Argument errors are collective.** A collective runs its argument checks inside
 :meth:`Call.checks`; a check that fails on one rank travels in the agreement, so every rank
@@ -33,17 +33,23 @@ Phases are timed on the timeline (timeline.py).
 """
 import contextlib
 import functools
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from ..runtime import timeline
 from . import matching, scheduler, stall, work_order
 from ..backends import Communicator
-from .stall import waiting
+from .stall import Called, waiting
 from ..runtime.timeline import span
-from .records import Agreed, Carried, Signed, description_digest, signed_digest
+from .records import Carried, carrier_of, description_digest, signed_digest
 from .rounds import CallEntry, agree_in_step, decide, post_record, run_round
+
+
+# What an agreement gives its caller: the or-ed flags, and whether a call that carries its
+# data is to carry it now (every rank agreed at once and none has joined; the same on every
+# rank). A pair, unpacked where it is returned: it is made for every collective.
+Agreed = Tuple[Optional[np.ndarray], bool]
 
 
 def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
@@ -67,76 +73,87 @@ def agree(comm: Communicator, describe: Callable[[], Dict[str, Any]],
     digest is reused: a caller may keep a description while nothing in it changes, but must
     not modify it.
     """
-    return _agree(comm, scheduler.of(comm), describe, flags, error, key, keep=keep,
-                  automatic=automatic).flags
+    flags, _ = _agree(comm, scheduler.of(comm), describe, flags, error, key, keep=keep,
+                      automatic=automatic)
+    return flags
 
 
 def _agree(comm: Communicator, sched: scheduler.Schedule,
            describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
-           error: Optional[Exception], key: Optional[str], *, keep: bool, automatic: bool,
-           payload: Optional[np.ndarray] = None, carries: bool = False,
-           signed: Optional[Signed] = None) -> Agreed:
-    """:func:`agree` on ``comm``, whose schedule is ``sched``, with ``payload`` (bytes, or
-    None) in the record when ``carries``; returns the or-ed flags and, where the payloads
-    travelled, every rank's. ``signed``: a call whose digest comes from its signature (then
-    ``key`` is given)."""
+           error: Optional[Exception], key: Optional[str], *, keep: bool,
+           automatic: bool, claimed: bool = False) -> "Agreed":
+    """:func:`agree` on ``comm``, whose schedule is ``sched``; returns the or-ed flags (and
+    False: it carries no data)."""
     holder = sched.holds()
     if flags is None and error is None and holder and sched.covered_depth():
-        return Agreed(None, None)
+        return None, False
     if error is not None and (comm.size == 1 or (holder and sched.covered_depth())):
         raise error  # nobody else takes part in an exchange here
     if comm.size == 1:
-        return Agreed(None if flags is None else np.asarray(flags, bool).copy(), None)
-    if signed is not None and error is None and (flags is None or not len(flags)):
-        description, digest = None, signed_digest(*signed)
-        what = f"{signed.kind} {signed.name!r}"
-        if flags is not None:  # no flags, but an exchange even in a covered block
-            described = describe
-            describe = lambda: dict(described(), flags=0)  # noqa: E731
+        return None if flags is None else np.asarray(flags, bool).copy(), False
+    given = describe()
+    if error is not None:
+        # The rank makes the description unlike any other rank's, so every rank takes the
+        # full exchange and raises this error.
+        description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
+        digest = description_digest(description)
     else:
-        given = describe()
-        if error is not None:
-            # The rank makes the description unlike any other rank's, so every rank takes
-            # the full exchange and raises this error.
-            description = dict(given, error=(type(error).__name__, str(error)), rank=comm.rank)
-            digest = description_digest(description)
+        count = -1 if flags is None else len(flags)
+        memo = sched.memo
+        if memo.given is given and memo.count == count:
+            digest, description = memo.digest, memo.description
         else:
-            count = -1 if flags is None else len(flags)
-            memo = sched.memo
-            if memo.given is given and memo.count == count:
-                digest, description = memo.digest, memo.description
-            else:
-                description = given if flags is None else dict(given, flags=count)
-                digest = description_digest(description)
-                sched.memo = scheduler.Memo(given, count, digest, description)
-        key = description.get("name") if key is None else key
-        what = f"{description.get('kind') or 'collective'} {description.get('name')!r}"
-    if holder:
-        entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
-                          carries)
-        return Agreed(agree_in_step(comm, sched, entry, what), entry.carried)
-    with waiting(comm, what, "agreement", sched.exchanges):
-        claimed = None
-        if sched.claim():
-            # Nothing else waits here: this thread makes the round over its call at once,
-            # and when every rank agrees (and none has joined) it runs without more ado.
-            try:
-                gathered = post_record(comm, sched, digest, flags, payload)
-                if gathered.agreed and not sched.peers_joined:
-                    if flags is not None and len(flags):
-                        flags = gathered.flags(comm, len(flags))
-                    if not keep:
-                        sched.give()
-                    return Agreed(flags, gathered.carried() if carries else None)
-                claimed = functools.partial(decide, comm, sched, gathered)
-            except BaseException as failure:  # the schedule fails the call, freeing the turn
-                claimed = functools.partial(_reraise, failure)
-        entry = CallEntry(str(key), describe, description, flags, digest, automatic, payload,
-                          carries)
-        flags = sched.settle(entry, functools.partial(run_round, comm, sched), stall.pace, claimed)
+            description = given if flags is None else dict(given, flags=count)
+            digest = description_digest(description)
+            sched.memo = scheduler.Memo(given, count, digest, description)
+    key = description.get("name") if key is None else key
+    what = Called(description.get("kind") or "collective", description.get("name"))
+    return _run(comm, sched, str(key), describe, description, flags, digest, automatic,
+                False, what, keep, claimed)
+
+
+def _run(comm: Communicator, sched: scheduler.Schedule, key: str,
+         describe: Callable[[], Dict[str, Any]], description: Optional[Dict[str, Any]],
+         flags: Optional[np.ndarray], digest: int, automatic: bool, carries: bool,
+         what: Any, keep: bool, claimed: bool) -> "Agreed":
+    """The agreement of a call whose ``digest`` is made: in step where this thread holds the
+    turn, else at once where it can claim the communicator, else through the schedule.
+    ``description`` None: ``describe()`` makes it if the ranks' digests differ (a call agreed
+    on from its signature); ``carries``: the call carries its data when agreed at once;
+    ``what`` says which call it is (its ``str()``, made only if a wait lasts); ``claimed``:
+    this thread claimed the communicator for this call (:meth:`scheduler.Schedule.open`).
+    Returns the or-ed flags and whether the call carries its data now (see :data:`Agreed`)."""
+    if description is None and flags is not None:
+        described = describe  # no flags, but an exchange even in a covered block
+        describe = lambda: dict(described(), flags=0)  # noqa: E731
+    if not claimed:
+        if sched.holds():
+            entry = CallEntry(key, describe, description, flags, digest, automatic, carries,
+                              what)
+            return agree_in_step(comm, sched, entry), entry.direct
+        claimed = sched.claim()
+    number, going = sched.exchanges, None
+    if claimed:
+        # Nothing else waits here: this thread makes the round over its call at once, and
+        # when every rank agrees (and none has joined) it runs without more ado. Its wait is
+        # watched only if it does not end at once (see stall.poll).
+        try:
+            gathered = post_record(comm, sched, digest, flags, what)
+            if gathered.agreed and not sched.peers_joined:
+                if flags is not None and len(flags):
+                    flags = gathered.flags(comm, len(flags))
+                if not keep:
+                    sched.give()
+                return flags, carries
+            going = functools.partial(decide, comm, sched, gathered)
+        except BaseException as failure:  # the schedule fails the call, freeing the turn
+            going = functools.partial(_reraise, failure)
+    entry = CallEntry(key, describe, description, flags, digest, automatic, carries, what)
+    with waiting(comm, what, "agreement", number):
+        flags = sched.settle(entry, functools.partial(run_round, comm, sched), stall.pace, going)
     if not keep:
         sched.give()
-    return Agreed(flags, entry.carried)
+    return flags, entry.direct
 
 
 def _reraise(error: BaseException, entries: List[CallEntry]) -> List[matching.Verdict]:
@@ -202,12 +219,14 @@ class Call:
     """One collective on a communicator: its name, its argument checks, its agreement.
 
     Made by :func:`collective`. As a context manager it names the call (reserving its key in
-    the communicator's schedule) and, once :meth:`agree` has matched it, holds the
-    communicator's turn until the block ends. Its pieces are plain classes, not generators:
-    every collective pays for them.
+    the communicator's schedule), claiming the communicator at once where nothing else
+    waits or runs on it (the common case, see :meth:`scheduler.Schedule.open`), and, once
+    :meth:`agree` has matched it, holds the communicator's turn until the block ends. Its
+    pieces are plain classes, not generators: every collective pays for them.
     """
 
-    __slots__ = ("comm", "kind", "name", "key", "error", "_given", "_schedule", "_held")
+    __slots__ = ("comm", "kind", "name", "key", "error", "_given", "_schedule", "_held",
+                 "_claimed", "_describe")
     error: Optional[Exception]  # annotated here: in __init__ it would be evaluated each call
 
     def __init__(self, comm: Communicator, kind: str, name: Optional[str]):
@@ -215,7 +234,7 @@ class Call:
         self.name = self.key = ""
         self.error = None
         self._schedule = scheduler.of(comm)
-        self._held = False
+        self._held = self._claimed = False
 
     def __enter__(self) -> "Call":
         work_order.flush(here=True)  # a deferred training step goes first (see work_order.py)
@@ -223,8 +242,8 @@ class Call:
         if given is not None and not isinstance(given, str):
             self.error = TypeError(f"name={given!r} must be a string or None")
             given = repr(given)
-        self.name, self.key = self._schedule.name(self.kind, given, self)
-        self._held = self._schedule.holds()
+        self.name, self.key, self._held, self._claimed = self._schedule.open(self.kind, given,
+                                                                              self)
         return self
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
@@ -241,40 +260,74 @@ class Call:
         hashable tuple of plain values that, with the kind and the name, fixes what
         ``describe()`` returns; the digest is then made from it, and ``describe()`` is called
         only if the ranks' records differ."""
-        return self._agree(describe, flags, signature=signature).flags
+        if not timeline.running():
+            flags, _ = self._agreed(describe, flags, False, signature)
+            return flags
+        with span(self.name, "NEGOTIATE"):
+            flags, _ = self._agreed(describe, flags, False, signature)
+        return flags
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
                  signature: Any = None) -> Optional[Carried]:
-        """:meth:`agree`, with this rank's ``payload`` (bytes, or None) in its record.
+        """:meth:`agree`, then, when every rank agreed at once and none has joined, gather
+        every rank's ``payload`` (bytes, or None) in the communicator's carrier.
 
-        Returns every rank's payload when they travelled with the agreement (a rank's is
-        None if it sent none, or more than :func:`room`); None when the call must run its
-        own data phase (one rank, a covered block, records that differed at first, a joined
-        rank).
+        Returns every rank's payload when they travelled so (a rank's is None if it sent
+        none, or more than :func:`room`); None when the call must run its own data phase
+        (one rank, a covered block, records that differed at first, a joined rank).
         """
-        return self._agree(describe, None, payload=payload, carries=True,
-                           signature=signature).carried
-
-    def _agree(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray], *,
-               payload: Optional[np.ndarray] = None, carries: bool = False,
-               signature: Any = None) -> Agreed:
-        if not timeline.running():
-            return self._agreed(describe, flags, payload, carries, signature)
-        with span(self.name, "NEGOTIATE"):
-            return self._agreed(describe, flags, payload, carries, signature)
+        timed = timeline.running()
+        if not timed:
+            _, direct = self._agreed(describe, None, True, signature)
+        else:
+            with span(self.name, "NEGOTIATE"):
+                _, direct = self._agreed(describe, None, True, signature)
+        carrier = carrier_of(self.comm) if direct else None
+        if carrier is None:
+            return None
+        carrier.post(payload)
+        sched = self._schedule
+        if not timed:
+            stall.poll(carrier.start(), sched, self.comm, self, "data", sched.exchanges)
+        else:
+            with span(self.name, "COMMUNICATE"):
+                stall.poll(carrier.start(), sched, self.comm, self, "data", sched.exchanges)
+        return carrier.gathered()
 
     def _agreed(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
-                payload: Optional[np.ndarray], carries: bool, signature: Any) -> Agreed:
-        automatic = self._given is None
+                carries: bool, signature: Any) -> "Agreed":
+        comm, sched, claimed = self.comm, self._schedule, self._claimed
+        self._claimed = False  # the claim serves this call's first agreement
+        if self.error is None and signature is not None and (flags is None or not len(flags)):
+            # The digest comes from the signature: no description is made unless the ranks'
+            # digests differ.
+            if comm.size == 1 or (flags is None and self._held and sched.covered_depth()):
+                return None if flags is None else flags.copy(), False
+            self._describe = describe
+            return _run(comm, sched, self.key, self._full_description, None, flags,
+                        signed_digest(self.kind, self.name, signature), self._given is None,
+                        carries, self, True, claimed)
         if self.error is not None:
-            _agree(self.comm, self._schedule, lambda: {"kind": self.kind, "name": self.name},
-                   flags, self.error, self.key, keep=True, automatic=automatic)
-        return _agree(self.comm, self._schedule,
-                      lambda: {"kind": self.kind, "name": self.name, **describe()},
-                      flags, None, self.key, keep=True, automatic=automatic, payload=payload,
-                      carries=carries,
-                      signed=None if signature is None else Signed(self.kind, self.name,
-                                                                   signature))
+            _agree(comm, sched, self._described_alone, flags, self.error, self.key, keep=True,
+                   automatic=self._given is None, claimed=claimed)
+        return _agree(comm, sched, functools.partial(self._described, describe), flags, None,
+                      self.key, keep=True, automatic=self._given is None, claimed=claimed)
+
+    def _described(self, describe: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+        """This call's description: its kind and name, and what ``describe()`` says."""
+        return {"kind": self.kind, "name": self.name, **describe()}
+
+    def _full_description(self) -> Dict[str, Any]:
+        """:meth:`_described` of the ``describe`` of this call's last agreement."""
+        return self._described(self._describe)
+
+    def __str__(self) -> str:
+        """Which call this is, as the stall inspector tells it."""
+        return f"{self.kind} {self.name!r}"
+
+    def _described_alone(self) -> Dict[str, Any]:
+        """This call's kind and name (a call whose arguments failed their checks)."""
+        return {"kind": self.kind, "name": self.name}
 
     def gather_counts(self, count: int) -> List[int]:
         """Every rank's ``count`` (e.g. its first dimension), in the data phase of an agreed
@@ -288,7 +341,7 @@ class Call:
 
     def communicate(self) -> ContextManager[Any]:
         """The data phase: timed on the timeline, and watched by the stall inspector."""
-        wait = waiting(self.comm, f"{self.kind} {self.name!r}", "data")
+        wait = waiting(self.comm, self, "data")
         if not timeline.running():
             return wait
         stack = contextlib.ExitStack()

@@ -1,14 +1,26 @@
-"""The agreement's wire record: what each rank puts into the one small exchange before a
-collective, and how the gathered records are read.
+"""The agreement's wire record, of one size at any rank count, and the gather that carries
+a small collective's data after it.
 
-Before a collective every rank contributes a record to one small nonblocking allgather: an
-8-byte digest of what it is about to do (kind, names, dtypes, shapes, op, root, scale
-factors), a state word (active or joined), optional flags, and room for a small payload.
-Every agreement on a communicator uses records of the same size, so even ranks that reached
-different kinds of collective meet in it: a disagreement never hangs and never reads past a
-buffer. The room is the same on every rank of a communicator (:func:`room`): 4 KiB up to 4
-ranks, 16 KiB shared among more, none from 257 ranks on, so an agreement moves at most 16 KiB
-plus 72 bytes per rank.
+**The record.** Before a collective every rank contributes a record of 72 bytes to one
+nonblocking allreduce that ors the records bitwise: the 8-byte digest of what it is about
+to do (kind, names, dtypes, shapes, op, root, scale factors), the digest's complement, a
+state word (active or joined) and flags. The digests of the active ranks agree exactly when
+the or of the digests and the or of the complements share no bit (a bit on which two ranks
+differ is set in both); a joined rank contributes zeros, so it is left out of the
+comparison but its state bit counts. The reduced record is the same size as a rank's, at
+2 ranks and at 4,096: an agreement moves 72 bytes per rank and reads one record, whatever
+the rank count (Horovod's response cache agrees the same way, by a fixed-size bit vector
+reduced by allreduce). The full descriptions travel only when the digests differ, or a
+rank has joined (rounds.py). Every agreement on a communicator uses records of the same
+size, so even ranks that reached different kinds of collective meet in it: a disagreement
+never hangs and never reads past a buffer.
+
+**Carried data.** A small collective's data then travels in one persistent gather of
+fixed-size slots (:class:`Carrier`), started only by calls that agreed at once: allreduce
+reduces the gathered payloads in rank order, identically on every rank; broadcast,
+allgather and the object collectives read them. Its room is the same on every rank of a
+communicator (:func:`room`): 4 KiB up to 4 ranks, 16 KiB shared among more, none from 257
+ranks on.
 
 **Digests from signatures.** A call that knows what fixes its description (kind, name, op,
 scale factors, dtypes, shapes, root: its *signature*, a tuple) has its digest made from that
@@ -27,17 +39,21 @@ from ..backends import Communicator
 
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6
-# The record, in int64 words: digest, state bits, the payload's length in bytes (-1: none),
-# inline flags (72 bytes up to here), then room for the payload.
-DIGEST, STATE, LENGTH, FLAGS_AT = 0, 1, 2, 3
+# The record, in int64 words: the digest, its complement, the state bits, the inline flags:
+# 72 bytes at any rank count.
+DIGEST, INVERSE, STATE, FLAGS_AT = 0, 1, 2, 3
 HEADER_WORDS = FLAGS_AT + INLINE_FLAG_WORDS
-# Payload room per rank: 4 KiB up to 4 ranks, then 16 KiB shared among the ranks, and none
-# below 64 bytes. Every agreement moves the whole record: on 2 ranks an allgather of 4 KiB
-# records took 3.9-4.2 µs against 2.4-3.1 µs for 72-byte ones, and of 8 KiB ones 9.8-21 µs
-# (MPICH 5.0.2, 2 shared cores, 2026-12-02), so the room stops at 4 KiB, the issue's size.
+# Payload room per rank in the carrier: 4 KiB up to 4 ranks, then 16 KiB shared among the
+# ranks, and none below 64 bytes. On 2 ranks an allgather of 4 KiB records took 3.9-4.2 µs
+# against 2.4-3.1 µs for 72-byte ones, and of 8 KiB ones 9.8-21 µs (MPICH 5.0.2, 2 shared
+# cores, 2026-12-02), so the room stops at 4 KiB, the issue's size.
 _ROOM_MAX, _ROOM_SHARED, _ROOM_MIN = 4096, 16384, 64
 # State bits of a rank: active (it makes the call) or joined (it serves).
 ACTIVE, JOINED = 1, 2
+# The carrier's slot, in int64 words: the payload's length in bytes (-1: none), the payload.
+LENGTH, PAYLOAD_AT = 0, 1
+
+
 def description_digest(description: Dict[str, Any]) -> int:
     raw = hashlib.blake2b(repr(description).encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
@@ -51,22 +67,6 @@ class RoundShare(NamedTuple):
     stuck: bool
     pending: List[matching.Summary]
     counts: Any  # scheduler.Counts; 0 where a disagreement is raised in step
-
-
-class Agreed(NamedTuple):
-    """What an agreement returns: the or-ed flags, and every rank's payload where the
-    payloads travelled with it."""
-
-    flags: Optional[np.ndarray]
-    carried: Optional["Carried"]
-
-
-class Signed(NamedTuple):
-    """A call whose digest comes from its signature (see :meth:`Call.agree`)."""
-
-    kind: str
-    name: str
-    signature: Any
 
 
 def pack_flags(flags: np.ndarray) -> np.ndarray:
@@ -87,54 +87,154 @@ _signed: Dict[Any, bytes] = {}
 _SIGNED_KEPT = 4096
 
 
+class Signature:
+    """A call's kind and signature with its digest's base made once (see
+    :func:`signed_digest`): a caller that keeps one for a call it makes again and again
+    saves hashing the signature each time."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, kind: str, values: Any):
+        self.base = hashlib.blake2b(repr((kind, values)).encode(), digest_size=8).digest()
+
+
 def signed_digest(kind: str, name: str, signature: Any) -> int:
     """The digest of a call whose description is fixed by its kind, its name and
-    ``signature`` (a hashable tuple of plain values): the signature's digest, kept, with
-    the name's, so that neither the description nor its text is made for every call."""
-    key = (kind, signature)
-    base = _signed.get(key)
-    if base is None:
-        if len(_signed) >= _SIGNED_KEPT:
-            _signed.clear()
-        base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    ``signature`` (a hashable tuple of plain values, or a :class:`Signature` of them): the
+    signature's digest, kept, with the name's, so that neither the description nor its text
+    is made for every call."""
+    if type(signature) is Signature:
+        base = signature.base
+    else:
+        key = (kind, signature)
+        base = _signed.get(key)
+        if base is None:
+            if len(_signed) >= _SIGNED_KEPT:
+                _signed.clear()
+            base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     raw = hashlib.blake2b(base + name.encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
 
 
 class Records:
-    """A communicator's agreement buffers: this rank's record and every rank's, reused by
-    each agreement (the communicator's user makes one at a time)."""
+    """A communicator's agreement buffers, reused by each agreement (the communicator's user
+    makes one at a time): this rank's record and the ranks' reduced one, each
+    :data:`HEADER_WORDS` words whatever the rank count."""
 
-    __slots__ = ("room", "send", "payload", "recv", "carried", "words", "start")
+    __slots__ = ("send", "reduced", "words", "start")
 
     def __init__(self, comm: Communicator):
-        room = min(_ROOM_MAX, _ROOM_SHARED // comm.size) // 8 * 8
-        self.room = room if room >= _ROOM_MIN else 0
-        self.send = np.zeros(HEADER_WORDS + self.room // 8, np.int64)
-        self.payload = self.send[HEADER_WORDS:].view(np.uint8)
-        self.recv = np.zeros((comm.size, self.send.size), np.int64)
-        self.carried = self.recv[:, HEADER_WORDS:].view(np.uint8)
+        self.send = np.zeros(HEADER_WORDS, np.int64)
+        self.reduced = np.zeros(HEADER_WORDS, np.int64)
         self.words: Optional[np.ndarray] = None  # this rank's flags of the last record, packed
+        self.start = comm.repeated_allreduce(self.send, self.reduced, "bor")
+
+    def post(self, digest: int, state: int, flags: Optional[np.ndarray]) -> None:
+        """Write this rank's record: its digest and state (an active rank's digest and its
+        complement, a joined rank's zeros) and its ``flags`` (booleans; the first
+        :data:`INLINE_FLAG_WORDS` words of them, the rest go in a second exchange)."""
+        send = self.send
+        if state == ACTIVE:
+            send[DIGEST], send[INVERSE] = digest, ~digest
+        else:
+            send[DIGEST] = send[INVERSE] = 0
+        send[STATE] = state
+        if flags is not None and len(flags):
+            words = pack_flags(flags)
+            inline = min(words.size, INLINE_FLAG_WORDS)
+            send[FLAGS_AT:HEADER_WORDS] = 0
+            send[FLAGS_AT:FLAGS_AT + inline] = words[:inline]
+            self.words = words
+        elif self.words is not None:
+            send[FLAGS_AT:HEADER_WORDS] = 0
+            self.words = None
+
+class Carrier:
+    """A communicator's gather of small payloads: this rank's slot and every rank's, each a
+    length word and :func:`room` bytes, gathered by one persistent request."""
+
+    __slots__ = ("room", "send", "payload", "recv", "carried", "start", "gathers")
+
+    def __init__(self, comm: Communicator, room: int):
+        self.room = room
+        self.gathers = 0  # how many gathers this rank has made (tests count them)
+        self.send = np.zeros(PAYLOAD_AT + room // 8, np.int64)
+        self.payload = self.send[PAYLOAD_AT:].view(np.uint8)
+        self.recv = np.zeros((comm.size, self.send.size), np.int64)
+        self.carried = self.recv[:, PAYLOAD_AT:].view(np.uint8)
         self.start = comm.repeated_allgather(self.send, self.recv)
 
+    def post(self, payload: Optional[np.ndarray]) -> None:
+        """Put ``payload`` (bytes) in this rank's slot, or mark it absent (None, or more than
+        the room)."""
+        if payload is not None and payload.size <= self.room:
+            self.send[LENGTH] = payload.size
+            self.payload[:payload.size] = payload
+        else:
+            self.send[LENGTH] = -1
+        self.gathers += 1
 
-_records: "weakref.WeakKeyDictionary[Communicator, Records]" = weakref.WeakKeyDictionary()
+    def gathered(self) -> "Carried":
+        """Every rank's payload, once the gather has completed."""
+        return Carried(self.carried, self.recv[:, LENGTH].tolist())
 
 
-def records_of(comm: Communicator) -> Records:
-    found = _records.get(comm)
+class _Buffers(NamedTuple):
+    """A communicator's agreement records and its carrier (None: no room)."""
+
+    records: Records
+    carrier: Optional[Carrier]
+
+
+_buffers: "weakref.WeakKeyDictionary[Communicator, _Buffers]" = weakref.WeakKeyDictionary()
+
+
+class _Last(NamedTuple):
+    """The communicator whose buffers were looked up last (weakly), and its buffers."""
+
+    comm: "weakref.ref[Communicator]"
+    buffers: Optional[_Buffers]
+
+
+_last = _Last(weakref.ref(_buffers), None)  # a referent that is never a communicator
+
+
+def _buffers_of(comm: Communicator) -> _Buffers:
+    """``comm``'s buffers, made at its first agreement on every rank alike (making the
+    persistent requests is itself collective)."""
+    global _last
+    last = _last
+    if last.comm() is comm:  # most calls use the communicator the last one used
+        return last.buffers  # type: ignore[return-value]
+    found = _buffers.get(comm)
     if found is None:
-        found = _records[comm] = Records(comm)
+        room = min(_ROOM_MAX, _ROOM_SHARED // comm.size) // 8 * 8
+        room = room if room >= _ROOM_MIN and comm.size > 1 else 0
+        found = _buffers[comm] = _Buffers(Records(comm), Carrier(comm, room) if room else None)
+    _last = _Last(weakref.ref(comm), found)
     return found
 
 
+def records_of(comm: Communicator) -> Records:
+    return _buffers_of(comm).records
+
+
+def carrier_of(comm: Communicator) -> Optional[Carrier]:
+    """``comm``'s carrier (None: its ranks have no room for payloads)."""
+    return _buffers_of(comm).carrier
+
+
 def room(comm: Communicator) -> int:
-    """How many bytes of payload an agreement on ``comm`` can carry (0 for a single rank)."""
-    return 0 if comm.size == 1 else records_of(comm).room
+    """How many bytes of payload a small collective on ``comm`` can carry (0 for a single
+    rank)."""
+    if comm.size == 1:
+        return 0
+    carrier = _buffers_of(comm).carrier
+    return 0 if carrier is None else carrier.room
 
 
 class Carried:
-    """Every rank's payload from one agreement: rank r's is the first ``lengths[r]`` bytes
+    """Every rank's payload from one gather: rank r's is the first ``lengths[r]`` bytes
     of ``rows[r]`` (-1: it sent none). Valid until the block of the call that made it ends."""
 
     __slots__ = ("rows", "lengths")
@@ -153,26 +253,16 @@ class Carried:
 
 
 class Gathered:
-    """Every rank's record of one exchange: whether the active ranks' digests agree, the
-    or-ed state bits, and what else the ranks sent."""
+    """The ranks' reduced record of one exchange: whether the active ranks' digests agree,
+    and the or-ed state bits and flags."""
 
-    __slots__ = ("records", "agreed", "state", "lengths")
+    __slots__ = ("records", "agreed", "state")
 
     def __init__(self, records: Records):
         self.records = records
-        self.state, first, self.agreed, self.lengths = 0, None, True, []
-        for digest, state, length in records.recv[:, :FLAGS_AT].tolist():
-            self.state |= state
-            self.lengths.append(length)
-            if state & ACTIVE:  # a joined rank has no digest: the others' are compared
-                if first is None:
-                    first = digest
-                elif digest != first:
-                    self.agreed = False
-
-    def carried(self) -> "Carried":
-        """Every rank's payload."""
-        return Carried(self.records.carried, self.lengths)
+        reduced = records.reduced
+        self.agreed = not reduced.item(DIGEST) & reduced.item(INVERSE)
+        self.state = reduced.item(STATE)
 
     def flags(self, comm: Communicator, count: int) -> np.ndarray:
         """The or-ed flags (``count`` of them) of the entry whose record this rank sent last,
@@ -181,11 +271,7 @@ class Gathered:
         if not count:
             return np.zeros(0, bool)
         inline = min(words.size, INLINE_FLAG_WORDS)
-        ored = [0] * inline
-        for row in self.records.recv[:, FLAGS_AT:FLAGS_AT + inline].tolist():
-            for i, word in enumerate(row):
-                ored[i] |= word
-        words[:inline] = ored
+        words[:inline] = self.records.reduced[FLAGS_AT:FLAGS_AT + inline]
         if words.size > inline:  # the ranks agree on the count, so this exchange matches
             comm.allreduce(words[inline:], "bor")
         return unpack_flags(words, count)

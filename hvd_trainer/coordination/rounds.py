@@ -19,18 +19,17 @@ and the joined ranks wait for the next. When every rank is joined, join ends.
 Waits are watched by the stall inspector (stall.py).
 """
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..runtime import runtime
 from . import jobs, matching, scheduler, stall
 from ..backends import Communicator
-from .stall import drain_posts, waiting
+from .stall import drain_posts
 from .messages import failure_for, first_of, raise_argument_error, refusal_while_joined
-from .records import (ACTIVE, DIGEST, FLAGS_AT, HEADER_WORDS, INLINE_FLAG_WORDS, JOINED, LENGTH,
-                      STATE, Carried, Gathered, Records, RoundShare, pack_flags, records_of,
-                      unpack_flags)
+from .records import (ACTIVE, INLINE_FLAG_WORDS, JOINED, Gathered, RoundShare, pack_flags,
+                      records_of, unpack_flags)
 
 
 # Ranks whose synchronous calls have matched nothing for this long, with nothing else to
@@ -62,17 +61,17 @@ def _meet_joined(comm: Communicator, description: Dict[str, Any]) -> None:
 class CallEntry(jobs.Entry):
     """A scheduler entry whose description is made only when needed (a call whose digest
     comes from a signature, see :func:`signed_digest`, and that every rank agrees on at
-    once never needs it), with the payload its record carries."""
+    once never needs it). ``carries``: the call would carry its data after an agreement
+    reached at once (see records.py); ``direct`` says, once decided, whether it was."""
 
-    __slots__ = ("describe", "payload", "carries", "carried")
-    carried: Optional["Carried"]  # annotated here: in __init__ it would be evaluated each time
+    __slots__ = ("describe", "carries", "direct", "what")
 
     def __init__(self, key: str, describe: Callable[[], Dict[str, Any]],
                  description: Optional[Dict[str, Any]], flags: Optional[np.ndarray],
-                 digest: int, automatic: bool, payload: Optional[np.ndarray], carries: bool):
+                 digest: int, automatic: bool, carries: bool, what: Any):
         super().__init__(key, description, flags, digest, automatic)  # type: ignore[arg-type]
-        self.describe, self.payload, self.carries = describe, payload, carries
-        self.carried = None
+        self.describe, self.carries, self.what = describe, carries, what
+        self.direct = False
 
     def described(self) -> Dict[str, Any]:
         if self.description is None:
@@ -84,56 +83,31 @@ class CallEntry(jobs.Entry):
         return super().summary()
 
 
-def _exchange(comm: Communicator, sched: scheduler.Schedule, digest: int, state: int,
-              flags: Optional[np.ndarray] = None,
-              payload: Optional[np.ndarray] = None) -> Tuple[Records, Any]:
-    """Post this rank's record; returns the buffers and the request to poll."""
-    records = records_of(comm)
-    send = records.send
-    send[DIGEST] = digest
-    send[STATE] = state
-    if payload is not None and payload.size <= records.room:
-        send[LENGTH] = payload.size
-        records.payload[:payload.size] = payload
-    else:
-        send[LENGTH] = -1
-    if flags is not None and len(flags):
-        words = pack_flags(flags)
-        inline = min(words.size, INLINE_FLAG_WORDS)
-        send[FLAGS_AT:HEADER_WORDS] = 0
-        send[FLAGS_AT:FLAGS_AT + inline] = words[:inline]
-        records.words = words
-    elif records.words is not None:
-        send[FLAGS_AT:HEADER_WORDS] = 0
-        records.words = None
-    sched.exchanges += 1
-    return records, records.start()
-
-
 def post_record(comm: Communicator, sched: scheduler.Schedule, digest: int,
-                flags: Optional[np.ndarray], payload: Optional[np.ndarray]) -> Gathered:
-    """Exchange an active rank's record and return every rank's."""
-    records, request = _exchange(comm, sched, digest, ACTIVE, flags, payload)
-    stall.poll(request, sched)
-    drain_posts(comm)
+                flags: Optional[np.ndarray], what: Any) -> Gathered:
+    """Exchange an active rank's record for the call ``what`` (its ``str()`` names it, see
+    stall.poll) and return the ranks' reduced one."""
+    records = records_of(comm)
+    records.post(digest, ACTIVE, flags)
+    number = sched.exchanges
+    sched.exchanges = number + 1
+    stall.poll(records.start(), sched, comm, what, "agreement", number)
     gathered = Gathered(records)
     sched.peers_joined = bool(gathered.state & JOINED)
     return gathered
 
 
 def _outcome(comm: Communicator, entry: CallEntry, gathered: Gathered) -> Optional[np.ndarray]:
-    """For an entry whose records agreed: keep the payloads for the caller where no rank has
+    """For an entry whose records agreed: mark it to carry its data where no rank has
     joined, and return the or-ed flags."""
-    if entry.carries and not gathered.state & JOINED:
-        entry.carried = gathered.carried()
+    entry.direct = entry.carries and not gathered.state & JOINED
     return None if entry.flags is None else gathered.flags(comm, len(entry.flags))
 
 
-def agree_in_step(comm: Communicator, sched: scheduler.Schedule, entry: CallEntry,
-                  what: str) -> Optional[np.ndarray]:
+def agree_in_step(comm: Communicator, sched: scheduler.Schedule,
+                  entry: CallEntry) -> Optional[np.ndarray]:
     """An agreement made by the turn's holder, in step with the other ranks' holders."""
-    with waiting(comm, what, "agreement"):
-        gathered = post_record(comm, sched, entry.digest, entry.flags, entry.payload)
+    gathered = post_record(comm, sched, entry.digest, entry.flags, entry.what)
     if not gathered.agreed:
         _raise_disagreement(comm, entry.key, entry.described())
     if sched.peers_joined:
@@ -152,8 +126,8 @@ def run_round(comm: Communicator, sched: scheduler.Schedule,
     """One round over this rank's pending ``entries`` (see scheduler.py): when every rank's
     oldest entry is the same call, decide it; else exchange the lists and match by key."""
     head = entries[0]
-    return decide(comm, sched, post_record(comm, sched, head.digest, head.flags, head.payload),
-                   entries)
+    return decide(comm, sched, post_record(comm, sched, head.digest, head.flags, head.what),
+                  entries)
 
 
 def decide(comm: Communicator, sched: scheduler.Schedule, gathered: Gathered,
@@ -209,7 +183,10 @@ class JoinedRecord:
 
     def __init__(self, comm: Communicator):
         self.comm = comm
-        self._records, self._request = _exchange(comm, scheduler.of(comm), 0, JOINED)
+        self._records = records_of(comm)
+        self._records.post(0, JOINED, None)
+        scheduler.of(comm).exchanges += 1
+        self._request = self._records.start()
         self._done = False
 
     def done(self) -> bool:

@@ -56,7 +56,11 @@ class _Use:
     """Who uses a communicator now (shared by every communicator where MPI serialises calls)."""
 
     def __init__(self) -> None:
-        self.cv = threading.Condition(threading.Lock())
+        # The condition's lock, held directly where nothing waits on the condition (a
+        # Condition's own enter and exit are Python functions, and every collective takes
+        # the lock twice).
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
         self.holder: Optional[int] = None
         self.depth = 0
         self.driving = False
@@ -100,6 +104,13 @@ class Counts(NamedTuple):
     threads: Dict[str, int]
 
 
+class _Covered(threading.local):
+    """Per thread: how deep it is in covered blocks (a class default: a getattr default
+    would cost every collective a caught exception)."""
+
+    depth = 0
+
+
 class Schedule:
     """The entries and the turn of one communicator (see the module docstring)."""
 
@@ -113,7 +124,7 @@ class Schedule:
         self.threads = automatic_names.ThreadCounts()  # and per thread that counts its own
         self.exchanges = 0
         self.peers_joined = False
-        self.local = threading.local()  # .covered: this thread's covered-block depth
+        self.local = _Covered()  # this thread's covered-block depth
         self.undecided_since: Optional[float] = None  # rounds have decided nothing since
         self.next_round: Optional[float] = None  # then: no round before this time
         self.memo = Memo(None, -1, 0, {})
@@ -138,6 +149,30 @@ class Schedule:
         return busy
 
     # -- names ------------------------------------------------------------------------------
+    def open(self, kind: str, given: Optional[str], owner: Any) -> Tuple[str, str, bool, bool]:
+        """:meth:`name` a synchronous call of ``kind`` made by ``owner``, and :meth:`claim` the
+        communicator for it where it can, in one step; returns (name, key, whether the
+        calling thread held the turn already, whether it claimed it now). Claimed, the call
+        holds the turn until it ends (``forget`` with ``give``) or its round goes on in
+        :meth:`settle`."""
+        use, me = self.use, threading.get_ident()
+        if use.holder == me or self.held or running_job() is not None:
+            name, key = self.name(kind, given, owner)
+            return name, key, use.holder == me, False
+        with use.lock:
+            if given is not None:
+                key = name = given
+                self._reserve(key, owner)
+            else:
+                key = self._automatic()
+                self.keys[key] = owner  # automatic keys are unique: no check
+                name = f"{kind}.{key}"
+            if self.pending or self.ready or use.holder is not None or use.driving \
+                    or self.abandoned:
+                return name, key, False, False
+            use.holder, use.depth = me, 1
+            return name, key, False, True
+
     def name(self, kind: str, given: Optional[str], owner: Any) -> Tuple[str, str]:
         """(name, key) for a call of ``kind`` named ``given`` (None: automatic), reserved for
         ``owner`` until :meth:`forget`; raises :class:`DuplicateNameError` if the key is
@@ -233,10 +268,10 @@ class Schedule:
         """Release ``key`` if ``owner`` still holds it; with ``give``, also the turn, if the
         calling thread holds it (:meth:`give`), in the same step. ``ran``: the call ran
         without error; a holding job's given name is then held (see the module docstring)."""
-        use, job = self.use, running_job()
-        with use.cv:
-            if self.keys.get(key) is owner:
-                del self.keys[key]
+        use, job, keys = self.use, running_job(), self.keys
+        with use.lock:
+            if keys.get(key) is owner:
+                del keys[key]
                 claim = job.claims.get(self) if job is not None else None
                 if claim is not None and ran and job.hold and claim.key == key \
                         and not claim.automatic:
@@ -245,10 +280,11 @@ class Schedule:
             if self.held:
                 self._release_held(key, job)
             if give and use.holder == threading.get_ident():
-                use.depth -= 1
-                if use.depth == 0:
+                depth = use.depth = use.depth - 1
+                if not depth:
                     use.holder = None
-                    use.wake()
+                    if use.waiters:  # use.wake(), without a call in the common case
+                        use.cv.notify_all()
 
     # -- the turn ---------------------------------------------------------------------------
     def holds(self) -> bool:
@@ -269,7 +305,7 @@ class Schedule:
     def give(self) -> None:
         """End one :meth:`take` (or one turn taken by :meth:`settle`)."""
         use = self.use
-        with use.cv:
+        with use.lock:
             use.depth -= 1
             if use.depth == 0:
                 use.holder = None
@@ -283,7 +319,7 @@ class Schedule:
         run, the caller goes on holding the turn (end it with :meth:`give`); else it hands
         the round on to :meth:`settle`."""
         use = self.use
-        with use.cv:
+        with use.lock:
             if self.pending or self.ready or not use.free() or self.abandoned:
                 return False
             use.holder, use.depth = threading.get_ident(), 1
@@ -385,10 +421,10 @@ class Schedule:
     # -- covered blocks ---------------------------------------------------------------------
     def covered_depth(self) -> int:
         """How deep the calling thread is in covered blocks here."""
-        return getattr(self.local, "covered", 0)
+        return self.local.depth
 
     def set_covered(self, depth: int) -> None:
-        self.local.covered = depth
+        self.local.depth = depth
 
 
 # Without MPI_THREAD_MULTIPLE every communicator shares one user at a time.
@@ -397,8 +433,22 @@ _schedules: "weakref.WeakKeyDictionary[Communicator, Schedule]" = weakref.WeakKe
 _schedules_lock = threading.Lock()
 
 
+class _Last(NamedTuple):
+    """The communicator whose schedule :func:`of` found last (weakly), and that schedule."""
+
+    comm: "weakref.ref[Communicator]"
+    schedule: Optional[Schedule]
+
+
+_last = _Last(weakref.ref(_shared_use), None)  # a referent that is never a communicator
+
+
 def of(comm: Communicator) -> Schedule:
     """``comm``'s schedule, made on first use."""
+    global _last
+    last = _last
+    if last.comm() is comm:  # most calls use the communicator the last one used
+        return last.schedule  # type: ignore[return-value]
     found = _schedules.get(comm)
     if found is None:
         with _schedules_lock:
@@ -406,6 +456,7 @@ def of(comm: Communicator) -> Schedule:
             if found is None:
                 multiple = comm.size == 1 or runtime.threads_multiple()
                 found = _schedules[comm] = Schedule(_Use() if multiple else _shared_use)
+    _last = _Last(weakref.ref(comm), found)
     return found
 
 

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, ContextManager, Dict, Optional, Tuple
+from typing import Any, ContextManager, Dict, NamedTuple, Optional, Tuple, Union
 
 from ..runtime import runtime
 from . import scheduler
@@ -32,13 +32,19 @@ _OFF = contextlib.nullcontext()
 _KEEP_SECONDS = 0.0001
 _SPIN_SECONDS = 0.1
 _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
+# Where this host's ranks outnumber the cores they may run on, a wait keeps its core for no
+# time at all: the rank it waits for needs a core to get there (see _start). With 8 ranks on
+# 2 cores a step's agreement took 1.6 ms keeping it 100 µs and 0.18 ms not (MPICH's blocking
+# allreduce, which yields after its polls, 0.3 ms; benchmarks/agreement.py --scaling).
+_keep = _KEEP_SECONDS
+
 
 def pause(start: float) -> None:
     """Between polls of a wait that began at ``start`` (monotonic): nothing for the first
-    100 µs, then give the core away, by a yield for the first moments, then by sleeps of a
-    small share of the time waited."""
+    100 µs (none where ranks outnumber cores), then give the core away, by a yield for the
+    first moments, then by sleeps of a small share of the time waited."""
     waited = time.monotonic() - start
-    if waited < _KEEP_SECONDS:
+    if waited < _keep:
         return
     if waited < _SPIN_SECONDS:
         os.sched_yield()
@@ -49,8 +55,9 @@ def pause(start: float) -> None:
 def drain_posts(comm: Communicator) -> None:
     """Read the stall posts that have arrived into each peer's last one (see :func:`heard`).
 
-    MPICH may kill a process that exits with unreceived messages, so every agreement (and
-    the runtime at exit) empties the mailbox; it costs one probe when it is empty. The posts
+    MPICH may kill a process that exits with unreceived messages, so waits (every one that
+    had to wait, the others every few exchanges, see :func:`poll`) and the runtime at exit
+    empty the mailbox; it costs one probe when it is empty. The posts
     are kept, not dropped: a wait on a call that other ranks match by name spans many
     agreement rounds, and its inspector reads what arrived during them.
     """
@@ -72,19 +79,46 @@ _heard: "weakref.WeakKeyDictionary[Communicator, Dict[int, Tuple[int, str]]]" = 
 _heard_lock = threading.Lock()
 
 
-def poll(request: Request, schedule: Optional["scheduler.Schedule"] = None) -> None:
+class Called(NamedTuple):
+    """What a wait is for: a collective's kind and name, made into text (``"allreduce 'x'"``)
+    only when a wait lasts long enough for the stall inspector to tell it."""
+
+    kind: str
+    name: Any
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name!r}"
+
+
+# A wait that completes at its first poll drains the mailboxes only every so many exchanges
+# (see drain_posts); one that has to wait drains them each time.
+_DRAIN_EVERY = 64
+
+
+def poll(request: Request, schedule: "scheduler.Schedule", comm: Communicator,
+         what: Union[str, Called], phase: str, exchange: int) -> None:
     """Poll ``request`` until it completes, giving the core away between polls; raise if
-    ``schedule`` is abandoned meanwhile (shutdown: the request is left active)."""
+    ``schedule`` is abandoned meanwhile (shutdown: the request is left active).
+
+    A wait that does not complete at the first poll is registered with the stall watchdog as
+    :func:`waiting` registers one (``comm``, ``what``, ``phase``, ``exchange``), and reads
+    the mailbox afterwards; most waits of a small collective complete at once and pay for
+    neither.
+    """
     if request.test():
+        if not exchange % _DRAIN_EVERY:
+            drain_posts(comm)
         return
-    start = time.monotonic()
-    # Yield between polls, as MPI's own busy waits do: with more ranks than free cores the
-    # rank we wait for may need this core.
-    while not request.test():
-        if schedule is not None and schedule.abandoned:
-            raise RuntimeError("hvd_trainer shut down on this rank while an agreement waited "
-                               "for the other ranks")
-        pause(start)
+    with _Wait(comm, what, phase, exchange):
+        start = time.monotonic()
+        # Yield between polls, as MPI's own busy waits do: with more ranks than free cores
+        # the rank we wait for may need this core.
+        while not request.test():
+            if schedule.abandoned:
+                raise RuntimeError("hvd_trainer shut down on this rank while an agreement "
+                                   "waited for the other ranks")
+            pause(start)
+    drain_posts(comm)
 
 
 class _Wait:
@@ -94,13 +128,14 @@ class _Wait:
     __slots__ = ("comm", "what", "phase", "exchange", "start", "inspector", "_me", "_outer")
     inspector: Optional["StallInspector"]  # here: in __init__ it would be evaluated each wait
 
-    def __init__(self, comm: Communicator, what: str, phase: str, exchange: int):
+    def __init__(self, comm: Communicator, what: Union[str, Called], phase: str,
+                 exchange: int):
         self.comm, self.what, self.phase, self.exchange = comm, what, phase, exchange
         self.start = time.monotonic()
         self.inspector = None
 
     def label(self) -> str:
-        return self.what if self.phase == "agreement" else f"the data phase of {self.what}"
+        return str(self.what) if self.phase == "agreement" else f"the data phase of {self.what}"
 
     def __enter__(self) -> None:
         self._me = threading.get_ident()
@@ -120,7 +155,7 @@ _waits: Dict[int, _Wait] = {}
 _waits_lock = threading.Lock()
 
 
-def waiting(comm: Communicator, what: str, phase: str,
+def waiting(comm: Communicator, what: Union[str, Called], phase: str,
             exchange: Optional[int] = None) -> ContextManager[Any]:
     """A block in which this thread waits for the other ranks, watched for stalls.
 
@@ -239,8 +274,11 @@ def pace(since: float) -> float:
 
 
 def _start(st: Any) -> None:
-    """At init: the stall inspector's thread, when a stall time is set
+    """At init: whether waits keep their core at first (not where this host's ranks
+    outnumber its cores), the stall inspector's thread, when a stall time is set
     (HVD_STALL_CHECK_TIME_SECONDS is 60 s unless set to 0), and the mailboxes' last drain."""
+    global _keep
+    _keep = 0.0 if st.local.size > len(os.sched_getaffinity(0)) else _KEEP_SECONDS
     if st.world.size == 1:
         return
     atexit.register(_empty_mailboxes, st)

@@ -12,6 +12,11 @@ one rank goes through the core's agreement (``ops.refuse``), so every rank raise
 call of the same collective. While a graph is being built, a bad argument raises at once (it
 is the same on every rank, which builds the same graph). Errors are TensorFlow's
 (errors.py).
+
+Scaled sums of float16 (Average, pre- and postscale; allreduce and reducescatter) round as
+Horovod's CPU path does, to float16 after the prescale, after each addition and after the
+postscale (``arguments.ROUNDED_EACH``), which is what Horovod's TensorFlow tests compute;
+the core and the other adapters round once.
 """
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -21,6 +26,7 @@ import tensorflow as tf
 from ..coordination import work_order
 from ..collectives import arguments, objects, sparse
 from ..collectives import joined as core_join
+from ..collectives import memory as core_memory
 from ..collectives import ops as core
 from ..collectives.arguments import Average, Sum
 from ..runtime.runtime import ProcessSet, global_process_set, rank
@@ -131,11 +137,10 @@ def _allreduce_dense(tensors: List[tf.Tensor], op: Any, prescale: float, postsca
     name = bridge.graph_name(kind, name)
 
     def forward(inputs: List[tf.Tensor]) -> List[tf.Tensor]:
-        if kind == "allreduce":
-            work = lambda a: [core.allreduce(a, op, name, prescale, postscale, process_set)]
-        else:
-            work = lambda *arrays: core.grouped_allreduce(list(arrays), op, name, prescale,
-                                                          postscale, process_set)
+        def work(*arrays: np.ndarray) -> List[np.ndarray]:
+            return core.reduce_group(core_memory.HOST, arrays, op, name, prescale, postscale,
+                                     process_set, kind=kind, inplace=False,
+                                     halves=arguments.ROUNDED_EACH)
         return _collective(work, inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
                            name, process_set)
 
@@ -452,12 +457,9 @@ def _scatter_reduce(tensors: List[tf.Tensor], op: Any, prescale: float, postscal
     name = bridge.graph_name(kind, name)
 
     def forward(inputs):
-        def work(*arrays):
-            if kind == "reducescatter":
-                return [core.reducescatter(arrays[0], op, name, process_set, prescale,
-                                           postscale)]
-            return core.grouped_reducescatter(list(arrays), op, name, process_set, prescale,
-                                              postscale)
+        def work(*arrays: np.ndarray) -> List[np.ndarray]:
+            return core.scatter_reduce(core_memory.HOST, arrays, op, name, process_set,
+                                       prescale, postscale, kind, arguments.ROUNDED_EACH)
 
         return _collective(work, inputs, [x.dtype for x in inputs],
                            [tf.TensorShape([None]).concatenate(x.shape[1:])

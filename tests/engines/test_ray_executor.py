@@ -59,7 +59,8 @@ def test_results_against_numpy(executor, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", ["", *sys.path])
     results = executor.run(_collective, args=[2.0])
-    drivers = [entry for entry in sys.path if entry and os.path.isdir(entry)]
+    # Python normalises PYTHONPATH's entries at a rank's start ('a/../b' becomes 'b').
+    drivers = [os.path.abspath(entry) for entry in sys.path if entry and os.path.isdir(entry)]
     rows = [np.arange(5.0) * (rank + 1) * 2.0 for rank in range(RANKS)]
     for rank, (got_rank, size, local_rank, local_size, variables, summed, gathered, path) in \
             enumerate(results):

@@ -19,7 +19,7 @@ from hvd_trainer.runtime import runtime
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "standin")
 WORKERS = os.path.join(HERE, "workers")
-sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "parallel")))
 from runner import Cases, case_job, case_names  # noqa: E402
 
 # HVD_TEST_GPU_KINDS (a comma-separated list) runs some kinds alone, as the GPU check does.

@@ -22,7 +22,7 @@ import cupy  # noqa: E402
 import hvd_trainer.torch as hvd  # noqa: E402
 from hvd_trainer.torch import bridge  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parallel"))
+sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parallel")))
 from runner import run_ranks  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",

@@ -1,7 +1,7 @@
-"""Small collectives whose data travels in the agreement's exchange (issue 25), on 2 and 3
-ranks: one exchange per call, results equal to NumPy's, the same errors as on large data,
-and the slow way where one rank's data does not fit. One job per rank count; each case is
-its own result."""
+"""Small collectives whose data travels in the carrier's gather after the agreement (issues 25
+and 50), on 2 and 3 ranks: one exchange and one gather per call, results equal to NumPy's,
+the same errors as on large data, and the slow way where one rank's data does not fit. One
+job per rank count; each case is its own result."""
 import pytest
 
 from runner import case_job, case_names

@@ -1,6 +1,6 @@
-"""The agreement's records, without a second rank: their payload room, how every rank's
-records are read, the digest made from a call's signature (issue 25), and the repeated
-allgather that carries them."""
+"""The agreement's records, without a second rank: their fixed size, how the ranks' reduced
+record is read, the carrier's payload room and payloads, the digest made from a call's
+signature (issue 25), and the repeated exchanges that move them."""
 import os
 import subprocess
 import sys
@@ -35,38 +35,102 @@ def test_a_single_rank_has_no_room():
     assert records.room(LocalCommunicator()) == 0
 
 
-def gathered(rows):
-    """The records of ``rows`` (digest, state, payload length, payload bytes) as read."""
+class Recording(LocalCommunicator):
+    """A communicator of ``size`` ranks that records the repeated exchanges made on it."""
+
+    def __init__(self, size):
+        self.size, self.made = size, []
+
+    def repeated_allreduce(self, send, recv, op):
+        self.made.append(("allreduce", op, send.nbytes, recv.nbytes))
+        return super().repeated_allreduce(send, recv, op)
+
+    def repeated_allgather(self, send, recv):
+        self.made.append(("allgather", None, send.nbytes, recv.nbytes))
+        return super().repeated_allgather(send, recv)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 64, 257, 1000, 4096])
+def test_the_agreement_sends_and_receives_72_bytes_per_rank_at_any_rank_count(size):
+    # The exchange is a bitwise-or allreduce of one record: what a rank sends and what it
+    # receives are the same 72 bytes at 2 ranks and at 4,096 (the old records were gathered:
+    # 72 bytes and a payload room from every rank).
+    comm = Recording(size)
+    buffers = records.Records(comm)
+    assert comm.made == [("allreduce", "bor", 72, 72)]
+    assert buffers.send.nbytes == buffers.reduced.nbytes == 72
+
+
+def reduced(rows):
+    """The agreement's reduced record of ranks ``rows`` (digest, state, flags or None): each
+    rank's record as it posts it, or-ed as the allreduce ors them."""
     buffers = records.Records(Ranks(len(rows)))
-    for r, (digest, state, length, payload) in enumerate(rows):
-        buffers.recv[r, :3] = digest, state, length
-        buffers.carried[r, :len(payload)] = np.frombuffer(payload, np.uint8)
-    return records.Gathered(buffers)
+    every = []
+    for digest, state, flags in rows:
+        buffers.post(digest, state, flags)
+        every.append(buffers.send.copy())
+        buffers.send[:] = 0
+    buffers.reduced[:] = np.bitwise_or.reduce(every)
+    return buffers
 
 
 ACTIVE, JOINED = records.ACTIVE, records.JOINED
 
 
 def test_records_agree_when_every_active_digest_is_the_same():
-    same = gathered([(7, ACTIVE, -1, b""), (7, ACTIVE, -1, b""), (7, ACTIVE, -1, b"")])
+    same = records.Gathered(reduced([(7, ACTIVE, None)] * 3))
     assert same.agreed and same.state == ACTIVE
-    other = gathered([(7, ACTIVE, -1, b""), (7, ACTIVE, -1, b""), (-7, ACTIVE, -1, b"")])
+    other = records.Gathered(reduced([(7, ACTIVE, None), (7, ACTIVE, None), (-7, ACTIVE, None)]))
     assert not other.agreed
 
 
+def test_the_or_of_digests_and_complements_agrees_exactly_when_the_digests_are_equal():
+    # Against the plain comparison: random digests, digests one bit apart (every bit), and
+    # the extremes, on 2 to 5 ranks.
+    rng = np.random.default_rng(11)
+    extremes = [0, -1, 1, -(2**63), 2**63 - 1]
+    for _ in range(400):
+        count = int(rng.integers(2, 6))
+        base = int(rng.integers(-(2**63), 2**63 - 1))
+        digests = [base] * count
+        if rng.random() < 0.5:
+            digests[int(rng.integers(count))] = (
+                base ^ (1 << int(rng.integers(63))) if rng.random() < 0.5
+                else extremes[int(rng.integers(len(extremes)))])
+        got = records.Gathered(reduced([(d, ACTIVE, None) for d in digests])).agreed
+        assert got == (len(set(digests)) == 1), digests
+    for a in extremes:
+        for b in extremes:
+            assert records.Gathered(reduced([(a, ACTIVE, None), (b, ACTIVE, None)])).agreed \
+                == (a == b)
+
+
 def test_a_joined_ranks_record_is_left_out_of_the_comparison_but_its_state_counts():
-    joined = gathered([(7, ACTIVE, -1, b""), (0, JOINED, -1, b""), (7, ACTIVE, -1, b"")])
+    joined = records.Gathered(reduced([(7, ACTIVE, None), (0, JOINED, None), (7, ACTIVE, None)]))
     assert joined.agreed and joined.state == ACTIVE | JOINED
-    everyone = gathered([(0, JOINED, -1, b""), (0, JOINED, -1, b"")])
+    everyone = records.Gathered(reduced([(0, JOINED, None), (0, JOINED, None)]))
     assert everyone.agreed and everyone.state == JOINED
+    # A joined rank's record is zeros but for its state, whatever digest it was given.
+    buffers = records.Records(Ranks(2))
+    buffers.post(12345, JOINED, None)
+    assert buffers.send.tolist()[:3] == [0, 0, JOINED]
+
+
+def gathered_payloads(payloads):
+    """The carrier of ranks that sent ``payloads`` (bytes, or None), as gathered."""
+    carrier = records.Carrier(Ranks(len(payloads)), 64)
+    for r, payload in enumerate(payloads):
+        carrier.post(None if payload is None else np.frombuffer(payload, np.uint8))
+        carrier.recv[r] = carrier.send
+    return carrier.gathered()
 
 
 def test_carried_payloads_are_each_ranks_bytes_and_none_where_a_rank_sent_none():
-    carried = gathered([(7, ACTIVE, 3, b"abc"), (7, ACTIVE, -1, b""),
-                        (7, ACTIVE, 0, b"")]).carried()
+    carried = gathered_payloads([b"abc", None, b"", bytes(65)])
     assert carried.of(0).tobytes() == b"abc" and carried.of(1) is None
-    assert carried.of(2).tobytes() == b"" and not carried.every()
-    assert gathered([(1, ACTIVE, 2, b"xy"), (1, ACTIVE, 1, b"z")]).carried().every()
+    assert carried.of(2).tobytes() == b"" and carried.of(3) is None  # 65 bytes: no room
+    assert not carried.every()
+    assert gathered_payloads([b"xy", b"z"]).every()
 
 
 DIGEST = ("import sys; from hvd_trainer.coordination import records; "
@@ -129,40 +193,43 @@ def test_equal_tensor_signatures_are_equal_tensor_descriptions_with_or_without_d
                 assert same_signature == same_description, (a.shape, b.shape, dim0)
 
 
-def test_the_local_repeated_allgather_copies_this_ranks_record_each_time():
+def test_the_local_repeated_exchanges_copy_this_ranks_buffer_each_time():
     send, recv = np.arange(3, dtype=np.int64), np.zeros((1, 3), np.int64)
     start = LocalCommunicator().repeated_allgather(send, recv)
     assert start().test() and recv.tolist() == [[0, 1, 2]]
     send[:] = 7
     assert start().test() and recv.tolist() == [[7, 7, 7]]
+    reduced = np.zeros(3, np.int64)
+    start = LocalCommunicator().repeated_allreduce(send, reduced, "bor")
+    assert start().test() and reduced.tolist() == [7, 7, 7]
 
 
 @pytest.mark.parametrize("version", [None, (3, 1)])
-def test_the_mpi_repeated_allgather_gathers_again_on_the_same_buffers(monkeypatch, version):
-    # None: this library's own version (MPI-4: a persistent request); 3.1: MPI_Iallgather.
+def test_the_mpi_repeated_exchanges_run_again_on_the_same_buffers(monkeypatch, version):
+    # None: this library's own version (MPI-4: persistent requests); 3.1: MPI_Iallgather
+    # and MPI_Iallreduce.
     if version is not None:
         monkeypatch.setattr(mpi.MPI, "Get_version", lambda: version)
     comm = mpi.MPICommunicator(mpi.MPI.COMM_SELF)
     send, recv = np.arange(4, dtype=np.int64), np.zeros((1, 4), np.int64)
-    start = comm.repeated_allgather(send, recv)
+    reduced = np.zeros(4, np.int64)
+    starts = [(comm.repeated_allgather(send, recv), recv),
+              (comm.repeated_allreduce(send, reduced, "bor"), reduced)]
     for value in (1, 2):
         send[:] = value
-        request = start()
-        while not request.test():
-            pass
-        assert recv.tolist() == [[value] * 4]
-    comm.free()  # frees the persistent request, if any, before MPI_Finalize
+        for start, into in starts:
+            request = start()
+            while not request.test():
+                pass
+            assert into.reshape(-1).tolist() == [value] * 4
+    comm.free()  # frees the persistent requests, if any, before MPI_Finalize
     assert comm._persistent == []
 
 
 def test_inline_flags_are_or_ed_over_every_ranks_record():
     rng = np.random.default_rng(5)
     every = [rng.random(70) < 0.2 for _ in range(3)]  # two inline words each
-    buffers = records.Records(Ranks(3))
-    for r, flags in enumerate(every):
-        words = records.pack_flags(flags)
-        buffers.recv[r, :3] = 7, ACTIVE, -1
-        buffers.recv[r, records.FLAGS_AT:records.FLAGS_AT + words.size] = words
+    buffers = reduced([(7, ACTIVE, flags) for flags in every])
     buffers.words = records.pack_flags(every[0])  # this rank's, as its exchange left them
     got = records.Gathered(buffers).flags(None, 70)
     assert got.tolist() == np.logical_or.reduce(every).tolist()

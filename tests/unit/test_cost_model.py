@@ -17,13 +17,12 @@ LINK = Link(alpha=10e-6, beta=1e-9)  # 10 µs, 1 GB/s
 SHM = Link(alpha=1e-6, beta=0.1e-9)
 HOST = cost_model.Host(shm=SHM, gather_beta=0.2e-9, bcast_beta=0.1e-9, reduce_beta=0.05e-9)
 RING = Ring(step=5e-6, call=50e-6)
-AGREEMENT = cost_model.Agreement(fixed=8e-6, per_rank=0.5e-6)
+AGREEMENT = cost_model.Agreement(fixed=8e-6)
 
 
-def test_the_records_are_sized_as_the_agreement_sizes_them():
-    # 72 bytes of header, then 4 KiB of room up to 4 ranks, 16 KiB shared, none from 257 on.
-    assert [cost_model.record_bytes(n) for n in (2, 8, 64, 256, 257, 4096)] == \
-        [72 + 4096, 72 + 2048, 72 + 256, 72 + 64, 72, 72]
+def test_the_record_is_sized_as_the_agreement_sizes_it_72_bytes_at_any_rank_count():
+    # The payloads travel apart now (the carrier), so the record is 72 bytes everywhere.
+    assert [cost_model.record_bytes(n) for n in (2, 8, 64, 256, 257, 4096)] == [72] * 6
 
 
 @pytest.mark.parametrize("ranks, total, name, rounds", [
@@ -80,31 +79,24 @@ def test_a_packed_codec_encodes_once_gathers_every_payload_and_decodes_them_all(
     assert cost_model.packed_memory_bytes(1500, size, codec=codec) == 1500 * payload
 
 
-def test_the_agreement_gathers_the_records_and_reads_each_one():
-    # 64 ranks, 8 per host: 328-byte records by recursive doubling, 3 rounds within the host,
-    # 3 across it with the host's 8 ranks sending at once.
-    record = 328
-    allgather = 3 * 1e-6 + 7 * record * 0.1e-9 + 3 * 10e-6 + 56 * record * 8 * 1e-9
-    expected = 8e-6 + 64 * 0.5e-6 + allgather
-    assert cost_model.agreement_seconds(64, per_host=8, agreement=AGREEMENT, host=SHM,
-                                        link=LINK) == pytest.approx(expected)
-
-
-def test_a_fixed_record_allreduce_does_not_grow_with_the_ranks_record():
+def test_the_agreement_is_an_allreduce_of_its_72_byte_record_at_any_rank_count():
     # 4096 ranks, 8 per host: 9 words < 512 hosts, so recursive doubling of 72 B among the
     # hosts (9 rounds), after a binomial reduce and broadcast of 72 B within each host.
     inside = 3 * (1e-6 + 72 * (0.1e-9 + 0.05e-9)) + 3 * (1e-6 + 72 * 0.1e-9)
     across = 9 * (10e-6 + 72 * (1e-9 + 0.05e-9))
-    assert cost_model.fixed_record_seconds(4096, per_host=8, agreement=AGREEMENT, host=HOST,
-                                           link=LINK) == pytest.approx(8e-6 + inside + across)
+    assert cost_model.agreement_seconds(4096, per_host=8, agreement=AGREEMENT, host=HOST,
+                                        link=LINK) == pytest.approx(8e-6 + inside + across)
+    # 64 ranks: the same within the host; among 8 hosts 9 words are not fewer than the
+    # hosts, so reduce-scatter and allgather (2 x 3 rounds, 2 x 7/8 of 72 B, 7/8 summed).
+    across = 6 * 10e-6 + 2 * 63 * 1e-9 + 63 * 0.05e-9
+    assert cost_model.agreement_seconds(64, per_host=8, agreement=AGREEMENT, host=HOST,
+                                        link=LINK) == pytest.approx(8e-6 + inside + across)
 
 
 def test_the_link_fit_recovers_alpha_and_beta_from_exact_points():
     sizes = [8, 1024, 65536, 1 << 20, 16 << 20]
     fitted = cost_model.fit_link(sizes, [25e-6 + n * 0.8e-9 for n in sizes])
     assert fitted.alpha == pytest.approx(25e-6) and fitted.beta == pytest.approx(0.8e-9)
-    line = cost_model.fit_per_rank([2, 64, 4096], [1e-6 + n * 0.5e-6 for n in (2, 64, 4096)])
-    assert line.alpha == pytest.approx(1e-6) and line.beta == pytest.approx(0.5e-6)
 
 
 def test_the_runs_of_fastest_mechanisms_and_the_first_share_above_a_limit():
@@ -132,11 +124,6 @@ def test_two_processes_measurements_keep_the_slower_of_each():
     second = {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 1e-9, "decode": 3e-9}}}
     assert cost_model.slower(first, second) == \
         {"powersgd": 0.3, "codecs": {"2-bit": {"encode": 2e-9, "decode": 3e-9}}}
-
-
-def test_the_agreements_allgather_becomes_mpichs_ring_where_72_bytes_each_reach_80_kib():
-    # 81920 / 72 = 1137.8, and 1138 is no power of two.
-    assert cost_model.ring_from() == 1138
 
 
 _nccl_spec = importlib.util.spec_from_file_location(

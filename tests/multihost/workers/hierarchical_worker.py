@@ -2,7 +2,7 @@
 hierarchically here, then checks each case against NumPy.
 
 Prints ``hierarchical on`` or ``off``, then per case ``case NAME ok`` or ``case NAME failed:
-WHY``. Every buffer is larger than what travels inside the agreement (4 KiB), so each call
+WHY``. Every buffer is larger than what the agreement's carrier takes (4 KiB), so each call
 moves its data through the data phase; the 1.6 MB ones take the ring across hosts under
 HVD_ALLREDUCE_ALGO=auto, the smaller ones MPI's allreduce. Float sums and products are
 compared to NumPy's float64 within a tolerance (the summation order differs from the flat

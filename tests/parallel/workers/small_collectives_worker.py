@@ -1,9 +1,11 @@
-"""Small collectives whose data travels in the agreement's exchange (issue 25), against NumPy.
+"""Small collectives whose data travels in the carrier's gather right after the agreement
+(issues 25 and 50), against NumPy.
 
 one exchange  a small allreduce, allreduce_, grouped_allreduce, broadcast(_), allgather,
-              broadcast_object, allgather_object and barrier each make one agreement
-              exchange and no other MPI call; the same calls on data larger than the
-              agreement's room make their data phase as before
+              broadcast_object and allgather_object each make one agreement exchange and
+              one gather of the carrier (both persistent requests) and no other MPI call, a
+              barrier the agreement alone; the same calls on data larger than the carrier's
+              room make their data phase as before
 results       small and large calls of every op, dtype, scale and root equal NumPy's, and
               every rank holds the same bytes; 16-bit float Average is summed and scaled in
               float32 and rounded once
@@ -82,14 +84,16 @@ class Recorder:
 
 
 def counted(call):
-    """(agreement exchanges, other MPI calls) that ``call()`` makes on this rank."""
-    recorder = Recorder(COMM.comm)
-    COMM.comm, before = recorder, agreement.agreements(COMM)
+    """(agreement exchanges, carrier gathers, other MPI calls) that ``call()`` makes on this
+    rank."""
+    recorder, carrier = Recorder(COMM.comm), records.carrier_of(COMM)
+    COMM.comm, before, gathers = recorder, agreement.agreements(COMM), carrier.gathers
     try:
         call()
     finally:
         COMM.comm = recorder.comm
-    return agreement.agreements(COMM) - before, [c for c in recorder.calls if c != "Iprobe"]
+    return (agreement.agreements(COMM) - before, carrier.gathers - gathers,
+            [c for c in recorder.calls if c != "Iprobe"])
 
 
 def one_exchange():
@@ -106,17 +110,18 @@ def one_exchange():
         "allgather_object": lambda x: hvd.allgather_object(x.tolist()),
     }
     for kind, call in calls.items():
-        exchanges, others = counted(lambda: call(small))
-        if (exchanges, others) != (1, []):
-            failures.append(f"small {kind}: {exchanges} exchanges and MPI calls {others}, "
-                            "want 1 and none")
-        exchanges, others = counted(lambda: call(large))
+        made = counted(lambda: call(small))
+        if made != (1, 1, []):
+            failures.append(f"small {kind}: {made[0]} exchanges, {made[1]} gathers and MPI "
+                            f"calls {made[2]}, want 1, 1 and none")
+        exchanges, _, others = counted(lambda: call(large))
         if exchanges != 1 or not others:
             failures.append(f"large {kind}: {exchanges} exchanges and MPI calls {others}, "
                             "want 1 and a data phase")
-    exchanges, others = counted(hvd.barrier)
-    if (exchanges, others) != (1, []):
-        failures.append(f"barrier: {exchanges} exchanges and MPI calls {others}")
+    made = counted(hvd.barrier)
+    if made != (1, 0, []):
+        failures.append(f"barrier: {made[0]} exchanges, {made[1]} gathers and MPI calls "
+                        f"{made[2]}")
 
 
 def reference(op, inputs, dtype, pre=1.0, post=1.0):
@@ -253,7 +258,7 @@ def one_rank_too_large():
     rows = [1 if r != LAST else ROOM // 8 + 1 for r in range(N)]
     inputs = [data("too large", r, (rows[r], 2), np.float32) for r in range(N)]
     got = []
-    exchanges, others = counted(lambda: got.append(hvd.allgather(inputs[R])))
+    exchanges, _, others = counted(lambda: got.append(hvd.allgather(inputs[R])))
     check("allgather", got[0], np.concatenate(inputs))
     if exchanges != 1 or not others:
         failures.append(f"allgather: {exchanges} exchanges and MPI calls {others}, want 1 "

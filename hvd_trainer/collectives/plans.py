@@ -1,0 +1,144 @@
+"""What a repeated collective's checked arguments fix, kept by what fixes them.
+
+A script's small collectives repeat: the same kind, op, scale factors, root, dtype and shape
+on the same process set, call after call (a metric averaged each step, a flag broadcast).
+What those fix (the checks that depend on them alone, the signature and its digest's base,
+the scale factors, whether and how the data travels in the carrier) is worked out once and
+kept here, keyed by the communicator and those arguments; a later call with the same key
+checks only what can change between calls (the array's type and, in place, its layout).
+Every plan is forgotten at shutdown: a reset's new communicators, whose sizes may differ,
+start afresh.
+"""
+from typing import Any, Dict, Generic, List, NamedTuple, Optional, Sequence, TypeVar
+
+import numpy as np
+
+from ..coordination import records
+from ..runtime import runtime
+from .arguments import ReduceOp, half_in_float32, reduction_signature, scales
+from .memory import HOST, Memory
+
+__all__ = ["Reduction", "Broadcast", "reductions", "broadcasts", "reduction_key",
+           "reduction", "broadcast_key", "broadcast"]
+
+Plan = TypeVar("Plan")
+_KEPT = 1024  # plans kept per kind of call, beyond which they are all forgotten
+
+
+class Known(Generic[Plan]):
+    """The plans of one kind of call made so far, by key."""
+
+    def __init__(self) -> None:
+        self.plans: Dict[Any, Plan] = {}
+
+    def get(self, key: Optional[tuple]) -> Optional[Plan]:
+        """The plan kept under ``key`` (None: none, or no key)."""
+        return None if key is None else self.plans.get(key)
+
+    def keep(self, key: Optional[tuple], plan: Plan) -> Plan:
+        """Keep ``plan`` under ``key`` (none kept without a key); returns it."""
+        if key is not None:
+            if len(self.plans) >= _KEPT:
+                self.plans.clear()
+            self.plans[key] = plan
+        return plan
+
+
+class Reduction(NamedTuple):
+    """What a reduction's checked arguments fix, but for the data: its signature, the scale
+    factors (Average's 1/size folded in), which tensors are summed in float32 (``wide``),
+    the dtype their data travels in, in the carrier (None: its own data phase), and whether
+    that is the one tensor's own bytes (``lone``)."""
+
+    signature: records.Signature
+    pre: float
+    post: float
+    wide: List[bool]
+    wire: Optional[np.dtype]
+    lone: bool
+
+
+class Broadcast(NamedTuple):
+    """What a host broadcast's checked arguments fix, but for the data: the root's position in
+    the process set, the signature with its digest's base, and whether the data fits in the
+    carrier."""
+
+    root: int
+    signature: records.Signature
+    fits: bool
+
+
+reductions: "Known[Reduction]" = Known()
+broadcasts: "Known[Broadcast]" = Known()
+
+
+def reduction_key(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: Any,
+                  pre: Any, post: Any, inplace: bool, halves: str) -> Optional[tuple]:
+    """The key of a single host array's allreduce under which its :class:`Reduction` is
+    kept, or None (another kind of call, or arguments whose checks the key cannot stand
+    for: an op not given as a ReduceOp, factors not given as floats)."""
+    if memory is not HOST or kind != "allreduce" or type(op) is not ReduceOp \
+            or type(pre) is not float or type(post) is not float:
+        return None
+    tensor = tensors[0]
+    if type(tensor) is not np.ndarray:
+        return None
+    return comm, inplace, op, pre, post, tensor.dtype, tensor.shape, halves
+
+
+def reduction(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: ReduceOp,
+              prescale_factor: float, postscale_factor: float, halves: str) -> Reduction:
+    """The :class:`Reduction` of checked arguments."""
+    signature = records.Signature(kind, reduction_signature(memory, tensors, op,
+                                                           prescale_factor, postscale_factor))
+    pre, post = scales(op, comm, prescale_factor, postscale_factor)
+    wide = [half_in_float32(t, op, pre, post, halves) for t in tensors]
+    wire = _carried_dtype(memory, tensors, wide, records.room(comm))
+    lone = (wire is not None and len(tensors) == 1 and not wide[0]
+            and tensors[0].dtype == wire and pre == 1.0)
+    return Reduction(signature, pre, post, wide, wire, lone)
+
+
+def _carried_dtype(memory: Memory, tensors: Sequence[Any], wide: Sequence[bool],
+                   room: int) -> Optional[np.dtype]:
+    """The dtype in which ``tensors`` can travel in the carrier (see agreement.py), or None:
+    host arrays of one dtype on the wire (float32 for the ``wide`` halves) that fit in
+    ``room`` bytes, under HVD_ALLREDUCE_ALGO=auto. Decided from what the ranks agree on, so
+    every rank decides alike when they agree."""
+    if memory is not HOST or not room or runtime.setting("ALLREDUCE_ALGO") != "auto":
+        return None
+    wire, size = None, 0
+    for t, w in zip(tensors, wide):
+        dtype = _FLOAT32 if w else t.dtype
+        if wire is not None and dtype != wire:
+            return None
+        wire, size = dtype, size + t.size
+    return wire if wire is not None and size * wire.itemsize <= room else None
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def broadcast_key(comm: Any, tensor: Any, root_rank: Any, inplace: bool) -> Optional[tuple]:
+    """The key of a host array's broadcast under which its :class:`Broadcast` is kept, or
+    None (not a NumPy array, or a root not given as an int)."""
+    if type(tensor) is not np.ndarray or type(root_rank) is not int:
+        return None
+    return comm, root_rank, tensor.dtype, tensor.shape, inplace
+
+
+def broadcast(comm: Any, memory: Memory, tensor: Any, root_rank: int, root: int) -> Broadcast:
+    """The :class:`Broadcast` of checked arguments (``root``: the root's position)."""
+    return Broadcast(root, records.Signature("broadcast", (
+        root_rank, memory is HOST, tensor.dtype.str, tensor.shape)),
+        memory is HOST and tensor.nbytes <= records.room(comm))
+
+
+def _forget(comm: Any) -> bool:
+    """At shutdown: forget every plan (on every communicator)."""
+    reductions.plans.clear()
+    broadcasts.plans.clear()
+    return False
+
+
+runtime.at_leave(_forget)
