@@ -5,7 +5,8 @@ alone; the ranks on each host are started by the Spark task there, with no ssh. 
 rank per executor host and data across the link against NumPy, a HorovodRunner main that
 imports horovod.torch against one process, the torch estimator's fit (its store a folder
 every host sees) against one process, a rank on h3 that raises, h3's executor killed and
-Ctrl-C on the driver (nothing left on any host), and then Horovod's
+Ctrl-C on the driver (no process left on any host, and their agent folders swept by the next
+job), and then Horovod's
 examples/spark/pytorch/pytorch_spark_mnist.py, unmodified, in the same driver with the
 horovod shim importable."""
 import importlib.util
@@ -60,12 +61,18 @@ _SPARK_DRIVER = textwrap.dedent("""
         hvd.allreduce(np.ones(4))
 
     def sleep_long(folder, kill_executor_on_h3):
-        # Each rank says it sleeps; with kill_executor_on_h3, h3's rank then SIGKILLs its
-        # host's executor JVM (only h3's own processes are in sight there).
-        import glob, os, signal, socket, time
+        # Each rank says it sleeps, naming its host and its agent's folder there; with
+        # kill_executor_on_h3, h3's rank then SIGKILLs its host's executor JVM (only h3's own
+        # processes are in sight there).
+        import glob, json, os, signal, socket, time
         import hvd_trainer as hvd
         hvd.init()
-        open(os.path.join(folder, f"asleep.{hvd.rank()}"), "w").close()
+        with open("/proc/self/environ", "rb") as environ:  # as started: the wrapper took
+            agent = [item.split(b"=", 1)[1].decode() for item in environ.read().split(b"\\0")
+                     if item.startswith(b"HVD_ENGINE_FOLDER=")]  # it from os.environ
+        with open(os.path.join(folder, f"note.{hvd.rank()}"), "w") as note:
+            note.write(json.dumps([socket.gethostname(), agent[0]]))
+        os.replace(note.name, os.path.join(folder, f"asleep.{hvd.rank()}"))  # whole, at once
         if kill_executor_on_h3 and socket.gethostname() == "h3":
             while len(glob.glob(os.path.join(folder, "asleep.*"))) < hvd.size():
                 time.sleep(0.2)
@@ -79,8 +86,18 @@ _SPARK_DRIVER = textwrap.dedent("""
         time.sleep(120)
 
     def forget_sleepers(folder):
+        # The sleepers' notes: each rank's host and agent folder.
+        notes = []
         for name in glob.glob(os.path.join(folder, "asleep.*")):
+            with open(name) as note:
+                notes.append(json.load(note))
             os.remove(name)
+        return notes
+
+    def still_there(folders):  # the agent folders of ``folders`` ([host, path]) on this host
+        import os, socket
+        return [path for host, path in folders
+                if host == socket.gethostname() and os.path.exists(path)]
 
     session = (SparkSession.builder.master(sys.argv[1]).appName("hvd_trainer bed")
                .config("spark.driver.host", sys.argv[3])
@@ -116,26 +133,31 @@ _SPARK_DRIVER = textwrap.dedent("""
         hvd_trainer.spark.run(raise_on_h3, num_proc=3)
     except Exception as error:
         print("RAISED", json.dumps(str(error)), flush=True)
-    # A killed executor: h3's, while the ranks sleep.
-    forget_sleepers(sys.argv[5])
+    # A killed executor: h3's, while the ranks sleep (their notes in a folder of their own).
+    notes = os.path.join(sys.argv[5], "spark-sleepers")
+    os.makedirs(notes, exist_ok=True)
     started = time.monotonic()
     try:
-        hvd_trainer.spark.run(sleep_long, args=[sys.argv[5], True], num_proc=3)
+        hvd_trainer.spark.run(sleep_long, args=[notes, True], num_proc=3)
     except Exception as error:
         print("KILLED", json.dumps([str(error), time.monotonic() - started]), flush=True)
     # Ctrl-C on the driver while the ranks sleep, once h3's worker has a new executor.
     wait_for_three_executors()
-    forget_sleepers(sys.argv[5])
+    forced = forget_sleepers(notes)
     def interrupt():
-        while len(glob.glob(os.path.join(sys.argv[5], "asleep.*"))) < 3:
+        while len(glob.glob(os.path.join(notes, "asleep.*"))) < 3:
             time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
     threading.Thread(target=interrupt, daemon=True).start()
     started = time.monotonic()
     try:
-        hvd_trainer.spark.run(sleep_long, args=[sys.argv[5], False], num_proc=3)
+        hvd_trainer.spark.run(sleep_long, args=[notes, False], num_proc=3)
     except KeyboardInterrupt:
         print("INTERRUPTED", json.dumps(time.monotonic() - started), flush=True)
+    # The next job's agents sweep the folders that the jobs ended by force left on their hosts.
+    forced += forget_sleepers(notes)
+    print("SWEPT", json.dumps({"forced": forced, "left": hvd_trainer.spark.run(
+        still_there, args=[forced], num_proc=3)}), flush=True)
     if sys.argv[6]:  # Horovod's example, unmodified, with hvd_trainer's horovod shim
         import runpy
         from hvd_trainer_launch import horovod_shim
@@ -186,7 +208,7 @@ def spark_bed(bed):
 class SparkRun(NamedTuple):
     """What the driver's run on h1 gave."""
 
-    said: Dict[str, object]  # its SPARK, RUNNER and ESTIMATOR results, RAISED, KILLED, ...
+    said: Dict[str, object]  # its SPARK, RUNNER and ESTIMATOR results, RAISED, KILLED, SWEPT...
     moved: int  # the bytes h2's link carried meanwhile
     left: Dict[str, List[str]]  # the job processes left on each host after it
     out: str  # all it printed (Horovod's example's output last)
@@ -210,7 +232,7 @@ def spark_driver(bed, spark_bed) -> SparkRun:
                    cwd=bed.shared, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     said = multihost.driver_said(done.stdout, "SPARK", "RUNNER", "ESTIMATOR", "RAISED",
-                                 "KILLED", "INTERRUPTED")
+                                 "KILLED", "INTERRUPTED", "SWEPT")
     return SparkRun(said, bed.link_bytes("h2") - before, multihost.wait_until_no_job_is_left(bed),
                     done.stdout, no_example)
 
@@ -257,6 +279,15 @@ def test_spark_killed_executor_on_h3_ends_the_job_and_leaves_nothing(spark_drive
 
 def test_spark_ctrl_c_on_the_driver_ends_the_job(spark_driver):
     assert spark_driver.said["INTERRUPTED"] < 100
+
+
+def test_spark_the_next_job_sweeps_the_agent_folders_of_jobs_ended_by_force(spark_driver):
+    # Issue 46: the agent on h3 died with its executor (SIGKILL skips its cleanup), leaving
+    # its folder (the pickled function and arguments) in h3's /tmp; the next job on the host
+    # removes it, and those that Ctrl-C left on any host.
+    swept = spark_driver.said["SWEPT"]
+    assert "h3" in [host for host, _ in swept["forced"]]
+    assert swept["left"] == [[], [], []]
 
 
 def test_horovods_pytorch_spark_mnist_runs_unmodified_across_hosts(spark_driver):
