@@ -83,3 +83,26 @@ def test_bad_input_is_refused_on_the_driver(spark, tmp_path):
         torch_estimator(store, locked).fit(with_text)
     with pytest.raises(ValueError, match=r"holds 3 values per row, but input_shapes\[0\]"):
         torch_estimator(store, torch.nn.Linear(4, 1), input_shapes=[[-1, 4]]).fit(with_text)
+
+
+def test_prepared_datasets_take_the_smallest_index_no_fit_holds(spark, tmp_path):
+    # Horovod's rule (its test_prepare_data_no_compression expects 0 after a clear): indices
+    # from 0, a second one while the first is in use, and the files of a dataset no fit uses
+    # written over by the next new one rather than filling the store.
+    from hvd_trainer.spark.common import prepare
+    from hvd_trainer.spark.common.store import Store
+    settings = dict(num_processes=RANKS, store=Store.create(str(tmp_path / "store")),
+                    label_columns=["y"], feature_columns=["features"], partitions_per_process=1)
+    first, second, third = frame(spark, 12), frame(spark, 15), frame(spark, 18)
+    prepare.clear_training_cache()
+    with prepare.prepare_data(df=first, **settings) as a:
+        with prepare.prepare_data(df=second, **settings) as b:
+            pass
+        with prepare.prepare_data(df=first, **settings) as a_again:  # the same: reused
+            pass
+    with prepare.prepare_data(df=third, **settings) as c:  # 0 and 1 free: 0, written over
+        rows_of_c = prepare.get_dataset_properties(c).train_rows
+    with prepare.prepare_data(df=first, **settings) as a_later:  # its files were c's: again
+        rows_of_a = prepare.get_dataset_properties(a_later).train_rows
+    assert (a, b, a_again, c, a_later) == (0, 1, 0, 0, 0)
+    assert (rows_of_c, rows_of_a) == (18, 12)
