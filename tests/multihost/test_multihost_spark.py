@@ -1,12 +1,12 @@
 """hvd_trainer.spark across the test bed: a Spark standalone master on h1 and a one-core worker
 on each host, started with ``spark-class`` inside their hosts and ended by PID (every process
 whose environment carries the fixture's marker). The driver runs on h1 and imports hvd_trainer
-alone; the ranks on each host are started by the Spark task there, with no ssh. Checked: one
-rank per executor host and data across the link against NumPy, a HorovodRunner main that
-imports horovod.torch against one process, the torch estimator's fit (its store a folder
-every host sees) against one process, a rank on h3 that raises, h3's executor killed and
-Ctrl-C on the driver (no process left on any host, and their agent folders swept by the next
-job), and then Horovod's
+alone; the ranks on each host are started by the Spark task there, with no ssh. Checked: the
+torch estimator's fit (its store a folder every host sees) against one process, a rank on h3
+that raises, h3's executor killed and Ctrl-C on the driver (no process left on any host);
+then, in one job, a HorovodRunner main that imports horovod.torch against one process, one
+rank per executor host and data across the link against NumPy, and the forced jobs' agent
+folders swept from their hosts; and then Horovod's
 examples/spark/pytorch/pytorch_spark_mnist.py, unmodified, in the same driver with the
 horovod shim importable."""
 import importlib.util
@@ -116,12 +116,7 @@ _SPARK_DRIVER = textwrap.dedent("""
             time.sleep(0.1)
 
     wait_for_three_executors()
-    print("SPARK", json.dumps(hvd_trainer.spark.run(place, args=[int(sys.argv[2])],
-                                                    num_proc=3)), flush=True)
-    import torch_loops  # a Databricks HorovodRunner main that imports horovod.torch
-    from hvd_trainer.spark import HorovodRunner
-    weights = HorovodRunner(np=3).run(torch_loops.main, steps=3)
-    print("RUNNER", json.dumps([w.tolist() for w in weights]), flush=True)
+    import torch_loops
     import estimator_data as data  # the torch estimator, its store in the hosts' shared folder
     from hvd_trainer.spark.common.store import Store
     fitted = data.torch_estimator(Store.create(os.path.join(sys.argv[5], "store")),
@@ -154,10 +149,22 @@ _SPARK_DRIVER = textwrap.dedent("""
         hvd_trainer.spark.run(sleep_long, args=[notes, False], num_proc=3)
     except KeyboardInterrupt:
         print("INTERRUPTED", json.dumps(time.monotonic() - started), flush=True)
-    # The next job's agents sweep the folders that the jobs ended by force left on their hosts.
+    # One job for three checks (each Spark job costs seconds): a Databricks HorovodRunner main
+    # that imports horovod.torch (torch_loops.main) gives rank 0's value; every rank's place;
+    # and the forced jobs' agent folders, which this job's agents sweep from their hosts.
     forced += forget_sleepers(notes)
-    print("SWEPT", json.dumps({"forced": forced, "left": hvd_trainer.spark.run(
-        still_there, args=[forced], num_proc=3)}), flush=True)
+    def bed_main(train, steps, size, forced):
+        import hvd_trainer as hvd
+        weights = train(steps)
+        ranks = hvd.allgather_object({**place(size), "left": still_there(forced)})
+        return {"weights": [w.tolist() for w in weights], "ranks": ranks}
+    from hvd_trainer.spark import HorovodRunner
+    value = HorovodRunner(np=3).run(bed_main, train=torch_loops.main, steps=3,
+                                    size=int(sys.argv[2]), forced=forced)
+    print("RUNNER", json.dumps(value["weights"]), flush=True)
+    print("SPARK", json.dumps(value["ranks"]), flush=True)
+    print("SWEPT", json.dumps({"forced": forced, "left": [r["left"] for r in value["ranks"]]}),
+          flush=True)
     if sys.argv[6]:  # Horovod's example, unmodified, with hvd_trainer's horovod shim
         import runpy
         from hvd_trainer_launch import horovod_shim
