@@ -10,10 +10,10 @@ On one machine (a local Ray instance, a local-cluster Spark session):
 
 Across the multi-host test bed's three hosts (root; tests/multihost/testbed.py): a Ray head
 and Spark master on h1, a Ray node and a one-core Spark worker on each host, started and
-stopped by PID as tests/multihost/test_multihost_engines.py's fixtures do; the driver runs on
-h1, one rank per host (RayExecutor with num_hosts=3, spark.run on the three executor hosts,
-hvd_trainer.run with hosts h1:1,h2:1,h3:1 over the bed's ssh, its folder in the bed's shared
-one through TMPDIR):
+stopped by PID as the fixtures of tests/multihost/test_multihost_engines.py (Ray) and
+test_multihost_spark.py (Spark) do; the driver runs on h1, one rank per host (RayExecutor
+with num_hosts=3, spark.run on the three executor hosts, hvd_trainer.run with hosts
+h1:1,h2:1,h3:1 over the bed's ssh, its folder in the bed's shared one through TMPDIR):
 
     python benchmarks/engine_launch.py --bed [--rounds 5]
 """
@@ -148,16 +148,18 @@ def on_bed(args):
 
 def bed(args):
     """Build the test bed and its clusters, run :func:`on_bed` on h1, take them down."""
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "multihost"))
+    tests = os.path.join(os.path.dirname(HERE), "tests")
+    sys.path[:0] = [os.path.join(tests, "multihost"), tests]  # the fixtures' shared modules
     import testbed
     import test_multihost_engines as clusters
+    import test_multihost_spark as spark_clusters
     built = testbed.up(3, tied=True)
     started = []
     try:
         ray_fixture = clusters.ray_bed.__wrapped__(built)
         started.append(ray_fixture)
         ray_address = next(ray_fixture)
-        spark_fixture = clusters.spark_bed.__wrapped__(built)
+        spark_fixture = spark_clusters.spark_bed.__wrapped__(built)
         started.append(spark_fixture)
         spark_master = next(spark_fixture)
         shared_tmp = os.path.join(built.shared, "tmp")  # hvd_trainer.run's folder, on every host
@@ -168,7 +170,7 @@ def bed(args):
         done = built.run("h1", [sys.executable, os.path.abspath(__file__), "--on-bed",
                                 "--ray-address", ray_address, "--spark-master", spark_master,
                                 "--driver-host", clusters.HEAD,
-                                "--jvm-options", clusters.JVM_OPTIONS,
+                                "--jvm-options", spark_clusters.JVM_OPTIONS,
                                 "--rounds", str(args.rounds)],
                          cwd=built.shared, env=env, capture_output=True, text=True, timeout=1800)
         print(done.stdout)

@@ -2,9 +2,9 @@
 of the exception Spark gives the driver.
 
 Spark says a barrier task failed (``ResultTask(stage, partition)``, the partition being the
-task's index) and why: an executor lost with its exit code, an exception such as
-``OutOfMemoryError``, or results over ``spark.driver.maxResultSize``; the host is the one the
-task registered from.
+task's index) and why: an executor lost with its exit code, a task's Python worker that
+died, an exception such as ``OutOfMemoryError``, or results over
+``spark.driver.maxResultSize``; the host is the one the task registered from.
 """
 import re
 from typing import Dict, Optional
@@ -22,6 +22,8 @@ EXIT_CODES = {
          "out-of-memory killer)",
     143: "the executor was stopped (SIGTERM: by the cluster manager, or a user)",
 }
+# What Spark says when a task's Python worker dies (killed, or a crash in native code).
+_WORKER_DIED = "Python worker exited unexpectedly (crashed)"
 _RESULT_SIZE = re.compile(r"Total size of serialized results of \d+ tasks? \(([^)]*)\) is "
                           r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
 _TASK = re.compile(r"ResultTask\(\d+, (\d+)\)|Lost task [\d.]+ in stage [\d.]+ \(TID \d+\) "
@@ -56,6 +58,11 @@ def explain(text: str, hosts: Dict[int, str]) -> str:
         meaning = EXIT_CODES.get(int(code[1])) if code else None
         return (f"the executor{' of ' + where if where else ''} was lost ({lost[1]}): Spark says "
                 f"{reason or 'no more'!r}" + (f"; {meaning}" if meaning else ""))
+    if _WORKER_DIED in said:
+        return (f"the Python worker of {where or 'a task'} died: Spark says {_WORKER_DIED!r}; "
+                "it was killed (SIGKILL: by a user, or the kernel's out-of-memory killer) or "
+                "crashed in native code (spark.python.worker.faulthandler.enabled=true puts a "
+                "crash's Python traceback in the executor's log)")
     thrown = next((line.strip() for line in _THROWN.findall(said)
                    if "Job aborted" not in line and "SparkException" not in line), None)
     if thrown and "OutOfMemoryError" in thrown:

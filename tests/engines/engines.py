@@ -119,6 +119,21 @@ def job_processes() -> List[int]:
     return [pid for pid in processes_with("HVD_ENGINE_FOLDER") if pid in mine]
 
 
+def agent_folders() -> List[str]:
+    """The agent folders of this session's running engine jobs (their ranks' environment names
+    them: protocol.ENGINE_FOLDER_VARIABLE)."""
+    wanted = b"HVD_ENGINE_FOLDER="
+    found = set()
+    for pid in job_processes():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                items = environ.read().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        found.update(item[len(wanted):].decode() for item in items if item.startswith(wanted))
+    return sorted(found)
+
+
 def processes_with(variable: str, value: Optional[str] = None) -> List[int]:
     """The PIDs of this session's processes whose environment sets ``variable`` (to ``value``,
     when given; an engine job's proxies, wrappers and ranks all have

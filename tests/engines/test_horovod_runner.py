@@ -1,6 +1,8 @@
-"""Databricks' HorovodRunner: rank 0's value from the executors (np > 0) and from ranks on
-the driver's machine with no Spark at all (np < 0, in a process that never imports pyspark),
-and the refusals (np = 0, not an int, an unknown driver_log_verbosity)."""
+"""Databricks' HorovodRunner: rank 0's value from the executors (np > 0; a ``main`` that
+imports horovod.torch among them, from a driver that never imported horovod: the ranks get
+the shim by themselves) and from ranks on the driver's machine with no Spark at all (np < 0,
+in a process that never imports pyspark), and the refusals (np = 0, not an int, an unknown
+driver_log_verbosity)."""
 import json
 import os
 import subprocess
@@ -10,6 +12,7 @@ import textwrap
 import cloudpickle
 import pytest
 
+import engines
 from hvd_trainer.spark import HorovodRunner
 
 RANKS = 3
@@ -25,13 +28,28 @@ def _main(scale, tag):
     return hvd.rank(), hvd.size(), float(total[0])
 
 
-def test_executors_give_rank_zeros_value(spark, capsys):
+def _torch_main(scale, tag):
+    """_main as a Databricks user writes it, with horovod.torch."""
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    print(f"{tag} from rank {hvd.rank()}", flush=True)
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1) * scale]), op=hvd.Sum)
+    return hvd.rank(), hvd.size(), float(total[0])
+
+
+def test_executors_give_rank_zeros_value(spark, capsys, monkeypatch):
     # Against the arithmetic: 1 + 2 + 3 ranks' values, times the scale.
     assert HorovodRunner(np=RANKS, driver_log_verbosity="all").run(
         _main, scale=2.0, tag="shown") == (0, RANKS, 12.0)
     assert "shown from rank 2" in capsys.readouterr().out
-    assert HorovodRunner(np=RANKS).run(_main, scale=1.0, tag="quiet") == (0, RANKS, 6.0)
+    # Issue 46: a main that imports horovod.torch failed on every rank ("No module named
+    # 'horovod'") unless the driver itself had imported horovod from the shim.
+    for name in [n for n in sys.modules if n.split(".")[0] == "horovod"]:
+        monkeypatch.delitem(sys.modules, name)  # a driver that never imported horovod
+    assert HorovodRunner(np=RANKS).run(_torch_main, scale=1.0, tag="quiet") == (0, RANKS, 6.0)
     assert "quiet from rank" not in capsys.readouterr().out  # log_callback_only: Databricks'
+    assert not engines.job_processes()
 
 
 _DRIVER_ONLY = textwrap.dedent("""

@@ -1,8 +1,7 @@
 """Horovod code on the engines, unchanged: a horovod.ray script run with hvd_trainer's horovod
 shim importable (what ``hvdrun --horovod`` gives a script), whose driver imports horovod.ray
-and whose function imports horovod.torch on the ranks; and a Databricks HorovodRunner-style
-``main`` that imports horovod.torch, run by hvd_trainer.spark.run from a driver that never
-imported horovod (the ranks get the shim by themselves)."""
+and whose function imports horovod.torch on the ranks. (A Databricks HorovodRunner ``main``
+that imports horovod.torch is in test_horovod_runner.py.)"""
 import os
 import subprocess
 import sys
@@ -10,7 +9,6 @@ import textwrap
 
 import pytest
 
-import engines
 from hvd_trainer_launch.rank import horovod_shim
 
 _RAY_SCRIPT = textwrap.dedent("""
@@ -53,23 +51,3 @@ def test_horovod_ray_script(ray_cluster, shim):
     # Against the arithmetic: ranks 0..2 on one host, the Sum of 1+2+3.
     assert results == [(rank, rank, 3, 6.0) for rank in range(3)]
 
-
-def _spark_train(scale):
-    import torch
-    import horovod.torch as hvd
-    hvd.init()
-    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1) * scale]), op=hvd.Sum)
-    return hvd.rank(), hvd.local_rank(), float(total)
-
-
-def test_a_horovodrunner_main_runs_unchanged_on_spark(spark, monkeypatch):
-    # Issue 46: every rank failed with "No module named 'horovod'" unless the driver itself
-    # had imported horovod from the shim.
-    import cloudpickle
-    import hvd_trainer.spark
-    for name in [n for n in sys.modules if n.split(".")[0] == "horovod"]:
-        monkeypatch.delitem(sys.modules, name)  # a driver that never imported horovod
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    results = hvd_trainer.spark.run(_spark_train, args=(2.0,), num_proc=3)
-    assert results == [(rank, rank, 12.0) for rank in range(3)]
-    assert not engines.job_processes()

@@ -2,7 +2,8 @@
 Horovod's per-rank variables and path, a rank that raises, bad arguments refused before
 anything starts, too few CPUs, a killed agent (named with Ray's words, its folder swept by the
 next job), two calls at once, Ctrl-C on the driver, a Ray Train loop that imports
-horovod.torch against one process, and no process left behind."""
+horovod.torch and Lightning 2's HorovodStrategy (in one job) against one process, and no
+process left behind."""
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import engines
+import torch_loops
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines.calls import EngineError
 
@@ -149,15 +151,6 @@ def _sleep_long():
     time.sleep(120)
 
 
-def _agent_folder():
-    """The agent's folder of the job whose ranks run (their environment names it)."""
-    pid = engines.processes_with(protocol.ENGINE_FOLDER_VARIABLE)[0]
-    with open(f"/proc/{pid}/environ", "rb") as environ:
-        wanted = f"{protocol.ENGINE_FOLDER_VARIABLE}=".encode()
-        return next(item[len(wanted):].decode() for item in environ.read().split(b"\0")
-                    if item.startswith(wanted))
-
-
 def test_killed_agent_ends_the_job(executor, ray_cluster):
     outcome = {}
 
@@ -173,7 +166,7 @@ def test_killed_agent_ends_the_job(executor, ray_cluster):
         assert time.monotonic() < deadline, "the ranks did not start"
         time.sleep(0.2)
     time.sleep(1)
-    folder = _agent_folder()
+    [folder] = engines.agent_folders()  # one host: one agent
     ray_cluster.kill(executor._agents[0])
     thread.join(60)
     assert not thread.is_alive()
@@ -263,35 +256,40 @@ def test_ctrl_c_on_the_driver_leaves_nothing(ray_cluster, executor):
     executor.start()
 
 
-def _torch_steps(ranks, steps):
-    """Train a small model for ``steps`` SGD-with-momentum steps on this rank's slice of a
-    fixed global batch (one slice per rank; the whole batch when ``ranks`` is None)."""
-    import torch
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    x, y = torch.randn(4 * RANKS, 6), torch.randn(4 * RANKS, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    if ranks is not None:
-        import horovod.torch as hvd  # a Ray Train loop, unchanged: no Horovod here, the shim
-        hvd.init()
-        x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
-        optimizer = hvd.DistributedOptimizer(optimizer,
-                                             named_parameters=model.named_parameters())
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-    return [p.detach().numpy().copy() for p in model.parameters()]
+def _torch_then_lightning(steps):
+    """One job for both (the ranks import torch once): each rank's weights from each."""
+    import importlib.util
+    lightning = importlib.util.find_spec("pytorch_lightning") is not None
+    return (torch_loops.train_func({"steps": steps}),
+            torch_loops.lightning_steps(steps) if lightning else None)
 
 
-def test_torch_training_equals_one_process_on_the_global_batch(executor, monkeypatch):
+@pytest.fixture(scope="module")
+def trained(executor):
+    """Each rank's weights from _torch_then_lightning (3 steps), from a driver that never
+    imported horovod; and the one-process reference (the whole batch)."""
+    pytest.importorskip("torch")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in sys.modules if n.split(".")[0] == "horovod"]:
+            patch.delitem(sys.modules, name)
+        ranks = executor.run(_torch_then_lightning, args=[3])
+    return ranks, torch_loops.one_process(3)
+
+
+def test_torch_training_equals_one_process_on_the_global_batch(trained):
     # Issue 46: a loop that imports horovod.torch failed on every rank (No module named
     # 'horovod') unless the driver itself had imported horovod from the shim.
-    pytest.importorskip("torch")
-    for name in [n for n in sys.modules if n.split(".")[0] == "horovod"]:
-        monkeypatch.delitem(sys.modules, name)  # a driver that never imported horovod
-    reference = _torch_steps(None, 3)
-    for weights in executor.run(_torch_steps, args=[RANKS, 3]):
+    ranks, reference = trained
+    for weights, _ in ranks:
+        for got, want in zip(weights, reference):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_lightning_strategy_equals_one_process_on_the_global_batch(trained):
+    # Issue 49: Lightning 2's HorovodStrategy on RayExecutor's ranks, as under hvdrun and
+    # hvd_trainer.spark.run.
+    pytest.importorskip("pytorch_lightning")
+    ranks, reference = trained
+    for _, weights in ranks:
         for got, want in zip(weights, reference):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

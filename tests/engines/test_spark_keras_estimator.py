@@ -16,9 +16,8 @@ keras = pytest.importorskip("keras")
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
     pytest.skip("the Keras estimator's test runs with Keras 3", allow_module_level=True)
 
-from estimator_data import BATCH, RANKS, STEPS, frame, shards  # noqa: E402
+from estimator_data import BATCH, LR, MOMENTUM, RANKS, STEPS, frame, shards  # noqa: E402
 
-LR, MOMENTUM = 0.02, 0.5
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

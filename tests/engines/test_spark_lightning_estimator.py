@@ -1,7 +1,8 @@
 """hvd_trainer.spark.lightning's TorchEstimator (a LightningModule, Lightning 2, trained with
 HorovodStrategy on 3 ranks of the session's local-cluster): weights against one process
 training the module on the same rows in the same order, its logged metrics in the history and
-the epoch lines, transform against the module called directly."""
+the epoch lines, a user's ModelCheckpoint callback, transform against the module called
+directly."""
 import sys
 
 import cloudpickle
@@ -47,8 +48,11 @@ def test_fit_equals_one_process_and_transform_equals_the_module(spark, tmp_path,
     estimator = hvd_spark.TorchEstimator(
         num_proc=RANKS, store=store, model=Regression(), feature_cols=["features"],
         label_cols=["y"], input_shapes=[[-1, 3]], batch_size=BATCH, epochs=2, shuffle=False,
-        partitions_per_process=1, verbose=1)
+        partitions_per_process=1, verbose=1,
+        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"))])
     trained = estimator.fit(df)
+    # The user's ModelCheckpoint ran (Lightning refused it while checkpointing was off).
+    assert [p.suffix for p in (tmp_path / "checkpoints").iterdir()] == [".ckpt"]
 
     reference = Regression()
     optimizer = reference.configure_optimizers()

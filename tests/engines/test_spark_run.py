@@ -2,9 +2,10 @@
 each): results against NumPy, Horovod's per-rank variables, a rank that raises, bad num_proc,
 each rank's own GPU, output on the driver while the ranks run (and in no executor log), results
 over spark.driver.maxResultSize, too few slots, a start past start_timeout (tasks, then ranks),
-Ctrl-C on the driver, Gluon's DistributedTrainer against one process on the global batch, an
-executor killed through a barrier socket and by SIGKILL (last: each takes the executor with it),
-and no process left behind."""
+Ctrl-C on the driver, Gluon's DistributedTrainer against one process on the global batch, a
+task's Python worker killed, an executor killed through a barrier socket and by SIGKILL (last:
+each takes the executor with it), no process left behind, and the agent folders of the jobs
+ended by force swept by the next job."""
 import io
 import os
 import signal
@@ -254,14 +255,31 @@ def _when_ranks_run(action):
     return thread
 
 
-def test_ctrl_c_on_the_driver_cancels_the_job(spark):
+# The agent folders of the jobs that the tests below end by force (Ctrl-C on the driver, an
+# executor lost through a barrier socket or to SIGKILL): killed, the Python workers that made
+# them leave them, and the next job's agent on the host sweeps them (owned_folders).
+_FORCED_AGENT_FOLDERS = set()
+
+
+def _end_by_force(action, raises, match=None, seconds=60):
+    """Run a job of sleeping ranks, ``action()`` once they run (its agent folders noted first),
+    and check that the job ends within ``seconds`` with ``raises`` (matching ``match``) and
+    leaves no process."""
     import hvd_trainer.spark
-    _when_ranks_run(lambda: os.kill(os.getpid(), signal.SIGINT))
+
+    def noted():
+        _FORCED_AGENT_FOLDERS.update(engines.agent_folders())
+        action()
+    _when_ranks_run(noted)
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(raises, match=match):
         hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < seconds
     _wait_for_no_engine_processes(20)
+
+
+def test_ctrl_c_on_the_driver_cancels_the_job(spark):
+    _end_by_force(lambda: os.kill(os.getpid(), signal.SIGINT), KeyboardInterrupt)
 
 
 def _gluon_steps(distributed, steps):
@@ -337,6 +355,25 @@ def test_start_timeout_bounds_a_rank_whose_start_is_slow(spark, tmp_path):
     _wait_for_no_engine_processes(20)
 
 
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _kill_agents():
+    """SIGKILL the running job's agents (the Spark Python workers whose tasks run its proxies:
+    the parents of the job processes that are not a job process's child)."""
+    ours = set(engines.job_processes())
+    for parent in {_parent(pid) for pid in ours} - ours:
+        os.kill(parent, signal.SIGKILL)
+
+
+def test_killed_python_worker_ends_the_job(spark):
+    _end_by_force(_kill_agents, EngineError, r"the Spark job failed .*the Python worker of task "
+                                             r"\d on \S+ died: Spark says 'Python worker "
+                                             r"exited unexpectedly \(crashed\)'; it was killed")
+
+
 def _executor_endpoints(context):
     """The host:port of each executor (and the driver) that the driver knows."""
     infos = context._jsc.sc().statusTracker().getExecutorInfos()
@@ -382,7 +419,6 @@ def test_a_connection_to_a_barrier_socket_is_named_and_shut_to_other_users(spark
     .enabled) another user cannot connect, and the job's user who does is named as the cause."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to connect as another user (nobody)")
-    import hvd_trainer.spark
     executors = _executors_of(spark.sparkContext.applicationId)
     assert executors, "no executor JVM found"
     executor = executors[0]
@@ -396,28 +432,31 @@ def test_a_connection_to_a_barrier_socket_is_named_and_shut_to_other_users(spark
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
              "-c", _CONNECT, *paths], capture_output=True, text=True).stdout.split()
         subprocess.run([sys.executable, "-c", _CONNECT, *paths])  # this user's: the kill
-    _when_ranks_run(connect)
-    with pytest.raises(EngineError, match=r"the executor of task 0 on \S+ was lost .*code 50.*"
-                                          r"barrier socket.*unix.domain.socket.enabled"):
-        hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
+    _end_by_force(connect, EngineError, r"the executor of task 0 on \S+ was lost .*code 50.*"
+                                        r"barrier socket.*unix.domain.socket.enabled")
     assert said["nobody"] and set(said["nobody"]) == {"PermissionError"}
-    _wait_for_no_engine_processes(20)
     _replaced(spark.sparkContext, known)
 
 
 def test_killed_executor_ends_the_job(spark):
-    import hvd_trainer.spark
     context = spark.sparkContext
     executors = _executors_of(context.applicationId)
     assert executors, "no executor JVM found"
     known = _executor_endpoints(context)
-    _when_ranks_run(lambda: [os.kill(pid, signal.SIGKILL) for pid in executors])
-    started = time.monotonic()
-    with pytest.raises(EngineError, match=r"the Spark job failed .*the executor of task 0 on "
-                                          r"\S+ was lost .*Command exited with code 137.*"
-                                          r"killed \(SIGKILL"):
-        hvd_trainer.spark.run(_sleep_long, num_proc=RANKS)
-    assert time.monotonic() - started < 90
-    _wait_for_no_engine_processes(20)
+    _end_by_force(lambda: [os.kill(pid, signal.SIGKILL) for pid in executors], EngineError,
+                  r"the Spark job failed .*the executor of task 0 on \S+ was lost .*Command "
+                  r"exited with code 137.*killed \(SIGKILL", seconds=90)
     _replaced(context, known)  # the session's later tests (the estimators') need its slots
 
+
+def _rank():
+    return int(os.environ["HOROVOD_RANK"])
+
+
+def test_the_next_job_sweeps_the_folders_of_agents_ended_by_force(spark):
+    # Issue 46: each such job left its agent folder (the pickled function and arguments).
+    if not _FORCED_AGENT_FOLDERS:
+        pytest.skip("runs after the tests above that end jobs by force (it checks their folders)")
+    import hvd_trainer.spark
+    assert hvd_trainer.spark.run(_rank, num_proc=RANKS) == list(range(RANKS))
+    assert sorted(f for f in _FORCED_AGENT_FOLDERS if os.path.exists(f)) == []

@@ -4,9 +4,6 @@ one process training the same model for two epochs on the same rows in the same 
 from the store's Parquet files with pyarrow, dealt by the documented rule); the validation
 loss against a hand computation; transform against the model called directly; save/load;
 and the driver's errors on bad input before any task starts."""
-import sys
-
-import cloudpickle
 import numpy as np
 import pytest
 
@@ -14,40 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
 pytest.importorskip("pandas")
 
-from estimator_data import BATCH, RANKS, STEPS, frame, global_batch, rows, shards  # noqa: E402
-
-LR, MOMENTUM = 0.02, 0.5
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def _model():
-    torch.manual_seed(3)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-
-
-def _one_process(model, found, epochs):
-    """The same model trained in one process on the global batches: step t of an epoch takes
-    every rank's t-th batch, with the learning rate times the ranks (Horovod's rule)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR * RANKS, momentum=MOMENTUM)
-    for _ in range(epochs):
-        for step in range(STEPS):
-            x, y = global_batch(found, step)
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y.reshape(-1, 1)).backward()
-            optimizer.step()
-    return model
-
-
-def _estimator(store, model, **kwargs):
-    import hvd_trainer.spark.torch as hvd_spark
-    settings = dict(num_proc=RANKS, store=store, model=model,
-                    optimizer=torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
-                    loss=torch.nn.functional.mse_loss, input_shapes=[[-1, 3]],
-                    feature_cols=["features"], label_cols=["y"], batch_size=BATCH, epochs=2,
-                    shuffle=False, partitions_per_process=1, verbose=1)
-    settings.update(kwargs)
-    return hvd_spark.TorchEstimator(**settings)
-
+from estimator_data import (BATCH, RANKS, STEPS, frame, rows, shards, torch_estimator,  # noqa: E402
+                            torch_model, torch_one_process)
 
 def _weights(model):
     return [p.detach().numpy().copy() for p in model.parameters()]
@@ -61,12 +26,12 @@ def test_fit_resumed_equals_one_process_and_transform_equals_the_model(spark, tm
     val_rows = RANKS * 2
     df = frame(spark, RANKS * BATCH * STEPS, validation_rows=val_rows)
     settings = dict(validation="is_val", val_batch_size=2, epochs=1, run_id="resumed")
-    first = _estimator(store, _model(), **settings).fit(df)
+    first = torch_estimator(store, torch_model(), **settings).fit(df)
     assert store.exists(store.get_checkpoint_path("resumed") + "/checkpoint")
     # A second fit of the same run starts from the first one's checkpoint (weights and
     # momentum): together they are two epochs from the start.
-    trained = _estimator(store, _model(), **settings).fit(df)
-    reference = _one_process(_model(), shards(tmp_path / "store"), 2)
+    trained = torch_estimator(store, torch_model(), **settings).fit(df)
+    reference = torch_one_process(torch_model(), shards(tmp_path / "store"), 2)
     for got, want in zip(_weights(trained.getModel()), _weights(reference)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     out = capsys.readouterr().out
@@ -111,10 +76,33 @@ def test_bad_input_is_refused_on_the_driver(spark, tmp_path):
     with_text = df.withColumn("text", df.y.cast("string"))
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
-            _estimator(**{"store": store, "model": _model(), **change}).fit(with_text)
-    locked = _model()
+            torch_estimator(**{"store": store, "model": torch_model(), **change}).fit(with_text)
+    locked = torch_model()
     locked.lock = threading.Lock()
     with pytest.raises(ValueError, match="the model cannot be pickled"):
-        _estimator(store, locked).fit(with_text)
+        torch_estimator(store, locked).fit(with_text)
     with pytest.raises(ValueError, match=r"holds 3 values per row, but input_shapes\[0\]"):
-        _estimator(store, torch.nn.Linear(4, 1), input_shapes=[[-1, 4]]).fit(with_text)
+        torch_estimator(store, torch.nn.Linear(4, 1), input_shapes=[[-1, 4]]).fit(with_text)
+
+
+def test_prepared_datasets_take_the_smallest_index_no_fit_holds(spark, tmp_path):
+    # Horovod's rule (its test_prepare_data_no_compression expects 0 after a clear): indices
+    # from 0, a second one while the first is in use, and the files of a dataset no fit uses
+    # written over by the next new one rather than filling the store.
+    from hvd_trainer.spark.common import prepare
+    from hvd_trainer.spark.common.store import Store
+    settings = dict(num_processes=RANKS, store=Store.create(str(tmp_path / "store")),
+                    label_columns=["y"], feature_columns=["features"], partitions_per_process=1)
+    first, second, third = frame(spark, 12), frame(spark, 15), frame(spark, 18)
+    prepare.clear_training_cache()
+    with prepare.prepare_data(df=first, **settings) as a:
+        with prepare.prepare_data(df=second, **settings) as b:
+            pass
+        with prepare.prepare_data(df=first, **settings) as a_again:  # the same: reused
+            pass
+    with prepare.prepare_data(df=third, **settings) as c:  # 0 and 1 free: 0, written over
+        rows_of_c = prepare.get_dataset_properties(c).train_rows
+    with prepare.prepare_data(df=first, **settings) as a_later:  # its files were c's: again
+        rows_of_a = prepare.get_dataset_properties(a_later).train_rows
+    assert (a, b, a_again, c, a_later) == (0, 1, 0, 0, 0)
+    assert (rows_of_c, rows_of_a) == (18, 12)

@@ -1,14 +1,22 @@
 """How the multi-host tests launch jobs on the test bed, and the layout they expect."""
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 import testbed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(REPO, "tests", "multihost", "workers")
+# The tests' shared modules (torch_loops, estimator_data, horovod_examples), which the engine
+# tests' drivers import (their functions travel to the ranks by value).
+TESTS = os.path.join(REPO, "tests")
+HEAD = "10.213.0.1"  # h1 on lan0, where the engine tests' Ray head and Spark master run
 
 
 def environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -95,3 +103,44 @@ def wait_for_ranks(folder: str, np: int, proc: subprocess.Popen,
         assert proc.poll() is None, f"the job ended (code {proc.returncode}) before its ranks were ready"
         assert time.monotonic() < deadline, f"only ranks {sorted(ready)} were ready after {seconds} s"
         time.sleep(0.2)
+
+
+def stop_processes_with(marker: str) -> None:
+    """SIGKILL, by PID, every process whose environment carries ``marker`` (the daemons a
+    fixture started, and whatever they started: workers, executors, ranks)."""
+    wanted = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted not in environ.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def wait_for_text(path: str, text: str, seconds: float) -> None:
+    """Wait until the file at ``path`` (a daemon's log) holds ``text``; AssertionError after
+    ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with open(path, errors="replace") as log:
+            if text in log.read():
+                return
+        assert time.monotonic() < deadline, f"{path} did not say {text!r}"
+        time.sleep(0.1)
+
+
+def driver_said(stdout: str, *kinds: str) -> Dict[str, object]:
+    """An engine test driver's lines ``KIND json``, by kind."""
+    return {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+            for line in stdout.splitlines() if line.split(" ", 1)[0] in kinds}
+
+
+def assert_weights_close(got: Sequence, want: Sequence) -> None:
+    """Each array of ``got`` (a rank's weights) equals ``want``'s to float32 rounding."""
+    assert len(got) == len(want)
+    for mine, theirs in zip(got, want):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)

@@ -170,6 +170,18 @@ def test_results_over_the_limit_and_an_out_of_memory_task_are_named():
                            "Java heap space): raise spark.executor.memory")
 
 
+def test_a_dead_python_worker_is_named_with_its_host():
+    # What Spark 4.3 said of a task whose Python worker was SIGKILLed (2026-12-07).
+    said = causes.explain(_HEAD + "Could not recover from a failed barrier ResultStage. Most "
+                          "recent failure reason: Stage failed because barrier task "
+                          "ResultTask(0, 1) finished unsuccessfully.\norg.apache.spark."
+                          "SparkException: Python worker exited unexpectedly (crashed). Consider "
+                          "setting 'spark.python.worker.faulthandler.enabled' ...\nCaused by: "
+                          "java.io.EOFException", {1: "h2"})
+    assert said.startswith("the Python worker of task 1 on h2 died: Spark says 'Python worker "
+                           "exited unexpectedly (crashed)'; it was killed (SIGKILL")
+
+
 def test_a_task_imports_no_hvd_trainer_before_it_registers():
     """The barrier task's function travels by value and refers to hvd_trainer_launch alone:
     unpickling it on an executor imports neither hvd_trainer nor NumPy (a second or more)."""

@@ -6,10 +6,12 @@ they are; every array or vector column must hold one size in every row. The trai
 validation rows go to ``intermediate_{train,val}_data.IDX`` in ``num_processes *
 partitions_per_process`` files. A second fit on the same DataFrame object with the same
 columns, validation and store reuses the files (as Horovod's prepare_data does); a changed
-column list, validation or store prepares again.
+column list, validation or store prepares again. As in Horovod, a new dataset takes the
+smallest index that no running prepare_data holds, so that the files of datasets no fit uses
+are written over rather than filling the store, and the first after clear_training_cache is 0.
 """
+import collections
 import contextlib
-import itertools
 import numbers
 import threading
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
@@ -41,9 +43,9 @@ class _Prepared(NamedTuple):
 
 
 _lock = threading.Lock()
-_counter = itertools.count()
 _by_key: Dict[tuple, int] = {}
 _datasets: Dict[int, _Prepared] = {}
+_in_use: "collections.Counter[int]" = collections.Counter()  # indices inside prepare_data
 
 
 def clear_training_cache() -> None:
@@ -51,6 +53,18 @@ def clear_training_cache() -> None:
     with _lock:
         _by_key.clear()
         _datasets.clear()
+
+
+def _free_index() -> int:
+    """The smallest dataset index that no running prepare_data holds, forgotten by the dataset
+    that had it (its files are written over). Called with _lock held."""
+    idx = 0
+    while _in_use[idx]:
+        idx += 1
+    for key in [key for key, held in _by_key.items() if held == idx]:
+        del _by_key[key]
+    _datasets.pop(idx, None)
+    return idx
 
 
 def get_dataset_properties(dataset_idx: int) -> DatasetProperties:
@@ -262,12 +276,12 @@ def _prepare(num_processes: int, store: Any, df: Any, columns: List[str],
              check_metadata: Optional[Callable[[Dict[str, Any]], None]]
              ) -> "tuple[int, DatasetProperties]":
     """Write the DataFrame's training (and validation) rows: the dataset's index and
-    properties."""
+    properties. Called with _lock held."""
     metadata = get_metadata(df, columns)
     if check_metadata is not None:
         check_metadata(metadata)
     train, val = _split(_training_frame(df, columns, metadata, validation), validation)
-    idx = next(_counter)
+    idx = _free_index()
     train_path = store.get_train_data_path(idx)
     if verbose:
         print(f"hvd_trainer.spark: writing the training data to {train_path}", flush=True)
@@ -321,4 +335,9 @@ def prepare_data(num_processes: int, store: Any, df: Any, label_columns: Sequenc
             if verbose:
                 print(f"hvd_trainer.spark: reusing the prepared data at "
                       f"{store.get_train_data_path(idx)}", flush=True)
-    yield idx
+        _in_use[idx] += 1
+    try:
+        yield idx
+    finally:
+        with _lock:
+            _in_use[idx] -= 1

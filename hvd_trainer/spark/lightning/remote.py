@@ -101,11 +101,14 @@ def train(spec: LightningSpec, module_bytes: bytes) -> LightningResult:
     train_batches = _Batches(rank_feeds.train, rank_feeds.train_steps)
     val_batches = _Batches(rank_feeds.val, rank_feeds.val_steps) if rank_feeds.val else None
     history: List[Dict[str, float]] = []
+    # The run's checkpoint is the store's (EpochEnd); Lightning's own only where the user
+    # gave a ModelCheckpoint callback, which Lightning refuses with checkpointing off.
+    checkpointing = any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in spec.callbacks)
     with tempfile.TemporaryDirectory(prefix="hvd_lightning.") as folder:
         accelerator = "gpu" if spec.use_gpu and torch.cuda.is_available() else "cpu"
         settings = dict(max_epochs=spec.epochs, accelerator=accelerator, devices=1,
                         logger=spec.logger if spec.logger is not None else False,
-                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_checkpointing=checkpointing, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[*spec.callbacks, _epoch_callback(spec, history, folder)])
         settings.update(spec.trainer_args)

@@ -1,11 +1,14 @@
 """The estimator tests' data: a small regression DataFrame, and each rank's rows as the
-estimators' reader deals them, read back from the store's Parquet files with pyarrow alone."""
+estimators' reader deals them, read back from the store's Parquet files with pyarrow alone;
+the torch estimator's model and settings, and its reference (one process on the same rows).
+Used by tests/engines and by the multi-host test bed's Spark driver."""
 import sys
 
 import cloudpickle
 import numpy as np
 
 RANKS, BATCH, STEPS = 3, 4, 2
+LR, MOMENTUM = 0.02, 0.5  # the estimators' SGD
 # The ranks cannot import the tests' modules: what they unpickle travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -56,3 +59,38 @@ def global_batch(found, step):
     x = np.concatenate([features[window] for features, _ in found])
     y = np.concatenate([labels[window] for _, labels in found])
     return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+
+
+def torch_model():
+    import torch
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+
+
+def torch_estimator(store, model, **kwargs):
+    """hvd_trainer.spark.torch's TorchEstimator of ``model`` on RANKS ranks: features -> y,
+    BATCH rows a step, 2 epochs, no shuffling, one partition per rank (``kwargs`` change any)."""
+    import torch
+    import hvd_trainer.spark.torch as hvd_spark
+    settings = dict(num_proc=RANKS, store=store, model=model,
+                    optimizer=torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+                    loss=torch.nn.functional.mse_loss, input_shapes=[[-1, 3]],
+                    feature_cols=["features"], label_cols=["y"], batch_size=BATCH, epochs=2,
+                    shuffle=False, partitions_per_process=1, verbose=1)
+    settings.update(kwargs)
+    return hvd_spark.TorchEstimator(**settings)
+
+
+def torch_one_process(model, found, epochs):
+    """``model`` trained in one process on the global batches of ``found`` (shards'): step t
+    of an epoch takes every rank's t-th batch, with the learning rate times the ranks
+    (Horovod's rule)."""
+    import torch
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR * RANKS, momentum=MOMENTUM)
+    for _ in range(epochs):
+        for step in range(STEPS):
+            x, y = global_batch(found, step)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y.reshape(-1, 1)).backward()
+            optimizer.step()
+    return model

@@ -1,0 +1,307 @@
+"""hvd_trainer.spark across the test bed: a Spark standalone master on h1 and a one-core worker
+on each host, started with ``spark-class`` inside their hosts and ended by PID (every process
+whose environment carries the fixture's marker). The driver runs on h1 and imports hvd_trainer
+alone; the ranks on each host are started by the Spark task there, with no ssh. Checked: the
+torch estimator's fit (its store a folder every host sees) against one process, a rank on h3
+that raises, h3's executor killed and Ctrl-C on the driver (no process left on any host);
+then, in one job, a HorovodRunner main that imports horovod.torch against one process, one
+rank per executor host and data across the link against NumPy, and the forced jobs' agent
+folders swept from their hosts; and then Horovod's
+examples/spark/pytorch/pytorch_spark_mnist.py, unmodified, in the same driver with the
+horovod shim importable."""
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import sys
+import textwrap
+from typing import Dict, List, NamedTuple, Optional
+
+import pytest
+
+import estimator_data
+import horovod_examples
+import multihost
+import torch_loops
+
+HEAD = multihost.HEAD
+PAYLOAD = 8 << 20  # bytes in the allreduce: at least that much must cross h2's link
+
+SPARK_MASTER = f"spark://{HEAD}:7077"
+# Every JVM of the bed (master, workers, driver, executors), as tests/engines' JVM_OPTIONS: the
+# client compiler only and the serial collector start a JVM several times faster on two cores.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+
+_SPARK_DRIVER = textwrap.dedent("""
+    import glob, json, os, signal, sys, threading, time
+    from pyspark.sql import SparkSession
+    import hvd_trainer.spark
+
+    def place(size):
+        import os, socket
+        import numpy as np
+        import hvd_trainer as hvd
+        hvd.init()
+        total = hvd.allreduce(np.full(size // 8, float(hvd.rank() + 1)), op=hvd.Sum)
+        return {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(),
+                "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+                "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+                "sum": [float(total.min()), float(total.max())]}
+
+    def raise_on_h3():
+        import socket
+        import numpy as np
+        import hvd_trainer as hvd
+        hvd.init()
+        if socket.gethostname() == "h3":
+            raise RuntimeError("the rank on h3 fails")
+        hvd.allreduce(np.ones(4))
+
+    def sleep_long(folder, kill_executor_on_h3):
+        # Each rank says it sleeps, naming its host and its agent's folder there; with
+        # kill_executor_on_h3, h3's rank then SIGKILLs its host's executor JVM (only h3's own
+        # processes are in sight there).
+        import glob, json, os, signal, socket, time
+        import hvd_trainer as hvd
+        hvd.init()
+        with open("/proc/self/environ", "rb") as environ:  # as started: the wrapper took
+            agent = [item.split(b"=", 1)[1].decode() for item in environ.read().split(b"\\0")
+                     if item.startswith(b"HVD_ENGINE_FOLDER=")]  # it from os.environ
+        with open(os.path.join(folder, f"note.{hvd.rank()}"), "w") as note:
+            note.write(json.dumps([socket.gethostname(), agent[0]]))
+        os.replace(note.name, os.path.join(folder, f"asleep.{hvd.rank()}"))  # whole, at once
+        if kill_executor_on_h3 and socket.gethostname() == "h3":
+            while len(glob.glob(os.path.join(folder, "asleep.*"))) < hvd.size():
+                time.sleep(0.2)
+            for entry in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                        if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                            os.kill(int(entry), signal.SIGKILL)
+                except OSError:  # a process that ended meanwhile
+                    pass
+        time.sleep(120)
+
+    def forget_sleepers(folder):
+        # The sleepers' notes: each rank's host and agent folder.
+        notes = []
+        for name in glob.glob(os.path.join(folder, "asleep.*")):
+            with open(name) as note:
+                notes.append(json.load(note))
+            os.remove(name)
+        return notes
+
+    def still_there(folders):  # the agent folders of ``folders`` ([host, path]) on this host
+        import os, socket
+        return [path for host, path in folders
+                if host == socket.gethostname() and os.path.exists(path)]
+
+    session = (SparkSession.builder.master(sys.argv[1]).appName("hvd_trainer bed")
+               .config("spark.driver.host", sys.argv[3])
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
+               .config("spark.executor.memory", "512m")
+               .config("spark.driver.extraJavaOptions", sys.argv[4])
+               .config("spark.executor.extraJavaOptions", sys.argv[4])
+               .getOrCreate())
+    def wait_for_three_executors():
+        deadline = time.monotonic() + 120
+        while session.sparkContext.defaultParallelism < 3:
+            assert time.monotonic() < deadline, session.sparkContext.defaultParallelism
+            time.sleep(0.1)
+
+    wait_for_three_executors()
+    import torch_loops
+    import estimator_data as data  # the torch estimator, its store in the hosts' shared folder
+    from hvd_trainer.spark.common.store import Store
+    fitted = data.torch_estimator(Store.create(os.path.join(sys.argv[5], "store")),
+                                  data.torch_model(), epochs=1).fit(
+        data.frame(session, data.RANKS * data.BATCH * data.STEPS))
+    print("ESTIMATOR", json.dumps([w.tolist() for w in torch_loops.weights(fitted.getModel())]),
+          flush=True)
+    try:
+        hvd_trainer.spark.run(raise_on_h3, num_proc=3)
+    except Exception as error:
+        print("RAISED", json.dumps(str(error)), flush=True)
+    # A killed executor: h3's, while the ranks sleep (their notes in a folder of their own).
+    notes = os.path.join(sys.argv[5], "spark-sleepers")
+    os.makedirs(notes, exist_ok=True)
+    started = time.monotonic()
+    try:
+        hvd_trainer.spark.run(sleep_long, args=[notes, True], num_proc=3)
+    except Exception as error:
+        print("KILLED", json.dumps([str(error), time.monotonic() - started]), flush=True)
+    # Ctrl-C on the driver while the ranks sleep, once h3's worker has a new executor.
+    wait_for_three_executors()
+    forced = forget_sleepers(notes)
+    def interrupt():
+        while len(glob.glob(os.path.join(notes, "asleep.*"))) < 3:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    try:
+        hvd_trainer.spark.run(sleep_long, args=[notes, False], num_proc=3)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", json.dumps(time.monotonic() - started), flush=True)
+    # One job for three checks (each Spark job costs seconds): a Databricks HorovodRunner main
+    # that imports horovod.torch (torch_loops.main) gives rank 0's value; every rank's place;
+    # and the forced jobs' agent folders, which this job's agents sweep from their hosts.
+    forced += forget_sleepers(notes)
+    def bed_main(train, steps, size, forced):
+        import hvd_trainer as hvd
+        weights = train(steps)
+        ranks = hvd.allgather_object({**place(size), "left": still_there(forced)})
+        return {"weights": [w.tolist() for w in weights], "ranks": ranks}
+    from hvd_trainer.spark import HorovodRunner
+    value = HorovodRunner(np=3).run(bed_main, train=torch_loops.main, steps=3,
+                                    size=int(sys.argv[2]), forced=forced)
+    print("RUNNER", json.dumps(value["weights"]), flush=True)
+    print("SPARK", json.dumps(value["ranks"]), flush=True)
+    print("SWEPT", json.dumps({"forced": forced, "left": [r["left"] for r in value["ranks"]]}),
+          flush=True)
+    if sys.argv[6]:  # Horovod's example, unmodified, with hvd_trainer's horovod shim
+        import runpy
+        from hvd_trainer_launch.rank import horovod_shim
+        horovod_shim.write(os.path.join(sys.argv[5], "shim"))
+        sys.path.append(os.path.join(sys.argv[5], "shim"))
+        sys.argv = [sys.argv[6], *json.loads(sys.argv[7])]
+        runpy.run_path(sys.argv[0], run_name="__main__")  # it stops the session
+    session.stop()
+""")
+
+
+@pytest.fixture(scope="module")
+def spark_bed(bed):
+    """A Spark standalone master on h1 and a one-core worker per host; stopped by PID."""
+    if importlib.util.find_spec("pyspark") is None:
+        pytest.skip("pyspark is not installed here; pip install -e '.[test]'")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java 17 or later (apt-get install openjdk-17-jre-headless)")
+    import pyspark
+    spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    marker = secrets.token_hex(8)
+    daemons = []
+    try:
+        for host in ["h1", *bed.hosts]:
+            address = bed.address(host)
+            env = dict(os.environ, SPARK_LOCAL_IP=address, PYSPARK_PYTHON=sys.executable,
+                       HVD_TEST_SPARK_BED=marker, SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
+                       SPARK_DAEMON_MEMORY="256m")
+            master = not daemons
+            argv = ([spark_class, "org.apache.spark.deploy.master.Master", "--host", HEAD,
+                     "--port", "7077"] if master else
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", SPARK_MASTER,
+                     "--host", address, "--cores", "1", "--memory", "1g",
+                     "--work-dir", "/tmp/spark-work"])
+            log_path = os.path.join(bed.shared, f"spark-{'master' if master else host}.log")
+            with open(log_path, "wb") as log:
+                daemons.append(bed.popen(host, argv, cwd=bed.shared, env=env, stdout=log,
+                                         stderr=log, start_new_session=True))
+            if master:
+                multihost.wait_for_text(log_path, "I have been elected leader", 90)
+        yield SPARK_MASTER
+    finally:
+        multihost.stop_processes_with(f"HVD_TEST_SPARK_BED={marker}")
+        for daemon in daemons:
+            daemon.wait(30)
+
+
+class SparkRun(NamedTuple):
+    """What the driver's run on h1 gave."""
+
+    said: Dict[str, object]  # its SPARK, RUNNER and ESTIMATOR results, RAISED, KILLED, SWEPT...
+    moved: int  # the bytes h2's link carried meanwhile
+    left: Dict[str, List[str]]  # the job processes left on each host after it
+    out: str  # all it printed (Horovod's example's output last)
+    no_example: Optional[str]  # why Horovod's example did not run, or None
+
+
+@pytest.fixture(scope="module")
+def spark_driver(bed, spark_bed) -> SparkRun:
+    """One driver run on h1 (Horovod's example last, when the Horovod mirror has it)."""
+    no_example = horovod_examples.missing()
+    example = "" if no_example else horovod_examples.write_example(
+        horovod_examples.PYTORCH_MNIST, bed.shared)
+    if example:
+        horovod_examples.write_mnist(bed.shared)
+    arguments = horovod_examples.arguments(bed.shared, os.path.join(bed.shared, "mnist-store"))
+    before = bed.link_bytes("h2")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD, PYTHONPATH=multihost.TESTS)
+    done = bed.run("h1", [sys.executable, "-c", _SPARK_DRIVER, spark_bed, str(PAYLOAD), HEAD,
+                          JVM_OPTIONS, bed.shared, example, json.dumps(arguments)],
+                   cwd=bed.shared, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    said = multihost.driver_said(done.stdout, "SPARK", "RUNNER", "ESTIMATOR", "RAISED",
+                                 "KILLED", "INTERRUPTED", "SWEPT")
+    return SparkRun(said, bed.link_bytes("h2") - before, multihost.wait_until_no_job_is_left(bed),
+                    done.stdout, no_example)
+
+
+def test_spark_ranks_one_per_executor_host(spark_driver):
+    results, moved = spark_driver.said["SPARK"], spark_driver.moved
+    assert sorted(r["host"] for r in results) == ["h1", "h2", "h3"]
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    for r in results:
+        assert (r["size"], r["local_rank"], r["local_size"], r["cross_size"]) == (3, 0, 1, 3)
+        assert r["cross_rank"] == r["rank"]
+        assert r["sum"] == [6.0, 6.0]
+    assert moved >= PAYLOAD
+
+
+def test_spark_horovodrunner_main_importing_horovod_torch_equals_one_process(spark_driver):
+    # Issue 46: as on Ray, from a driver that imports hvd_trainer alone; rank 0's value.
+    assert importlib.util.find_spec("horovod") is None
+    multihost.assert_weights_close(spark_driver.said["RUNNER"], torch_loops.one_process(3))
+
+
+def test_spark_torch_estimator_across_hosts_equals_one_process(bed, spark_driver):
+    # Issue 49: fit on the hosts' executors; the store a folder that every host sees. The
+    # reference reads the store's Parquet files with pyarrow alone.
+    found = estimator_data.shards(pathlib.Path(bed.shared) / "store")
+    reference = estimator_data.torch_one_process(estimator_data.torch_model(), found, 1)
+    multihost.assert_weights_close(spark_driver.said["ESTIMATOR"],
+                                   torch_loops.weights(reference))
+
+
+def test_spark_rank_on_h3_raises_named(spark_driver):
+    text = spark_driver.said["RAISED"]
+    assert "on host h3" in text and "the rank on h3 fails" in text
+
+
+def test_spark_killed_executor_on_h3_ends_the_job_and_leaves_nothing(spark_driver):
+    message, seconds = spark_driver.said["KILLED"]
+    assert "the Spark job failed" in message
+    # The host, from the task's registration, and what Spark said (its exit code's meaning).
+    assert re.search(r"the executor of task \d on h3 was lost .*Spark says", message), message
+    assert seconds < 100  # the ranks sleep 120 s: the job ended because its executor died
+    assert spark_driver.left == {}  # no rank, wrapper or proxy on any host (their own ps)
+
+
+def test_spark_ctrl_c_on_the_driver_ends_the_job(spark_driver):
+    assert spark_driver.said["INTERRUPTED"] < 100
+
+
+def test_spark_the_next_job_sweeps_the_agent_folders_of_jobs_ended_by_force(spark_driver):
+    # Issue 46: the agent on h3 died with its executor (SIGKILL skips its cleanup), leaving
+    # its folder (the pickled function and arguments) in h3's /tmp; the next job on the host
+    # removes it, and those that Ctrl-C left on any host.
+    swept = spark_driver.said["SWEPT"]
+    assert "h3" in [host for host, _ in swept["forced"]]
+    assert swept["left"] == [[], [], []]
+
+
+def test_horovods_pytorch_spark_mnist_runs_unmodified_across_hosts(spark_driver):
+    # Issue 49: Horovod's estimator example, its MNIST file written here (nothing downloads),
+    # on the three hosts' executors.
+    if spark_driver.no_example:
+        pytest.skip(spark_driver.no_example)
+    accuracy = horovod_examples.accuracy(spark_driver.out)
+    assert accuracy is not None and 0.0 <= accuracy <= 1.0, spark_driver.out[-3000:]
+    assert "Epoch 1/1 - loss: " in spark_driver.out
