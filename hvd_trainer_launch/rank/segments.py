@@ -11,9 +11,10 @@ finds one (MPICH keeps its file open), for :data:`QUICK_PHASE_SECONDS` at most, 
 maps (where Open MPI's files show) every :data:`LOOK_SECONDS`. Standard library only.
 """
 import os
+import socket
 import stat
 import time
-from typing import Dict
+from typing import Dict, List
 
 from hvd_trainer_launch import mpi
 from hvd_trainer_launch.processes import started_at
@@ -108,3 +109,50 @@ class Segments:
                     os.unlink(path)
             except OSError:  # already removed (by another rank of this host, or by MPI)
                 pass
+
+
+def _in_use() -> set:
+    """Every MPI segment in /dev/shm that some process we can see holds open or maps."""
+    used: set = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            used.update(open_segments(int(entry)))
+            used.update(mapped_segments(int(entry)))
+    return used
+
+
+def sweep_orphans() -> List[str]:
+    """Remove this user's Open MPI segments of this host (``sm_segment.HOST.UID.JOB.RANK``)
+    that no process holds open or maps; return their paths. A job killed whole (hvdrun
+    SIGKILLed: its ranks and their relays end at once) leaves them, and only a later job on
+    the host can remove them, so each rank's wrapper calls this as it starts. The name must
+    carry this host and this user, so another user's segments, and another host's that shares
+    the folder from a PID namespace we cannot see into, are never candidates."""
+    host = socket.gethostname()
+    prefixes = tuple(f"sm_segment.{name}.{os.geteuid()}." for name in {host, host.split(".")[0]})
+    candidates: Dict[str, int] = {}
+    try:
+        names = os.listdir(mpi.SHARED_MEMORY)
+    except OSError:
+        return []
+    for name in names:
+        path = _FOLDER + name
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if name.startswith(prefixes) and stat.S_ISREG(info.st_mode) and \
+                info.st_uid == os.geteuid():
+            candidates[path] = info.st_ino
+    if not candidates:
+        return []
+    used = _in_use()
+    removed = []
+    for path, inode in candidates.items():
+        try:
+            if path not in used and os.lstat(path).st_ino == inode:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:  # removed meanwhile (another rank of this host sweeps too)
+            pass
+    return removed

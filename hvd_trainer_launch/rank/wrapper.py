@@ -38,7 +38,7 @@ from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
 from hvd_trainer_launch.rank import horovod_shim
-from hvd_trainer_launch.rank.segments import Segments
+from hvd_trainer_launch.rank.segments import Segments, sweep_orphans
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 # How many ranks the launcher put on this host: Hydra's variable, then Open MPI's.
@@ -328,6 +328,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
     report(rank, protocol.Started(rank, socket.gethostname()))
+    sweep_orphans()  # what an earlier job killed whole left in /dev/shm
     env = _child_environment(rank)
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
         shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None
