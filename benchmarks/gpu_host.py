@@ -6,6 +6,16 @@ that runs while a GPU waits for work (issue 51), on CuPy or on its CPU stand-in.
     hvdrun -np 2 python benchmarks/gpu_host.py                     # with the agreement's exchange
     ... --profile                                                  # where the time goes
     ... --tf                                                       # TensorFlow GPU tensors
+    ... --against REV [--launches N]         # this tree against commit REV, one rank
+    ... --figures                            # what --against compares, this tree only
+
+``--against`` runs this script's measurements in fresh processes, this tree's and REV's (its
+hvd_trainer first on PYTHONPATH; the same stand-in for both) in turn, N launches each, and
+prints each figure's median and range over the launches, in this thread's CPU µs (robust to
+other processes' load). On the stand-in it also splits the calls at the stand-in's
+boundary (standin_time.py): the part outside it is what hvd_trainer and the interpreter do,
+which a GPU machine runs as it is; the part inside stands for CuPy's compiled code and the
+CUDA driver, which only a GPU can time.
 
 Each row times calls whose device work the host does not wait for: the stand-in runs none of
 it in the timed loop (its streams run when waited for, after each round), a GPU runs it
@@ -19,9 +29,13 @@ time is hvd_trainer's (profiled in CPU time, each call paying cProfile's own cos
 import argparse
 import cProfile
 import datetime
+import json
 import os
 import pstats
+import re
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Tuple
@@ -32,6 +46,9 @@ from cupy.cuda import nccl as raw
 import hvd_trainer as hvd
 from hvd_trainer import cuda
 from hvd_trainer.cuda import fusion
+
+import common
+import standin_time
 
 STANDIN = cupy.__version__.endswith("+standin")
 TENSORS, ELEMENTS = 100, 1024  # a bucket of 100 small float32 tensors (400 KiB)
@@ -79,7 +96,9 @@ def interleaved(variants: Dict[str, Callable[[], object]], calls: int, rounds: i
 
 
 def cell(samples: List[float]) -> str:
-    return f"{statistics.median(samples):.1f} ({min(samples):.1f}–{max(samples):.1f})"
+    digits = 1 if statistics.median(samples) >= 10 else 2
+    return f"{statistics.median(samples):.{digits}f} ({min(samples):.{digits}f}–" \
+        f"{max(samples):.{digits}f})"
 
 
 def call_rows(reference: Optional[Reference], calls: int, rounds: int,
@@ -200,6 +219,71 @@ def profile_rows(fn: Callable[[], object], calls: int) -> List[str]:
     return rows
 
 
+def figures(reference: Optional[Reference], calls: int, rounds: int,
+            streams: List[cupy.cuda.Stream]) -> Dict[str, float]:
+    """What ``--against`` compares, for the tree imported here: medians over ``rounds`` of
+    CPU µs per call, per packed tensor, and (on the stand-in) outside the stand-in."""
+    x = cupy.zeros(1 << 18, cupy.float32)
+    group = [cupy.zeros(ELEMENTS, cupy.float32) for _ in range(TENSORS)]
+    bucket = cupy.empty(TENSORS * ELEMENTS, cupy.float32)
+    one = [cupy.zeros(TENSORS * ELEMENTS, cupy.float32)]
+    variants = {"allreduce_ 1 MiB": lambda: cuda.allreduce_(x, hvd.Sum, "host"),
+                f"grouped_allreduce_ {TENSORS}": lambda: cuda.grouped_allreduce_(group, hvd.Sum,
+                                                                                  "host"),
+                "pack 1": lambda: fusion.pack(one, bucket),
+                f"pack {TENSORS}": lambda: fusion.pack(group, bucket),
+                "unpack 1": lambda: fusion.unpack(bucket, one),
+                f"unpack {TENSORS}": lambda: fusion.unpack(bucket, group)}
+    if reference is not None:
+        variants["NCCL's own allReduce 1 MiB"] = lambda: reference.allreduce(x)
+    times = interleaved(variants, calls, rounds, streams)
+    out = {name: statistics.median(times[f"{name} cpu"]) for name in variants}
+    for step in ("pack", "unpack"):
+        out[f"{step}, per tensor"] = (out.pop(f"{step} {TENSORS}") - out.pop(f"{step} 1")) \
+            / (TENSORS - 1)
+    if STANDIN:
+        def settle() -> None:
+            for stream in streams:
+                stream.synchronize()
+        # Not for the grouped call: its 1,200 stand-in calls would multiply the timers' own
+        # cost, which is known to a fraction of a µs only, by as many.
+        for name in ("allreduce_ 1 MiB", "NCCL's own allReduce 1 MiB")[:len(streams)]:
+            splits = [standin_time.outside(variants[name], calls, settle)
+                      for _ in range(rounds)]
+            out[f"{name}, outside the stand-in"] = statistics.median(s.outside for s in splits)
+            out[f"{name}, stand-in calls"] = statistics.median(s.entries for s in splits)
+    return out
+
+
+def against(rev: str, launches: int, calls: int, rounds: int) -> List[str]:
+    """This tree's figures and ``rev``'s, from fresh one-rank processes in turn."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs: Dict[str, List[Dict[str, float]]] = defaultdict(list)
+    with common.detached_tree(rev) as old:
+        trees = {rev: old, "this tree": here}
+        for _ in range(launches):
+            for label, tree in trees.items():
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                    [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--figures",
+                                      "--calls", str(calls), "--rounds", str(rounds)],
+                                     capture_output=True, text=True, env=env, timeout=600)
+                found = re.search(r"RESULT (\{.*\})", out.stdout)
+                if out.returncode or not found:
+                    raise RuntimeError(f"{label}: exit {out.returncode}\n{out.stdout}{out.stderr}")
+                result = json.loads(found.group(1))
+                if not result.pop("file").startswith(tree):
+                    raise RuntimeError(f"{label}'s process imported another hvd_trainer")
+                runs[label].append(result)
+    rows = [f"| CPU µs, median (range) of {launches} launches | {rev} | this tree | "
+            f"this tree − {rev} |", "| --- | ---: | ---: | ---: |"]
+    for name in runs["this tree"][0]:
+        cells = [[run[name] for run in runs[label]] for label in trees]
+        rows.append(f"| {name} | {cell(cells[0])} | {cell(cells[1])} | "
+                    f"{statistics.median(cells[1]) - statistics.median(cells[0]):+.2f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per round")
@@ -207,12 +291,30 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also profile the calls")
     parser.add_argument("--tf", action="store_true",
                         help="also TensorFlow's GPU tensors (needs TensorFlow with a GPU)")
+    parser.add_argument("--against", metavar="REV",
+                        help="compare with commit REV, launches in turn (one rank)")
+    parser.add_argument("--launches", type=int, default=5, help="launches per tree")
+    parser.add_argument("--figures", action="store_true",
+                        help="only the figures --against compares, for this tree")
     args = parser.parse_args()
+    if args.against:
+        print(f"# {'CPU stand-in' if STANDIN else 'CuPy ' + cupy.__version__} · 1 rank · "
+              f"{datetime.date.today().isoformat()} · load {os.getloadavg()[0]:.1f}\n")
+        print("\n".join(against(args.against, args.launches, args.calls, args.rounds)))
+        print(f"\nload at the end {os.getloadavg()[0]:.1f}")
+        return
     hvd.init()
     cupy.cuda.Device(cuda.device()).use()
     comm = cuda.communicator()
-    reference = Reference() if hasattr(comm, "stream") else None
+    reference = Reference() if type(comm).__name__ == "NCCLCommunicator" else None
     streams = [cupy.cuda.get_current_stream()] + ([reference.stream] if reference else [])
+    if args.figures:
+        result = figures(reference, args.calls, args.rounds, streams)
+        rows = ["| this thread's CPU µs (median of rounds) | |", "| --- | ---: |"]
+        rows += [f"| {name} | {value:.2f} |" for name, value in result.items()]
+        print("\n".join(rows + ["", f"RESULT {json.dumps(dict(result, file=hvd.__file__))}"]),
+              flush=True)
+        return
     out = [f"# {'CPU stand-in' if STANDIN else 'CuPy ' + cupy.__version__} · "
            f"{type(comm).__name__} · {hvd.size()} rank(s) · "
            f"{datetime.date.today().isoformat()} · load {os.getloadavg()[0]:.1f}", ""]

@@ -1,18 +1,19 @@
 """NCCL communicator through CuPy's bindings: collectives on CuPy arrays that stay on the GPU.
 
 One NCCL communicator per process set. Rank 0 of the set makes the unique id and the set's
-host communicator (MPI) carries it to the others. Every collective runs on a stream of its
-own, after the work already queued on the caller's current stream (which produced the
-buffer); the caller's stream then waits for the collective, so later work sees the result
-without the host waiting. NCCL refuses two ranks on one GPU ("Duplicate GPU"): each rank
-needs a GPU of its own.
+host communicator (MPI) carries it to the others. Every collective runs on the caller's
+current stream, after the work queued there (which produced the buffer) and before the work
+queued after it, so later work sees the result without the host waiting; a stream of its own
+would buy no overlap (the caller's stream would wait for it anyway) and cost two events, two
+waits and a stream switch per call. The caller makes the communicator's GPU current (every
+collective runs inside its memory's ``active()``). NCCL refuses two ranks on one GPU
+("Duplicate GPU"): each rank needs a GPU of its own.
 
 This module imports CuPy; ``hvd_trainer.cuda`` imports it only where CuPy is installed.
 """
 import warnings
-from contextlib import contextmanager
 from itertools import accumulate
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import cupy
 import numpy as np
@@ -55,22 +56,6 @@ class NCCLCommunicator:
         with cupy.cuda.Device(device):
             uid = host.broadcast_object(nccl.get_unique_id() if host.rank == 0 else None, 0)
             self._comm = nccl.NcclCommunicator(host.size, uid, host.rank)
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self._produced = cupy.cuda.Event(disable_timing=True)
-            self._done = cupy.cuda.Event(disable_timing=True)
-
-    @contextmanager
-    def _ordered(self) -> Iterator[int]:
-        """Run the body on this communicator's stream, between the caller's queued work and
-        the caller's later work; yields the stream's handle for NCCL."""
-        with cupy.cuda.Device(self.device):
-            caller = cupy.cuda.get_current_stream()
-            caller.record(self._produced)
-            self.stream.wait_event(self._produced)
-            with self.stream:
-                yield self.stream.ptr
-            self.stream.record(self._done)
-            caller.wait_event(self._done)
 
     def allreduce(self, buf: cupy.ndarray, op: str, out: Optional[cupy.ndarray] = None) -> None:
         """Reduce ``buf`` across ranks with ``op`` ("sum", "prod", "min", "max"), in place or
@@ -80,10 +65,9 @@ class NCCLCommunicator:
             return
         if buf.size == 0:
             return
-        out = buf if out is None else out
-        with self._ordered() as stream:
-            self._comm.allReduce(buf.data.ptr, out.data.ptr, buf.size, _DTYPES[buf.dtype],
-                                 _OPS[op], stream)
+        send = buf.data.ptr
+        self._comm.allReduce(send, send if out is None else out.data.ptr, buf.size,
+                             _DTYPES[buf.dtype], _OPS[op], cupy.cuda.get_current_stream().ptr)
 
     def reduce_scatter(self, buf: cupy.ndarray, counts: Sequence[int], op: str) -> cupy.ndarray:
         """Reduce ``buf`` across ranks; return this rank's segment (``counts[rank]`` elements).
@@ -93,17 +77,15 @@ class NCCLCommunicator:
         if buf.dtype not in _DTYPES:
             return self._staged.reduce_scatter(buf, counts, op)
         width = max(counts)
-        with cupy.cuda.Device(self.device):
-            out = cupy.empty(width, buf.dtype)  # on the caller's stream, which reads it
-        with self._ordered() as stream:
-            if any(c != width for c in counts):
-                padded = cupy.zeros(width * self.size, buf.dtype)
-                for i, (start, count) in enumerate(zip(accumulate([0, *counts]), counts)):
-                    padded[i * width:i * width + count] = buf[start:start + count]
-                buf = padded
-            if width:
-                self._comm.reduceScatter(buf.data.ptr, out.data.ptr, width, _DTYPES[buf.dtype],
-                                         _OPS[op], stream)
+        out = cupy.empty(width, buf.dtype)
+        if any(c != width for c in counts):
+            padded = cupy.zeros(width * self.size, buf.dtype)
+            for i, (start, count) in enumerate(zip(accumulate([0, *counts]), counts)):
+                padded[i * width:i * width + count] = buf[start:start + count]
+            buf = padded
+        if width:
+            self._comm.reduceScatter(buf.data.ptr, out.data.ptr, width, _DTYPES[buf.dtype],
+                                     _OPS[op], cupy.cuda.get_current_stream().ptr)
         return out[:counts[self.rank]]
 
     def allgatherv(self, send: cupy.ndarray, recv: cupy.ndarray, counts: Sequence[int]) -> None:
@@ -114,30 +96,30 @@ class NCCLCommunicator:
         width = max(counts) * send.itemsize
         if width == 0:
             return
-        with self._ordered() as stream:
-            equal = all(c == counts[0] for c in counts)
-            staged = send.view(np.uint8)
-            if not equal:
-                staged = cupy.zeros(width, np.uint8)
-                staged[:send.nbytes] = send.view(np.uint8)
-            gathered = recv.view(np.uint8) if equal else cupy.empty(width * self.size, np.uint8)
-            self._comm.allGather(staged.data.ptr, gathered.data.ptr, width, nccl.NCCL_UINT8,
-                                 stream)
-            if not equal:
-                flat = recv.view(np.uint8)
-                for i, (start, count) in enumerate(zip(accumulate([0, *counts]), counts)):
-                    size = count * send.itemsize
-                    flat[start * send.itemsize:start * send.itemsize + size] = \
-                        gathered[i * width:i * width + size]
+        equal = all(c == counts[0] for c in counts)
+        staged = send.view(np.uint8)
+        if not equal:
+            staged = cupy.zeros(width, np.uint8)
+            staged[:send.nbytes] = send.view(np.uint8)
+        gathered = recv.view(np.uint8) if equal else cupy.empty(width * self.size, np.uint8)
+        self._comm.allGather(staged.data.ptr, gathered.data.ptr, width, nccl.NCCL_UINT8,
+                             cupy.cuda.get_current_stream().ptr)
+        if not equal:
+            flat = recv.view(np.uint8)
+            for i, (start, count) in enumerate(zip(accumulate([0, *counts]), counts)):
+                size = count * send.itemsize
+                flat[start * send.itemsize:start * send.itemsize + size] = \
+                    gathered[i * width:i * width + size]
 
     def broadcast(self, buf: cupy.ndarray, root: int) -> None:
         """Overwrite ``buf`` on every rank with root's ``buf``; any dtype, as bytes."""
         if buf.size == 0:
             return
-        with self._ordered() as stream:
-            self._comm.bcast(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, root, stream)
+        self._comm.bcast(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, root,
+                         cupy.cuda.get_current_stream().ptr)
 
     def free(self) -> None:
-        """Release the NCCL communicator once its queued collectives are done."""
-        self.stream.synchronize()
+        """Release the NCCL communicator once its queued collectives are done: they ran on
+        callers' streams, so the whole GPU is waited for."""
+        cupy.cuda.Device(self.device).synchronize()
         self._comm.destroy()

@@ -108,33 +108,43 @@ def unpack(flat: np.ndarray, outputs: Sequence[np.ndarray], scale: float = 1.0) 
         offset += o.size
 
 
-def fused(tensors: Sequence[Any], outputs: Sequence[Any], pool: BufferPool,
+def fused(tensors: Sequence[Any], outputs: Sequence[Any], pool: Callable[[], BufferPool],
           threshold: int, reduce: Callable[..., None],
           prescale: float = 1.0, postscale: float = 1.0,
           pack: Callable[..., None] = pack, unpack: Callable[..., None] = unpack) -> None:
     """Run ``reduce(flat)`` (in place on a flat buffer) or ``reduce(flat, out)`` (from ``flat``
-    into ``out``) over ``tensors``, bucket by bucket.
+    into ``out``) over ``tensors``, bucket by bucket; ``pool()`` gives the buckets' buffers.
 
     Results land in ``outputs`` (C-contiguous, same shapes), which may be ``tensors`` themselves.
     ``pack`` and ``unpack`` are this module's for host arrays; GPU arrays bring their own.
     """
+    if len(tensors) == 1:  # no plan, no pool: a gradient bucket's buffer, a single tensor
+        _lone(tensors[0], outputs[0], reduce, prescale, postscale, pack, unpack)
+        return
     plan = plan_buckets([t.nbytes for t in tensors], [t.dtype for t in tensors], threshold)
+    buffers = pool()
     for slot, members in enumerate(plan):
+        if len(members) == 1:
+            _lone(tensors[members[0]], outputs[members[0]], reduce, prescale, postscale, pack,
+                  unpack)
+            continue
         ins = [tensors[i] for i in members]
         outs = [outputs[i] for i in members]
-        if len(members) == 1:
-            # A lone tensor is reduced in its output; no bucket copy needed.
-            flat = outs[0].reshape(-1)
-            if ins[0] is not outs[0] and prescale == 1.0:
-                reduce(ins[0].reshape(-1), flat)  # read from the input, written to the output
-            else:
-                if ins[0] is not outs[0] or prescale != 1.0:
-                    pack(ins, flat, prescale)
-                reduce(flat)
-            if postscale != 1.0:
-                unpack(flat, outs, postscale)
-            continue
-        buf = pool.get(ins[0].dtype, slot, sum(t.size for t in ins))
+        buf = buffers.get(ins[0].dtype, slot, sum(t.size for t in ins))
         pack(ins, buf, prescale)
         reduce(buf)
         unpack(buf, outs, postscale)
+
+
+def _lone(tensor: Any, output: Any, reduce: Callable[..., None], prescale: float,
+          postscale: float, pack: Callable[..., None], unpack: Callable[..., None]) -> None:
+    """Reduce one tensor in its output; no bucket copy needed (nor a view, for a flat one)."""
+    flat = output if output.ndim == 1 else output.reshape(-1)
+    if tensor is not output and prescale == 1.0:
+        reduce(tensor.reshape(-1), flat)  # read from the input, written to the output
+    else:
+        if tensor is not output or prescale != 1.0:
+            pack([tensor], flat, prescale)
+        reduce(flat)
+    if postscale != 1.0:
+        unpack(flat, [output], postscale)

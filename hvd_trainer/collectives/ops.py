@@ -48,7 +48,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
     with memory.active(), agreement.collective(comm, kind, name) as call:
         key = plans.reduction_key(comm, memory, kind, tensors, op, prescale_factor,
                                   postscale_factor, inplace, halves)
-        plan = plans.reductions.get(key)
+        plan = plans.reductions.get(key, comm)
         with call.checks():
             if kind == "allreduce":
                 tensors = [memory.check(tensors[0], "tensor", inplace)]
@@ -63,7 +63,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
         if plan is None:
-            plan = plans.reductions.keep(key, plans.reduction(
+            plan = plans.reductions.keep(key, comm, plans.reduction(
                 comm, memory, kind, tensors, op, prescale_factor, postscale_factor, halves))
         if plan.wire is None:
             call.agree(describe, signature=plan.signature)
@@ -93,7 +93,7 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
                 data.allreduce(flat, backend_op, out)
 
         with timeline.span(call.name, "FUSE"):
-            fusion.fused(tensors, outputs, memory.pool(data), runtime.fusion_threshold(),
+            fusion.fused(tensors, outputs, lambda: memory.pool(data), runtime.fusion_threshold(),
                          communicate, pre, post, memory.pack, memory.unpack)
         for half, out, w in zip(halves, outputs, wide):
             if w:
@@ -244,7 +244,7 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
     comm = runtime.communicator(process_set)
     with memory.active(), agreement.collective(comm, "broadcast", name) as call:
         key = plans.broadcast_key(comm, tensor, root_rank, inplace)
-        plan = plans.broadcasts.get(key)
+        plan = plans.broadcasts.get(key, comm)
         with call.checks():
             memory.check(tensor, "tensor", inplace)
             root = check_root(root_rank, process_set) if plan is None else plan.root
@@ -255,8 +255,8 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
         if call.error is not None:
             call.agree(describe)  # raises the error on every rank
         if plan is None:
-            plan = plans.broadcasts.keep(key, plans.broadcast(comm, memory, tensor,
-                                                               int(root_rank), root))
+            plan = plans.broadcasts.keep(key, comm, plans.broadcast(comm, memory, tensor,
+                                                                     int(root_rank), root))
         if plan.fits:
             mine = comm.rank == root
             carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine

@@ -1,15 +1,18 @@
 """What a repeated collective's checked arguments fix, kept by what fixes them.
 
-A script's small collectives repeat: the same kind, op, scale factors, root, dtype and shape
-on the same process set, call after call (a metric averaged each step, a flag broadcast).
-What those fix (the checks that depend on them alone, the signature and its digest's base,
-the scale factors, whether and how the data travels in the carrier) is worked out once and
-kept here, keyed by the communicator and those arguments; a later call with the same key
+A script's collectives repeat: the same kind, op, scale factors, root, dtype and shape on the
+same process set, call after call (a metric averaged each step, a flag broadcast, a GPU
+gradient bucket's allreduce). What those fix (the checks that depend on them alone, the
+signature and its digest's base, the scale factors, whether and how the data travels in the
+carrier) is worked out once and kept here, keyed by the communicator and those arguments
+(host arrays, or a device's); a later call with the same key
 checks only what can change between calls (the array's type and, in place, its layout).
 Every plan is forgotten at shutdown: a reset's new communicators, whose sizes may differ,
 start afresh.
 """
-from typing import Any, Dict, Generic, List, NamedTuple, Optional, Sequence, TypeVar
+import weakref
+from typing import (Any, Callable, Dict, Generic, List, NamedTuple, Optional, Sequence, Tuple,
+                    TypeVar)
 
 import numpy as np
 
@@ -26,21 +29,24 @@ _KEPT = 1024  # plans kept per kind of call, beyond which they are all forgotten
 
 
 class Known(Generic[Plan]):
-    """The plans of one kind of call made so far, by key."""
+    """The plans of one kind of call made so far, by key. A key names its communicator by
+    ``id``, and the plan holds it weakly: a kept plan keeps no communicator (nor the GPU
+    communicator that goes with it) alive after its process set is removed."""
 
     def __init__(self) -> None:
-        self.plans: Dict[Any, Plan] = {}
+        self.plans: Dict[Any, Tuple[Callable[[], Any], Plan]] = {}
 
-    def get(self, key: Optional[tuple]) -> Optional[Plan]:
-        """The plan kept under ``key`` (None: none, or no key)."""
-        return None if key is None else self.plans.get(key)
+    def get(self, key: Optional[tuple], comm: Any) -> Optional[Plan]:
+        """The plan kept under ``key`` for ``comm`` (None: none, or no key)."""
+        held = None if key is None else self.plans.get(key)
+        return None if held is None or held[0]() is not comm else held[1]
 
-    def keep(self, key: Optional[tuple], plan: Plan) -> Plan:
-        """Keep ``plan`` under ``key`` (none kept without a key); returns it."""
+    def keep(self, key: Optional[tuple], comm: Any, plan: Plan) -> Plan:
+        """Keep ``plan`` under ``key`` for ``comm`` (none kept without a key); returns it."""
         if key is not None:
             if len(self.plans) >= _KEPT:
                 self.plans.clear()
-            self.plans[key] = plan
+            self.plans[key] = (weakref.ref(comm), plan)
         return plan
 
 
@@ -74,16 +80,26 @@ broadcasts: "Known[Broadcast]" = Known()
 
 def reduction_key(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: Any,
                   pre: Any, post: Any, inplace: bool, halves: str) -> Optional[tuple]:
-    """The key of a single host array's allreduce under which its :class:`Reduction` is
-    kept, or None (another kind of call, or arguments whose checks the key cannot stand
-    for: an op not given as a ReduceOp, factors not given as floats)."""
-    if memory is not HOST or kind != "allreduce" or type(op) is not ReduceOp \
-            or type(pre) is not float or type(post) is not float:
+    """The key under which the :class:`Reduction` of an allreduce of one array, or of a
+    grouped allreduce of arrays, all of ``memory`` (host memory, or a device's), is kept; or
+    None (another kind of call, arrays of another type, or arguments whose checks the key
+    cannot stand for: an op not given as a ReduceOp, factors not given as floats)."""
+    if type(op) is not ReduceOp or type(pre) is not float or type(post) is not float \
+            or (memory is not HOST and memory.where == "host"):
         return None
-    tensor = tensors[0]
-    if type(tensor) is not np.ndarray:
+    array = memory.xp.ndarray
+    if kind == "allreduce":
+        tensor = tensors[0]
+        if type(tensor) is not array:
+            return None
+        arrays: tuple = (tensor.dtype, tensor.shape)
+    elif kind == "grouped_allreduce" and type(tensors) is list:
+        if any(type(t) is not array for t in tensors):
+            return None
+        arrays = tuple([(t.dtype, t.shape) for t in tensors])
+    else:
         return None
-    return comm, inplace, op, pre, post, tensor.dtype, tensor.shape, halves
+    return id(comm), memory, kind, inplace, op, pre, post, halves, arrays
 
 
 def reduction(comm: Any, memory: Memory, kind: str, tensors: Sequence[Any], op: ReduceOp,
@@ -124,7 +140,7 @@ def broadcast_key(comm: Any, tensor: Any, root_rank: Any, inplace: bool) -> Opti
     None (not a NumPy array, or a root not given as an int)."""
     if type(tensor) is not np.ndarray or type(root_rank) is not int:
         return None
-    return comm, root_rank, tensor.dtype, tensor.shape, inplace
+    return id(comm), root_rank, tensor.dtype, tensor.shape, inplace
 
 
 def broadcast(comm: Any, memory: Memory, tensor: Any, root_rank: int, root: int) -> Broadcast:

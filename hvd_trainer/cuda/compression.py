@@ -137,7 +137,7 @@ class DeviceErrorFeedbackSum:
         self.codec = device_codec(codec)
         self.residuals: Dict[Hashable, cupy.ndarray] = {}
 
-    @ops._on_rank_device
+    @ops.on_rank_device
     def sum_(self, named: Sequence[Tuple[Hashable, cupy.ndarray]], name: str, scale: float = 1.0,
              process_set: ProcessSet = global_process_set,
              stats: Optional[CommStats] = None) -> None:

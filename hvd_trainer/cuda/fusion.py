@@ -6,7 +6,7 @@ and copies one element. Kernels move raw items of the dtype's width (1, 2, 4 or 
 one kernel serves every dtype. Scaling is a separate in-place pass over the bucket.
 """
 from importlib import resources
-from typing import Dict, Sequence, Tuple
+from typing import Dict, NamedTuple, Sequence
 
 import cupy
 import numpy as np
@@ -16,7 +16,7 @@ from ..collectives.fusion import BufferPool
 _SOURCE = resources.files(__package__).joinpath("fusion.cu").read_text()
 _ITEMS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 _modules: Dict[int, cupy.RawModule] = {}
-_tables: Dict[tuple, Tuple[cupy.ndarray, cupy.ndarray]] = {}
+_tables: Dict[tuple, "_Table"] = {}
 _TABLES_KEPT = 256  # pointer tables cached (a training loop reuses the same few)
 _THREADS = 256
 
@@ -49,14 +49,23 @@ def scale_(flat: cupy.ndarray, factor: float) -> None:
     _scale[wide](wide(factor), flat)
 
 
-def _table(tensors: Sequence[cupy.ndarray], unit: int) -> Tuple[cupy.ndarray, cupy.ndarray]:
+class _Table(NamedTuple):
+    """A group's device pointer table: each tensor's address, the items before each, and
+    the items of them all (kept with the table, so a reused table costs no sizes)."""
+
+    ptrs: cupy.ndarray
+    starts: cupy.ndarray
+    total: int
+
+
+def _table(tensors: Sequence[cupy.ndarray], unit: int) -> _Table:
     key = (unit,) + tuple((t.data.ptr, t.nbytes) for t in tensors)
     held = _tables.get(key)
     if held is None:
         sizes = [t.nbytes // unit for t in tensors]
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        held = (cupy.asarray(np.array([t.data.ptr for t in tensors], np.uint64)),
-                cupy.asarray(starts))
+        held = _Table(cupy.asarray(np.array([t.data.ptr for t in tensors], np.uint64)),
+                      cupy.asarray(starts), int(starts[-1]))
         if len(_tables) >= _TABLES_KEPT:
             _tables.pop(next(iter(_tables)))
         _tables[key] = held
@@ -69,13 +78,13 @@ def _launch(direction: str, tensors: Sequence[cupy.ndarray], flat: cupy.ndarray)
             raise ValueError(f"tensor {i} of the bucket must be C-contiguous {flat.dtype}, "
                              f"got {t.dtype} with strides {t.strides}")
     unit = flat.itemsize if flat.itemsize in _ITEMS else 8  # complex128 moves as 2 × 8 bytes
-    total = sum(t.nbytes for t in tensors) // unit
-    if total == 0:
+    table = _table(tensors, unit)
+    if table.total == 0:
         return
-    ptrs, starts = _table(tensors, unit)
-    blocks = min((total + _THREADS - 1) // _THREADS, 65535)
-    _kernel(direction, unit)((blocks,), (_THREADS,),
-                             (ptrs, starts, np.int32(len(tensors)), flat, np.int64(total)))
+    blocks = min((table.total + _THREADS - 1) // _THREADS, 65535)
+    _kernel(direction, unit)((blocks,), (_THREADS,), (table.ptrs, table.starts,
+                                                      np.int32(len(tensors)), flat,
+                                                      np.int64(table.total)))
 
 
 def pack(tensors: Sequence[cupy.ndarray], out: cupy.ndarray, scale: float = 1.0) -> None:

@@ -32,12 +32,19 @@ _communicators: Companions[Any] = Companions()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@functools.lru_cache(maxsize=None)
+def _visible_gpus() -> int:
+    """How many GPUs this process sees: fixed for its life (CUDA reads CUDA_VISIBLE_DEVICES
+    once, when it starts), so asked once."""
+    return cupy.cuda.runtime.getDeviceCount()
+
+
 def device() -> int:
     """The GPU this rank uses: its local rank, modulo the GPUs it can see."""
-    return runtime.local_rank() % cupy.cuda.runtime.getDeviceCount()
+    return runtime.local_rank() % _visible_gpus()
 
 
-def _on_rank_device(fn: F) -> F:
+def on_rank_device(fn: F) -> F:
     """Run ``fn`` with this rank's GPU current, where its buckets and kernels must be."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -46,13 +53,16 @@ def _on_rank_device(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-@_on_rank_device
 def communicator(process_set: ProcessSet = global_process_set):
     """The process set's GPU communicator, made on first use (a collective call)."""
     host = runtime.communicator(process_set)
     held = _communicators.get(host)
-    if held is not None:
-        return held
+    return _made(host) if held is None else held
+
+
+@on_rank_device
+def _made(host: Any) -> Any:
+    """A new GPU communicator for the host communicator ``host`` (a collective call)."""
     choice = runtime.setting("GPU_COMMUNICATOR")
     # A GPU is told apart by its bus address: device numbers are per process
     # (CUDA_VISIBLE_DEVICES), so ranks that each see one GPU all call theirs GPU 0.
@@ -85,8 +95,8 @@ class DeviceMemory(Memory):
         if inplace and not tensor.flags.c_contiguous:
             raise ValueError(f"{arg} must be C-contiguous for an in-place collective; pass "
                              "cupy.ascontiguousarray(...) or use the out-of-place function")
-        if tensor.device.id != device():
-            raise ValueError(f"{arg} is on GPU {tensor.device.id}, but rank {runtime.rank()} "
+        if tensor.data.device_id != device():  # its memory's GPU, without a Device object
+            raise ValueError(f"{arg} is on GPU {tensor.data.device_id}, but rank {runtime.rank()} "
                              f"works on GPU {device()} (its local rank); move it there")
         return tensor
 

@@ -15,8 +15,8 @@ bfloat16, so the core could neither reduce nor scale them (a 16-bit integer view
 serve the collectives that move bytes, and silently wrong sums are worse than an error).
 
 **Streams.** The core orders its GPU work by CuPy's *current stream* on the thread that runs a
-collective: its kernels run there, and NCCL runs on a stream of its own between the work
-queued on the current stream before it and the work queued after it. The rule here: a
+collective: its kernels and NCCL run there, between the work queued on it before the
+collective and the work queued after it. The rule here: a
 collective on CUDA tensors takes PyTorch's current stream on the tensors' device *when it is
 called*, and that stream is both PyTorch's and CuPy's current stream on the communication
 thread while the collective runs (:func:`ordered`). So the collective starts after all that

@@ -265,7 +265,7 @@ def test_a_shutdown_forgets_the_known_reductions_of_its_communicators():
     hvd.allreduce(np.ones(3, np.float32))
     hvd.broadcast(np.ones(3, np.float32), 0)
     for known in (plans.reductions, plans.broadcasts):
-        assert any(key[0] is hvd.global_process_set.comm for key in known.plans)
+        assert any(held[0]() is hvd.global_process_set.comm for held in known.plans.values())
     hvd.shutdown()
     assert not plans.reductions.plans and not plans.broadcasts.plans
     hvd.init()

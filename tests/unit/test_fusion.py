@@ -54,7 +54,7 @@ def test_fused_reduces_every_bucket_once_and_scales():
         calls.append(flat.size)
         np.multiply(flat, 2, out=flat if into is None else into)
 
-    fusion.fused(tensors, outs, fusion.BufferPool(), threshold=1 << 20, reduce=double,
+    fusion.fused(tensors, outs, fusion.BufferPool, threshold=1 << 20, reduce=double,
                  prescale=1.0, postscale=0.5)
     assert sorted(calls) == [3, 9]  # one float64 bucket (5 + 4 elements), one int64
     for t, o in zip(tensors, outs):
@@ -89,11 +89,11 @@ def test_a_lone_tensor_is_reduced_from_its_input_straight_into_its_output():
         seen.append(into is not None)
         np.multiply(flat, 2, out=flat if into is None else into)
 
-    fusion.fused([x], [out], fusion.BufferPool(), 1 << 20, double)
+    fusion.fused([x], [out], fusion.BufferPool, 1 << 20, double)
     assert seen == [True]  # no copy into the output first
     np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3) * 2)
     np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3))  # the input is only read
-    fusion.fused([x], [out], fusion.BufferPool(), 1 << 20, double, prescale=0.5)
+    fusion.fused([x], [out], fusion.BufferPool, 1 << 20, double, prescale=0.5)
     assert seen == [True, False]  # a prescale needs the scaled copy
     np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3))
 

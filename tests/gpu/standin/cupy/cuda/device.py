@@ -83,6 +83,11 @@ class Device:
     def __exit__(self, *exc) -> None:
         _local.device = _local.entered.pop()
 
+    def synchronize(self) -> None:
+        """Wait for (here: run) the work of every stream of this GPU."""
+        from .stream import synchronize_device  # stream.py imports this module
+        synchronize_device(self.id)
+
     @property
     def pci_bus_id(self) -> str:
         """The GPU's bus address: one per physical GPU of the machine."""

@@ -22,7 +22,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .device import CUDARuntimeError, current_id
 
-__all__ = ["Event", "ExternalStream", "Stream", "current_ptr", "enqueue", "get_current_stream"]
+__all__ = ["Event", "ExternalStream", "Stream", "current_ptr", "enqueue", "get_current_stream",
+           "synchronize_device"]
 
 _INVALID_HANDLE = 400
 _lock = threading.Lock()
@@ -206,6 +207,14 @@ def get_current_stream(device_id: Optional[int] = None) -> Stream:
     """This thread's current stream on ``device_id`` (default: the current GPU)."""
     stack = _stack(current_id() if device_id is None else device_id)
     return stack[-1] if stack else Stream.null
+
+
+def synchronize_device(device: int) -> None:
+    """Wait for (here: run) everything enqueued on every stream of ``device``."""
+    with _lock:
+        queues = [s._queue for s in _streams.values() if s.device_id == device]
+    for queue in queues + [_null(device)]:
+        queue.run_until(queue.queued)
 
 
 def current_ptr(device: int) -> int:
