@@ -18,13 +18,16 @@ def launch(script: str, ranks: int, args: List[str], threads: int = 1,
     """Run ``script --worker ...`` on ``ranks`` fresh processes; return the RESULT rank 0 prints.
 
     ``ranks`` 1 runs plain python (no launcher, no MPI); more go through hvdrun. ``env`` adds
-    variables (e.g. HVD_OVERLAP) to the workers' environment.
+    variables (e.g. HVD_OVERLAP) to the workers' environment; a PYTHONPATH there is a tree
+    (:func:`extract_tree`) whose own hvdrun runs the job.
     """
     worker = [sys.executable, os.path.abspath(script), *args]
-    cmd = ([sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(ranks), "--no-prefix"]
+    tree = (env or {}).get("PYTHONPATH")
+    cmd = (hvdrun(tree) + ["-np", str(ranks), "--no-prefix"]
            + worker if ranks > 1 else worker)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    # In the tree, if one is given: `python -m` puts its working folder first on the path.
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tree)
     found = re.search(r"RESULT (\{.*\})", out.stdout)
     if out.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
@@ -35,10 +38,11 @@ def launch_tree(tree: str, script: str, args: List[str], ranks: int = 2) -> dict
     """Run ``script`` (with ``args``) on ``ranks`` processes under hvdrun, importing
     hvd_trainer from ``tree`` (a checkout, through PYTHONPATH); return the RESULT rank 0
     prints, after checking that the workers imported that tree."""
-    cmd = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(ranks), "--no-prefix",
-           sys.executable, os.path.abspath(script), *args]
+    cmd = hvdrun(tree) + ["-np", str(ranks), "--no-prefix", sys.executable,
+                          os.path.abspath(script), *args]
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    # Run in the tree: `python -m` puts its working folder first on the path, before PYTHONPATH.
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tree)
     found = re.search(r"RESULT (\{.*\})", out.stdout)
     if out.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
@@ -46,6 +50,37 @@ def launch_tree(tree: str, script: str, args: List[str], ranks: int = 2) -> dict
     if not result["file"].startswith(tree):
         raise RuntimeError(f"the worker imported {result['file']}, not the tree {tree}")
     return result
+
+
+def hvdrun(tree: Optional[str] = None) -> List[str]:
+    """The command that starts hvdrun, from checkout ``tree`` when given: its module is
+    ``hvd_trainer_launch.cli.hvdrun`` since the launcher was grouped by concern (issue 47),
+    ``hvd_trainer_launch.hvdrun`` in the commits before, such as b87c4df."""
+    grouped = tree is None or os.path.isdir(os.path.join(tree, "hvd_trainer_launch", "cli"))
+    return [sys.executable, "-m",
+            "hvd_trainer_launch.cli.hvdrun" if grouped else "hvd_trainer_launch.hvdrun"]
+
+
+def name_old_launcher(tree: str) -> None:
+    """Before issue 47 the launcher lived in launch/ and was installed as hvd_trainer_launch:
+    in such a tree, link that name to launch/, so that the tree on PYTHONPATH imports its own
+    launcher (its hvd_trainer imports it) rather than the installed, regrouped one."""
+    old, named = os.path.join(tree, "launch"), os.path.join(tree, "hvd_trainer_launch")
+    if os.path.isdir(old) and not os.path.exists(named):
+        os.symlink("launch", named)
+
+
+def extract_tree(rev: str, folder: str) -> None:
+    """Commit ``rev``'s hvd_trainer and launcher, unpacked into ``folder`` (``git archive``),
+    to be imported through PYTHONPATH."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    listed = subprocess.run(["git", "-C", repo, "ls-tree", "--name-only", rev], check=True,
+                            capture_output=True, text=True).stdout.split()
+    paths = [p for p in ("hvd_trainer", "hvd_trainer_launch", "launch") if p in listed]
+    archive = subprocess.run(["git", "-C", repo, "archive", rev, *paths], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    name_old_launcher(folder)
 
 
 @contextlib.contextmanager
@@ -56,6 +91,7 @@ def detached_tree(rev: str) -> Iterator[str]:
         path = os.path.join(tmp, rev)
         subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", "-f", path, rev],
                        check=True, capture_output=True)
+        name_old_launcher(path)
         try:
             yield path
         finally:

@@ -17,7 +17,6 @@ ratio of the medians.
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from typing import Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from common import commit, header, launch, report  # noqa: E402
+from common import commit, extract_tree, header, launch, report  # noqa: E402
 
 CODECS = ("none", "fp16", "2-bit", "top-k 0.01", "powersgd")
 BATCH, WIDTH, LAYERS = 64, 2048, 8
@@ -156,9 +155,7 @@ def main() -> None:
     lines: List[str] = []
     # Not in /tmp: the test bed's hosts each have a /tmp of their own.
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="compressed_step.") as old:
-        archive = subprocess.run(["git", "-C", REPO, "archive", args.against, "hvd_trainer"],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        extract_tree(args.against, old)
         trees = {"before": old, "after": REPO}
         load = os.getloadavg()[0]
         if args.local:

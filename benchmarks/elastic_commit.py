@@ -59,7 +59,7 @@ import time
 STARTED = time.time()
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import header, slowest_rank  # noqa: E402
+from common import extract_tree, header, hvdrun, slowest_rank  # noqa: E402
 
 SIZES_MIB = (2, 8, 32)  # weights; the state has as much again of momentum
 REPETITIONS = 11
@@ -299,10 +299,12 @@ def ulfm_table(mpirun: str, rounds: int) -> None:
 def run_hvdrun(worker_args, np: int = 2, flags=(), **variables: str) -> str:
     """Run the worker on ``np`` elastic ranks (at least 2; with these further hvdrun
     ``flags`` and environment variables); return its output."""
-    cmd = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "-np", str(np), "--min-np", "2",
+    cmd = [*hvdrun(variables.get("PYTHONPATH")), "-np", str(np), "--min-np", "2",
            *flags, "--no-prefix", sys.executable, os.path.abspath(__file__), *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    # In the tree, if one is given: `python -m` puts its working folder first on the path.
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900,
+                         cwd=variables.get("PYTHONPATH"))
     if out.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out.stdout
@@ -338,9 +340,7 @@ def against_table(framework: str, rev: str, rounds: int) -> None:
     """Commit of this tree against commit ``rev``'s, launches alternating."""
     best: dict = {}
     with tempfile.TemporaryDirectory() as old:
-        archive = subprocess.run(["git", "-C", REPO, "archive", rev, "hvd_trainer"],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        extract_tree(rev, old)
         load = os.getloadavg()[0]
         for _ in range(rounds):
             for label, tree in (("before", old), ("after", REPO)):

@@ -31,7 +31,7 @@ from typing import Dict, Iterator, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "multihost"))
-from common import cpu_model, dense_mlp, report  # noqa: E402
+from common import cpu_model, dense_mlp, hvdrun, report  # noqa: E402
 
 CODECS = {"none": None, "fp16": {"type": "fp16"}, "2-bit": {"type": "2bit", "threshold": 0.5},
           "top-k 0.01": {"type": "topk", "ratio": 0.01}}
@@ -175,7 +175,7 @@ def bed_result(bed, hvdrun_args: List[str], script: str, worker_args: List[str],
                variables: Dict[str, str], what: str) -> dict:
     """Launch ``script --worker worker_args`` with hvdrun ``hvdrun_args`` from h1 of ``bed``
     (one thread per rank, over lan0) and return the RESULT its rank 0 printed."""
-    command = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", *hvdrun_args,
+    command = [*hvdrun(variables.get("PYTHONPATH")), *hvdrun_args,
                "--network-interface", "lan0", "--no-prefix", sys.executable,
                os.path.abspath(script), "--worker", *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **variables)
