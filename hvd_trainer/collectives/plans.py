@@ -11,7 +11,7 @@ Every plan is forgotten at shutdown: a reset's new communicators, whose sizes ma
 start afresh.
 """
 import weakref
-from typing import (Any, Callable, Dict, Generic, List, NamedTuple, Optional, Sequence, Tuple,
+from typing import (Any, Callable, Dict, Generic, List, NamedTuple, Optional, Sequence,
                     TypeVar)
 
 import numpy as np
@@ -28,25 +28,31 @@ Plan = TypeVar("Plan")
 _KEPT = 1024  # plans kept per kind of call, beyond which they are all forgotten
 
 
+class _Kept(NamedTuple):
+    """A kept plan and its communicator, held weakly."""
+    comm: Callable[[], Any]
+    plan: Any
+
+
 class Known(Generic[Plan]):
     """The plans of one kind of call made so far, by key. A key names its communicator by
     ``id``, and the plan holds it weakly: a kept plan keeps no communicator (nor the GPU
     communicator that goes with it) alive after its process set is removed."""
 
     def __init__(self) -> None:
-        self.plans: Dict[Any, Tuple[Callable[[], Any], Plan]] = {}
+        self.plans: Dict[Any, _Kept] = {}
 
     def get(self, key: Optional[tuple], comm: Any) -> Optional[Plan]:
         """The plan kept under ``key`` for ``comm`` (None: none, or no key)."""
         held = None if key is None else self.plans.get(key)
-        return None if held is None or held[0]() is not comm else held[1]
+        return None if held is None or held.comm() is not comm else held.plan
 
     def keep(self, key: Optional[tuple], comm: Any, plan: Plan) -> Plan:
         """Keep ``plan`` under ``key`` for ``comm`` (none kept without a key); returns it."""
         if key is not None:
             if len(self.plans) >= _KEPT:
                 self.plans.clear()
-            self.plans[key] = (weakref.ref(comm), plan)
+            self.plans[key] = _Kept(weakref.ref(comm), plan)
         return plan
 
 
