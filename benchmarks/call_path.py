@@ -21,6 +21,7 @@ Figures in docs/performance.md.
 """
 import argparse
 import functools
+import os
 import statistics
 import sys
 import time
@@ -29,7 +30,8 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-SMALL_DICT = {"epoch": 3, "lr": 0.1, "best": [0.91, 0.93], "model": "resnet20"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the benchmarks' own modules
+from small_collectives import SMALL_DICT  # noqa: E402
 # Short repeats, many: on cores shared with other jobs a long one is mostly descheduled.
 REPEATS = 40
 
@@ -197,6 +199,7 @@ def exchange_figures(rounds: int, iters: int) -> Dict[str, float]:
     """Median µs of each exchange on this job's ranks (see the module docstring)."""
     from mpi4py import MPI
     import hvd_trainer as hvd
+    from allreduce import timed  # seconds per call, the slowest rank's
     from hvd_trainer.coordination import records
     hvd.init()
     comm = MPI.COMM_WORLD
@@ -229,12 +232,7 @@ def exchange_figures(rounds: int, iters: int) -> Dict[str, float]:
     times: Dict[str, List[float]] = {name: [] for name in run}
     for _ in range(rounds):
         for name, fn in run.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times[name].append(comm.allreduce(time.perf_counter() - start, MPI.MAX)
-                               / iters * 1e6)
+            times[name].append(timed(fn, iters) * 1e6)
     for request in (agreement, carrier, fused):
         request.Free()
     return {name: statistics.median(t) for name, t in times.items()}
