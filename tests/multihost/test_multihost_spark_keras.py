@@ -14,7 +14,8 @@ import multihost
 import spark_bed
 
 if importlib.util.find_spec("tensorflow") is None:  # not imported: seconds, and not needed here
-    pytest.skip("the Keras example needs TensorFlow: pip install -e '.[test-tensorflow]'",
+    pytest.skip("TensorFlow is not installed here (the Keras example needs it); pip install -e "
+                "'.[test-tensorflow]'",
                 allow_module_level=True)
 
 _DRIVER = """
