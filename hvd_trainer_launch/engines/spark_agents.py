@@ -20,7 +20,7 @@ if it is lost.
 """
 import time
 import uuid
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple
 
 from hvd_trainer_launch.engines import agent as engine_agent, agent_link
 from hvd_trainer_launch.engines.agent_link import Hello
@@ -143,10 +143,3 @@ def resources_by_local_rank(agents: List[Hello], host: str, ranks: int) -> List[
     mine = sorted((hello for hello in agents if hello.host == host), key=lambda h: h.slot)
     return [hello.resources for hello in mine[:ranks]]
 
-
-def executor_lost_text(failure: Optional[SlotFailure]) -> str:
-    """Spark's words of a slot's last failure, cut to what a message can quote."""
-    if failure is None:
-        return ""
-    text = failure.text.split("\n: ", 1)[-1]
-    return text.strip().splitlines()[0][:500] if text.strip() else ""

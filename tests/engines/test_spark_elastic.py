@@ -9,8 +9,6 @@ import threading
 import time
 
 import cloudpickle
-import pytest
-
 import engines
 from hvd_trainer_launch.engines import agent_link, spark_agents
 from hvd_trainer_launch.engines.agent_link import Message
@@ -119,21 +117,3 @@ def test_a_slot_beyond_the_cluster_waits_for_a_free_one(spark):
         driver.close()
     _wait_for_no_engine_processes()
 
-
-def test_retry_waits_grow_and_stop_at_the_most():
-    assert spark_agents.retry_wait(0) == 0
-    assert spark_agents.retry_wait(1) == spark_agents.RETRY_FIRST_SECONDS
-    assert spark_agents.retry_wait(2) == 2 * spark_agents.RETRY_FIRST_SECONDS
-    assert spark_agents.retry_wait(60) == spark_agents.RETRY_MOST_SECONDS
-
-
-@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 0, 1]])
-def test_hosts_in_order_of_their_lowest_slot_with_its_agent(slots):
-    hellos = [agent_link.Hello(slot, f"t{slot}", "h2" if slot == 1 else "h1",
-                               {"gpu": [str(slot)]}) for slot in slots]
-    found = spark_agents.hosts_of(hellos)
-    by_slot = {hello.slot: hello for hello in hellos}
-    assert found == [spark_agents.HostAgent("h1", 2, by_slot[0]),
-                     spark_agents.HostAgent("h2", 1, by_slot[1])]
-    assert spark_agents.resources_by_local_rank(hellos, "h1", 2) == [{"gpu": ["0"]},
-                                                                     {"gpu": ["2"]}]

@@ -1,0 +1,94 @@
+"""hvd_trainer.spark.run_elastic's pieces that need no Spark: its arguments checked as
+Horovod's (defaults, aliases, refusals naming the argument), the hosts and agents that linked
+tasks make, and the waits before a failed slot is asked for again."""
+import warnings
+
+import pytest
+
+from hvd_trainer_launch.engines import agent_link, spark_agents, spark_elastic
+from hvd_trainer_launch.engines.spark_elastic import ElasticArguments
+
+
+def _check(parallelism=4, **given):
+    arguments = dict(num_proc=None, min_num_proc=None, max_num_proc=None, start_timeout=None,
+                     elastic_timeout=None, reset_limit=None, env=None, verbose=1, nics=None,
+                     prefix_output_with_timestamp=False)
+    arguments.update(given)
+    return spark_elastic.check_arguments(parallelism=parallelism, **arguments)
+
+
+def test_defaults_are_horovods(monkeypatch):
+    monkeypatch.delenv(spark_elastic.START_TIMEOUT_VARIABLE, raising=False)
+    monkeypatch.delenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, raising=False)
+    assert _check() == ElasticArguments(4, 4, 4, 600.0, 600.0, None, {}, [])
+    assert _check(num_proc=2, max_num_proc=5) == ElasticArguments(2, 2, 5, 600.0, 600.0, None,
+                                                                  {}, [])
+    monkeypatch.setenv(spark_elastic.START_TIMEOUT_VARIABLE, "30")
+    monkeypatch.setenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, "7.5")
+    found = _check(num_proc=3, min_num_proc=1, reset_limit=0, env={"A": 1}, verbose=2,
+                   nics={"eth1", "eth0"}, prefix_output_with_timestamp=True)
+    assert found == ElasticArguments(
+        3, 1, 3, 30.0, 7.5, 0, {"A": "1"},
+        ["--network-interfaces", "eth0,eth1", "--prefix-output-with-timestamp", "--verbose"])
+
+
+def test_deprecated_aliases_warn_and_count():
+    with pytest.warns(DeprecationWarning, match="min_np is deprecated, use min_num_proc"):
+        assert _check(num_proc=3, min_np=2).min_num_proc == 2
+    with pytest.warns(DeprecationWarning, match="max_np is deprecated, use max_num_proc"):
+        assert _check(num_proc=3, max_np=6).max_num_proc == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="give min_num_proc or the deprecated min_np, "
+                                             "not both"):
+            _check(min_num_proc=1, min_np=1)
+
+
+@pytest.mark.parametrize("given, match", [
+    (dict(num_proc=0), r"num_proc=0 must be an int >= 1"),
+    (dict(num_proc=True), r"num_proc=True must be an int >= 1"),
+    (dict(min_num_proc="1"), r"min_num_proc='1' must be an int >= 1"),
+    (dict(max_num_proc=2.0), r"max_num_proc=2.0 must be an int >= 1"),
+    (dict(num_proc=3, min_num_proc=4), r"min_num_proc=4 <= num_proc=3 <= max_num_proc=3 does "
+                                       r"not hold"),
+    (dict(num_proc=3, max_num_proc=2), r"min_num_proc=3 <= num_proc=3 <= max_num_proc=2"),
+    (dict(start_timeout=0), r"start_timeout=0 must be a number of seconds > 0"),
+    (dict(elastic_timeout="5"), r"elastic_timeout='5' must be a number of seconds > 0"),
+    (dict(reset_limit=-1), r"reset_limit=-1 must be None or an int >= 0"),
+    (dict(reset_limit=1.5), r"reset_limit=1.5 must be None or an int >= 0"),
+    (dict(nics="eth0"), r"nics='eth0' must be a list \(or set\) of network interface names"),
+    (dict(verbose="2"), r"verbose='2' must be an int"),
+    (dict(env={"A B": "1"}), r"env: "),
+])
+def test_refusals_name_the_argument(given, match):
+    with pytest.raises(ValueError, match=r"hvd_trainer\.spark\.run_elastic: " + match):
+        _check(**given)
+
+
+def test_a_timeout_variable_that_is_not_a_number_is_named(monkeypatch):
+    monkeypatch.setenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, "soon")
+    with pytest.raises(ValueError, match=r"\$HOROVOD_ELASTIC_TIMEOUT='soon' is not a number"):
+        _check()
+    monkeypatch.setenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, "-1")
+    with pytest.raises(ValueError, match=r"\$HOROVOD_ELASTIC_TIMEOUT=-1.0 must be a number of "
+                                         r"seconds > 0"):
+        _check()
+
+
+def test_retry_waits_grow_and_stop_at_the_most():
+    assert spark_agents.retry_wait(0) == 0
+    assert spark_agents.retry_wait(1) == spark_agents.RETRY_FIRST_SECONDS
+    assert spark_agents.retry_wait(2) == 2 * spark_agents.RETRY_FIRST_SECONDS
+    assert spark_agents.retry_wait(60) == spark_agents.RETRY_MOST_SECONDS
+
+
+@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 0, 1]])
+def test_hosts_in_order_of_their_lowest_slot_with_its_agent(slots):
+    hellos = [agent_link.Hello(slot, f"t{slot}", "h2" if slot == 1 else "h1",
+                               {"gpu": [str(slot)]}) for slot in slots]
+    found = spark_agents.hosts_of(hellos)
+    by_slot = {hello.slot: hello for hello in hellos}
+    assert found == [spark_agents.HostAgent("h1", 2, by_slot[0]),
+                     spark_agents.HostAgent("h2", 1, by_slot[1])]
+    assert spark_agents.resources_by_local_rank(hellos, "h1", 2) == [{"gpu": ["0"]},
+                                                                     {"gpu": ["2"]}]
