@@ -18,12 +18,16 @@ linked tasks; one of them per host, the lowest slot, is that life's agent: it ru
 launcher's proxy command for the host's ranks, the others hold their Spark slots and stand in
 if it is lost.
 """
+import json
+import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, NamedTuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines import agent as engine_agent, agent_link
-from hvd_trainer_launch.engines.agent_link import Hello
+from hvd_trainer_launch.engines.agent_link import Hello, Message
+from hvd_trainer_launch.engines.calls import HostOutcome
 
 # After a slot's job fails, how long before it is asked for again: the first wait, doubled
 # after each failure in a row, at most the last. A task that cannot run at all (its Python
@@ -143,3 +147,86 @@ def resources_by_local_rank(agents: List[Hello], host: str, ranks: int) -> List[
     mine = sorted((hello for hello in agents if hello.host == host), key=lambda h: h.slot)
     return [hello.resources for hello in mine[:ranks]]
 
+
+
+class Handed(NamedTuple):
+    """A life's proxy command handed to a host's agent: the host and the agent's token."""
+
+    host: str
+    token: str
+
+
+class SparkAgents:
+    """The driver's view of run_elastic's agents: the slots' jobs and their tasks' links; the
+    hosts now (:meth:`hosts`), a life's proxy commands handed to each host's agent
+    (:meth:`hand`) and their outcomes (:meth:`outcomes`). ``changed`` is called whenever a
+    task links up or is lost (from a reader thread)."""
+
+    def __init__(self, context, secret: bytes, payload: bytes, slots: int,
+                 changed: Callable[[], None]):
+        conf = context.getConf()
+        self._changed, self._lock = changed, threading.Condition()
+        self._outcomes: Dict[Tuple[int, str], HostOutcome] = {}  # by (life, token)
+        self.links = agent_link.Links(conf.get("spark.driver.host"), secret, self._moved,
+                                      self._received, bind=conf.get("spark.driver.bindAddress"))
+        try:
+            self.slots = SlotJobs(context, slots, lambda slot: agent_task(
+                self.links.address, secret, payload, slot), self.links.drop)
+        except BaseException:
+            self.links.close()
+            raise
+
+    def _moved(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+        self._changed()
+
+    def _received(self, token: str, message: Message) -> None:
+        outcome = agent_link.outcome_of(message)  # ValueError: the link is dropped
+        with self._lock:
+            self._outcomes[(int(message.fields["life"]), token)] = outcome
+            self._lock.notify_all()
+
+    def hosts(self) -> List[HostAgent]:
+        """The hosts now, in the order of their lowest slot, with their slots and agents."""
+        return hosts_of(self.links.agents())
+
+    def hand(self, life: int, layout: Sequence[Tuple[str, int]], lines: Sequence[str],
+             env: Dict[str, str]) -> List[Handed]:
+        """Send each host of ``layout`` ((host, ranks) in rank order) its proxy command of
+        ``lines`` through its agent, with ``env`` and, for its ranks, its tasks' resources in
+        local rank order; the agents handed one. A host with no agent now is left out: its
+        proxy never starts, and the life fails as when its agent is lost."""
+        agents = self.links.agents()
+        by_host = {host.host: host.agent for host in hosts_of(agents)}
+        handed = []
+        for (host, ranks), line in zip(layout, lines):
+            agent = by_host.get(host)
+            if agent is None:
+                continue
+            resources = resources_by_local_rank(agents, host, ranks)
+            fields = {"life": life, "line": line,
+                      "env": {**env, protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources)}}
+            if self.links.send(agent.token, Message("run", fields)):
+                handed.append(Handed(host, agent.token))
+        return handed
+
+    def outcomes(self, life: int, handed: Sequence[Handed], seconds: float) -> \
+            Dict[str, Optional[HostOutcome]]:
+        """Each handed host's outcome of ``life``, waiting up to ``seconds`` for those whose
+        agents are linked still; None for a host whose agent was lost (or is late)."""
+        deadline = time.monotonic() + seconds
+
+        def settled() -> bool:
+            linked = {hello.token for hello in self.links.agents()}
+            return all((life, one.token) in self._outcomes or one.token not in linked
+                       for one in handed)
+
+        with self._lock:
+            self._lock.wait_for(settled, max(0.0, deadline - time.monotonic()))
+            return {one.host: self._outcomes.get((life, one.token)) for one in handed}
+
+    def close(self) -> None:
+        """End every task (the links first, then the slots' jobs): nothing is asked for again."""
+        self.links.close()
+        self.slots.stop()
