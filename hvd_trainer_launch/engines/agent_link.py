@@ -39,12 +39,14 @@ _MOST_UNPROVEN = 16
 
 class Hello(NamedTuple):
     """What an agent says of itself when it dials: its ``slot`` (the engine's number for the
-    place it fills), a ``token`` unique to this start of it, its ``host`` and the addresses of
-    each resource its engine assigned it (``{"gpu": ["0"]}``)."""
+    place it fills), a ``token`` unique to this start of it, its ``host``, the ``executor``
+    it runs in there (the engine's process that fails as one: agents in one are lost
+    together) and the addresses of each resource its engine assigned it (``{"gpu": ["0"]}``)."""
 
     slot: int
     token: str
     host: str
+    executor: str
     resources: Dict[str, List[str]]
 
 
@@ -120,9 +122,11 @@ def _keep_alive(conn: socket.socket) -> None:
 
 def _hello(fields: dict) -> Hello:
     """The Hello in ``fields``; ValueError unless its types are right."""
-    found = Hello(fields["slot"], fields["token"], fields["host"], fields["resources"])
+    found = Hello(fields["slot"], fields["token"], fields["host"], fields["executor"],
+                  fields["resources"])
     if type(found.slot) is not int or found.slot < 0 or not isinstance(found.token, str) \
             or not isinstance(found.host, str) or not found.host \
+            or not isinstance(found.executor, str) \
             or not isinstance(found.resources, dict) \
             or not all(isinstance(name, str) and isinstance(addresses, list)
                        and all(isinstance(a, str) for a in addresses)

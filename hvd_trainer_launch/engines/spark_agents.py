@@ -10,15 +10,16 @@ fails its own job only, and the driver asks for the slot again. (One job of many
 not do: a task that fails for good aborts the job, and Spark kills its other tasks with it.)
 
 Each task dials the driver and keeps a signed link to it (agent_link) for its whole life,
-saying its host and the resources Spark gave it; the link's drop tells the driver at once
-that the task is gone (its executor killed, its Python worker killed); a slot whose job fails
-ends that slot's link too (Spark's word for an executor that vanished from the network, when
-no connection closed). A host is in the job while it holds a linked task; its slots are its
-linked tasks; one of them per host, the lowest slot, is that life's agent: it runs the MPI
-launcher's proxy command for the host's ranks, the others hold their Spark slots and stand in
-if it is lost.
+saying its host, its executor and the resources Spark gave it; the link's drop tells the
+driver at once that the task is gone (its executor killed, its Python worker killed); a slot
+whose job fails ends that slot's link too (Spark's word for an executor that vanished from
+the network, when no connection closed). Each executor with a linked task is one of the job's
+hosts (engines.elastic), the unit that is lost as one: its slots are its linked tasks, and its
+lowest slot's task is its agent, which runs the MPI launcher's proxy command of each life for
+the executor's ranks and keeps their commits; the other tasks hold their Spark slots.
 """
 import json
+import os
 import threading
 import time
 import uuid
@@ -27,7 +28,6 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines import agent as engine_agent, agent_link
 from hvd_trainer_launch.engines.agent_link import Hello, Message
-from hvd_trainer_launch.engines.calls import HostOutcome
 
 # After a slot's job fails, how long before it is asked for again: the first wait, doubled
 # after each failure in a row, at most the last. A task that cannot run at all (its Python
@@ -48,7 +48,10 @@ def agent_task(address: str, secret: bytes, payload: bytes, slot: int) -> Callab
         from pyspark import TaskContext
         context = TaskContext.get()
         resources = {name: list(info.addresses) for name, info in context.resources().items()}
-        hello = Hello(slot, uuid.uuid4().hex, engine_agent.hostname(), resources)
+        # The executor: the process that started this task's Python worker (PySpark's
+        # daemon, or the executor JVM itself), which dies with the executor.
+        hello = Hello(slot, uuid.uuid4().hex, engine_agent.hostname(), str(os.getppid()),
+                      resources)
         side = agent_link.dial(address, secret, hello)
         agent_link.serve(side, lambda message: engine_agent.run_proxy(
             message.fields["line"], payload, secret, env=message.fields["env"]))
@@ -123,50 +126,60 @@ class SlotJobs:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-class HostAgent(NamedTuple):
-    """A host of the job now: its name, its slots (linked tasks) and the task that is its
-    agent (the lowest slot's)."""
+class Executor(NamedTuple):
+    """An executor of the job now, as the job's host: the ``name`` the job knows it by (its
+    host's, or ``host/N`` beside another executor of the same host), its ``host``, its
+    ``slots`` (linked tasks, one rank each) and its ``agent`` (the lowest slot's task)."""
 
+    name: str
     host: str
     slots: int
     agent: Hello
 
 
-def hosts_of(agents: List[Hello]) -> List[HostAgent]:
-    """The hosts that ``agents`` (linked tasks) are on, in the order of their lowest slot,
-    each with its slot count and its agent (the lowest slot's task)."""
-    by_host: Dict[str, List[Hello]] = {}
+def executors_of(agents: Sequence[Hello], names: Dict[Tuple[str, str], str]) -> List[Executor]:
+    """The executors that ``agents`` (linked tasks) run in, in the order of their lowest slot.
+    ``names`` (by (host, executor)) keeps each executor's name for as long as it lives: a
+    new one gets its host's name where no other executor holds it, else ``host/N`` with the
+    lowest N >= 2 free; those of executors gone are dropped."""
+    by_executor: Dict[Tuple[str, str], List[Hello]] = {}
     for hello in sorted(agents, key=lambda hello: hello.slot):
-        by_host.setdefault(hello.host, []).append(hello)
-    return [HostAgent(host, len(tasks), tasks[0]) for host, tasks in by_host.items()]
+        by_executor.setdefault((hello.host, hello.executor), []).append(hello)
+    for key in [key for key in names if key not in by_executor]:
+        del names[key]
+    for key in by_executor:
+        if key not in names:
+            taken = set(names.values())
+            number = 1
+            while (key[0] if number == 1 else f"{key[0]}/{number}") in taken:
+                number += 1
+            names[key] = key[0] if number == 1 else f"{key[0]}/{number}"
+    return [Executor(names[key], key[0], len(tasks), tasks[0])
+            for key, tasks in by_executor.items()]
 
 
-def resources_by_local_rank(agents: List[Hello], host: str, ranks: int) -> List[Dict[str, Any]]:
-    """The resources of ``host``'s first ``ranks`` tasks by slot: its ranks' in local rank
-    order (hvd_trainer.spark.task.get_available_devices reads its own)."""
-    mine = sorted((hello for hello in agents if hello.host == host), key=lambda h: h.slot)
-    return [hello.resources for hello in mine[:ranks]]
-
-
-
-class Handed(NamedTuple):
-    """A life's proxy command handed to a host's agent: the host and the agent's token."""
-
-    host: str
-    token: str
+def resources_in_slot_order(agents: Sequence[Hello], executor: Executor) -> List[Dict[str, Any]]:
+    """The resources of ``executor``'s tasks by slot: its ranks' in local rank order
+    (hvd_trainer.spark.task.get_available_devices reads its own)."""
+    mine = sorted((hello for hello in agents
+                   if (hello.host, hello.executor) == (executor.host, executor.agent.executor)),
+                  key=lambda hello: hello.slot)
+    return [hello.resources for hello in mine]
 
 
 class SparkAgents:
-    """The driver's view of run_elastic's agents: the slots' jobs and their tasks' links; the
-    hosts now (:meth:`hosts`), a life's proxy commands handed to each host's agent
-    (:meth:`hand`) and their outcomes (:meth:`outcomes`). ``changed`` is called whenever a
-    task links up or is lost (from a reader thread)."""
+    """The Spark side of an elastic engine job: the slots' jobs and their tasks' links, told
+    to ``job`` (engines.elastic's ElasticJob: ``joined(host, slots)``, ``left(host)``,
+    ``returned(life, host, outcome)``, ``lost(life, host, cause)``) as executors join and
+    leave, each executor one of the job's hosts; :meth:`serve` hands a life's proxy command to
+    an executor's agent."""
 
-    def __init__(self, context, secret: bytes, payload: bytes, slots: int,
-                 changed: Callable[[], None]):
+    def __init__(self, context, secret: bytes, payload: bytes, slots: int, job):
         conf = context.getConf()
-        self._changed, self._lock = changed, threading.Condition()
-        self._outcomes: Dict[Tuple[int, str], HostOutcome] = {}  # by (life, token)
+        self._job, self._lock = job, threading.Lock()
+        self._names: Dict[Tuple[str, str], str] = {}
+        self._reported: Dict[str, int] = {}  # what the job was told: slots by executor name
+        self._running: Dict[str, Tuple[int, str]] = {}  # token -> (life, executor name)
         self.links = agent_link.Links(conf.get("spark.driver.host"), secret, self._moved,
                                       self._received, bind=conf.get("spark.driver.bindAddress"))
         try:
@@ -176,55 +189,61 @@ class SparkAgents:
             self.links.close()
             raise
 
-    def _moved(self) -> None:
+    def executors(self) -> List[Executor]:
+        """The job's executors now, in the order of their lowest slot."""
         with self._lock:
-            self._lock.notify_all()
-        self._changed()
+            return executors_of(self.links.agents(), self._names)
+
+    def _moved(self) -> None:
+        """A task linked up or was lost: tell the job which executors joined, changed or
+        left, and which life's agents were lost before they returned."""
+        with self._lock:
+            linked = {hello.token for hello in self.links.agents()}
+            now = {executor.name: executor.slots
+                   for executor in executors_of(self.links.agents(), self._names)}
+            lost = [(token, *run) for token, run in self._running.items() if token not in linked]
+            for token, _, _ in lost:
+                del self._running[token]
+            told = {name for _, _, name in lost}
+            gone = [name for name in self._reported if name not in now and name not in told]
+            joined = [(name, slots) for name, slots in now.items()
+                      if self._reported.get(name) != slots or name in told]
+            self._reported = now
+        for _, life, name in lost:
+            self._job.lost(life, name, "its Spark task's link to the driver closed (the "
+                                       "executor or the task's Python worker died)")
+        for name in gone:
+            self._job.left(name)
+        for name, slots in joined:
+            self._job.joined(name, slots)
 
     def _received(self, token: str, message: Message) -> None:
         outcome = agent_link.outcome_of(message)  # ValueError: the link is dropped
         with self._lock:
-            self._outcomes[(int(message.fields["life"]), token)] = outcome
-            self._lock.notify_all()
+            run = self._running.pop(token, None)
+        if run is not None and run[0] == int(message.fields["life"]):
+            self._job.returned(run[0], run[1], outcome)
 
-    def hosts(self) -> List[HostAgent]:
-        """The hosts now, in the order of their lowest slot, with their slots and agents."""
-        return hosts_of(self.links.agents())
-
-    def hand(self, life: int, layout: Sequence[Tuple[str, int]], lines: Sequence[str],
-             env: Dict[str, str]) -> List[Handed]:
-        """Send each host of ``layout`` ((host, ranks) in rank order) its proxy command of
-        ``lines`` through its agent, with ``env`` and, for its ranks, its tasks' resources in
-        local rank order; the agents handed one. A host with no agent now is left out: its
-        proxy never starts, and the life fails as when its agent is lost."""
-        agents = self.links.agents()
-        by_host = {host.host: host.agent for host in hosts_of(agents)}
-        handed = []
-        for (host, ranks), line in zip(layout, lines):
-            agent = by_host.get(host)
-            if agent is None:
-                continue
-            resources = resources_by_local_rank(agents, host, ranks)
-            fields = {"life": life, "line": line,
-                      "env": {**env, protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources)}}
-            if self.links.send(agent.token, Message("run", fields)):
-                handed.append(Handed(host, agent.token))
-        return handed
-
-    def outcomes(self, life: int, handed: Sequence[Handed], seconds: float) -> \
-            Dict[str, Optional[HostOutcome]]:
-        """Each handed host's outcome of ``life``, waiting up to ``seconds`` for those whose
-        agents are linked still; None for a host whose agent was lost (or is late)."""
-        deadline = time.monotonic() + seconds
-
-        def settled() -> bool:
-            linked = {hello.token for hello in self.links.agents()}
-            return all((life, one.token) in self._outcomes or one.token not in linked
-                       for one in handed)
-
+    def serve(self, dispatch) -> None:
+        """Hand ``dispatch`` (engines.elastic's Dispatch: life, host, line) to the agent of
+        the executor it names, with its tasks' resources for its ranks; an executor with no
+        linked task is reported lost at once."""
         with self._lock:
-            self._lock.wait_for(settled, max(0.0, deadline - time.monotonic()))
-            return {one.host: self._outcomes.get((life, one.token)) for one in handed}
+            agents = self.links.agents()
+            found = [executor for executor in executors_of(agents, self._names)
+                     if executor.name == dispatch.host]
+            if found:
+                self._running[found[0].agent.token] = (dispatch.life, dispatch.host)
+        if found:
+            resources = resources_in_slot_order(agents, found[0])
+            fields = {"life": dispatch.life, "line": dispatch.line,
+                      "env": {protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources)}}
+            if self.links.send(found[0].agent.token, Message("run", fields)):
+                return
+            with self._lock:
+                self._running.pop(found[0].agent.token, None)
+        self._job.lost(dispatch.life, dispatch.host, "no Spark task of it is linked to the "
+                                                     "driver")
 
     def close(self) -> None:
         """End every task (the links first, then the slots' jobs): nothing is asked for again."""

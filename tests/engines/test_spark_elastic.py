@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import cloudpickle
 import engines
@@ -18,26 +19,56 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 SLOTS = 3
 
 
+class _Dispatch(NamedTuple):
+    life: int
+    host: str
+    line: str
+
+
+class _Job:
+    """What an elastic job hears from SparkAgents, recorded: the hosts now, each life's
+    outcomes and losses."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.hosts, self.outcomes, self.losses = {}, {}, []
+
+    def _note(self, change):
+        with self.changed:
+            change()
+            self.changed.notify_all()
+
+    def joined(self, host, slots):
+        self._note(lambda: self.hosts.__setitem__(host, slots))
+
+    def left(self, host):
+        self._note(lambda: self.hosts.pop(host, None))
+
+    def returned(self, life, host, outcome):
+        self._note(lambda: self.outcomes.__setitem__((life, host), outcome))
+
+    def lost(self, life, host, cause):
+        self._note(lambda: (self.losses.append((life, host, cause)), self.hosts.pop(host, None)))
+
+    def wait_for(self, what, seconds=120):
+        with self.changed:
+            assert self.changed.wait_for(what, seconds), (self.hosts, self.outcomes, self.losses)
+
+
 class _Driver:
-    """SparkAgents on the test session's Spark, its changes counted."""
+    """SparkAgents on the test session's Spark, telling a _Job."""
 
     def __init__(self, spark, slots):
-        self.changed = threading.Condition()
+        self.job = _Job()
         self.agents = spark_agents.SparkAgents(spark.sparkContext, os.urandom(32),
                                                b"unused: the commands here are not ranks",
-                                               slots, self._changed)
-
-    def _changed(self):
-        with self.changed:
-            self.changed.notify_all()
+                                               slots, self.job)
 
     def linked(self):
         return self.agents.links.agents()
 
     def wait_for(self, what, seconds=120):
-        with self.changed:
-            assert self.changed.wait_for(what, seconds), \
-                (self.linked(), self.agents.slots.failures())
+        self.job.wait_for(what, seconds)
 
     def close(self):
         self.agents.close()
@@ -52,33 +83,39 @@ def _wait_for_no_engine_processes(seconds=30):
 
 def test_slots_link_up_take_commands_and_a_lost_task_is_replaced(spark):
     driver = _Driver(spark, SLOTS)
+    job = driver.job
     try:
-        driver.wait_for(lambda: len(driver.linked()) == SLOTS)
+        driver.wait_for(lambda: sum(job.hosts.values()) == SLOTS)
         agents = driver.linked()
         assert [hello.slot for hello in agents] == list(range(SLOTS))
+        # One executor: one host of the job, named by its host, its agent slot 0's task.
         host = agents[0].host
-        assert driver.agents.hosts() == [spark_agents.HostAgent(host, SLOTS, agents[0])]
+        assert job.hosts == {host: SLOTS}
+        assert driver.agents.executors() == [spark_agents.Executor(host, host, SLOTS, agents[0])]
         # Each task got one of the session's fake GPUs.
         assert sorted(hello.resources["gpu"][0] for hello in agents) == engines.SPARK_GPUS
-        # One host: its agent (slot 0's task) runs the life's command, with every task's
-        # resources in slot order for its ranks and the env given.
-        handed = driver.agents.hand(1, [(host, SLOTS)], [
-            "sh -c 'echo \"$HVD_SPARK_TASK_RESOURCES $GIVEN\" >&2; exit 3'"], {"GIVEN": "yes"})
-        assert handed == [spark_agents.Handed(host, agents[0].token)]
-        outcome = driver.agents.outcomes(1, handed, 60)[host]
+        # The agent runs the life's command with every task's resources in slot order.
+        driver.agents.serve(_Dispatch(1, host, "sh -c 'echo $HVD_SPARK_TASK_RESOURCES >&2; "
+                                               "exit 3'"))
+        driver.wait_for(lambda: (1, host) in job.outcomes)
+        outcome = job.outcomes[(1, host)]
         assert outcome.code == 3 and outcome.host == host
-        assert outcome.messages.strip() == \
-            json.dumps([hello.resources for hello in agents]) + " yes"
-        # The agent's command kills its task's Python worker, as a lost executor would.
-        handed = driver.agents.hand(2, [(host, SLOTS)], ["sh -c 'kill -9 $PPID; sleep 30'"], {})
-        assert driver.agents.outcomes(2, handed, 60) == {host: None}
-        lost = agents[0]
-        assert lost in driver.agents.links.lost()
-        assert driver.agents.hosts() == [spark_agents.HostAgent(host, 2, agents[1])]
+        assert outcome.messages.strip() == json.dumps([hello.resources for hello in agents])
+        # The agent's command kills its task's Python worker, as a lost executor would: the
+        # life's agent is lost, and the executor stays with its two other tasks.
+        driver.agents.serve(_Dispatch(2, host, "sh -c 'kill -9 $PPID; sleep 30'"))
+        driver.wait_for(lambda: job.losses and job.hosts == {host: SLOTS - 1})
+        assert [(life, name) for life, name, _ in job.losses] == [(2, host)]
+        assert "link to the driver closed" in job.losses[0][2]
+        assert driver.agents.executors()[0].agent == agents[1]
         # Its job fails (the session does not retry tasks) and the slot is asked for again.
-        driver.wait_for(lambda: [h.slot for h in driver.linked()] == [0, 1, 2])
+        driver.wait_for(lambda: job.hosts == {host: SLOTS})
+        assert [hello.slot for hello in driver.linked()] == [0, 1, 2]
         assert "Python worker exited unexpectedly" in driver.agents.slots.failures()[0].text
-        assert lost.token not in [hello.token for hello in driver.linked()]
+        assert agents[0].token not in [hello.token for hello in driver.linked()]
+        # A life handed to an executor that is gone is lost at once.
+        driver.agents.serve(_Dispatch(3, "elsewhere", "true"))
+        assert job.losses[-1][:2] == (3, "elsewhere")
     finally:
         driver.close()
     _wait_for_no_engine_processes()
@@ -87,7 +124,7 @@ def test_slots_link_up_take_commands_and_a_lost_task_is_replaced(spark):
 def test_a_slot_beyond_the_cluster_waits_for_a_free_one(spark):
     driver = _Driver(spark, SLOTS + 1)
     try:
-        driver.wait_for(lambda: len(driver.linked()) == SLOTS)
+        driver.wait_for(lambda: sum(driver.job.hosts.values()) == SLOTS)
         time.sleep(2)  # the fourth waits in Spark's scheduler: no slot is free
         linked = [hello.slot for hello in driver.linked()]
         assert len(linked) == SLOTS
@@ -98,7 +135,7 @@ def test_a_slot_beyond_the_cluster_waits_for_a_free_one(spark):
         # is asked for again, takes it.
         everyone = set(range(SLOTS + 1))
         driver.wait_for(lambda: {hello.slot for hello in driver.linked()}
-                        == everyone - {first.slot})
+                        == everyone - {first.slot} and sum(driver.job.hosts.values()) == SLOTS)
         time.sleep(2)
         assert {hello.slot for hello in driver.linked()} == everyone - {first.slot}
     finally:

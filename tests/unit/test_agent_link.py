@@ -53,7 +53,7 @@ def test_an_agent_takes_a_command_per_life_and_sends_each_outcome_back():
         ran.append((message.fields["life"], message.fields["line"]))
         return HostOutcome("h2", 0, {3: b"three" * message.fields["life"], 4: b""}, "said")
 
-    hello = Hello(2, "token-a", "h2", {"gpu": ["1"]})
+    hello = Hello(2, "token-a", "h2", "e", {"gpu": ["1"]})
     try:
         thread = _agent_in_thread(driver.links.address, hello, run)
         driver.wait_change()
@@ -76,14 +76,14 @@ def test_an_agent_takes_a_command_per_life_and_sends_each_outcome_back():
 def test_a_dropped_agent_is_seen_at_once_and_its_token_cannot_come_back():
     driver = _Driver()
     try:
-        side = agent_link.dial(driver.links.address, SECRET, Hello(0, "t", "h1", {}))
+        side = agent_link.dial(driver.links.address, SECRET, Hello(0, "t", "h1", "e", {}))
         driver.wait_change()
         assert [hello.token for hello in driver.links.agents()] == ["t"]
         side.conn.close()  # as a killed task's connection
         driver.wait_change()
         assert driver.links.agents() == [] and [h.token for h in driver.links.lost()] == ["t"]
         assert not driver.links.send("t", Message("run", {"life": 1, "line": "x"}))
-        again = agent_link.dial(driver.links.address, SECRET, Hello(0, "t", "h1", {}))
+        again = agent_link.dial(driver.links.address, SECRET, Hello(0, "t", "h1", "e", {}))
         with pytest.raises((ConnectionError, OSError)):  # the driver hangs up on a repeat
             again.receive(time.monotonic() + 10)
     finally:
@@ -94,7 +94,7 @@ def test_a_stranger_cannot_link_up_nor_pass_off_a_driver():
     driver = _Driver()
     try:
         with pytest.raises((OSError, ValueError)):
-            agent_link.dial(driver.links.address, os.urandom(32), Hello(0, "s", "h", {}))
+            agent_link.dial(driver.links.address, os.urandom(32), Hello(0, "s", "h", "e", {}))
         assert driver.links.agents() == []
     finally:
         driver.links.close()
@@ -111,7 +111,7 @@ def test_a_stranger_cannot_link_up_nor_pass_off_a_driver():
                 conn.sendall(os.urandom(32))
         threading.Thread(target=answer, daemon=True).start()
         with pytest.raises(ValueError, match="not signed with this job's secret"):
-            agent_link.dial(f"127.0.0.1:{port}", SECRET, Hello(0, "s", "h", {}))
+            agent_link.dial(f"127.0.0.1:{port}", SECRET, Hello(0, "s", "h", "e", {}))
 
 
 class _Recording:
@@ -128,7 +128,7 @@ class _Recording:
 def test_a_replayed_or_altered_message_is_refused():
     driver = _Driver()
     try:
-        side = agent_link.dial(driver.links.address, SECRET, Hello(1, "r", "h1", {}))
+        side = agent_link.dial(driver.links.address, SECRET, Hello(1, "r", "h1", "e", {}))
         driver.wait_change()
         conn, sent = side.conn, []
         side.conn = _Recording(conn, sent)
@@ -141,7 +141,7 @@ def test_a_replayed_or_altered_message_is_refused():
         driver.links.close()
     driver = _Driver()
     try:
-        side = agent_link.dial(driver.links.address, SECRET, Hello(1, "q", "h1", {}))
+        side = agent_link.dial(driver.links.address, SECRET, Hello(1, "q", "h1", "e", {}))
         driver.wait_change()
         blob = bytearray(b"\0" * 64)
         header = b'{"kind": "outcome", "fields": {}, "blobs": 1}'
@@ -154,10 +154,11 @@ def test_a_replayed_or_altered_message_is_refused():
 
 
 @pytest.mark.parametrize("fields", [
-    {"slot": -1, "token": "t", "host": "h", "resources": {}},
-    {"slot": True, "token": "t", "host": "h", "resources": {}},
-    {"slot": 0, "token": "t", "host": "", "resources": {}},
-    {"slot": 0, "token": "t", "host": "h", "resources": {"gpu": [0]}},
+    {"slot": -1, "token": "t", "host": "h", "executor": "e", "resources": {}},
+    {"slot": True, "token": "t", "host": "h", "executor": "e", "resources": {}},
+    {"slot": 0, "token": "t", "host": "", "executor": "e", "resources": {}},
+    {"slot": 0, "token": "t", "host": "h", "executor": 1, "resources": {}},
+    {"slot": 0, "token": "t", "host": "h", "executor": "e", "resources": {"gpu": [0]}},
 ])
 def test_a_hello_of_the_wrong_form_is_refused(fields):
     driver = _Driver()
@@ -182,9 +183,9 @@ def test_outcome_of_refuses_what_is_not_an_outcome():
 def test_a_new_start_of_a_slot_ends_the_old_link_and_drop_ends_a_slots_link():
     driver = _Driver()
     try:
-        first = agent_link.dial(driver.links.address, SECRET, Hello(5, "first", "h1", {}))
+        first = agent_link.dial(driver.links.address, SECRET, Hello(5, "first", "h1", "e", {}))
         driver.wait_change()
-        second = agent_link.dial(driver.links.address, SECRET, Hello(5, "second", "h2", {}))
+        second = agent_link.dial(driver.links.address, SECRET, Hello(5, "second", "h2", "e", {}))
         driver.wait_change()  # the second joins
         driver.wait_change()  # the first, superseded, leaves
         assert [hello.token for hello in driver.links.agents()] == ["second"]

@@ -82,13 +82,23 @@ def test_retry_waits_grow_and_stop_at_the_most():
     assert spark_agents.retry_wait(60) == spark_agents.RETRY_MOST_SECONDS
 
 
-@pytest.mark.parametrize("slots", [[0, 1, 2], [2, 0, 1]])
-def test_hosts_in_order_of_their_lowest_slot_with_its_agent(slots):
-    hellos = [agent_link.Hello(slot, f"t{slot}", "h2" if slot == 1 else "h1",
-                               {"gpu": [str(slot)]}) for slot in slots]
-    found = spark_agents.hosts_of(hellos)
+@pytest.mark.parametrize("slots", [[0, 1, 2, 3], [3, 2, 0, 1]])
+def test_executors_in_order_of_their_lowest_slot_named_by_host(slots):
+    where = {0: ("h1", "10"), 1: ("h2", "20"), 2: ("h1", "10"), 3: ("h1", "11")}
+    hellos = [agent_link.Hello(slot, f"t{slot}", *where[slot], {"gpu": [str(slot)]})
+              for slot in slots]
     by_slot = {hello.slot: hello for hello in hellos}
-    assert found == [spark_agents.HostAgent("h1", 2, by_slot[0]),
-                     spark_agents.HostAgent("h2", 1, by_slot[1])]
-    assert spark_agents.resources_by_local_rank(hellos, "h1", 2) == [{"gpu": ["0"]},
-                                                                     {"gpu": ["2"]}]
+    names = {}
+    found = spark_agents.executors_of(hellos, names)
+    # Two executors on h1: the second is h1/2; each executor's agent is its lowest slot.
+    assert found == [spark_agents.Executor("h1", "h1", 2, by_slot[0]),
+                     spark_agents.Executor("h2", "h2", 1, by_slot[1]),
+                     spark_agents.Executor("h1/2", "h1", 1, by_slot[3])]
+    assert spark_agents.resources_in_slot_order(hellos, found[0]) == [{"gpu": ["0"]},
+                                                                      {"gpu": ["2"]}]
+    # h1's first executor goes: the other keeps its name, and a new one on h1 takes h1's.
+    left = [by_slot[1], by_slot[3]]
+    assert [e.name for e in spark_agents.executors_of(left, names)] == ["h2", "h1/2"]
+    new = agent_link.Hello(4, "t4", "h1", "12", {})
+    assert [e.name for e in spark_agents.executors_of(left + [new], names)] == \
+        ["h2", "h1/2", "h1"]
