@@ -14,9 +14,10 @@ saying its host, its executor and the resources Spark gave it; the link's drop t
 driver at once that the task is gone (its executor killed, its Python worker killed); a slot
 whose job fails ends that slot's link too (Spark's word for an executor that vanished from
 the network, when no connection closed). Each executor with a linked task is one of the job's
-hosts (engines.elastic), the unit that is lost as one: its slots are its linked tasks, and its
-lowest slot's task is its agent, which runs the MPI launcher's proxy command of each life for
-the executor's ranks and keeps their commits; the other tasks hold their Spark slots.
+hosts (engines.elastic), the unit that is lost as one: its slots are its linked tasks, and one
+of them is its agent for as long as it lives (at first the lowest slot's), which runs the MPI
+launcher's proxy command of each life for the executor's ranks and keeps their commits; the
+other tasks hold their Spark slots.
 """
 import json
 import os
@@ -34,6 +35,8 @@ from hvd_trainer_launch.engines.agent_link import Hello, Message
 # cannot import hvd_trainer_launch) does not make a tight loop of failing jobs.
 RETRY_FIRST_SECONDS = 0.5
 RETRY_MOST_SECONDS = 30.0
+# How long the linked tasks get to end by themselves when the job is over.
+END_GRACE_SECONDS = 10.0
 # A slot's job that ran at least this long before failing starts the count of failures anew.
 _RAN_WELL_SECONDS = 30.0
 
@@ -41,8 +44,11 @@ _RAN_WELL_SECONDS = 30.0
 def agent_task(address: str, secret: bytes, payload: bytes, slot: int) -> Callable:
     """The function a slot's one task runs over its (unused) partition: link up with the
     driver at ``address`` and run the proxy commands it sends, one per life, with the pickled
-    (function, args, kwargs) ``payload``, until the driver ends the link. Its one row is None:
-    the outcomes travel on the link. It refers to hvd_trainer_launch's modules alone."""
+    (function, args, kwargs) ``payload``, until the driver ends the link. The first command
+    makes the task its executor's agent (engines.agent.ElasticAgent: the folder where the
+    executor's ranks keep their commits across lives, removed when the task ends). Its one
+    row is None: the outcomes travel on the link. It refers to hvd_trainer_launch's modules
+    alone."""
 
     def task(_partition):
         from pyspark import TaskContext
@@ -53,8 +59,20 @@ def agent_task(address: str, secret: bytes, payload: bytes, slot: int) -> Callab
         hello = Hello(slot, uuid.uuid4().hex, engine_agent.hostname(), str(os.getppid()),
                       resources)
         side = agent_link.dial(address, secret, hello)
-        agent_link.serve(side, lambda message: engine_agent.run_proxy(
-            message.fields["line"], payload, secret, env=message.fields["env"]))
+        kept: List[engine_agent.ElasticAgent] = []
+
+        def run(message: Message):
+            if not kept:
+                kept.append(engine_agent.ElasticAgent())
+            return engine_agent.run_proxy(
+                message.fields["line"], payload, secret,
+                {**message.fields["env"], protocol.ENGINE_COMMITS_VARIABLE: kept[0].commits})
+
+        try:
+            agent_link.serve(side, run)
+        finally:
+            for agent in kept:
+                agent.close()
         yield None
 
     return task
@@ -116,10 +134,21 @@ class SlotJobs:
         """The last failure of each slot whose job failed, by slot."""
         return dict(self._failures)
 
+    def release(self) -> None:
+        """Ask for no slot again (the jobs that run go on)."""
+        self._stopping = True
+
+    def wait(self, slots: Sequence[int], seconds: float) -> None:
+        """Wait up to ``seconds`` for the jobs of ``slots`` to end by themselves (after
+        :meth:`release`)."""
+        deadline = time.monotonic() + seconds
+        for slot in slots:
+            self._threads[slot].join(max(0.0, deadline - time.monotonic()))
+
     def stop(self, seconds: float = 30.0) -> None:
         """Ask for no slot again, cancel the slots' jobs (Spark kills their tasks' Python
         workers, and the proxies with them) and wait up to ``seconds`` for their threads."""
-        self._stopping = True
+        self.release()
         self._context.cancelJobGroup(self.group)
         deadline = time.monotonic() + seconds
         for thread in self._threads:
@@ -137,25 +166,32 @@ class Executor(NamedTuple):
     agent: Hello
 
 
-def executors_of(agents: Sequence[Hello], names: Dict[Tuple[str, str], str]) -> List[Executor]:
+def executors_of(agents: Sequence[Hello], names: Dict[Tuple[str, str], str],
+                 chosen: Dict[Tuple[str, str], str]) -> List[Executor]:
     """The executors that ``agents`` (linked tasks) run in, in the order of their lowest slot.
     ``names`` (by (host, executor)) keeps each executor's name for as long as it lives: a
     new one gets its host's name where no other executor holds it, else ``host/N`` with the
-    lowest N >= 2 free; those of executors gone are dropped."""
+    lowest N >= 2 free. ``chosen`` keeps each executor's agent (a token) for as long as it is
+    linked, since its commits live with it: a new one is the lowest slot's task. Those of
+    executors gone are dropped from both."""
     by_executor: Dict[Tuple[str, str], List[Hello]] = {}
     for hello in sorted(agents, key=lambda hello: hello.slot):
         by_executor.setdefault((hello.host, hello.executor), []).append(hello)
-    for key in [key for key in names if key not in by_executor]:
-        del names[key]
-    for key in by_executor:
+    for kept in (names, chosen):
+        for key in [key for key in kept if key not in by_executor]:
+            del kept[key]
+    found = []
+    for key, tasks in by_executor.items():
         if key not in names:
             taken = set(names.values())
             number = 1
             while (key[0] if number == 1 else f"{key[0]}/{number}") in taken:
                 number += 1
             names[key] = key[0] if number == 1 else f"{key[0]}/{number}"
-    return [Executor(names[key], key[0], len(tasks), tasks[0])
-            for key, tasks in by_executor.items()]
+        agent = next((task for task in tasks if task.token == chosen.get(key)), tasks[0])
+        chosen[key] = agent.token
+        found.append(Executor(names[key], key[0], len(tasks), agent))
+    return found
 
 
 def resources_in_slot_order(agents: Sequence[Hello], executor: Executor) -> List[Dict[str, Any]]:
@@ -178,8 +214,10 @@ class SparkAgents:
         conf = context.getConf()
         self._job, self._lock = job, threading.Lock()
         self._names: Dict[Tuple[str, str], str] = {}
+        self._agents: Dict[Tuple[str, str], str] = {}  # each executor's agent's token
         self._reported: Dict[str, int] = {}  # what the job was told: slots by executor name
-        self._running: Dict[str, Tuple[int, str]] = {}  # token -> (life, executor name)
+        # The lives handed out and not yet returned: (agent's token, life) -> executor name.
+        self._running: Dict[Tuple[str, int], str] = {}
         self.links = agent_link.Links(conf.get("spark.driver.host"), secret, self._moved,
                                       self._received, bind=conf.get("spark.driver.bindAddress"))
         try:
@@ -192,7 +230,7 @@ class SparkAgents:
     def executors(self) -> List[Executor]:
         """The job's executors now, in the order of their lowest slot."""
         with self._lock:
-            return executors_of(self.links.agents(), self._names)
+            return executors_of(self.links.agents(), self._names, self._agents)
 
     def _moved(self) -> None:
         """A task linked up or was lost: tell the job which executors joined, changed or
@@ -200,10 +238,11 @@ class SparkAgents:
         with self._lock:
             linked = {hello.token for hello in self.links.agents()}
             now = {executor.name: executor.slots
-                   for executor in executors_of(self.links.agents(), self._names)}
-            lost = [(token, *run) for token, run in self._running.items() if token not in linked]
-            for token, _, _ in lost:
-                del self._running[token]
+                   for executor in executors_of(self.links.agents(), self._names, self._agents)}
+            lost = [(token, life, name) for (token, life), name in self._running.items()
+                    if token not in linked]
+            for token, life, _ in lost:
+                del self._running[(token, life)]
             told = {name for _, _, name in lost}
             gone = [name for name in self._reported if name not in now and name not in told]
             joined = [(name, slots) for name, slots in now.items()
@@ -219,10 +258,11 @@ class SparkAgents:
 
     def _received(self, token: str, message: Message) -> None:
         outcome = agent_link.outcome_of(message)  # ValueError: the link is dropped
+        life = int(message.fields["life"])
         with self._lock:
-            run = self._running.pop(token, None)
-        if run is not None and run[0] == int(message.fields["life"]):
-            self._job.returned(run[0], run[1], outcome)
+            name = self._running.pop((token, life), None)
+        if name is not None:
+            self._job.returned(life, name, outcome)
 
     def serve(self, dispatch) -> None:
         """Hand ``dispatch`` (engines.elastic's Dispatch: life, host, line) to the agent of
@@ -230,10 +270,10 @@ class SparkAgents:
         linked task is reported lost at once."""
         with self._lock:
             agents = self.links.agents()
-            found = [executor for executor in executors_of(agents, self._names)
+            found = [executor for executor in executors_of(agents, self._names, self._agents)
                      if executor.name == dispatch.host]
             if found:
-                self._running[found[0].agent.token] = (dispatch.life, dispatch.host)
+                self._running[(found[0].agent.token, dispatch.life)] = dispatch.host
         if found:
             resources = resources_in_slot_order(agents, found[0])
             fields = {"life": dispatch.life, "line": dispatch.line,
@@ -241,11 +281,16 @@ class SparkAgents:
             if self.links.send(found[0].agent.token, Message("run", fields)):
                 return
             with self._lock:
-                self._running.pop(found[0].agent.token, None)
+                self._running.pop((found[0].agent.token, dispatch.life), None)
         self._job.lost(dispatch.life, dispatch.host, "no Spark task of it is linked to the "
                                                      "driver")
 
     def close(self) -> None:
-        """End every task (the links first, then the slots' jobs): nothing is asked for again."""
+        """End every task: ask for no slot again, end the links, give the linked tasks
+        END_GRACE_SECONDS to end by themselves (each agent removes its commits), then cancel
+        the slots' jobs (those still waiting for a slot, and any task that lingers)."""
+        self.slots.release()
+        linked = [hello.slot for hello in self.links.agents()]
         self.links.close()
+        self.slots.wait(linked, END_GRACE_SECONDS)
         self.slots.stop()

@@ -1,13 +1,17 @@
-"""horovod.spark.run_elastic over hvd_trainer's elastic engine jobs: its arguments, checked as
-Horovod's are, and their meaning for the job (spark_agents says how Spark's tasks become the
-job's agents)."""
+"""horovod.spark.run_elastic over hvd_trainer's elastic engine jobs (engines.elastic: hvdrun's
+elastic mode, its hosts the engine's): the Spark side is spark_agents (slots kept requested as
+one-task jobs; each executor with a linked task one of the job's hosts). Its arguments are
+checked as Horovod's are, before anything starts."""
 import numbers
 import os
+import time
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from hvd_trainer_launch.engines import checks as engine_checks
-from hvd_trainer_launch.engines.spark_run import hvdrun_flags
+from hvd_trainer_launch.engines import (calls, checks as engine_checks, elastic,
+                                        launch as engine_launch, spark_agents)
+from hvd_trainer_launch.engines.calls import EngineTimeout
+from hvd_trainer_launch.engines.spark_run import active_context
 
 WHERE = "hvd_trainer.spark.run_elastic"
 # Horovod's defaults, and the variables it reads first.
@@ -27,7 +31,8 @@ class ElasticArguments(NamedTuple):
     elastic_timeout: float
     reset_limit: Optional[int]
     env: Dict[str, str]  # for the ranks
-    hvdrun_flags: List[str]  # nics, prefix_output_with_timestamp, verbose
+    nics: List[str]
+    verbose: bool  # hvdrun's --verbose (verbose >= 2)
 
 
 def _seconds(value: Any, name: str, variable: str, default: float) -> float:
@@ -88,12 +93,73 @@ def check_arguments(num_proc: Any, min_num_proc: Any, max_num_proc: Any, start_t
                          "interface names, e.g. ['eth0']")
     if isinstance(verbose, bool) or not isinstance(verbose, int):
         raise ValueError(f"{WHERE}: verbose={verbose!r} must be an int (0-2)")
+    if prefix_output_with_timestamp:
+        raise ValueError(f"{WHERE}: prefix_output_with_timestamp=True is not supported yet "
+                         "(docs/limitations.md); drop it")
     return ElasticArguments(
         num_proc, low, high,
         _seconds(start_timeout, "start_timeout", START_TIMEOUT_VARIABLE, DEFAULT_START_TIMEOUT),
         _seconds(elastic_timeout, "elastic_timeout", ELASTIC_TIMEOUT_VARIABLE,
                  DEFAULT_ELASTIC_TIMEOUT),
         reset_limit, engine_checks.rank_env(env, "env", WHERE),
-        hvdrun_flags(sorted(nics) if isinstance(nics, set) else nics,
-                     prefix_output_with_timestamp, verbose))
+        sorted(nics) if isinstance(nics, set) else list(nics or ()), verbose >= 2)
 
+
+
+def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict] = None,
+                num_proc: Optional[int] = None, min_num_proc: Optional[int] = None,
+                max_num_proc: Optional[int] = None, start_timeout: Optional[float] = None,
+                elastic_timeout: Optional[float] = None, reset_limit: Optional[int] = None,
+                env: Optional[Dict[str, str]] = None, stdout=None, stderr=None,
+                verbose: int = 1, nics: Optional[Sequence[str]] = None,
+                prefix_output_with_timestamp: bool = False, min_np: Optional[int] = None,
+                max_np: Optional[int] = None) -> List[Any]:
+    """horovod.spark.run_elastic: ``fn(*args, **kwargs)`` (which runs its training under
+    ``hvd.elastic.run``) on one rank per Spark task, ``max_num_proc`` tasks kept requested; a
+    lost executor shrinks the job (down to ``min_num_proc``), which goes on from the last
+    commit, and a new one grows it. Returns the final life's results in rank order. Needs an
+    active SparkSession. TimeoutError (``Timed out waiting for Spark tasks to start``) when
+    fewer than ``num_proc`` tasks run within ``start_timeout``; EngineError naming why the
+    job ended otherwise: fewer than ``min_num_proc`` slots for ``elastic_timeout`` seconds,
+    more restarts than ``reset_limit``, every executor lost, or a rank's error."""
+    context = active_context(None, None, WHERE)
+    checked = check_arguments(num_proc, min_num_proc, max_num_proc, start_timeout,
+                              elastic_timeout, reset_limit, env, verbose, nics,
+                              prefix_output_with_timestamp, context.defaultParallelism,
+                              min_np, max_np)
+    engine_checks.check_function(fn, WHERE)
+    flavour = engine_launch.check_launcher().flavour
+    settings = elastic.ElasticSettings(
+        min_np=checked.min_num_proc, max_np=checked.max_num_proc, np=checked.num_proc,
+        reset_limit=checked.reset_limit, elastic_timeout=checked.elastic_timeout,
+        start_timeout=checked.start_timeout, nics=checked.nics, verbose=checked.verbose)
+    agents: List[spark_agents.SparkAgents] = []
+    job = elastic.ElasticJob(calls.payload(fn, args, kwargs), flavour=flavour,
+                             settings=settings, serve=lambda dispatch: agents[0].serve(dispatch),
+                             env=checked.env, name=getattr(fn, "__name__", repr(fn)))
+    began = time.monotonic()
+    agents.append(spark_agents.SparkAgents(context, job.secret, job.payload,
+                                           checked.max_num_proc, job))
+    try:
+        _wait_for_tasks(agents[0], checked, began, context.defaultParallelism)
+        return job.run(out=stdout, err=stderr)
+    finally:
+        agents[0].close()
+
+
+def _wait_for_tasks(agents: spark_agents.SparkAgents, checked: ElasticArguments, began: float,
+                    parallelism: int) -> None:
+    """Until ``num_proc`` of the slots' tasks have linked up; EngineTimeout (Horovod's words)
+    at ``start_timeout`` from ``began``, naming how many had."""
+    while True:
+        count = sum(executor.slots for executor in agents.executors())
+        if count >= checked.num_proc:
+            return
+        if time.monotonic() - began >= checked.start_timeout:
+            raise EngineTimeout(
+                f"Timed out waiting for Spark tasks to start: {count} of the "
+                f"{checked.num_proc} tasks started within start_timeout="
+                f"{checked.start_timeout:g} s (Spark's default parallelism is {parallelism}): "
+                "add executors or ask for a smaller num_proc, or a longer start_timeout if "
+                "executors come on demand")
+        time.sleep(0.05)

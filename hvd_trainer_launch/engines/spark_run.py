@@ -39,10 +39,6 @@ _ANSWER_GRACE_SECONDS = 60.0
 # After the tasks have returned, how long hvdrun gets to end before it is ended.
 _HVDRUN_GRACE_SECONDS = 15.0
 _POLL_SECONDS = 0.05
-_ELASTIC = ("hvd_trainer.spark.run_elastic is not supported: hvd_trainer's elastic mode needs "
-            "hvdrun to add and remove hosts, and a Spark barrier job is all or nothing (a lost "
-            "task fails the stage); run elastic jobs with hvdrun --min-np/--max-np "
-            "(docs/limitations.md)")
 
 
 def _task(payload: bytes, secret: bytes, registry: str, wait: float) -> Callable:
@@ -294,7 +290,3 @@ class _BarrierJob:
                           f"task ends the job; it is not retried): "
                           f"{causes.explain(text, hosts)}") from self._box["error"]
 
-
-def run_elastic(*args, **kwargs):
-    """horovod.spark.run_elastic: refused (ValueError with the reason)."""
-    raise ValueError(_ELASTIC)

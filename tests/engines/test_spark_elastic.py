@@ -3,14 +3,17 @@ slots): the slots' one-task jobs link up with the driver, each takes a command p
 task whose Python worker dies is seen lost at once, its slot is asked for again and its new
 task links up; a slot beyond the cluster's waits until one is free; stopping the slots ends
 every task and leaves no process behind."""
+import io
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from typing import NamedTuple
 
 import cloudpickle
+import elastic_training
 import engines
 from hvd_trainer_launch.engines import spark_agents
 from hvd_trainer_launch.engines.agent_link import Message
@@ -88,10 +91,11 @@ def test_slots_link_up_take_commands_and_a_lost_task_is_replaced(spark):
         driver.wait_for(lambda: sum(job.hosts.values()) == SLOTS)
         agents = driver.linked()
         assert [hello.slot for hello in agents] == list(range(SLOTS))
-        # One executor: one host of the job, named by its host, its agent slot 0's task.
+        # One executor: one host of the job, named by its host; its agent a task of it.
         host = agents[0].host
         assert job.hosts == {host: SLOTS}
-        assert driver.agents.executors() == [spark_agents.Executor(host, host, SLOTS, agents[0])]
+        executor = driver.agents.executors()[0]
+        assert executor[:3] == (host, host, SLOTS) and executor.agent in agents
         # Each task got one of the session's fake GPUs.
         assert sorted(hello.resources["gpu"][0] for hello in agents) == engines.SPARK_GPUS
         # The agent runs the life's command with every task's resources in slot order.
@@ -102,17 +106,22 @@ def test_slots_link_up_take_commands_and_a_lost_task_is_replaced(spark):
         assert outcome.code == 3 and outcome.host == host
         assert outcome.messages.strip() == json.dumps([hello.resources for hello in agents])
         # The agent's command kills its task's Python worker, as a lost executor would: the
-        # life's agent is lost, and the executor stays with its two other tasks.
+        # life's agent is lost, and the executor stays with its two other tasks, the lowest
+        # slot's its agent now.
+        lost = executor.agent
         driver.agents.serve(_Dispatch(2, host, "sh -c 'kill -9 $PPID; sleep 30'"))
         driver.wait_for(lambda: job.losses and job.hosts == {host: SLOTS - 1})
         assert [(life, name) for life, name, _ in job.losses] == [(2, host)]
         assert "link to the driver closed" in job.losses[0][2]
-        assert driver.agents.executors()[0].agent == agents[1]
+        left = [hello for hello in agents if hello != lost]
+        assert driver.agents.executors()[0].agent == left[0]
         # Its job fails (the session does not retry tasks) and the slot is asked for again.
         driver.wait_for(lambda: job.hosts == {host: SLOTS})
         assert [hello.slot for hello in driver.linked()] == [0, 1, 2]
-        assert "Python worker exited unexpectedly" in driver.agents.slots.failures()[0].text
-        assert agents[0].token not in [hello.token for hello in driver.linked()]
+        assert "Python worker exited unexpectedly" in \
+            driver.agents.slots.failures()[lost.slot].text
+        assert lost.token not in [hello.token for hello in driver.linked()]
+        assert driver.agents.executors()[0].agent == left[0]  # it stays the agent
         # A life handed to an executor that is gone is lost at once.
         driver.agents.serve(_Dispatch(3, "elsewhere", "true"))
         assert job.losses[-1][:2] == (3, "elsewhere")
@@ -142,3 +151,152 @@ def test_a_slot_beyond_the_cluster_waits_for_a_free_one(spark):
         driver.close()
     _wait_for_no_engine_processes()
 
+
+
+class _Stream(io.TextIOBase):
+    """A stream that keeps what it is given, for a test to watch while the job runs."""
+
+    def __init__(self):
+        self.text = ""
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+        return len(text)
+
+
+class _Recording(spark_agents.SparkAgents):
+    """SparkAgents that a test can reach: the last one made."""
+
+    made = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _Recording.made.append(self)
+
+
+def _in_thread(call):
+    """Run ``call`` in a thread; the box gets its result or exception."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = call()
+        except BaseException as error:
+            box["error"] = error
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _wait(what, seconds=180, why="timed out"):
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
+
+
+def _hold_a_slot(context):
+    """Ask Spark for one more slot (a job group "holder" of one task that sleeps): it waits
+    until a slot frees, and takes it before the slots run_elastic asks for afterwards."""
+    def hold(_):
+        import time
+        time.sleep(600)
+        yield 0
+
+    def holder():
+        context.setJobGroup("holder", "holds a slot", interruptOnCancel=True)
+        try:
+            context.parallelize([0], 1).mapPartitions(hold).collect()
+        except Exception:  # cancelled by the test
+            pass
+    from pyspark import InheritableThread
+    thread = InheritableThread(target=holder, daemon=True)
+    thread.start()
+    return thread
+
+
+def _connected_to(port):
+    """The PIDs of this machine's processes with a TCP connection to ``port`` (elsewhere)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    inodes.add(f"socket:[{fields[9]}]")
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
+                   for fd in os.listdir(f"/proc/{pid}/fd")):
+                found.add(int(pid))
+        except OSError:  # it ended meanwhile, or is not ours
+            pass
+    return found
+
+
+def _lose_a_task_that_is_not_the_agent():
+    """SIGKILL the Python worker of a linked task that is not its executor's agent (the
+    agent's worker is the parent of its launcher proxy), as a lost task."""
+    port = int(_Recording.made[-1].links.address.rpartition(":")[2])
+    tasks = _connected_to(port)
+    agents = {_parent(pid) for pid in engines.job_processes()} & tasks
+    assert len(agents) == 1 and len(tasks) == SLOTS, (agents, tasks)
+    os.kill(min(tasks - agents), signal.SIGKILL)
+
+
+def _parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def _left_folders():
+    """This user's elastic job and commit folders in the temporary folder."""
+    import tempfile
+    return [name for name in os.listdir(tempfile.gettempdir())
+            if name.startswith(("hvd_engine_elastic.", "hvd_engine_commits."))]
+
+
+def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, tmp_path,
+                                                                        monkeypatch):
+    import hvd_trainer.spark
+    monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
+    context, signal_path, out = spark.sparkContext, str(tmp_path / "signal"), _Stream()
+    before = _left_folders()
+    thread, box = _in_thread(lambda: hvd_trainer.spark.run_elastic(
+        elastic_training.train, args=(signal_path, SLOTS), num_proc=SLOTS, min_num_proc=2,
+        start_timeout=120, elastic_timeout=120, stdout=out))
+    holder = None
+    try:
+        _wait(lambda: os.path.exists(signal_path) or not thread.is_alive(),
+              why="the first life did not reach its signal")
+        assert thread.is_alive(), box
+        open(signal_path + ".taken", "w").close()
+        # The task is lost while another job waits for a slot: the freed slot goes to it, so
+        # the job shrinks until the test lets it go.
+        holder = _hold_a_slot(context)
+        time.sleep(1)
+        _lose_a_task_that_is_not_the_agent()
+        _wait(lambda: "LIFE size=2" in out.text or not thread.is_alive(),
+              why="the job did not shrink")
+        context.cancelJobGroup("holder")
+        thread.join(300)
+        assert not thread.is_alive(), "the job did not end"
+    finally:
+        if thread.is_alive():  # end the job: its tasks, then its ranks, go
+            _Recording.made[-1].close()
+        context.cancelJobGroup("holder")
+        if holder is not None:
+            holder.join(30)
+    assert "error" not in box, box.get("error")
+    results = box["result"]
+    assert len(results) == SLOTS and results[1:] == [None] * (SLOTS - 1)
+    elastic_training.check_result(results[0], out.text, SLOTS)
+    _wait_for_no_engine_processes()
+    assert not set(_left_folders()) - set(before)

@@ -20,16 +20,14 @@ def _check(parallelism=4, **given):
 def test_defaults_are_horovods(monkeypatch):
     monkeypatch.delenv(spark_elastic.START_TIMEOUT_VARIABLE, raising=False)
     monkeypatch.delenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, raising=False)
-    assert _check() == ElasticArguments(4, 4, 4, 600.0, 600.0, None, {}, [])
+    assert _check() == ElasticArguments(4, 4, 4, 600.0, 600.0, None, {}, [], False)
     assert _check(num_proc=2, max_num_proc=5) == ElasticArguments(2, 2, 5, 600.0, 600.0, None,
-                                                                  {}, [])
+                                                                  {}, [], False)
     monkeypatch.setenv(spark_elastic.START_TIMEOUT_VARIABLE, "30")
     monkeypatch.setenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, "7.5")
     found = _check(num_proc=3, min_num_proc=1, reset_limit=0, env={"A": 1}, verbose=2,
-                   nics={"eth1", "eth0"}, prefix_output_with_timestamp=True)
-    assert found == ElasticArguments(
-        3, 1, 3, 30.0, 7.5, 0, {"A": "1"},
-        ["--network-interfaces", "eth0,eth1", "--prefix-output-with-timestamp", "--verbose"])
+                   nics={"eth1", "eth0"})
+    assert found == ElasticArguments(3, 1, 3, 30.0, 7.5, 0, {"A": "1"}, ["eth0", "eth1"], True)
 
 
 def test_deprecated_aliases_warn_and_count():
@@ -59,6 +57,8 @@ def test_deprecated_aliases_warn_and_count():
     (dict(nics="eth0"), r"nics='eth0' must be a list \(or set\) of network interface names"),
     (dict(verbose="2"), r"verbose='2' must be an int"),
     (dict(env={"A B": "1"}), r"env: "),
+    (dict(prefix_output_with_timestamp=True), r"prefix_output_with_timestamp=True is not "
+                                              r"supported yet"),
 ])
 def test_refusals_name_the_argument(given, match):
     with pytest.raises(ValueError, match=r"hvd_trainer\.spark\.run_elastic: " + match):
@@ -88,8 +88,8 @@ def test_executors_in_order_of_their_lowest_slot_named_by_host(slots):
     hellos = [agent_link.Hello(slot, f"t{slot}", *where[slot], {"gpu": [str(slot)]})
               for slot in slots]
     by_slot = {hello.slot: hello for hello in hellos}
-    names = {}
-    found = spark_agents.executors_of(hellos, names)
+    names, chosen = {}, {}
+    found = spark_agents.executors_of(hellos, names, chosen)
     # Two executors on h1: the second is h1/2; each executor's agent is its lowest slot.
     assert found == [spark_agents.Executor("h1", "h1", 2, by_slot[0]),
                      spark_agents.Executor("h2", "h2", 1, by_slot[1]),
@@ -98,7 +98,18 @@ def test_executors_in_order_of_their_lowest_slot_named_by_host(slots):
                                                                       {"gpu": ["2"]}]
     # h1's first executor goes: the other keeps its name, and a new one on h1 takes h1's.
     left = [by_slot[1], by_slot[3]]
-    assert [e.name for e in spark_agents.executors_of(left, names)] == ["h2", "h1/2"]
+    assert [e.name for e in spark_agents.executors_of(left, names, chosen)] == ["h2", "h1/2"]
     new = agent_link.Hello(4, "t4", "h1", "12", {})
-    assert [e.name for e in spark_agents.executors_of(left + [new], names)] == \
+    assert [e.name for e in spark_agents.executors_of(left + [new], names, chosen)] == \
         ["h2", "h1/2", "h1"]
+
+
+def test_an_executors_agent_stays_while_it_lives():
+    # Its commits live with it: a task with a lower slot that comes later does not take over.
+    late, first = agent_link.Hello(0, "late", "h1", "10", {}), \
+        agent_link.Hello(1, "first", "h1", "10", {})
+    names, chosen = {}, {}
+    assert spark_agents.executors_of([first], names, chosen)[0].agent == first
+    assert spark_agents.executors_of([late, first], names, chosen)[0].agent == first
+    # Gone, it is followed by the lowest slot's task.
+    assert spark_agents.executors_of([late], names, chosen)[0].agent == late
