@@ -41,14 +41,14 @@ END_GRACE_SECONDS = 10.0
 _RAN_WELL_SECONDS = 30.0
 
 
-def agent_task(address: str, secret: bytes, payload: bytes, slot: int) -> Callable:
+def agent_task(address: str, secret: bytes, slot: int) -> Callable:
     """The function a slot's one task runs over its (unused) partition: link up with the
-    driver at ``address`` and run the proxy commands it sends, one per life, with the pickled
-    (function, args, kwargs) ``payload``, until the driver ends the link. The first command
-    makes the task its executor's agent (engines.agent.ElasticAgent: the folder where the
-    executor's ranks keep their commits across lives, removed when the task ends). Its one
-    row is None: the outcomes travel on the link. It refers to hvd_trainer_launch's modules
-    alone."""
+    driver at ``address`` (``secret``: the link's) and run the proxy commands it sends, one
+    per life, each with the job's pickled (function, args, kwargs) and secret, until the
+    driver ends the link. The first command makes the task its executor's agent
+    (engines.agent.ElasticAgent: the folder where the executor's ranks keep their commits
+    across lives, removed when the task ends). Its one row is None: the outcomes travel on
+    the link. It refers to hvd_trainer_launch's modules alone."""
 
     def task(_partition):
         from pyspark import TaskContext
@@ -64,8 +64,9 @@ def agent_task(address: str, secret: bytes, payload: bytes, slot: int) -> Callab
         def run(message: Message):
             if not kept:
                 kept.append(engine_agent.ElasticAgent())
+            payload, job_secret = message.blobs
             return engine_agent.run_proxy(
-                message.fields["line"], payload, secret,
+                message.fields["line"], payload, job_secret,
                 {**message.fields["env"], protocol.ENGINE_COMMITS_VARIABLE: kept[0].commits})
 
         try:
@@ -204,15 +205,18 @@ def resources_in_slot_order(agents: Sequence[Hello], executor: Executor) -> List
 
 
 class SparkAgents:
-    """The Spark side of an elastic engine job: the slots' jobs and their tasks' links, told
-    to ``job`` (engines.elastic's ElasticJob: ``joined(host, slots)``, ``left(host)``,
-    ``returned(life, host, outcome)``, ``lost(life, host, cause)``) as executors join and
-    leave, each executor one of the job's hosts; :meth:`serve` hands a life's proxy command to
-    an executor's agent."""
+    """The Spark side of an elastic engine job: ``slots`` slots' jobs and their tasks' links
+    (signed with a secret of the links' own). Once :meth:`attach` gives it the job
+    (engines.elastic's ElasticJob: ``joined(host, slots)``, ``left(host)``,
+    ``returned(life, host, outcome)``, ``lost(life, host, cause)``, its ``payload`` and
+    ``secret``), it tells the job as executors join and leave, each executor one of the
+    job's hosts, and :meth:`serve` hands a life's proxy command to an executor's agent, with
+    the job's payload and secret (which travel on the links alone)."""
 
-    def __init__(self, context, secret: bytes, payload: bytes, slots: int, job):
+    def __init__(self, context, slots: int):
         conf = context.getConf()
-        self._job, self._lock = job, threading.Lock()
+        secret = os.urandom(32)
+        self._job, self._lock = None, threading.Lock()
         self._names: Dict[Tuple[str, str], str] = {}
         self._agents: Dict[Tuple[str, str], str] = {}  # each executor's agent's token
         self._reported: Dict[str, int] = {}  # what the job was told: slots by executor name
@@ -222,7 +226,7 @@ class SparkAgents:
                                       self._received, bind=conf.get("spark.driver.bindAddress"))
         try:
             self.slots = SlotJobs(context, slots, lambda slot: agent_task(
-                self.links.address, secret, payload, slot), self.links.drop)
+                self.links.address, secret, slot), self.links.drop)
         except BaseException:
             self.links.close()
             raise
@@ -232,10 +236,19 @@ class SparkAgents:
         with self._lock:
             return executors_of(self.links.agents(), self._names, self._agents)
 
+    def attach(self, job) -> None:
+        """Tell ``job`` of the executors from now on, starting with those there now."""
+        with self._lock:
+            self._job = job
+        self._moved()
+
     def _moved(self) -> None:
         """A task linked up or was lost: tell the job which executors joined, changed or
         left, and which life's agents were lost before they returned."""
         with self._lock:
+            if self._job is None:
+                return
+            job = self._job
             linked = {hello.token for hello in self.links.agents()}
             now = {executor.name: executor.slots
                    for executor in executors_of(self.links.agents(), self._names, self._agents)}
@@ -249,12 +262,12 @@ class SparkAgents:
                       if self._reported.get(name) != slots or name in told]
             self._reported = now
         for _, life, name in lost:
-            self._job.lost(life, name, "its Spark task's link to the driver closed (the "
-                                       "executor or the task's Python worker died)")
+            job.lost(life, name, "its Spark task's link to the driver closed (the executor "
+                                 "or the task's Python worker died)")
         for name in gone:
-            self._job.left(name)
+            job.left(name)
         for name, slots in joined:
-            self._job.joined(name, slots)
+            job.joined(name, slots)
 
     def _received(self, token: str, message: Message) -> None:
         outcome = agent_link.outcome_of(message)  # ValueError: the link is dropped
@@ -278,7 +291,8 @@ class SparkAgents:
             resources = resources_in_slot_order(agents, found[0])
             fields = {"life": dispatch.life, "line": dispatch.line,
                       "env": {protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources)}}
-            if self.links.send(found[0].agent.token, Message("run", fields)):
+            message = Message("run", fields, (self._job.payload, self._job.secret))
+            if self.links.send(found[0].agent.token, message):
                 return
             with self._lock:
                 self._running.pop((found[0].agent.token, dispatch.life), None)

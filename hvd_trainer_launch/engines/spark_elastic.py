@@ -133,19 +133,17 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Option
         min_np=checked.min_num_proc, max_np=checked.max_num_proc, np=checked.num_proc,
         reset_limit=checked.reset_limit, elastic_timeout=checked.elastic_timeout,
         start_timeout=checked.start_timeout, nics=checked.nics, verbose=checked.verbose)
-    agents: List[spark_agents.SparkAgents] = []
-    job = elastic.ElasticJob(calls.payload(fn, args, kwargs), flavour=flavour,
-                             settings=settings, serve=lambda dispatch: agents[0].serve(dispatch),
-                             env=checked.env, name=getattr(fn, "__name__", repr(fn)))
     began = time.monotonic()
-    agents.append(spark_agents.SparkAgents(context, job.secret, job.payload,
-                                           checked.max_num_proc, job))
+    agents = spark_agents.SparkAgents(context, checked.max_num_proc)
     try:
-        _wait_for_tasks(agents[0], checked, began, context.defaultParallelism)
+        _wait_for_tasks(agents, checked, began, context.defaultParallelism)
+        job = elastic.ElasticJob(calls.payload(fn, args, kwargs), flavour=flavour,
+                                 settings=settings, serve=agents.serve, env=checked.env,
+                                 name=getattr(fn, "__name__", repr(fn)))
+        agents.attach(job)
         return job.run(out=stdout, err=stderr)
     finally:
-        agents[0].close()
-
+        agents.close()
 
 def _wait_for_tasks(agents: spark_agents.SparkAgents, checked: ElasticArguments, began: float,
                     parallelism: int) -> None:

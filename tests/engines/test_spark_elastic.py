@@ -1,11 +1,18 @@
-"""hvd_trainer.spark.run_elastic's Spark side on a real local-cluster (one executor JVM, 3
-slots): the slots' one-task jobs link up with the driver, each takes a command per life; a
-task whose Python worker dies is seen lost at once, its slot is asked for again and its new
-task links up; a slot beyond the cluster's waits until one is free; stopping the slots ends
-every task and leaves no process behind."""
+"""hvd_trainer.spark.run_elastic on a real local-cluster (one executor JVM, 3 slots).
+
+Its Spark side: the slots' one-task jobs link up with the driver, the executor's agent takes
+a command per life; a task whose Python worker dies is seen lost at once, its slot is asked
+for again and its new task links up; a slot beyond the cluster's waits until one is free.
+The job: a torch training shrinks when a task is lost, goes on from the last commit and
+grows back when the slot frees, its final weights those of the one-process replay of its
+commits; more restarts than reset_limit, too few slots for elastic_timeout, too few tasks
+within start_timeout and every executor lost end it with the reason. No process is left
+behind, nor any folder but those of an agent killed by SIGKILL, which the next agent on the
+host removes."""
 import io
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -13,10 +20,12 @@ import time
 from typing import NamedTuple
 
 import cloudpickle
+import pytest
 import elastic_training
 import engines
-from hvd_trainer_launch.engines import spark_agents
+from hvd_trainer_launch.engines import agent as engine_agent, spark_agents
 from hvd_trainer_launch.engines.agent_link import Message
+from hvd_trainer_launch.engines.calls import EngineError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 SLOTS = 3
@@ -35,6 +44,7 @@ class _Job:
     def __init__(self):
         self.changed = threading.Condition()
         self.hosts, self.outcomes, self.losses = {}, {}, []
+        self.payload, self.secret = b"unused: the commands here are not ranks", os.urandom(32)
 
     def _note(self, change):
         with self.changed:
@@ -63,9 +73,8 @@ class _Driver:
 
     def __init__(self, spark, slots):
         self.job = _Job()
-        self.agents = spark_agents.SparkAgents(spark.sparkContext, os.urandom(32),
-                                               b"unused: the commands here are not ranks",
-                                               slots, self.job)
+        self.agents = spark_agents.SparkAgents(spark.sparkContext, slots)
+        self.agents.attach(self.job)
 
     def linked(self):
         return self.agents.links.agents()
@@ -300,3 +309,127 @@ def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, 
     elastic_training.check_result(results[0], out.text, SLOTS)
     _wait_for_no_engine_processes()
     assert not set(_left_folders()) - set(before)
+
+
+def _wait_at_commits(signal_path):
+    """An elastic function without a framework: rank 0 writes ``signal_path`` in the first
+    life, and the ranks wait for a host change, checking for one (each restart would begin
+    here again)."""
+    import time
+    import hvd_trainer as hvd
+    import hvd_trainer.elastic
+
+    hvd.init()
+
+    @hvd_trainer.elastic.run
+    def wait(state):
+        if hvd.rank() == 0:
+            open(signal_path, "a").close()
+        for _ in range(1200):
+            time.sleep(0.1)
+            state.check_host_updates()
+        raise RuntimeError("no host change came")
+
+    return wait(hvd_trainer.elastic.ObjectState(step=0))
+
+
+def _failing_run(spark, tmp_path, take_away, left=False, **given):
+    """run_elastic of _wait_at_commits on the session's three slots; once its ranks wait,
+    ``take_away()``; the error it ends with. No process of it may be left behind, nor any
+    folder unless ``left``."""
+    import hvd_trainer.spark
+    signal_path, before = str(tmp_path / "signal"), _left_folders()
+    thread, box = _in_thread(lambda: hvd_trainer.spark.run_elastic(
+        _wait_at_commits, args=(signal_path,), num_proc=SLOTS, start_timeout=120,
+        stderr=_Stream(), **given))
+    try:
+        _wait(lambda: os.path.exists(signal_path) or not thread.is_alive(),
+              why="the first life did not begin")
+        take_away()
+        thread.join(240)
+        assert not thread.is_alive(), "the job did not end"
+    finally:
+        if thread.is_alive():
+            _Recording.made[-1].close()
+    _wait_for_no_engine_processes()
+    assert left or not set(_left_folders()) - set(before)
+    return box.get("error")
+
+
+def test_more_restarts_than_reset_limit_end_the_job_with_the_reason(spark, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
+    error = _failing_run(spark, tmp_path, _lose_a_task_that_is_not_the_agent, min_num_proc=1,
+                         reset_limit=0)
+    assert isinstance(error, EngineError), error
+    assert "over --reset-limit 0" in str(error)
+
+
+def test_too_few_slots_for_elastic_timeout_end_the_job_with_the_reason(spark, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
+    context = spark.sparkContext
+
+    def lose_a_slot_for_good():  # another job takes the lost task's slot
+        _hold_a_slot(context)
+        time.sleep(1)
+        _lose_a_task_that_is_not_the_agent()
+    try:
+        error = _failing_run(spark, tmp_path, lose_a_slot_for_good, min_num_proc=SLOTS,
+                             elastic_timeout=4)
+    finally:
+        context.cancelJobGroup("holder")
+    assert isinstance(error, EngineError), error
+    assert re.search(r"only 2 usable slots .* for --elastic-timeout 4 s, fewer than --min-np 3",
+                     str(error)), error
+
+
+def test_fewer_tasks_than_num_proc_within_start_timeout_is_a_timeout(spark):
+    import hvd_trainer.spark
+    before = _left_folders()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start: "
+                                           r"[0-3] of the 4 tasks started within "
+                                           r"start_timeout=5 s"):
+        hvd_trainer.spark.run_elastic(_wait_at_commits, args=("/nonexistent",), num_proc=4,
+                                      start_timeout=5)
+    assert time.monotonic() - started < 60
+    _wait_for_no_engine_processes()
+    assert not set(_left_folders()) - set(before)
+
+
+def _executors_of(application):
+    """PIDs of this Spark application's executor JVMs."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                words = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in words \
+                and application.encode() in words:
+            found.append(int(entry))
+    return found
+
+
+def test_every_executor_lost_ends_the_job_with_the_reason(spark, tmp_path, monkeypatch):
+    # Last: it takes the session's one executor (its worker starts another).
+    monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
+    context = spark.sparkContext
+    executors = _executors_of(context.applicationId)
+    assert executors, "no executor JVM found"
+    before = _left_folders()
+    error = _failing_run(spark, tmp_path, lambda: [os.kill(pid, signal.SIGKILL)
+                                                   for pid in executors],
+                         min_num_proc=1, elastic_timeout=5, left=True)
+    assert isinstance(error, EngineError), error
+    # SIGKILL skips the agent's own removal of its commits: the next agent on the host
+    # removes them.
+    assert len(set(_left_folders()) - set(before)) == 1
+    engine_agent.ElasticAgent().close()
+    assert not set(_left_folders()) - set(before)
+    assert "every host has left the job" in str(error) \
+        or "every rank failed" in str(error), error
+    _wait(lambda: _executors_of(context.applicationId)
+          and context.defaultParallelism >= SLOTS, 120, "no new executor")
