@@ -97,9 +97,12 @@ class ElasticAgent:
         owned_folders.sweep(COMMITS_PREFIX)
         self.commits = owned_folders.make(COMMITS_PREFIX)
 
-    def run_life(self, line: str, payload: bytes, secret: bytes) -> HostOutcome:
-        """Run one life's proxy ``line`` as :func:`run_proxy`; this host's outcomes."""
-        return run_proxy(line, payload, secret, {protocol.ENGINE_COMMITS_VARIABLE: self.commits})
+    def run_life(self, line: str, payload: bytes, secret: bytes,
+                 env: Optional[Dict[str, str]] = None) -> HostOutcome:
+        """Run one life's proxy ``line`` as :func:`run_proxy` (``env``: more variables for
+        the proxy and its ranks, such as a Spark task's resources); this host's outcomes."""
+        return run_proxy(line, payload, secret,
+                         {**(env or {}), protocol.ENGINE_COMMITS_VARIABLE: self.commits})
 
     def close(self) -> None:
         """Remove the commits' folder (the job is over), and those that killed agents left on
