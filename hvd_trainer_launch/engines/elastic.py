@@ -38,7 +38,7 @@ class ElasticSettings(NamedTuple):
     (default ``min_np``), ``max_np`` the most ranks, ``elastic_timeout`` how long fewer than
     ``min_np`` slots are waited out, ``start_timeout`` a life's start, ``cooldown_range`` how
     long a host that failed twice in a row stays out, ``ulfm`` survivors keep their processes
-    (Open MPI 5)."""
+    (Open MPI 5), ``hvdrun_args`` more of hvdrun's flags."""
 
     min_np: int = 1
     max_np: Optional[int] = None
@@ -50,6 +50,7 @@ class ElasticSettings(NamedTuple):
     nics: Sequence[str] = ()
     verbose: bool = False
     ulfm: bool = False
+    hvdrun_args: Sequence[str] = ()  # more of hvdrun's flags (--prefix-output-with-timestamp)
 
 
 class Dispatch(NamedTuple):
@@ -74,7 +75,7 @@ def hvdrun_flags(settings: ElasticSettings, script: str) -> List[str]:
         flags += ["--blacklist-cooldown-range", *(f"{bound:g}" for bound in settings.cooldown_range)]
     if settings.nics:
         flags += ["--network-interfaces", ",".join(settings.nics)]
-    return flags + (["--ulfm"] if settings.ulfm else [])
+    return flags + (["--ulfm"] if settings.ulfm else []) + list(settings.hvdrun_args)
 
 
 class _Life(NamedTuple):
@@ -106,15 +107,7 @@ class ElasticJob:
         self._lives: Dict[int, _Life] = {}
         self._returned: Dict[int, Dict[str, HostOutcome]] = {}
         self._lost: Dict[int, List[LostAgent]] = {}
-        self._closed = False  # run() has ended: the discovery's folder is gone
-        owned_folders.sweep(FOLDER_PREFIX)
-        self._folder = owned_folders.make(FOLDER_PREFIX)
-        self._write_hosts()
-        self._script = os.path.join(self._folder, _DISCOVER_SCRIPT)
-        fd = os.open(self._script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
-        with os.fdopen(fd, "w") as script:
-            script.write("#!/bin/sh\nexec cat "
-                         + shlex.quote(os.path.join(self._folder, _HOSTS_FILE)) + "\n")
+        self._folder: Optional[str] = None  # the discovery's, while run() runs
 
     # -- the engine's side ---------------------------------------------------------------
 
@@ -156,15 +149,24 @@ class ElasticJob:
     # -- the job ---------------------------------------------------------------------------
 
     def run(self, out=None, err=None) -> List[Any]:
-        """Run hvdrun's elastic job to its end; the final life's results in rank order.
+        """Run hvdrun's elastic job to its end (once); the final life's results in rank order.
         Interrupted (Ctrl-C), it ends the job first. ``out``/``err``: streams for the
         ranks' output and hvdrun's messages."""
+        owned_folders.sweep(FOLDER_PREFIX)
+        folder = owned_folders.make(FOLDER_PREFIX)
         try:
+            script = os.path.join(folder, _DISCOVER_SCRIPT)
+            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+            with os.fdopen(fd, "w") as file:
+                file.write(f"#!/bin/sh\nexec cat {shlex.quote(os.path.join(folder, _HOSTS_FILE))}\n")
+            with self._lock:
+                self._folder = folder
+                self._write_hosts()
             launch = engine_launch.AgentLaunch(
                 [], engine_launch.rank_command(), flavour=self._flavour, secret=self.secret,
                 env=self._env, start_timeout=self.settings.start_timeout, out=out, err=err,
                 verbose=self.settings.verbose, on_life=self._handed,
-                hvdrun_args=hvdrun_flags(self.settings, self._script))
+                hvdrun_args=hvdrun_flags(self.settings, script))
             try:
                 code = launch.wait()
             except BaseException:
@@ -173,8 +175,8 @@ class ElasticJob:
             return self._results(code, launch.messages)
         finally:
             with self._lock:
-                self._closed = True
-            shutil.rmtree(self._folder, ignore_errors=True)
+                self._folder = None
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _handed(self, life: engine_launch.LifeLines) -> None:
         """A life's lines from the launcher: hand each to the engine, by its own host name."""
@@ -220,7 +222,7 @@ class ElasticJob:
 
     def _write_hosts(self) -> None:
         """(Under the lock.) Replace the discovery's file with the hosts now, atomically."""
-        if self._closed:
+        if self._folder is None:  # run() writes them when it starts
             return
         text = "".join(f"{self._names[host]}:{slots}\n" for host, slots in self._slots.items())
         fd, temporary = tempfile.mkstemp(dir=self._folder, prefix=".hosts.")

@@ -20,6 +20,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
+import elastic_loops
 from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.engines import agent as engine_agent, calls, elastic
 from hvd_trainer_launch.engines import launch as engine_launch
@@ -101,74 +102,21 @@ def test_a_job_that_does_not_change():
         np.testing.assert_array_equal(summed, np.full(2, 6.0))
 
 
-def _train(steps, progress):
-    """Each step: the ranks' gradients (rank + 1) * (step + 1) summed, w = w / 2 + sum;
-    rank 0 notes each commit and, at each life's start, where the life starts."""
-    import os
-    import time
-    import numpy as np
-    import hvd_trainer as hvd
-    from hvd_trainer import elastic as hvd_elastic
-    hvd.init()
-    state = hvd_elastic.ObjectState(w=np.zeros(3), step=0, sizes=[])
-
-    def note(text):
-        if hvd.rank() == 0:
-            with open(progress, "a") as file:
-                file.write(text + "\n")
-
-    @hvd_elastic.run
-    def loop(state):
-        note(f"start {state.step} {hvd.size()}")
-        while state.step < steps:
-            grad = hvd.allreduce(np.full(3, hvd.rank() + 1.0) * (state.step + 1), op=hvd.Sum)
-            state.w = state.w / 2 + grad
-            state.sizes = state.sizes + [hvd.size()]
-            state.step += 1
-            state.commit()
-            note(f"commit {state.step}")
-            time.sleep(0.25)
-    loop(state)
-    return state.w, state.sizes
-
-
-def _replay(sizes):
-    """The weights of the committed steps, in one process: n ranks sum n (n + 1) / 2."""
-    w = np.zeros(3)
-    for step, n in enumerate(sizes):
-        w = w / 2 + n * (n + 1) / 2 * (step + 1)
-    return w
-
-
-def _lines(path, word):
-    if not os.path.exists(path):
-        return []
-    with open(path) as file:
-        return [line.split()[1:] for line in file if line.startswith(word)]
-
-
-def _wait(condition, seconds=120):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def test_loss_shrinks_and_return_grows_with_no_commit_lost(tmp_path):
     progress = str(tmp_path / "progress")
     engine = ThreadEngine()
-    engine.start(calls.payload(_train, (STEPS, progress)),
+    engine.start(calls.payload(elastic_loops.train, (STEPS, progress)),
                  elastic.ElasticSettings(min_np=2, max_np=3, np=3, elastic_timeout=60,
                                          start_timeout=60))
     results = []
     runner = threading.Thread(target=lambda: results.append(engine.job.run()))
     runner.start()
     try:
-        _wait(lambda: len(_lines(progress, "commit")) >= 4)
-        seen = int(_lines(progress, "commit")[-1][0])
+        elastic_loops.wait(lambda: len(elastic_loops.notes(progress, "commit")) >= 4)
+        seen = int(elastic_loops.notes(progress, "commit")[-1][0])
         engine.kill("node-b")
-        _wait(lambda: any(size == "2" for _, size in _lines(progress, "start")))
-        _wait(lambda: int(_lines(progress, "commit")[-1][0]) >= seen + 4)
+        elastic_loops.wait(lambda: any(size == "2" for _, size in elastic_loops.notes(progress, "start")))
+        elastic_loops.wait(lambda: int(elastic_loops.notes(progress, "commit")[-1][0]) >= seen + 4)
         engine.join("node-b")
         runner.join(300)
     finally:
@@ -176,23 +124,12 @@ def test_loss_shrinks_and_return_grows_with_no_commit_lost(tmp_path):
             engine.kill("node-a"), engine.kill("node-b"), engine.kill("node-c")
         runner.join(60)
         engine.close()
-    (w, sizes), *others = results[0]
-    assert len(results[0]) == 3  # grown back: the final life ran on three hosts
-    starts = [(int(step), int(size)) for step, size in _lines(progress, "start")]
-    assert starts[0] == (0, 3)
-    # No commit lost: the life after the loss starts at or after the last commit seen.
-    shrunk = [step for step, size in starts if size == 2]
-    assert shrunk and shrunk[0] >= seen
-    assert len(sizes) == STEPS and 2 in sizes and sizes[-1] == 3
-    np.testing.assert_allclose(w, _replay(sizes))
-    for other_w, other_sizes in others:
-        np.testing.assert_array_equal(other_w, w)
-        assert other_sizes == sizes
+    elastic_loops.check(results[0], progress, seen, STEPS)
 
 
 def test_every_host_gone_ends_the_job_with_the_reason():
     engine = ThreadEngine()
-    engine.start(calls.payload(_train, (1000, os.devnull)),
+    engine.start(calls.payload(elastic_loops.train, (1000, os.devnull)),
                  elastic.ElasticSettings(min_np=2, elastic_timeout=3, start_timeout=60))
     errors = []
 
@@ -215,5 +152,6 @@ def test_every_host_gone_ends_the_job_with_the_reason():
     assert errors and ("every rank failed in this life" in errors[0]
                        or "fewer than --min-np 2; ending the job" in errors[0])
     assert "every host has left the job" in errors[0]
-    assert not glob.glob(os.path.join(tempfile.gettempdir(), elastic.FOLDER_PREFIX + "*"))
-    assert not glob.glob(os.path.join(tempfile.gettempdir(), engine_agent.COMMITS_PREFIX + "*"))
+    # This process made both (owned_folders names the maker); other sessions' share /tmp.
+    for prefix in (elastic.FOLDER_PREFIX, engine_agent.COMMITS_PREFIX):
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-{os.getpid()}-*"))
