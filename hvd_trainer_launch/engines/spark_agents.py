@@ -65,9 +65,8 @@ def agent_task(address: str, secret: bytes, slot: int) -> Callable:
             if not kept:
                 kept.append(engine_agent.ElasticAgent())
             payload, job_secret = message.blobs
-            return engine_agent.run_proxy(
-                message.fields["line"], payload, job_secret,
-                {**message.fields["env"], protocol.ENGINE_COMMITS_VARIABLE: kept[0].commits})
+            return kept[0].run_life(message.fields["line"], payload, job_secret,
+                                    message.fields["env"])
 
         try:
             agent_link.serve(side, run)

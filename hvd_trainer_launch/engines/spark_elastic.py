@@ -33,6 +33,7 @@ class ElasticArguments(NamedTuple):
     env: Dict[str, str]  # for the ranks
     nics: List[str]
     verbose: bool  # hvdrun's --verbose (verbose >= 2)
+    timestamps: bool  # hvdrun's --prefix-output-with-timestamp
 
 
 def _seconds(value: Any, name: str, variable: str, default: float) -> float:
@@ -93,16 +94,14 @@ def check_arguments(num_proc: Any, min_num_proc: Any, max_num_proc: Any, start_t
                          "interface names, e.g. ['eth0']")
     if isinstance(verbose, bool) or not isinstance(verbose, int):
         raise ValueError(f"{WHERE}: verbose={verbose!r} must be an int (0-2)")
-    if prefix_output_with_timestamp:
-        raise ValueError(f"{WHERE}: prefix_output_with_timestamp=True is not supported yet "
-                         "(docs/limitations.md); drop it")
     return ElasticArguments(
         num_proc, low, high,
         _seconds(start_timeout, "start_timeout", START_TIMEOUT_VARIABLE, DEFAULT_START_TIMEOUT),
         _seconds(elastic_timeout, "elastic_timeout", ELASTIC_TIMEOUT_VARIABLE,
                  DEFAULT_ELASTIC_TIMEOUT),
         reset_limit, engine_checks.rank_env(env, "env", WHERE),
-        sorted(nics) if isinstance(nics, set) else list(nics or ()), verbose >= 2)
+        sorted(nics) if isinstance(nics, set) else list(nics or ()), verbose >= 2,
+        bool(prefix_output_with_timestamp))
 
 
 
@@ -132,7 +131,8 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Option
     settings = elastic.ElasticSettings(
         min_np=checked.min_num_proc, max_np=checked.max_num_proc, np=checked.num_proc,
         reset_limit=checked.reset_limit, elastic_timeout=checked.elastic_timeout,
-        start_timeout=checked.start_timeout, nics=checked.nics, verbose=checked.verbose)
+        start_timeout=checked.start_timeout, nics=checked.nics, verbose=checked.verbose,
+        hvdrun_args=["--prefix-output-with-timestamp"] if checked.timestamps else [])
     began = time.monotonic()
     agents = spark_agents.SparkAgents(context, checked.max_num_proc)
     try:

@@ -265,11 +265,34 @@ def _parent(pid):
         return None
 
 
-def _left_folders():
-    """This user's elastic job and commit folders in the temporary folder."""
+def _left_folders(makers):
+    """The elastic job and commit folders in the temporary folder that ``makers`` (PIDs)
+    made (other sessions on this machine make theirs there too)."""
     import tempfile
-    return [name for name in os.listdir(tempfile.gettempdir())
-            if name.startswith(("hvd_engine_elastic.", "hvd_engine_commits."))]
+    found = []
+    for name in os.listdir(tempfile.gettempdir()):
+        for prefix in ("hvd_engine_elastic.", "hvd_engine_commits."):
+            fields = name[len(prefix):].split(".")[0].split("-") \
+                if name.startswith(prefix) else []
+            if len(fields) == 3 and fields[1].isdigit() and int(fields[1]) in makers:
+                found.append(name)
+    return found
+
+
+def _our_processes(context):
+    """This process and this application's executors' descendants (the tasks' Python
+    workers, which make the agents' folders)."""
+    children = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        parent = _parent(int(pid))
+        if parent is not None:
+            children.setdefault(parent, []).append(int(pid))
+    found, todo = {os.getpid()}, list(_executors_of(context.applicationId))
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo += children.get(pid, [])
+    return found
 
 
 def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, tmp_path,
@@ -277,7 +300,6 @@ def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, 
     import hvd_trainer.spark
     monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
     context, signal_path, out = spark.sparkContext, str(tmp_path / "signal"), _Stream()
-    before = _left_folders()
     thread, box = _in_thread(lambda: hvd_trainer.spark.run_elastic(
         elastic_training.train, args=(signal_path, SLOTS), num_proc=SLOTS, min_num_proc=2,
         start_timeout=120, elastic_timeout=120, stdout=out))
@@ -286,6 +308,7 @@ def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, 
         _wait(lambda: os.path.exists(signal_path) or not thread.is_alive(),
               why="the first life did not reach its signal")
         assert thread.is_alive(), box
+        ours = _our_processes(context)
         open(signal_path + ".taken", "w").close()
         # The task is lost while another job waits for a slot: the freed slot goes to it, so
         # the job shrinks until the test lets it go.
@@ -308,7 +331,7 @@ def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, 
     assert len(results) == SLOTS and results[1:] == [None] * (SLOTS - 1)
     elastic_training.check_result(results[0], out.text, SLOTS)
     _wait_for_no_engine_processes()
-    assert not set(_left_folders()) - set(before)
+    assert _left_folders(ours | _our_processes(context)) == []
 
 
 def _wait_at_commits(signal_path):
@@ -335,16 +358,17 @@ def _wait_at_commits(signal_path):
 
 def _failing_run(spark, tmp_path, take_away, left=False, **given):
     """run_elastic of _wait_at_commits on the session's three slots; once its ranks wait,
-    ``take_away()``; the error it ends with. No process of it may be left behind, nor any
-    folder unless ``left``."""
+    ``take_away()``; the error it ends with, and the processes that took part. No process of
+    it may be left behind, nor any folder, but one when ``left``."""
     import hvd_trainer.spark
-    signal_path, before = str(tmp_path / "signal"), _left_folders()
+    signal_path = str(tmp_path / "signal")
     thread, box = _in_thread(lambda: hvd_trainer.spark.run_elastic(
         _wait_at_commits, args=(signal_path,), num_proc=SLOTS, start_timeout=120,
         stderr=_Stream(), **given))
     try:
         _wait(lambda: os.path.exists(signal_path) or not thread.is_alive(),
               why="the first life did not begin")
+        ours = _our_processes(spark.sparkContext)
         take_away()
         thread.join(240)
         assert not thread.is_alive(), "the job did not end"
@@ -352,15 +376,16 @@ def _failing_run(spark, tmp_path, take_away, left=False, **given):
         if thread.is_alive():
             _Recording.made[-1].close()
     _wait_for_no_engine_processes()
-    assert left or not set(_left_folders()) - set(before)
-    return box.get("error")
+    ours |= _our_processes(spark.sparkContext)
+    assert len(_left_folders(ours)) == (1 if left else 0), _left_folders(ours)
+    return box.get("error"), ours
 
 
 def test_more_restarts_than_reset_limit_end_the_job_with_the_reason(spark, tmp_path,
                                                                      monkeypatch):
     monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
-    error = _failing_run(spark, tmp_path, _lose_a_task_that_is_not_the_agent, min_num_proc=1,
-                         reset_limit=0)
+    error, _ = _failing_run(spark, tmp_path, _lose_a_task_that_is_not_the_agent,
+                            min_num_proc=1, reset_limit=0)
     assert isinstance(error, EngineError), error
     assert "over --reset-limit 0" in str(error)
 
@@ -375,8 +400,8 @@ def test_too_few_slots_for_elastic_timeout_end_the_job_with_the_reason(spark, tm
         time.sleep(1)
         _lose_a_task_that_is_not_the_agent()
     try:
-        error = _failing_run(spark, tmp_path, lose_a_slot_for_good, min_num_proc=SLOTS,
-                             elastic_timeout=4)
+        error, _ = _failing_run(spark, tmp_path, lose_a_slot_for_good, min_num_proc=SLOTS,
+                                elastic_timeout=4)
     finally:
         context.cancelJobGroup("holder")
     assert isinstance(error, EngineError), error
@@ -386,7 +411,6 @@ def test_too_few_slots_for_elastic_timeout_end_the_job_with_the_reason(spark, tm
 
 def test_fewer_tasks_than_num_proc_within_start_timeout_is_a_timeout(spark):
     import hvd_trainer.spark
-    before = _left_folders()
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start: "
                                            r"[0-3] of the 4 tasks started within "
@@ -395,7 +419,7 @@ def test_fewer_tasks_than_num_proc_within_start_timeout_is_a_timeout(spark):
                                       start_timeout=5)
     assert time.monotonic() - started < 60
     _wait_for_no_engine_processes()
-    assert not set(_left_folders()) - set(before)
+    assert _left_folders(_our_processes(spark.sparkContext)) == []
 
 
 def _executors_of(application):
@@ -419,16 +443,14 @@ def test_every_executor_lost_ends_the_job_with_the_reason(spark, tmp_path, monke
     context = spark.sparkContext
     executors = _executors_of(context.applicationId)
     assert executors, "no executor JVM found"
-    before = _left_folders()
-    error = _failing_run(spark, tmp_path, lambda: [os.kill(pid, signal.SIGKILL)
-                                                   for pid in executors],
-                         min_num_proc=1, elastic_timeout=5, left=True)
+    # SIGKILL skips the agent's own removal of its commits (one folder is left): the next
+    # agent on the host removes them.
+    error, ours = _failing_run(spark, tmp_path, lambda: [os.kill(pid, signal.SIGKILL)
+                                                         for pid in executors],
+                               min_num_proc=1, elastic_timeout=5, left=True)
     assert isinstance(error, EngineError), error
-    # SIGKILL skips the agent's own removal of its commits: the next agent on the host
-    # removes them.
-    assert len(set(_left_folders()) - set(before)) == 1
     engine_agent.ElasticAgent().close()
-    assert not set(_left_folders()) - set(before)
+    assert _left_folders(ours) == []
     assert "every host has left the job" in str(error) \
         or "every rank failed" in str(error), error
     _wait(lambda: _executors_of(context.applicationId)

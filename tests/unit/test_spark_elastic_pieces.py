@@ -20,14 +20,15 @@ def _check(parallelism=4, **given):
 def test_defaults_are_horovods(monkeypatch):
     monkeypatch.delenv(spark_elastic.START_TIMEOUT_VARIABLE, raising=False)
     monkeypatch.delenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, raising=False)
-    assert _check() == ElasticArguments(4, 4, 4, 600.0, 600.0, None, {}, [], False)
+    assert _check() == ElasticArguments(4, 4, 4, 600.0, 600.0, None, {}, [], False, False)
     assert _check(num_proc=2, max_num_proc=5) == ElasticArguments(2, 2, 5, 600.0, 600.0, None,
-                                                                  {}, [], False)
+                                                                  {}, [], False, False)
     monkeypatch.setenv(spark_elastic.START_TIMEOUT_VARIABLE, "30")
     monkeypatch.setenv(spark_elastic.ELASTIC_TIMEOUT_VARIABLE, "7.5")
     found = _check(num_proc=3, min_num_proc=1, reset_limit=0, env={"A": 1}, verbose=2,
-                   nics={"eth1", "eth0"})
-    assert found == ElasticArguments(3, 1, 3, 30.0, 7.5, 0, {"A": "1"}, ["eth0", "eth1"], True)
+                   nics={"eth1", "eth0"}, prefix_output_with_timestamp=True)
+    assert found == ElasticArguments(3, 1, 3, 30.0, 7.5, 0, {"A": "1"}, ["eth0", "eth1"], True,
+                                     True)
 
 
 def test_deprecated_aliases_warn_and_count():
@@ -57,8 +58,6 @@ def test_deprecated_aliases_warn_and_count():
     (dict(nics="eth0"), r"nics='eth0' must be a list \(or set\) of network interface names"),
     (dict(verbose="2"), r"verbose='2' must be an int"),
     (dict(env={"A B": "1"}), r"env: "),
-    (dict(prefix_output_with_timestamp=True), r"prefix_output_with_timestamp=True is not "
-                                              r"supported yet"),
 ])
 def test_refusals_name_the_argument(given, match):
     with pytest.raises(ValueError, match=r"hvd_trainer\.spark\.run_elastic: " + match):
