@@ -6,8 +6,8 @@ for again and its new task links up; a slot beyond the cluster's waits until one
 The job: a torch training shrinks when a task is lost, goes on from the last commit and
 grows back when the slot frees, its final weights those of the one-process replay of its
 commits; more restarts than reset_limit, too few slots for elastic_timeout, too few tasks
-within start_timeout and every executor lost end it with the reason. No process is left
-behind, nor any folder but those of an agent killed by SIGKILL, which the next agent on the
+within start_timeout and every executor lost end it with the reason, and Ctrl-C on the
+driver ends it. No process is left behind, nor any folder but those of an agent killed by SIGKILL, which the next agent on the
 host removes."""
 import io
 import json
@@ -420,6 +420,24 @@ def test_fewer_tasks_than_num_proc_within_start_timeout_is_a_timeout(spark):
     assert time.monotonic() - started < 60
     _wait_for_no_engine_processes()
     assert _left_folders(_our_processes(spark.sparkContext)) == []
+
+
+def test_ctrl_c_on_the_driver_ends_the_job_and_leaves_nothing(spark, tmp_path):
+    import hvd_trainer.spark
+    signal_path, seen = str(tmp_path / "signal"), {}
+
+    def interrupt():
+        _wait(lambda: os.path.exists(signal_path), why="the first life did not begin")
+        seen["ours"] = _our_processes(spark.sparkContext)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        hvd_trainer.spark.run_elastic(_wait_at_commits, args=(signal_path,), num_proc=SLOTS,
+                                      start_timeout=120, stderr=_Stream())
+    assert time.monotonic() - started < 120  # the ranks wait 120 s: the job was ended
+    _wait_for_no_engine_processes()
+    assert _left_folders(seen["ours"] | _our_processes(spark.sparkContext)) == []
 
 
 def _executors_of(application):
