@@ -105,6 +105,41 @@ ENGINE_LAUNCH_SECRET_VARIABLE = "HVD_ENGINE_LAUNCH_SECRET"
 ENGINE_JOB_SECRET_VARIABLE = "HVD_ENGINE_JOB_SECRET"
 ENGINE_RANK_VARIABLES_VARIABLE = "HVD_ENGINE_RANK_VARIABLES"
 
+# An elastic engine job (engines.elastic): hvdrun runs with the first variable set ("1"), and
+# then prints before each life, on its stdout, :data:`ENGINE_LIFE_PREFIX` and the life as JSON
+# (:func:`life_line`), so that the engine launch knows which agent takes each proxy line; it
+# leaves the commit folders on the other hosts to the agents. Each agent keeps a folder of its
+# own for the job's commits on its host, across lives, and hands it to its ranks in the
+# second variable, which stands in for hvdrun's :data:`ELASTIC_DIR_VARIABLE` there.
+ENGINE_LIVES_VARIABLE = "HVD_ENGINE_LIVES"
+ENGINE_COMMITS_VARIABLE = "HVD_ENGINE_COMMITS"
+ENGINE_LIFE_PREFIX = "HVD_ENGINE_LIFE: "
+
+
+class EngineLife(NamedTuple):
+    """One life of an elastic engine job as hvdrun announces it: its number (the restarts
+    before it) and its hosts with their ranks, in rank order (the proxy lines come in that
+    order under MPICH; Open MPI's name their host)."""
+
+    number: int
+    hosts: List[Tuple[str, int]]
+
+
+def life_line(life: EngineLife) -> str:
+    """The line hvdrun prints for ``life`` (without its newline)."""
+    return ENGINE_LIFE_PREFIX + json.dumps({"number": life.number,
+                                            "hosts": [list(entry) for entry in life.hosts]})
+
+
+def parse_life_line(line: str) -> EngineLife:
+    """The life in a :func:`life_line`; ValueError when it is not one."""
+    try:
+        fields = json.loads(line[len(ENGINE_LIFE_PREFIX):])
+        return EngineLife(int(fields["number"]),
+                          [(str(host), int(ranks)) for host, ranks in fields["hosts"]])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"not a life line ({error}): {line[:200]!r}") from None
+
 # The wrapper's exit codes when it cannot start the command, as a shell's.
 NOT_FOUND_EXIT_CODE = 127
 CANNOT_EXECUTE_EXIT_CODE = 126

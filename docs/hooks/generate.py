@@ -87,6 +87,11 @@ SET_BY_HVDRUN: Dict[str, str] = {
                                 "local rank, for `hvd_trainer.spark.task.get_available_devices`",
     "HVD_ENGINE_LAUNCH_SECRET": "an engine launch's key under Open MPI, which signs the proxy "
                                 "commands that its launcher agent (`engine_ssh`) hands over",
+    "HVD_ENGINE_LIVES": "\"1\" in an elastic engine job's hvdrun: it prints each life's hosts "
+                        "for the engine launch, and leaves the other hosts' commit folders to "
+                        "the agents ([Running on Ray](ray.md#elastic-jobs))",
+    "HVD_ENGINE_COMMITS": "an elastic engine job's commit folder on one host, its agent's "
+                          "across lives, which stands in for `HVD_ELASTIC_DIR` on its ranks",
     "HVD_ENGINE_JOB_SECRET": "an engine launch's `HVD_JOB_SECRET` for hvdrun, which the agents "
                              "hand the ranks: it never travels through the MPI launcher "
                              "([Security](security.md#the-mpi-launchers-control-port))",

@@ -7,7 +7,14 @@ driver runs the MPI launcher, which hands each host's proxy command over instead
 starting it (MPICH's manual launcher, Open MPI's launcher agent), each agent runs its host's proxy command, the proxies
 start the ranks, MPI moves the data, and Ray's object store carries the function out and the
 results back (hvd_trainer_launch.engines: launch, agent, rank).
-"""
-from hvd_trainer_launch.engines.ray_executor import ElasticRayExecutor, RayExecutor, Settings
 
-__all__ = ["RayExecutor", "ElasticRayExecutor", "Settings"]
+:class:`ElasticRayExecutor` (and RayExecutor with ``min_workers``/``max_workers``) runs an
+elastic job: Ray's live nodes (:class:`RayHostDiscovery`, or the settings' ``discovery``) are
+its hosts, an actor on each is its agent for the whole job, and hvdrun's elastic mode restarts
+the ranks from the last commit when a host is lost or comes (engines.elastic, ray_elastic).
+"""
+from hvd_trainer_launch.engines.ray_elastic import (ElasticRayExecutor, ElasticSettings,
+                                                   RayHostDiscovery)
+from hvd_trainer_launch.engines.ray_executor import RayExecutor, Settings
+
+__all__ = ["RayExecutor", "ElasticRayExecutor", "ElasticSettings", "RayHostDiscovery", "Settings"]

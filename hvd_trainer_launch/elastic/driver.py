@@ -41,6 +41,7 @@ from hvd_trainer_launch.job.relay import say
 from hvd_trainer_launch.processes import kill_processes, launched
 from hvd_trainer_launch.protocol import (ALLOW_FRESH_START_VARIABLE, COMMITTED_VARIABLE,
                                          ELASTIC_DIR_VARIABLE, ELASTIC_DISK_DIR_VARIABLE,
+                                         ENGINE_LIVES_VARIABLE,
                                          GENERATION_VARIABLE, MIN_NP_VARIABLE, NOTIFY_VARIABLE,
                                          RESET_EXIT_CODE, RESTART_VARIABLE, ULFM_VARIABLE)
 
@@ -325,8 +326,9 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
         folders = protocol.job_folders(job_dir, disk_dir)
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-        _remove_elsewhere(launcher, mpi_args, job.rank_environment(args, launcher.flavour),
-                          lives.used, folders)
+        if not os.environ.get(ENGINE_LIVES_VARIABLE):  # an engine's agents remove their own
+            _remove_elsewhere(launcher, mpi_args, job.rank_environment(args, launcher.flavour),
+                              lives.used, folders)
 
 
 def _live(elastic: _Job, lives: _Lives) -> _Life:
@@ -353,6 +355,10 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
          + (f" (restart {lives.restarts})" if lives.restarts else ""))
     if args.verbose:
         _say(f"running: {shlex.join(command)}")
+    if os.environ.get(ENGINE_LIVES_VARIABLE):  # the engine launch hands out the proxy lines
+        sys.stdout.buffer.write(
+            (protocol.life_line(protocol.EngineLife(lives.restarts, layout)) + "\n").encode())
+        sys.stdout.buffer.flush()
     watcher = HostWatcher(elastic.discovery, elastic.blacklist, hosts, elastic.generation)
     watcher.start()
     try:

@@ -81,6 +81,36 @@ def run_proxy(line: str, payload: bytes, secret: bytes,
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# The folders, in the temporary folder, where an elastic job's agent keeps the commits of its
+# host's ranks across lives (owned_folders: swept once the agent is gone).
+COMMITS_PREFIX = "hvd_engine_commits."
+
+
+class ElasticAgent:
+    """An agent's side of an elastic engine job (engines.elastic) on one host, alive for the
+    whole job: it runs the proxy line of each life it takes part in (:meth:`run_life`), its
+    ranks keeping their commits in a private folder of its own that outlives the lives (the
+    next life's ranks here restore from it), removed by :meth:`close` or, when the agent is
+    killed, by the next agent on the host that starts or closes."""
+
+    def __init__(self):
+        owned_folders.sweep(COMMITS_PREFIX)
+        self.commits = owned_folders.make(COMMITS_PREFIX)
+
+    def run_life(self, line: str, payload: bytes, secret: bytes,
+                 env: Optional[Dict[str, str]] = None) -> HostOutcome:
+        """Run one life's proxy ``line`` as :func:`run_proxy` (``env``: more variables for
+        the proxy and its ranks, such as a Spark task's resources); this host's outcomes."""
+        return run_proxy(line, payload, secret,
+                         {**(env or {}), protocol.ENGINE_COMMITS_VARIABLE: self.commits})
+
+    def close(self) -> None:
+        """Remove the commits' folder (the job is over), and those that killed agents left on
+        this host."""
+        shutil.rmtree(self.commits, ignore_errors=True)
+        owned_folders.sweep(COMMITS_PREFIX)
+
+
 def _end(proxy: subprocess.Popen) -> None:
     """SIGTERM the proxy's session, then SIGKILL it if it lingers."""
     for signum in (signal.SIGTERM, signal.SIGKILL):

@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout
@@ -69,8 +69,31 @@ def agent_names(hosts: Sequence[str]) -> List[str]:
     """The names under which Open MPI's mpirun is given ``hosts``: one of its own for each, so
     that mpirun takes none for its own host (which it would start itself, not through the
     agent there), without a dot (mpirun cuts a name at its first dot)."""
-    return [f"hvd-agent{index}-{re.sub(r'[^A-Za-z0-9-]', '-', host.split('.')[0])}"
-            for index, host in enumerate(hosts)]
+    return [agent_name(index, host) for index, host in enumerate(hosts)]
+
+
+def agent_name(index: int, host: str) -> str:
+    """The name of agent ``index`` of a job, on ``host``: ``hvd-agent<index>-<host>``, the
+    host's name up to its first dot with other characters than letters, digits and ``-``
+    made ``-``."""
+    return f"hvd-agent{index}-{re.sub(r'[^A-Za-z0-9-]', '-', host.split('.')[0])}"
+
+
+class HostRanks(NamedTuple):
+    """A host of a job's layout and how many ranks it runs."""
+
+    host: str
+    ranks: int
+
+
+class LifeLines(NamedTuple):
+    """One life of an elastic engine job (``AgentLaunch(on_life=...)``): its number (the
+    restarts before it), its hosts with their ranks in rank order, and each host's proxy
+    command line, in the same order."""
+
+    number: int
+    hosts: List[HostRanks]
+    lines: List[str]
 
 
 class AgentLaunch:
@@ -85,14 +108,28 @@ class AgentLaunch:
     rest of a rank's environment is its agent's: this process's does not travel);
     ``out``/``err``: streams for the ranks' output and hvdrun's messages (default: ours);
     ``mpi_args``: more arguments for the MPI launcher, word by word; ``hvdrun_args``: more of
-    hvdrun's flags (--network-interfaces, --prefix-output-with-timestamp)."""
+    hvdrun's flags (--network-interfaces, --prefix-output-with-timestamp).
+
+    Elastic (``on_life`` given): ``hosts`` is empty, ``hvdrun_args`` hold hvdrun's elastic
+    flags (its host discovery names the hosts, by names that are theirs alone in the job:
+    engines.elastic), and hvdrun runs one life after another; ``on_life`` gets each life's
+    :class:`LifeLines` once the launcher has handed over all its lines, and
+    :meth:`proxies` is not used."""
 
     def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str], *,
                  flavour: str, secret: bytes, env: Optional[Dict[str, str]] = None,
                  start_timeout: Optional[float] = None, mpi_args: Sequence[str] = (),
-                 out=None, err=None, verbose: bool = False, hvdrun_args: Sequence[str] = ()):
+                 out=None, err=None, verbose: bool = False, hvdrun_args: Sequence[str] = (),
+                 on_life: Optional[Callable[[LifeLines], None]] = None):
         self.hosts = [(name, count) for name, count in hosts]
-        self._lines: Dict[int, str] = {}  # by the host's place in ``hosts``
+        self._on_life = on_life
+        # The life whose lines are being handed over (one life alone without on_life), its
+        # lines by the host's place in it, and Open MPI's lines that came before its life did.
+        self._life: Optional[protocol.EngineLife] = \
+            None if on_life else protocol.EngineLife(0, self.hosts)
+        self._lines: Dict[int, str] = {}
+        self._early: Dict[str, str] = {}
+        self._lock = threading.Lock()
         self._announced = threading.Event()
         self.messages: List[str] = []  # hvdrun's own lines, and the ranks' wrappers'
         # The launcher's own lines on stderr (the end of them), for a launch that fails.
@@ -124,7 +161,12 @@ class AgentLaunch:
         run_env.update(env)
         run_env[protocol.ENGINE_JOB_SECRET_VARIABLE] = protocol.engine_job_secret(secret)
         run_env[protocol.ENGINE_RANK_VARIABLES_VARIABLE] = json.dumps(sorted(env))
-        if flavour == mpi.HYDRA:
+        if self._on_life is not None:
+            run_env[protocol.ENGINE_LIVES_VARIABLE] = "1"
+            own = list(protocol.MANUAL_LAUNCHER_ARGUMENTS) if flavour == mpi.HYDRA \
+                else self._serve_agent(run_env)
+            names = []
+        elif flavour == mpi.HYDRA:
             names, own = [name for name, _ in self.hosts], list(protocol.MANUAL_LAUNCHER_ARGUMENTS)
         else:
             hosts = [name for name, _ in self.hosts]
@@ -136,9 +178,9 @@ class AgentLaunch:
                     "machine, or use MPICH (pip install mpich mpi4py)")
             names, own = agent_names(hosts), self._serve_agent(run_env)
         size = sum(count for _, count in self.hosts)
-        arguments = ["-np", str(size), "-H",
-                     ",".join(f"{name}:{count}" for name, (_, count) in zip(names, self.hosts)),
-                     "--mpi-args=" + shlex.join([*own, *mpi_args])]
+        arguments = ["-np", str(size), "-H", ",".join(
+            f"{name}:{count}" for name, (_, count) in zip(names, self.hosts))] if names else []
+        arguments.append("--mpi-args=" + shlex.join([*own, *mpi_args]))
         if start_timeout is not None:
             arguments += ["--start-timeout", str(start_timeout)]
         if verbose:
@@ -171,15 +213,20 @@ class AgentLaunch:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)
         self._listener.listen(socket.SOMAXCONN)
-        names = agent_names([name for name, _ in self.hosts])
-        threading.Thread(target=self._take_lines, args=(self._listener, secret, names),
+        threading.Thread(target=self._take_lines, args=(self._listener, secret),
                          daemon=True, name="hvd-engine-agent").start()
         return ["--mca", "plm_rsh_agent", " ".join(agent), "--mca", "plm_rsh_no_tree_spawn",
                 "1", "--leave-session-attached"]
 
-    def _take_lines(self, listener: socket.socket, secret: bytes, names: List[str]) -> None:
-        """Keep the line the launcher agent hands for each of ``names`` (one per host)."""
-        while len(self._lines) < len(names):
+    def _names(self) -> List[str]:
+        """The names under which mpirun knows the hosts of the life being handed over: their
+        own in an elastic job (made for the job), else :func:`agent_names`."""
+        hosts = [name for name, _ in self._life.hosts]
+        return hosts if self._on_life else agent_names(hosts)
+
+    def _take_lines(self, listener: socket.socket, secret: bytes) -> None:
+        """Keep the line the launcher agent hands for each host of each life."""
+        while not self._announced.is_set():
             try:
                 conn, _ = listener.accept()
             except OSError:  # closed: the launch is over
@@ -189,21 +236,51 @@ class AgentLaunch:
                     found = protocol.receive_proxy_line(conn, secret)
                 except (OSError, ValueError):  # not this launch's agent, or it went away
                     continue
-            if found.host in names:
-                self._lines.setdefault(names.index(found.host), found.line)
-        self._announced.set()
+            with self._lock:
+                self._early[found.host] = found.line
+                self._take_early()
+
+    def _take_early(self) -> None:
+        """(Under the lock.) Take the Open MPI lines of the life being handed over; once it
+        has them all, it is handed on."""
+        if self._life is None:
+            return
+        names = self._names()
+        for name in [name for name in self._early if name in names]:
+            self._lines.setdefault(names.index(name), self._early.pop(name))
+        if len(self._lines) == len(names):
+            self._handed_over()
+
+    def _handed_over(self) -> None:
+        """(Under the lock.) Every line of the life is in: hand it to ``on_life``, or, for
+        the one job of a launch that is not elastic, to :meth:`proxies`."""
+        if self._on_life is None:
+            self._announced.set()
+            return
+        life, lines = self._life, self._lines
+        self._life, self._lines = None, {}
+        self._on_life(LifeLines(life.number, [HostRanks(host, ranks) for host, ranks in life.hosts],
+                                [lines[index] for index in range(len(life.hosts))]))
 
     def _read_stdout(self, out) -> None:
-        """Keep the manual launcher's proxy lines, show the rest."""
+        """Keep the manual launcher's proxy lines and hvdrun's life lines, show the rest."""
         prefix = protocol.MANUAL_LAUNCH_PREFIX.encode()
         end = protocol.MANUAL_LAUNCH_END.encode()
+        life = protocol.ENGINE_LIFE_PREFIX.encode()
         for line in iter(self._process.stdout.readline, b""):
-            if line.startswith(prefix) and not self._announced.is_set():
-                self._lines[len(self._lines)] = line[len(prefix):].decode().strip()
-            elif line.strip() == end and not self._announced.is_set():
-                self._announced.set()
-            else:
+            if self._announced.is_set():
                 _show(out, line)
+                continue
+            with self._lock:
+                if line.startswith(life) and self._on_life is not None:
+                    self._life, self._lines = protocol.parse_life_line(line.decode().strip()), {}
+                    self._take_early()
+                elif line.startswith(prefix) and self._life is not None:
+                    self._lines[len(self._lines)] = line[len(prefix):].decode().strip()
+                elif line.strip() == end and self._life is not None:
+                    self._handed_over()
+                else:
+                    _show(out, line)
         self._announced.set()  # hvdrun ended before announcing: proxies() sees no lines
 
     def _read_stderr(self, err) -> None:
@@ -297,13 +374,6 @@ def _show(out, data: bytes) -> None:
         out.flush()
     except (BrokenPipeError, ValueError):
         pass
-
-
-class HostRanks(NamedTuple):
-    """A host of a job's layout and how many ranks it runs."""
-
-    host: str
-    ranks: int
 
 
 def rank_layout(hosts: Iterable[str]) -> List[HostRanks]:

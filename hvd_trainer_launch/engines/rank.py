@@ -69,6 +69,10 @@ def main() -> None:
     except (KeyError, OSError):
         pass
     offer_horovod_shim(os.path.join(folder, protocol.ENGINE_SHIM_FOLDER))
+    commits = os.environ.pop(protocol.ENGINE_COMMITS_VARIABLE, None)
+    if commits:  # an elastic job's: the commits live in the agent's folder on this host
+        os.environ[protocol.ELASTIC_DIR_VARIABLE] = commits
+        os.environ.pop(protocol.ELASTIC_DISK_DIR_VARIABLE, None)
     rank = int(os.environ["HOROVOD_RANK"])
     address = os.environ.pop(registry.VARIABLE, None)
     # A Spark job's driver: its start ends when every rank runs the function.

@@ -16,9 +16,6 @@ from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout, HostOut
 _AGENT_GRACE_SECONDS = 15.0
 # How much of what Ray says of a lost actor an EngineError quotes.
 _CAUSE_CHARS = 600
-_ELASTIC = ("elastic Ray jobs are not supported: hvd_trainer's elastic mode needs hvdrun to "
-            "add and remove hosts, which a Ray placement group does not do; run elastic jobs "
-            "with hvdrun --min-np/--max-np (docs/limitations.md)")
 
 
 class Settings:
@@ -58,7 +55,7 @@ class _Agent:
         return engine_agent.run_proxy(line, payload, secret)
 
 
-def _driver_path(given: Optional[str]) -> Dict[str, str]:
+def driver_path(given: Optional[str]) -> Dict[str, str]:
     """PYTHONPATH for the ranks: ``given`` (extra_env_vars'), then the driver's sys.path, as
     Ray gives its workers the driver's (so functions that refer to the driver's modules load
     there too), but not the driver's working directory ('' on its sys.path: a folder of the
@@ -73,7 +70,7 @@ def _nics_flags(nics: Optional[Sequence[str]]) -> List[str]:
     return ["--network-interfaces", ",".join(nics)] if nics else []
 
 
-def _lost_cause(error: Exception) -> str:
+def lost_cause(error: Exception) -> str:
     """What Ray said of a lost actor, without the fields that name the actor itself (class,
     id, pid, namespace): its death and why (ray.kill, the worker's exit, out of memory)."""
     text = str(error)
@@ -104,14 +101,20 @@ class RayExecutor:
                  min_workers: Optional[int] = None, max_workers: Optional[int] = None,
                  reset_limit: Optional[int] = None, cooldown_range: Optional[Sequence] = None,
                  elastic_timeout: Optional[int] = None, override_discovery: Optional[bool] = None):
-        # Horovod's elastic arguments (elastic_timeout, override_discovery: 600 and True by
-        # default there, and used by its elastic mode alone) are refused when given.
-        for name, value in (("min_workers", min_workers), ("max_workers", max_workers),
-                            ("reset_limit", reset_limit), ("cooldown_range", cooldown_range),
+        # Horovod's elastic form: min_workers or max_workers given (engines.ray_elastic).
+        self._elastic = None
+        self.settings, self._executable = settings, (None, (), {})
+        if min_workers is not None or max_workers is not None:
+            self._elastic = _elastic_form(settings, min_workers, max_workers, reset_limit,
+                                          cooldown_range, elastic_timeout, override_discovery,
+                                          cpus_per_worker, use_gpu, gpus_per_worker)
+            return
+        for name, value in (("reset_limit", reset_limit), ("cooldown_range", cooldown_range),
                             ("elastic_timeout", elastic_timeout),
                             ("override_discovery", override_discovery)):
             if value is not None:
-                raise ValueError(f"RayExecutor: {name}={value!r}: {_ELASTIC}")
+                raise ValueError(f"RayExecutor: {name}={value!r} is for elastic jobs: give "
+                                 "min_workers (and max_workers) too")
         if (num_workers is None) == (num_hosts is None):
             raise ValueError("RayExecutor: give num_workers, or num_hosts with "
                              "num_workers_per_host, not both")
@@ -149,8 +152,13 @@ class RayExecutor:
         when this executor has started already (shutdown() first). ``extra_env_vars`` are
         the ranks' variables on top of their actor's environment (the driver's does not
         travel). ValueError inside a placement group (a Ray Tune trial's) unless
-        use_current_placement_group=False: its bundles are not used (docs/limitations.md)."""
+        use_current_placement_group=False: its bundles are not used (docs/limitations.md).
+        In the elastic form, only connects to Ray: each call starts its agents on the hosts
+        of the moment (engines.ray_elastic)."""
         import ray
+        if self._elastic is not None:
+            return self._start_elastic(executable_cls, executable_args, executable_kwargs,
+                                       extra_env_vars)
         from ray.util.placement_group import (get_current_placement_group, placement_group,
                                               remove_placement_group)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -214,9 +222,24 @@ class RayExecutor:
         self._layout = [engine_launch.HostRanks(host, ranks[node])
                         for node, (_, host) in agents.items()]
 
+    def _start_elastic(self, executable_cls: Optional[type],
+                       executable_args: Optional[Sequence[Any]],
+                       executable_kwargs: Optional[Dict[str, Any]],
+                       extra_env_vars: Optional[Dict[str, str]]) -> None:
+        """start() of the elastic form: keep the executable and the ranks' variables for
+        the calls, and connect to Ray."""
+        self._executable = (executable_cls, tuple(executable_args or ()),
+                            dict(executable_kwargs or {}))
+        self._elastic.env_vars = engine_checks.rank_env(extra_env_vars, "extra_env_vars",
+                                                        "RayExecutor.start")
+        self._elastic.start()
+
     def shutdown(self) -> None:
-        """Kill the agents and free their resources (a job in flight ends with them)."""
+        """Kill the agents and free their resources (a job in flight ends with them); the
+        elastic form holds none between calls."""
         import ray
+        if self._elastic is not None:
+            return
         for actor in self._actors:
             ray.kill(actor)
         self._actors, self._agents, self._layout = [], [], []
@@ -233,6 +256,8 @@ class RayExecutor:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order. EngineError
         names the rank and host that raised, or the agent lost and what Ray said of it."""
         engine_checks.check_function(fn, "RayExecutor.run")
+        if self._elastic is not None:
+            return self._elastic.run(fn, callbacks, args, kwargs)
         return self._job(calls.payload(fn, args, kwargs), self._layout,
                          getattr(fn, "__name__", repr(fn)), callbacks)
 
@@ -242,12 +267,17 @@ class RayExecutor:
         on the rank for this call; None without one); the results in rank order."""
         engine_checks.check_function(fn, "RayExecutor.execute")
         cls, args, kwargs = self._executable
+        if self._elastic is not None:
+            return self._elastic.run(_call_with_executable, callbacks, (fn, cls, args, kwargs))
         return self._job(calls.payload(_call_with_executable, (fn, cls, args, kwargs)),
                          self._layout, getattr(fn, "__name__", repr(fn)), callbacks)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on one rank (a job of size 1 on the first host); its result."""
         engine_checks.check_function(fn, "RayExecutor.execute_single")
+        if self._elastic is not None:
+            raise ValueError("RayExecutor.execute_single: not in the elastic form (min_workers, "
+                             "max_workers), whose ranks come and go: use execute or run")
         cls, args, kwargs = self._executable
         return self._job(calls.payload(_call_with_executable, (fn, cls, args, kwargs)),
                          [engine_launch.HostRanks(self._layout[0].host, 1)]
@@ -291,7 +321,7 @@ class RayExecutor:
             raise EngineError("RayExecutor: call start() first (or again after shutdown())")
         size = sum(count for _, count in layout)
         secret = os.urandom(32)
-        env = {**_driver_path(self._env.get("PYTHONPATH")),
+        env = {**driver_path(self._env.get("PYTHONPATH")),
                **{k: v for k, v in self._env.items() if k != "PYTHONPATH"}}
         launch = engine_launch.AgentLaunch(layout, engine_launch.rank_command(),
                                            flavour=self._flavour, secret=secret, env=env,
@@ -318,7 +348,7 @@ class RayExecutor:
                         outcomes.update(ended.outcomes)
                         proxies.append(ended)
                     except ray.exceptions.RayError as error:
-                        lost.append(LostAgent(refs[ref], _lost_cause(error)))
+                        lost.append(LostAgent(refs[ref], lost_cause(error)))
                         launch.end()
                 if launch.poll() is not None and pending:
                     ended_at = ended_at or time.monotonic()
@@ -345,12 +375,25 @@ class RayExecutor:
             f"each rank); give a larger timeout_s\n{said}")
 
 
-class ElasticRayExecutor:
-    """horovod.ray.ElasticRayExecutor: refused (ValueError with the reason)."""
-
-    def __init__(self, *args, **kwargs):
-        raise ValueError(f"ElasticRayExecutor: {_ELASTIC}")
-
-    @staticmethod
-    def create_settings(*args, **kwargs):
-        raise ValueError(f"ElasticRayExecutor: {_ELASTIC}")
+def _elastic_form(settings: Settings, min_workers: Optional[int], max_workers: Optional[int],
+                  reset_limit: Optional[int], cooldown_range: Optional[Sequence],
+                  elastic_timeout: Optional[int], override_discovery: Optional[bool],
+                  cpus_per_worker: float, use_gpu: bool,
+                  gpus_per_worker: Optional[float]) -> Any:
+    """The ElasticRayExecutor that runs an elastic RayExecutor's calls (Horovod 0.28's
+    RayExecutor takes these arguments for its elastic form)."""
+    from hvd_trainer_launch.engines import ray_elastic
+    if cooldown_range is not None and (len(cooldown_range) != 2
+                                       or not 0 <= cooldown_range[0] <= cooldown_range[1]):
+        raise ValueError(f"RayExecutor: cooldown_range={cooldown_range!r}; give (MIN, MAX) "
+                         "seconds with 0 <= MIN <= MAX")
+    elastic_settings = ray_elastic.ElasticRayExecutor.create_settings(
+        min_num_proc=min_workers if min_workers is not None else 1, max_num_proc=max_workers, reset_limit=reset_limit,
+        elastic_timeout=(elastic_timeout if elastic_timeout is not None
+                         else ray_elastic.DEFAULT_ELASTIC_TIMEOUT),
+        timeout_s=settings.timeout_s, nics=settings.nics, verbose=settings.verbose)
+    elastic_settings.cooldown_range = tuple(cooldown_range) if cooldown_range else None
+    elastic_settings.discovery = getattr(settings, "discovery", None)
+    return ray_elastic.ElasticRayExecutor(
+        elastic_settings, use_gpu=use_gpu, cpus_per_slot=cpus_per_worker,
+        gpus_per_slot=gpus_per_worker, override_discovery=override_discovery is not False)

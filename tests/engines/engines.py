@@ -9,6 +9,9 @@ import time
 from typing import List, Optional
 
 RAY_CPUS = 3
+# Names the head also answers to (Ray's node:<name> resources, as Horovod's tests give theirs),
+# so that an elastic job's discovery can report three hosts on one machine.
+RAY_FAKE_HOSTS = ("host-a", "host-b", "host-c")
 # Every Spark JVM (driver, executors, a bed's master and workers) starts with the client
 # compiler only and the serial collector: on two cores, a JVM's start and Spark's class loading
 # are several times faster, and the tests' jobs are too short for C2 to pay back.
@@ -29,6 +32,7 @@ def ray_head(temp: str, marker: str) -> str:
         head = subprocess.Popen(
             [ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={RAY_CPUS}",
              "--num-gpus=0", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
+             "--resources=" + json.dumps({f"node:{host}": 1 for host in RAY_FAKE_HOSTS}),
              "--include-dashboard=false",
              "--no-monitor", "--include-log-monitor=false", "--disable-usage-stats"],
             # Token authentication off, as for the instance ray.init() starts: the tests'

@@ -5,6 +5,7 @@ an engine rank takes only where no Horovod is installed, and the folders that a 
 leaves to the next job's sweep."""
 import os
 import pathlib
+import re
 import stat
 import subprocess
 import sys
@@ -172,13 +173,29 @@ def test_a_launch_that_fails_to_start_leaves_no_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name, value", [
-    ("elastic_timeout", 600), ("override_discovery", True), ("min_workers", 1)])
-def test_ray_executors_elastic_arguments_are_refused_by_name(name, value):
-    # Horovod's elastic arguments: elastic_timeout and override_discovery were dropped unread.
+    ("elastic_timeout", 600), ("override_discovery", True), ("reset_limit", 2),
+    ("cooldown_range", (1, 2))])
+def test_ray_executors_elastic_arguments_without_min_workers_are_refused_by_name(name, value):
+    # Horovod's elastic arguments mean nothing for a fixed job: they were dropped unread.
     from hvd_trainer_launch.engines.ray_executor import RayExecutor
-    with pytest.raises(ValueError, match=rf"^RayExecutor: {name}={value!r}: elastic Ray jobs "
-                                         r"are not supported: .* hvdrun --min-np/--max-np"):
+    with pytest.raises(ValueError, match=rf"^RayExecutor: {re.escape(f'{name}={value!r}')} is for elastic "
+                                         r"jobs: give min_workers"):
         RayExecutor(RayExecutor.create_settings(), num_workers=1, **{name: value})
+
+
+@pytest.mark.parametrize("arguments, named", [
+    ({"min_workers": 0}, "min_num_proc=0"), ({"min_workers": 3, "max_workers": 2}, "below"),
+    ({"min_workers": 1, "cooldown_range": (5, 1)}, "cooldown_range=")])
+def test_ray_executors_elastic_form_refuses_bad_arguments(arguments, named):
+    from hvd_trainer_launch.engines.ray_executor import RayExecutor
+    with pytest.raises(ValueError, match=named):
+        RayExecutor(RayExecutor.create_settings(), **arguments)
+
+
+def test_elastic_ray_executor_without_a_discovery_is_refused():
+    from hvd_trainer_launch.engines.ray_elastic import ElasticRayExecutor
+    with pytest.raises(ValueError, match="override_discovery=False needs settings.discovery"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), override_discovery=False)
 
 
 def test_ray_executor_refuses_to_start_inside_a_placement_group(monkeypatch):

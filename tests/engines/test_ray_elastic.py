@@ -1,0 +1,121 @@
+"""hvd_trainer.ray.ElasticRayExecutor on a real local Ray instance: three hosts that the
+head answers to (engines.RAY_FAKE_HOSTS), reported by a discovery the test changes. Checked:
+a training whose actor on one host is killed (its ranks with it) and whose host the discovery
+drops shrinks to the two others, grows back to three when the host returns, and ends with
+weights equal to the committed steps replayed in one process, no commit lost (the life after
+the loss starts at or after the last commit seen); Ray's own discovery (RayHostDiscovery)
+against ray.nodes(); RayExecutor's elastic form; fewer hosts than min_num_proc ends with the
+reason within elastic_timeout; no process or folder left behind."""
+import glob
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+import elastic_loops
+import engines
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.engines import agent as engine_agent, elastic, launch as engine_launch
+from hvd_trainer_launch.engines.calls import EngineError
+
+pytestmark = pytest.mark.skipif(
+    engine_launch.check_launcher().flavour != mpi.HYDRA,
+    reason="three agents on one machine: Open MPI's daemons collide (tests/multihost)")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+STEPS = 40
+
+
+class Discovery:
+    """Horovod's discovery interface, with hosts the test changes."""
+
+    def __init__(self, hosts):
+        self.hosts = dict(hosts)
+
+    def find_available_hosts_and_slots(self):
+        return dict(self.hosts)
+
+
+def _no_leftovers(before):
+    """Nothing of the job left: no process, commits folder or discovery folder beyond
+    ``before`` (:func:`_leftovers` before it; other sessions' jobs share the folder)."""
+    deadline = time.monotonic() + 30
+    while _leftovers() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _leftovers() - before == set()
+
+
+def _leftovers():
+    return set(map(str, engines.job_processes())) | set(
+        glob.glob(os.path.join(tempfile.gettempdir(), engine_agent.COMMITS_PREFIX + "*"))
+        + glob.glob(os.path.join(tempfile.gettempdir(), elastic.FOLDER_PREFIX + "*")))
+
+
+def test_actor_loss_shrinks_and_return_grows_with_no_commit_lost(ray_cluster, tmp_path):
+    before = _leftovers()
+    from hvd_trainer.ray import ElasticRayExecutor
+    progress = str(tmp_path / "progress")
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3,
+                                                  elastic_timeout=60, timeout_s=60)
+    settings.discovery = Discovery({host: 1 for host in engines.RAY_FAKE_HOSTS})
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1, override_discovery=False)
+    executor.start()
+    results = []
+    runner = threading.Thread(target=lambda: results.append(
+        executor.run(elastic_loops.train, args=(STEPS, progress))))
+    runner.start()
+    try:
+        elastic_loops.wait(lambda: elastic_loops.commits_on_three(progress) >= 4)
+        seen = int(elastic_loops.notes(progress, "commit")[-1][0])
+        actor, host = elastic_loops.notes(progress, "last")[-1]
+        del settings.discovery.hosts[host]  # its node is gone ...
+        os.kill(int(actor), signal.SIGKILL)  # ... and its actor with it
+        elastic_loops.wait(lambda: any(size == "2" for _, size in elastic_loops.notes(progress, "start")))
+        elastic_loops.wait(lambda: int(elastic_loops.notes(progress, "commit")[-1][0]) >= seen + 2)
+        settings.discovery.hosts[host] = 1  # it comes back
+        runner.join(300)
+    finally:
+        runner.join(300)
+    assert results, "the job did not end"
+    elastic_loops.check(results[0], progress, seen, STEPS)
+    _no_leftovers(before)
+
+
+def _size():
+    import hvd_trainer as hvd
+    hvd.init()
+    return hvd.size()
+
+
+def test_rays_own_discovery_and_the_elastic_form_of_ray_executor(ray_cluster):
+    before = _leftovers()
+    from hvd_trainer.ray import RayExecutor, RayHostDiscovery
+    head = ray_cluster.util.get_node_ip_address()  # the head, by its address
+    found = RayHostDiscovery(cpus_per_slot=1).find_available_hosts_and_slots()
+    assert found == {head: engines.RAY_CPUS}
+    assert RayHostDiscovery(cpus_per_slot=2).find_available_hosts_and_slots() == {head: 1}
+    assert RayHostDiscovery(use_gpu=True).find_available_hosts_and_slots() == {head: 0}
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1,
+                           max_workers=2, cpus_per_worker=1)
+    executor.start()
+    assert executor.run(_size) == [2, 2]  # max_workers of the head's 3 slots
+    executor.shutdown()
+    _no_leftovers(before)
+
+
+def test_too_few_hosts_ends_with_the_reason(ray_cluster):
+    before = _leftovers()
+    from hvd_trainer.ray import ElasticRayExecutor
+    settings = ElasticRayExecutor.create_settings(min_num_proc=4, elastic_timeout=3)
+    settings.discovery = Discovery({host: 1 for host in engines.RAY_FAKE_HOSTS})
+    executor = ElasticRayExecutor(settings, override_discovery=False)
+    executor.start()
+    # (The three actors may not all be up within the 3 s.)
+    with pytest.raises(EngineError, match=r"only \d usable slots .* for --elastic-timeout 3 s, "
+                                          r"fewer than --min-np 4"):
+        executor.run(_size)
+    _no_leftovers(before)

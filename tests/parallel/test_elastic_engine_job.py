@@ -1,0 +1,157 @@
+"""The elastic engine job (hvd_trainer_launch.engines.elastic) with no engine: threads of the
+test stand in for the engine, starting an agent (agent.ElasticAgent) per host, serving each
+life's proxy line to it, reporting hosts that join and leave, and killing a host's agent
+processes as a lost node would. Checked: results of a job that does not change; a training
+that loses a host mid-way, shrinks to the two survivors, grows back to three when the host
+returns, and ends with weights equal to the committed steps replayed in one process, having
+lost no commit (each life starts at or after the last commit seen before the loss); a job
+whose every host is lost ends with the reason; no process or folder
+left behind. Three "hosts" on one machine: MPICH only (Open MPI's daemons collide on one
+machine; the multi-host bed runs it there)."""
+import glob
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import elastic_loops
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.engines import agent as engine_agent, calls, elastic
+from hvd_trainer_launch.engines import launch as engine_launch
+from hvd_trainer_launch.engines.calls import EngineError
+
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
+    engine_launch.check_launcher().flavour != mpi.HYDRA,
+    reason="three agents on one machine: Open MPI's daemons collide (tests/multihost)")]
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+HOSTS = ("node-a", "node-b", "node-c")
+STEPS = 24
+
+
+class ThreadEngine:
+    """The engine's part: an ElasticAgent per host, each life's line run on a thread."""
+
+    def __init__(self):
+        self.agents = {}
+        self.job = None
+
+    def start(self, payload, settings, hosts=HOSTS):
+        self.job = elastic.ElasticJob(payload, flavour=mpi.HYDRA, settings=settings,
+                                      serve=self.serve, env={"OMP_NUM_THREADS": "1"},
+                                      name="train")
+        for host in hosts:
+            self.join(host)
+
+    def join(self, host):
+        if host in self.agents:  # the host's earlier agent, gone with its node
+            self.agents[host].close()
+        self.agents[host] = engine_agent.ElasticAgent()
+        self.job.joined(host, 1)
+
+    def serve(self, dispatch):
+        agent, job = self.agents[dispatch.host], self.job
+
+        def run():
+            job.returned(dispatch.life, dispatch.host,
+                         agent.run_life(dispatch.line, job.payload, job.secret))
+        threading.Thread(target=run, daemon=True).start()
+
+    def kill(self, host):
+        """What a lost node does: its agent's launcher proxy dies (as with the agent's
+        process: its ranks end with it), and the engine says the host left."""
+        wanted = f"{protocol.ENGINE_COMMITS_VARIABLE}={self.agents[host].commits}".encode()
+        self.job.left(host)
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    mine = wanted in environ.read().split(b"\0")
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if mine and b"hydra_pmi_proxy" in cmdline.read():
+                        os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
+    def close(self):
+        for agent in self.agents.values():
+            agent.close()
+
+
+def _sizes(x):
+    import numpy as np
+    import hvd_trainer as hvd
+    hvd.init()
+    return hvd.rank(), hvd.size(), hvd.allreduce(np.ones(2) * x, op=hvd.Sum)
+
+
+def test_a_job_that_does_not_change():
+    engine = ThreadEngine()
+    engine.start(calls.payload(_sizes, (2.0,)), elastic.ElasticSettings(min_np=3))
+    try:
+        results = engine.job.run()
+    finally:
+        engine.close()
+    assert [(rank, size) for rank, size, _ in results] == [(0, 3), (1, 3), (2, 3)]
+    for _, _, summed in results:
+        np.testing.assert_array_equal(summed, np.full(2, 6.0))
+
+
+def test_loss_shrinks_and_return_grows_with_no_commit_lost(tmp_path):
+    progress = str(tmp_path / "progress")
+    engine = ThreadEngine()
+    engine.start(calls.payload(elastic_loops.train, (STEPS, progress)),
+                 elastic.ElasticSettings(min_np=2, max_np=3, np=3, elastic_timeout=60,
+                                         start_timeout=60))
+    results = []
+    runner = threading.Thread(target=lambda: results.append(engine.job.run()))
+    runner.start()
+    try:
+        elastic_loops.wait(lambda: len(elastic_loops.notes(progress, "commit")) >= 4)
+        seen = int(elastic_loops.notes(progress, "commit")[-1][0])
+        engine.kill("node-b")
+        elastic_loops.wait(lambda: any(size == "2" for _, size in elastic_loops.notes(progress, "start")))
+        elastic_loops.wait(lambda: int(elastic_loops.notes(progress, "commit")[-1][0]) >= seen + 4)
+        engine.join("node-b")
+        runner.join(300)
+    finally:
+        if runner.is_alive():
+            engine.kill("node-a"), engine.kill("node-b"), engine.kill("node-c")
+        runner.join(60)
+        engine.close()
+    elastic_loops.check(results[0], progress, seen, STEPS)
+
+
+def test_every_host_gone_ends_the_job_with_the_reason():
+    engine = ThreadEngine()
+    engine.start(calls.payload(elastic_loops.train, (1000, os.devnull)),
+                 elastic.ElasticSettings(min_np=2, elastic_timeout=3, start_timeout=60))
+    errors = []
+
+    def run():
+        try:
+            engine.job.run()
+        except EngineError as error:
+            errors.append(str(error))
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        time.sleep(4)
+        for host in HOSTS:
+            engine.kill(host)
+        runner.join(120)
+    finally:
+        engine.close()
+    # hvdrun's reason (every rank failed at once, or no slots left for elastic_timeout,
+    # whichever came first) and the engine's: every host is gone.
+    assert errors and ("every rank failed in this life" in errors[0]
+                       or "fewer than --min-np 2; ending the job" in errors[0])
+    assert "every host has left the job" in errors[0]
+    # This process made both (owned_folders names the maker); other sessions' share /tmp.
+    for prefix in (elastic.FOLDER_PREFIX, engine_agent.COMMITS_PREFIX):
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-{os.getpid()}-*"))
