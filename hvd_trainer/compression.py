@@ -181,7 +181,7 @@ def _decode_2bit_pair(first: np.ndarray, second: np.ndarray, pairs: np.ndarray,
 def _two_bit_pairs(threshold: np.float32) -> np.ndarray:
     """For each pair of payload bytes (first << 8 | second), the 4 sums 0 + a + b that two
     :func:`_decode_2bit_add` calls from zero give, in float32 as they round them; 1 MiB,
-    16 bytes a row (one complex128, which ``np.take`` copies without reading it). Kept per
+    16 bytes a row, viewed as one complex128 so that ``np.take`` moves a row as one item. Kept per
     threshold here, not on the codec, whose attributes are its settings (``vars`` of a codec
     keys its checkpointed state)."""
     table = _two_bit_table(threshold)
