@@ -1,6 +1,7 @@
 """The PyTorch step compressed and not, this tree against commit REV, launches interleaved.
 
-Run:  python benchmarks/compressed_step.py --against REV [--rounds 5] [--local] [--bed RATES]
+Run:  python benchmarks/compressed_step.py --against REV [--rounds 5] [--local [--one-bucket]]
+          [--bed RATES] [--floor]
       (--bed needs root: the 2-host test bed of tests/multihost/testbed.py)
 
 The step is that of slow_link.py and powersgd_link.py: the 8 x Linear(2048) MLP, batch 64 per
@@ -12,7 +13,9 @@ hosts with both hosts' lan0 shaped by tc tbf at each rate (``bare`` for the unsh
 link). Per setting, rounds alternate REV's tree (``git archive REV hvd_trainer``, imported
 through PYTHONPATH; each launch checks which hvd_trainer its ranks imported) and this one, so
 both see the same load; the table gives each tree's median and range over the rounds and the
-ratio of the medians.
+ratio of the medians. ``--one-bucket`` adds, on one host, this tree with every gradient in
+one bucket reduced after backward; ``--floor`` times the step's parts alone (forward,
+backward, update, the weight buckets' transfers) and the lower bound they set.
 """
 import argparse
 import os
@@ -141,9 +144,18 @@ def checked(result: dict, tree: str) -> Dict[str, float]:
     return result.get("seconds")
 
 
-def local_launch(tree: str) -> Dict[str, float]:
-    """One 2-rank launch on this machine with ``tree``'s hvd_trainer."""
-    return checked(launch(__file__, 2, ["--worker", *CODECS], env={"PYTHONPATH": tree}), tree)
+# --one-bucket: this tree again with a bucket threshold above the model's 134 MB of
+# gradients, so that one bucket is reduced after backward, as b87c4df reduced compressed ones.
+ONE_BUCKET = "this tree, one bucket"
+
+
+def local_launch(label: str, tree: str) -> Dict[str, float]:
+    """One 2-rank launch on this machine with ``tree``'s hvd_trainer (one bucket for the
+    label ONE_BUCKET)."""
+    env = {"PYTHONPATH": tree}
+    if label == ONE_BUCKET:
+        env["HVD_BUCKET_THRESHOLD"] = str(1 << 30)
+    return checked(launch(__file__, 2, ["--worker", *CODECS], env=env), tree)
 
 
 def bed_launch(bed, tree: str, codecs: Sequence[str] = CODECS) -> dict:
@@ -183,12 +195,13 @@ def floor_table(floors: List[Dict[str, float]], times: Dict[str, Dict[str, List[
 
 def rounds_of(launch, trees: Dict[str, str], rounds: int, what: str
               ) -> Dict[str, Dict[str, List[float]]]:
-    """``rounds`` launches of each tree, alternating (tree -> codec -> seconds per round)."""
+    """``rounds`` launches of each tree, alternating (label -> codec -> seconds per round);
+    ``launch(label, tree)`` makes one."""
     times: Dict[str, Dict[str, List[float]]] = {t: {c: [] for c in CODECS} for t in trees}
     for n in range(rounds):
         order = list(trees) if n % 2 == 0 else list(trees)[::-1]
         for label in order:
-            got = launch(trees[label])
+            got = launch(label, trees[label])
             for codec in CODECS:
                 times[label][codec].append(got[codec])
             print(f"# {what} round {n + 1} {label}: " + ", ".join(
@@ -214,6 +227,20 @@ def table(times: Dict[str, Dict[str, List[float]]], rev: str, where: str) -> Lis
     return rows
 
 
+def one_bucket_table(times: Dict[str, Dict[str, List[float]]], rev: str) -> List[str]:
+    """Markdown rows: per codec, this tree's step with one bucket (median, range) and its
+    ratio to REV's and to this tree's step in buckets."""
+    rows = [f"| one host | codec | this tree, one bucket ms (median, range) | / {rev} "
+            "| / this tree in buckets |", "|---|---|---|---|---|"]
+    for codec in CODECS:
+        t = times[ONE_BUCKET][codec]
+        mid = statistics.median(t)
+        rows.append(f"| one host | {codec} | {mid * 1e3:.0f} ({min(t) * 1e3:.0f}–"
+                    f"{max(t) * 1e3:.0f}) | {mid / statistics.median(times['before'][codec]):.2f}"
+                    f" | {mid / statistics.median(times['after'][codec]):.2f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", metavar="REV", help="the commit to compare with")
@@ -225,6 +252,10 @@ def main() -> None:
                         help="also time the step's parts alone (forward, backward, update, "
                              "the weight buckets' transfers), --rounds launches of this tree, "
                              "and the lower bound they set on the none and fp16 steps")
+    parser.add_argument("--one-bucket", action="store_true",
+                        help="with --local, also this tree with one bucket reduced after "
+                             "backward (HVD_BUCKET_THRESHOLD=1 GiB), as REV reduced compressed "
+                             "gradients before issue 47")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == ["floor"]:
@@ -242,8 +273,11 @@ def main() -> None:
         trees = {"before": old, "after": REPO}
         load = os.getloadavg()[0]
         if args.local:
-            times = rounds_of(local_launch, trees, args.rounds, "local")
+            local = dict(trees, **({ONE_BUCKET: REPO} if args.one_bucket else {}))
+            times = rounds_of(local_launch, local, args.rounds, "local")
             lines += table(times, args.against, "one host")
+            if args.one_bucket:
+                lines += [""] + one_bucket_table(times, args.against)
             if args.floor:
                 floors = [local_floor()["floor"] for _ in range(args.rounds)]
                 lines += [""] + floor_table(floors, times, args.against, "one host")
@@ -253,8 +287,8 @@ def main() -> None:
             with slow_link.two_hosts("compressed_step") as bed:
                 for rate in rates:
                     slow_link.shape(bed, None if rate == "bare" else rate, 0.0)
-                    times = rounds_of(lambda tree: bed_launch(bed, tree)["seconds"], trees,
-                                      args.rounds, rate)
+                    times = rounds_of(lambda label, tree: bed_launch(bed, tree)["seconds"],
+                                      trees, args.rounds, rate)
                     lines += table(times, args.against, f"2 hosts, {rate}")
                     if args.floor:
                         floors = [bed_launch(bed, REPO, ["floor"])["floor"]
