@@ -15,6 +15,7 @@ arrays or, for :class:`Compressor`, anything with ``dtype`` and ``astype`` (NDAr
 Horovod scripts that call ``Compression.fp16.compress`` themselves keep working.
 """
 import abc
+import functools
 import math
 import numbers
 from typing import Any, Dict, Optional, Tuple, Type, Union
@@ -32,6 +33,11 @@ _CHUNK = 1 << 17
 _U32 = np.dtype("<u4")
 _F32 = np.dtype("<f4")
 _I32 = np.dtype("<i4")
+# 2-bit packing: multiplying a word of 4 one-byte codes (each 0-3) by _GATHER puts
+# c0·64 + c1·16 + c2·4 + c3 in its top byte; _PLUS and _MINUS also weigh the codes 3 and 2
+# (modulo 2**32, as uint32 products wrap).
+_GATHER = 64 << 24 | 16 << 16 | 4 << 8 | 1
+_PLUS, _MINUS = np.uint32(3 * _GATHER % 2**32), np.uint32(2 * _GATHER % 2**32)
 
 
 class Compressor:
@@ -107,6 +113,14 @@ class GatherCompressor(abc.ABC):
     def wire_bytes(self, size: int) -> int:
         """Payload length in bytes for a tensor of ``size`` elements."""
 
+    def decode_two(self, first: np.ndarray, second: np.ndarray, out: np.ndarray) -> None:
+        """Make ``out`` the values ``first`` carries plus those ``second`` carries, as
+        ``decode_add`` of each into zeros, in that order, gives them (every rank decodes the
+        first two ranks' payloads so); a subclass may do it in one pass."""
+        out[...] = 0
+        self.decode_add(first, out)
+        self.decode_add(second, out)
+
     def accepts(self, tensor: np.ndarray) -> bool:
         """Whether ``tensor`` is compressed (float32, ``min_size`` elements or more)."""
         return tensor.dtype == np.float32 and tensor.size >= self.min_size
@@ -136,18 +150,43 @@ def _encode_2bit(grad: np.ndarray, residual: np.ndarray, threshold: np.float32,
         np.subtract(pos[:n].view(np.int8), neg[:n].view(np.int8), out=sign[:n])
         np.multiply(sign[:n], threshold, out=step[:n])
         r -= step[:n]
-        # Each uint32 holds the booleans of 4 elements, one per byte: code 3 (+t), 2 (−t), 0.
-        np.multiply(pos.view(_U32), 3, out=codes)
-        np.left_shift(neg.view(_U32), 1, out=part)
-        codes += part
-        # Byte k of the payload: element 4k in bits 7-6, then 4k+1, 4k+2, 4k+3 (MXNet's order).
+        # Each uint32 holds the booleans of 4 elements, one per byte (b0..b3, little-endian).
+        # Byte k of the payload is element 4k's code in bits 7-6, then 4k+1, 4k+2, 4k+3
+        # (MXNet's order), with code 3 for +t, 2 for −t: c0·64 + c1·16 + c2·4 + c3, which is
+        # the top byte of the word times _GATHER (no byte of the product carries into the
+        # next), so the codes are 3·pos·_GATHER + 2·neg·_GATHER, shifted right by 24.
         words = (n + 3) // 4
-        c = codes[:words]
-        packed = np.left_shift(c, 6)
-        for shift in (4, 14, 24):
-            np.right_shift(c, shift, out=part[:words])
-            packed |= part[:words]
-        np.copyto(out[start // 4:start // 4 + words], packed, casting="unsafe")
+        np.multiply(pos.view(_U32)[:words], _PLUS, out=codes[:words])
+        np.multiply(neg.view(_U32)[:words], _MINUS, out=part[:words])
+        codes[:words] += part[:words]
+        np.right_shift(codes[:words], 24, out=codes[:words])
+        np.copyto(out[start // 4:start // 4 + words], codes[:words], casting="unsafe")
+
+
+def _decode_2bit_pair(first: np.ndarray, second: np.ndarray, pairs: np.ndarray,
+                      out: np.ndarray) -> None:
+    """``out`` = 0 + ``first``'s values + ``second``'s: one lookup per 4 elements in
+    ``pairs`` (:func:`_two_bit_pairs`), indexed by the two payloads' bytes."""
+    index = np.empty((min(out.size, _CHUNK) + 3) // 4, np.uint16)
+    for start in range(0, out.size, _CHUNK):
+        o = out[start:start + _CHUNK]
+        words = (o.size + 3) // 4
+        np.left_shift(first[start // 4:start // 4 + words], 8, out=index[:words],
+                      dtype=np.uint16)
+        index[:words] |= second[start // 4:start // 4 + words]
+        o[...] = np.take(pairs, index[:words]).view(np.float32)[:o.size]
+
+
+@functools.lru_cache(maxsize=8)
+def _two_bit_pairs(threshold: np.float32) -> np.ndarray:
+    """For each pair of payload bytes (first << 8 | second), the 4 sums 0 + a + b that two
+    :func:`_decode_2bit_add` calls from zero give, in float32 as they round them; 1 MiB,
+    16 bytes a row, viewed as one complex128 so that ``np.take`` moves a row as one item. Kept per
+    threshold here, not on the codec, whose attributes are its settings (``vars`` of a codec
+    keys its checkpointed state)."""
+    table = _two_bit_table(threshold)
+    sums = np.zeros((256, 256, 4), np.float32) + table[:, None, :] + table[None, :, :]
+    return sums.reshape(-1).view(np.complex128)
 
 
 def _decode_2bit_add(payload: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
@@ -178,6 +217,11 @@ class TwoBit(GatherCompressor):
 
     def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
         _decode_2bit_add(payload, self._table, out)
+
+    def decode_two(self, first: np.ndarray, second: np.ndarray, out: np.ndarray) -> None:
+        """As two ``decode_add`` calls into zeros, bit for bit, in one lookup per payload byte
+        in a table of every pair of bytes (built at the first call for each threshold)."""
+        _decode_2bit_pair(first, second, _two_bit_pairs(self.threshold), out)
 
     def wire_bytes(self, size: int) -> int:
         return 4 * math.ceil(size / 16)
@@ -210,6 +254,9 @@ class ScaledTwoBit(TwoBit):
     def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
         scale = payload[:4].view(_F32)[0]
         _decode_2bit_add(payload[4:], _two_bit_table(scale), out)
+
+    # Each payload has a scale of its own: no table of byte pairs.
+    decode_two = GatherCompressor.decode_two
 
     def wire_bytes(self, size: int) -> int:
         return 4 + super().wire_bytes(size)

@@ -18,11 +18,16 @@ from .traffic import CommStats
 def decode_sum(codec: Any, every: Any, offsets: Sequence[int], tensors: Sequence[Any],
                scale: float) -> None:
     """Replace each tensor by the sum of what every rank's payload (a row of ``every``, cut at
-    ``offsets``) carries for it, times ``scale``; NumPy or CuPy arrays alike."""
+    ``offsets``) carries for it, times ``scale``; NumPy or CuPy arrays alike. A codec with a
+    ``decode_two`` (every ``GatherCompressor``) decodes the first two payloads at once."""
+    two = getattr(codec, "decode_two", None) if len(every) >= 2 else None
     for t, start, end in zip(tensors, offsets[:-1], offsets[1:]):
         flat = t.reshape(-1)
-        flat[...] = 0
-        for payload in every:  # rank order, the same on every rank
+        if two is not None:
+            two(every[0][start:end], every[1][start:end], flat)
+        else:
+            flat[...] = 0
+        for payload in every[0 if two is None else 2:]:  # rank order, the same on every rank
             codec.decode_add(payload[start:end], flat)
         if scale != 1.0:
             flat *= np.float32(scale)

@@ -33,6 +33,16 @@ from ..runtime.runtime import ProcessSet, global_process_set
 from .traffic import CommStats
 
 _FACTORED = (np.dtype(np.float32), np.dtype(np.float64))
+# The passes over a factored matrix go a block of rows at a time, each block about this many
+# bytes (64 rows of 1024 float32), so that a block's product, residual and update are made
+# while it is in the L2 cache rather than in one pass of main memory each.
+_BLOCK_BYTES = 1 << 18
+
+
+def _row_blocks(matrix: np.ndarray) -> List[Tuple[int, int]]:
+    """(start, end) row ranges of ``matrix`` of about ``_BLOCK_BYTES`` each."""
+    rows = max(1, _BLOCK_BYTES // max(1, matrix.shape[1] * matrix.itemsize))
+    return [(a, min(a + rows, matrix.shape[0])) for a in range(0, matrix.shape[0], rows)]
 
 
 class Factors(NamedTuple):
@@ -144,10 +154,13 @@ class PowerSGDSum:
         self._products: Dict[Tuple[Tuple[int, ...], np.dtype], np.ndarray] = {}  # P·Qᵀ
 
     def _product(self, like: np.ndarray) -> np.ndarray:
-        """A scratch array like ``like`` for P·Qᵀ, kept from step to step (one per shape)."""
+        """A scratch array for P·Qᵀ of a block of ``like``'s rows, kept from step to step
+        (one per shape)."""
         held = self._products.get((like.shape, like.dtype))
         if held is None:
-            held = self._products[(like.shape, like.dtype)] = np.empty_like(like)
+            rows = _row_blocks(like)[0]
+            held = self._products[(like.shape, like.dtype)] = np.empty(
+                (rows[1] - rows[0], like.shape[1]), like.dtype)
         return held
 
     def _residual(self, key: Hashable, like: np.ndarray) -> np.ndarray:
@@ -188,14 +201,13 @@ class PowerSGDSum:
                 exact.append(t)
                 continue
             matrix = t.reshape(shape.rows, shape.cols)
-            residual = self.residuals.get(key)
-            if settings.use_error_feedback and residual is not None:
-                matrix += residual
+            residual = self.residuals.get(key) if settings.use_error_feedback else None
             q = self.factors.get(key) if settings.warm_start else None
             if q is None or q.shape != (shape.cols, shape.rank) or q.dtype != t.dtype:
                 q = first_q(settings.seed, key, 0 if settings.warm_start else step,
                             (shape.cols, shape.rank), t.dtype)
-            compressed.append(_Compressed(key, matrix, q, matrix @ q))
+            compressed.append(_Compressed(key, matrix, q, _with_residual_times(matrix,
+                                                                               residual, q)))
         encoded = time.perf_counter() - tic
         ps = [c.p for c in compressed]
         # P's scale does not matter (it is orthonormalised), so the prescale may touch it.
@@ -213,17 +225,8 @@ class PowerSGDSum:
         tic = time.perf_counter()
         size = process_set.size()
         for c in compressed:
-            # The approximated sum of the ranks' inputs, in arrays kept from step to step.
-            approx = np.matmul(c.p, c.q.T, out=self._product(c.matrix))
-            if settings.use_error_feedback:
-                # This rank's share of what the approximation left out, as DDP's averages do.
-                residual = self._residual(c.key, c.matrix)
-                np.divide(approx, c.matrix.dtype.type(size), out=residual)
-                np.subtract(c.matrix, residual, out=residual)
-            if scale != 1.0:
-                np.multiply(approx, c.matrix.dtype.type(scale), out=c.matrix)
-            else:
-                c.matrix[...] = approx
+            residual = self._residual(c.key, c.matrix) if settings.use_error_feedback else None
+            _expand(c, self._product(c.matrix), residual, size, scale)
             if settings.warm_start:
                 self.factors[c.key] = c.q
         if stats is not None:
@@ -233,3 +236,33 @@ class PowerSGDSum:
                                 exact_bytes + sum(c.matrix.nbytes for c in compressed), size)
             stats.encode_seconds += encoded
             stats.decode_seconds += time.perf_counter() - tic
+
+
+def _with_residual_times(matrix: np.ndarray, residual: Optional[np.ndarray],
+                         q: np.ndarray) -> np.ndarray:
+    """P = (``matrix`` + ``residual``)·``q``, leaving the sum in ``matrix``; a block of rows
+    at a time, each multiplied while it is in the cache."""
+    p = np.empty((matrix.shape[0], q.shape[1]), matrix.dtype)
+    for a, b in _row_blocks(matrix):
+        if residual is not None:
+            matrix[a:b] += residual[a:b]
+        np.matmul(matrix[a:b], q, out=p[a:b])
+    return p
+
+
+def _expand(c: _Compressed, scratch: np.ndarray, residual: Optional[np.ndarray], size: int,
+            scale: float) -> None:
+    """Make ``c.matrix`` the approximated sum P·Qᵀ (times ``scale``) and ``residual`` (when
+    given) this rank's share of what the approximation left out (its input minus 1/``size``
+    of the sum, as DDP's averages do); a block of rows at a time, through ``scratch``."""
+    kind = c.matrix.dtype.type
+    for a, b in _row_blocks(c.matrix):
+        approx = np.matmul(c.p[a:b], c.q.T, out=scratch[:b - a])
+        rows = c.matrix[a:b]
+        if residual is not None:
+            np.divide(approx, kind(size), out=residual[a:b])
+            np.subtract(rows, residual[a:b], out=residual[a:b])
+        if scale != 1.0:
+            np.multiply(approx, kind(scale), out=rows)
+        else:
+            rows[...] = approx

@@ -182,6 +182,32 @@ def test_decode_add_accumulates():
     assert np.array_equal(out, 1 + decoded(codec, payload, 100))
 
 
+@pytest.mark.parametrize("codec", [TwoBit(0.5), TwoBit(0.3), ScaledTwoBit(1.0), OneBit(0.5),
+                                   TopK(0.01)], ids=repr)
+@pytest.mark.parametrize("size", SIZES)
+def test_decode_two_is_two_decode_adds_into_zeros(codec, size):
+    """decode_two (2-bit: one lookup in a table of byte pairs) against decode_add, by
+    definition: the same bits, signed zeros and a NaN residual's zero code included, and so
+    does decode_sum of three ranks' payloads against decode_add of each in rank order."""
+    from hvd_trainer.collectives.feedback import decode_sum
+    payloads = []
+    for seed in range(3):
+        g = gradient(size, 50 + seed, scale=0.8)
+        g[size // 2] = np.nan
+        payloads.append(codec.encode(g, np.zeros(size, np.float32)))
+    want = np.zeros(size, np.float32)
+    codec.decode_add(payloads[0], want)
+    codec.decode_add(payloads[1], want)
+    got = np.full(size, 5, np.float32)
+    codec.decode_two(payloads[0], payloads[1], got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    codec.decode_add(payloads[2], want)
+    summed = np.full(size, 5, np.float32)
+    every = np.stack(payloads)
+    decode_sum(codec, every, [0, every.shape[1]], [summed], 1.0)
+    assert np.array_equal(summed.view(np.uint32), want.view(np.uint32))
+
+
 def test_wire_bytes_targets():
     n = 33_554_432
     assert TwoBit().wire_bytes(n) * 16 <= 4 * n
