@@ -141,7 +141,8 @@ class ElasticRayExecutor:
             args: Optional[Sequence[Any]] = None,
             kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
         """``worker_fn(*args, **kwargs)`` on the ranks, elastically; the final life's results
-        in rank order (each also given to every callback). EngineError names why the job
+        in rank order. Each callback gets each event the ranks logged
+        (hvd_trainer.ray.ray_logger.log), once the job has ended. EngineError names why the job
         ended: hvdrun's reason (fewer than min_num_proc slots for elastic_timeout, over
         reset_limit, every host lost) or the rank that raised."""
         engine_checks.check_function(worker_fn, "ElasticRayExecutor.run")
@@ -160,8 +161,8 @@ class ElasticRayExecutor:
                             job_settings, env, getattr(worker_fn, "__name__", repr(worker_fn)))
         results = engine.run()
         for callback in callbacks or ():
-            for result in results:
-                callback(result)
+            for event in engine.job.events():
+                callback(event)
         return results
 
 
