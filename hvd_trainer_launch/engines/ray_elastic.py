@@ -10,7 +10,6 @@ Each life's proxy line goes to the actor of its host (agent.ElasticAgent.run_lif
 that Ray loses (its node died, it was killed) leaves the job, and hvdrun restarts the ranks
 on the others from the last commit (or, under Open MPI with ``--ulfm``, the survivors go on).
 """
-import os
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
@@ -18,7 +17,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 from hvd_trainer_launch.engines import (agent as engine_agent, calls, checks as engine_checks,
                                         elastic, launch as engine_launch)
 from hvd_trainer_launch.engines.calls import EngineError
-from hvd_trainer_launch.engines.ray_executor import driver_path, lost_cause
+from hvd_trainer_launch.engines.ray_shared import driver_path, lost_cause
 
 DISCOVERY_SECONDS = 1.0  # how often the hosts are discovered while a job runs
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as Horovod's

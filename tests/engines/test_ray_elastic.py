@@ -19,7 +19,7 @@ import pytest
 
 import elastic_loops
 import engines
-from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch import mpi
 from hvd_trainer_launch.engines import agent as engine_agent, elastic, launch as engine_launch
 from hvd_trainer_launch.engines.calls import EngineError
 

@@ -9,7 +9,6 @@ weights equal the committed steps replayed in one process, the life after the lo
 or after the last commit seen before it (no commit lost), every rank ends with the same
 weights, and nothing of the job is left on any host. Under MPICH (Open MPI's pass does not
 run the engine tests)."""
-import json
 import os
 import secrets
 import subprocess
