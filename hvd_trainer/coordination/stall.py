@@ -37,6 +37,13 @@ _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
 # 2 cores a step's agreement took 1.6 ms keeping it 100 µs and 0.18 ms not (MPICH's blocking
 # allreduce, which yields after its polls, 0.3 ms; benchmarks/agreement.py --scaling).
 _keep = _KEEP_SECONDS
+# Polls of a wait made before it is registered with the stall watchdog (and has the mailbox
+# read after it): a small collective's peer is most often a few microseconds behind, and the
+# registration, its clock reads and the mailbox's probe cost more than the wait. 64 polls of
+# a pending persistent request take about 30 µs on 2 cores; where ranks outnumber cores,
+# one (see _keep). Within 100 µs a wait keeps its core anyway (pause).
+_POLLS_UNREGISTERED = 64
+_polls = _POLLS_UNREGISTERED
 
 
 def pause(start: float) -> None:
@@ -100,15 +107,17 @@ def poll(request: Request, schedule: "scheduler.Schedule", comm: Communicator,
     """Poll ``request`` until it completes, giving the core away between polls; raise if
     ``schedule`` is abandoned meanwhile (shutdown: the request is left active).
 
-    A wait that does not complete at the first poll is registered with the stall watchdog as
-    :func:`waiting` registers one (``comm``, ``what``, ``phase``, ``exchange``), and reads
-    the mailbox afterwards; most waits of a small collective complete at once and pay for
-    neither.
+    A wait that does not complete within its first polls (:data:`_POLLS_UNREGISTERED`) is
+    registered with the stall watchdog as :func:`waiting` registers one (``comm``, ``what``,
+    ``phase``, ``exchange``), and reads the mailbox afterwards; most waits of a small
+    collective complete by then and pay for neither.
     """
-    if request.test():
-        if not exchange % _DRAIN_EVERY:
-            drain_posts(comm)
-        return
+    test = request.test
+    for _ in range(_polls):
+        if test():
+            if not exchange % _DRAIN_EVERY:
+                drain_posts(comm)
+            return
     with _Wait(comm, what, phase, exchange):
         start = time.monotonic()
         # Yield between polls, as MPI's own busy waits do: with more ranks than free cores
@@ -277,8 +286,10 @@ def _start(st: Any) -> None:
     """At init: whether waits keep their core at first (not where this host's ranks
     outnumber its cores), the stall inspector's thread, when a stall time is set
     (HVD_STALL_CHECK_TIME_SECONDS is 60 s unless set to 0), and the mailboxes' last drain."""
-    global _keep
-    _keep = 0.0 if st.local.size > len(os.sched_getaffinity(0)) else _KEEP_SECONDS
+    global _keep, _polls
+    crowded = st.local.size > len(os.sched_getaffinity(0))
+    _keep = 0.0 if crowded else _KEEP_SECONDS
+    _polls = 1 if crowded else _POLLS_UNREGISTERED
     if st.world.size == 1:
         return
     atexit.register(_empty_mailboxes, st)

@@ -8,6 +8,7 @@ data, and Spark carries the function out and the results back (hvd_trainer_launc
 """
 from hvd_trainer.spark import task
 from hvd_trainer.spark.horovod_runner import HorovodRunner
-from hvd_trainer_launch.engines.spark_run import run, run_elastic
+from hvd_trainer_launch.engines.spark_elastic import run_elastic
+from hvd_trainer_launch.engines.spark_run import run
 
 __all__ = ["HorovodRunner", "run", "run_elastic", "task"]

@@ -39,10 +39,6 @@ _ANSWER_GRACE_SECONDS = 60.0
 # After the tasks have returned, how long hvdrun gets to end before it is ended.
 _HVDRUN_GRACE_SECONDS = 15.0
 _POLL_SECONDS = 0.05
-_ELASTIC = ("hvd_trainer.spark.run_elastic is not supported: hvd_trainer's elastic mode needs "
-            "hvdrun to add and remove hosts, and a Spark barrier job is all or nothing (a lost "
-            "task fails the stage); run elastic jobs with hvdrun --min-np/--max-np "
-            "(docs/limitations.md)")
 
 
 def _task(payload: bytes, secret: bytes, registry: str, wait: float) -> Callable:
@@ -92,7 +88,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     to mpiexec, ``env`` to the ranks; the ranks' output is written to ``stdout``/``stderr``
     (default: ours) as it comes."""
     began = time.monotonic()
-    context = _active_context(use_gloo, use_mpi)
+    context = active_context(use_gloo, use_mpi, "hvd_trainer.spark.run")
     num_proc = _num_proc(num_proc, context)
     ranks_env = engine_checks.rank_env(env, "env", "hvd_trainer.spark.run")
     flavour = engine_launch.check_launcher().flavour
@@ -118,7 +114,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
             env=ranks_env,
             mpi_args=shlex.split(extra_mpi_args or ""), out=stdout or sys.stdout,
             err=stderr or sys.stderr,
-            hvdrun_args=_hvdrun_args(nics, prefix_output_with_timestamp, verbose))
+            hvdrun_args=hvdrun_flags(nics, prefix_output_with_timestamp, verbose))
         try:
             lines = launch.proxies(max(start.left(), 0))
         except EngineError as error:
@@ -149,26 +145,26 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         launch.messages, proxies=hosts)
 
 
-def _active_context(use_gloo: Optional[bool], use_mpi: Optional[bool]):
-    """The active SparkContext; ValueError for the arguments that ask for no MPI, or when
-    there is no active SparkSession."""
+def active_context(use_gloo: Optional[bool], use_mpi: Optional[bool], where: str):
+    """The active SparkContext; ValueError (naming ``where``: the entry point) for the
+    arguments that ask for no MPI, or when there is no active SparkSession."""
     if use_gloo:
-        raise ValueError("hvd_trainer.spark.run: use_gloo=True is not supported: hvd_trainer "
-                         "runs on MPI only; drop use_gloo")
+        raise ValueError(f"{where}: use_gloo=True is not supported: hvd_trainer runs on MPI "
+                         "only; drop use_gloo")
     if use_mpi is False:
-        raise ValueError("hvd_trainer.spark.run: use_mpi=False is not supported: hvd_trainer "
-                         "runs on MPI only; drop use_mpi")
+        raise ValueError(f"{where}: use_mpi=False is not supported: hvd_trainer runs on MPI "
+                         "only; drop use_mpi")
     from pyspark import SparkContext
     context = SparkContext._active_spark_context
     if context is None:
-        raise ValueError("hvd_trainer.spark.run needs an active SparkSession: create one "
-                         "first (SparkSession.builder...getOrCreate())")
+        raise ValueError(f"{where} needs an active SparkSession: create one first "
+                         "(SparkSession.builder...getOrCreate())")
     return context
 
 
-def _hvdrun_args(nics: Optional[Sequence[str]], timestamps: bool, verbose: int) -> List[str]:
-    """hvdrun's flags for horovod.spark.run's ``nics``, ``prefix_output_with_timestamp`` and
-    ``verbose``."""
+def hvdrun_flags(nics: Optional[Sequence[str]], timestamps: bool, verbose: int) -> List[str]:
+    """hvdrun's flags for horovod.spark's ``nics``, ``prefix_output_with_timestamp`` and
+    ``verbose`` (run's and run_elastic's)."""
     flags = ["--network-interfaces", ",".join(nics)] if nics else []
     if timestamps:
         flags.append("--prefix-output-with-timestamp")
@@ -294,7 +290,3 @@ class _BarrierJob:
                           f"task ends the job; it is not retried): "
                           f"{causes.explain(text, hosts)}") from self._box["error"]
 
-
-def run_elastic(*args, **kwargs):
-    """horovod.spark.run_elastic: refused (ValueError with the reason)."""
-    raise ValueError(_ELASTIC)

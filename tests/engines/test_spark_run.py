@@ -84,8 +84,6 @@ def test_refusals(spark):
     with pytest.raises(ValueError, match="use_gloo=True is not supported: hvd_trainer runs on "
                                          "MPI only"):
         hvd_trainer.spark.run(_raise_on_two, use_gloo=True)
-    with pytest.raises(ValueError, match="run_elastic is not supported"):
-        hvd_trainer.spark.run_elastic(_raise_on_two)
 
 
 @pytest.mark.parametrize("num_proc", [0, -1, "2", 2.5, True])

@@ -1,8 +1,10 @@
-"""The multi-host test bed (testbed.py), up once per pytest session."""
+"""The multi-host test bed (testbed.py), up once per pytest session, and its Spark cluster."""
+import importlib.util
 import shutil
 
 import pytest
 
+import spark_bed
 import testbed
 
 HOSTS = 3
@@ -26,3 +28,14 @@ def bed(bed_possible):
     finally:
         built.down()
         shutil.rmtree(built.folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spark_master(bed):
+    """The bed's Spark cluster (spark_bed.py) for a module's tests; its master's URL."""
+    if importlib.util.find_spec("pyspark") is None:
+        pytest.skip("pyspark is not installed here; pip install -e '.[test]'")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java 17 or later (apt-get install openjdk-17-jre-headless)")
+    with spark_bed.cluster(bed) as master:
+        yield master

@@ -14,9 +14,6 @@ import json
 import os
 import pathlib
 import re
-import secrets
-import shutil
-import sys
 import textwrap
 from typing import Dict, List, NamedTuple, Optional
 
@@ -25,20 +22,15 @@ import pytest
 import estimator_data
 import horovod_examples
 import multihost
+import spark_bed
 import torch_loops
 
-HEAD = multihost.HEAD
 PAYLOAD = 8 << 20  # bytes in the allreduce: at least that much must cross h2's link
-
-SPARK_MASTER = f"spark://{HEAD}:7077"
-# Every JVM of the bed (master, workers, driver, executors), as tests/engines' JVM_OPTIONS: the
-# client compiler only and the serial collector start a JVM several times faster on two cores.
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
 _SPARK_DRIVER = textwrap.dedent("""
     import glob, json, os, signal, sys, threading, time
-    from pyspark.sql import SparkSession
     import hvd_trainer.spark
+    import spark_bed
 
     def place(size):
         import os, socket
@@ -99,27 +91,11 @@ _SPARK_DRIVER = textwrap.dedent("""
         return [path for host, path in folders
                 if host == socket.gethostname() and os.path.exists(path)]
 
-    session = (SparkSession.builder.master(sys.argv[1]).appName("hvd_trainer bed")
-               .config("spark.driver.host", sys.argv[3])
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
-               .config("spark.executor.memory", "512m")
-               .config("spark.driver.extraJavaOptions", sys.argv[4])
-               .config("spark.executor.extraJavaOptions", sys.argv[4])
-               .getOrCreate())
-    def wait_for_three_executors():
-        deadline = time.monotonic() + 120
-        while session.sparkContext.defaultParallelism < 3:
-            assert time.monotonic() < deadline, session.sparkContext.defaultParallelism
-            time.sleep(0.1)
-
-    wait_for_three_executors()
+    session = spark_bed.session(sys.argv[1])
     import torch_loops
     import estimator_data as data  # the torch estimator, its store in the hosts' shared folder
     from hvd_trainer.spark.common.store import Store
-    fitted = data.torch_estimator(Store.create(os.path.join(sys.argv[5], "store")),
+    fitted = data.torch_estimator(Store.create(os.path.join(sys.argv[3], "store")),
                                   data.torch_model(), epochs=1).fit(
         data.frame(session, data.RANKS * data.BATCH * data.STEPS))
     print("ESTIMATOR", json.dumps([w.tolist() for w in torch_loops.weights(fitted.getModel())]),
@@ -129,7 +105,7 @@ _SPARK_DRIVER = textwrap.dedent("""
     except Exception as error:
         print("RAISED", json.dumps(str(error)), flush=True)
     # A killed executor: h3's, while the ranks sleep (their notes in a folder of their own).
-    notes = os.path.join(sys.argv[5], "spark-sleepers")
+    notes = os.path.join(sys.argv[3], "spark-sleepers")
     os.makedirs(notes, exist_ok=True)
     started = time.monotonic()
     try:
@@ -137,7 +113,7 @@ _SPARK_DRIVER = textwrap.dedent("""
     except Exception as error:
         print("KILLED", json.dumps([str(error), time.monotonic() - started]), flush=True)
     # Ctrl-C on the driver while the ranks sleep, once h3's worker has a new executor.
-    wait_for_three_executors()
+    spark_bed.wait_for_executors(session)
     forced = forget_sleepers(notes)
     def interrupt():
         while len(glob.glob(os.path.join(notes, "asleep.*"))) < 3:
@@ -165,51 +141,10 @@ _SPARK_DRIVER = textwrap.dedent("""
     print("SPARK", json.dumps(value["ranks"]), flush=True)
     print("SWEPT", json.dumps({"forced": forced, "left": [r["left"] for r in value["ranks"]]}),
           flush=True)
-    if sys.argv[6]:  # Horovod's example, unmodified, with hvd_trainer's horovod shim
-        import runpy
-        from hvd_trainer_launch.rank import horovod_shim
-        horovod_shim.write(os.path.join(sys.argv[5], "shim"))
-        sys.path.append(os.path.join(sys.argv[5], "shim"))
-        sys.argv = [sys.argv[6], *json.loads(sys.argv[7])]
-        runpy.run_path(sys.argv[0], run_name="__main__")  # it stops the session
+    if sys.argv[4]:  # Horovod's example, unmodified, with hvd_trainer's horovod shim
+        spark_bed.run_example(sys.argv[3], sys.argv[4], sys.argv[5])  # it stops the session
     session.stop()
 """)
-
-
-@pytest.fixture(scope="module")
-def spark_bed(bed):
-    """A Spark standalone master on h1 and a one-core worker per host; stopped by PID."""
-    if importlib.util.find_spec("pyspark") is None:
-        pytest.skip("pyspark is not installed here; pip install -e '.[test]'")
-    if shutil.which("java") is None:
-        pytest.skip("Spark needs Java 17 or later (apt-get install openjdk-17-jre-headless)")
-    import pyspark
-    spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-    marker = secrets.token_hex(8)
-    daemons = []
-    try:
-        for host in ["h1", *bed.hosts]:
-            address = bed.address(host)
-            env = dict(os.environ, SPARK_LOCAL_IP=address, PYSPARK_PYTHON=sys.executable,
-                       HVD_TEST_SPARK_BED=marker, SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
-                       SPARK_DAEMON_MEMORY="256m")
-            master = not daemons
-            argv = ([spark_class, "org.apache.spark.deploy.master.Master", "--host", HEAD,
-                     "--port", "7077"] if master else
-                    [spark_class, "org.apache.spark.deploy.worker.Worker", SPARK_MASTER,
-                     "--host", address, "--cores", "1", "--memory", "1g",
-                     "--work-dir", "/tmp/spark-work"])
-            log_path = os.path.join(bed.shared, f"spark-{'master' if master else host}.log")
-            with open(log_path, "wb") as log:
-                daemons.append(bed.popen(host, argv, cwd=bed.shared, env=env, stdout=log,
-                                         stderr=log, start_new_session=True))
-            if master:
-                multihost.wait_for_text(log_path, "I have been elected leader", 90)
-        yield SPARK_MASTER
-    finally:
-        multihost.stop_processes_with(f"HVD_TEST_SPARK_BED={marker}")
-        for daemon in daemons:
-            daemon.wait(30)
 
 
 class SparkRun(NamedTuple):
@@ -223,7 +158,7 @@ class SparkRun(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def spark_driver(bed, spark_bed) -> SparkRun:
+def spark_driver(bed, spark_master) -> SparkRun:
     """One driver run on h1 (Horovod's example last, when the Horovod mirror has it)."""
     no_example = horovod_examples.missing()
     example = "" if no_example else horovod_examples.write_example(
@@ -232,11 +167,10 @@ def spark_driver(bed, spark_bed) -> SparkRun:
         horovod_examples.write_mnist(bed.shared)
     arguments = horovod_examples.arguments(bed.shared, os.path.join(bed.shared, "mnist-store"))
     before = bed.link_bytes("h2")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD, PYTHONPATH=multihost.TESTS)
-    done = bed.run("h1", [sys.executable, "-c", _SPARK_DRIVER, spark_bed, str(PAYLOAD), HEAD,
-                          JVM_OPTIONS, bed.shared, example, json.dumps(arguments)],
-                   cwd=bed.shared, env=env, capture_output=True, text=True, timeout=600)
+    done = bed.run("h1", spark_bed.driver_command(_SPARK_DRIVER, str(PAYLOAD), bed.shared,
+                                                  example, json.dumps(arguments)),
+                   cwd=bed.shared, env=spark_bed.driver_environment(), capture_output=True,
+                   text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     said = multihost.driver_said(done.stdout, "SPARK", "RUNNER", "ESTIMATOR", "RAISED",
                                  "KILLED", "INTERRUPTED", "SWEPT")

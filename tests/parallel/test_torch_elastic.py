@@ -11,27 +11,11 @@ import sys
 
 import numpy as np
 
+from elastic_training import reference_weights
 from runner import WORKERS, run_ranks
 from test_elastic import assert_each_sample_once_per_epoch, discovery, lives
 
 sys.path.insert(0, WORKERS)
-
-
-def reference_weights(history):
-    """Replay the global batches in one process with torch's SGD: each step's gradient is
-    the sum over the global batch divided by the number of ranks, as the DistributedOptimizer
-    averages the ranks' summed losses."""
-    import torch
-    from elastic_model import data, make_torch_net
-    X, Y = (torch.from_numpy(a) for a in data())
-    net = make_torch_net()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    for _, size, batches in history:
-        batch = [i for part in batches for i in part]
-        optimizer.zero_grad()
-        (((net(X[batch]) - Y[batch]) ** 2).sum() / size).backward()
-        optimizer.step()
-    return [p.detach().numpy() for p in (net.weight, net.bias)]
 
 
 def check_result(path, sizes):
