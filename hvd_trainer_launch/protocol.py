@@ -114,6 +114,11 @@ ENGINE_RANK_VARIABLES_VARIABLE = "HVD_ENGINE_RANK_VARIABLES"
 ENGINE_LIVES_VARIABLE = "HVD_ENGINE_LIVES"
 ENGINE_COMMITS_VARIABLE = "HVD_ENGINE_COMMITS"
 ENGINE_LIFE_PREFIX = "HVD_ENGINE_LIFE: "
+# A rank of an elastic engine job appends the events it logs (hvd_trainer.ray.ray_logger), one
+# JSON object a line, to the file this variable names, in its agent's folder
+# (:data:`ENGINE_EVENTS`): the agent carries them back with the life's outcomes.
+ENGINE_EVENTS_VARIABLE = "HVD_ENGINE_EVENTS"
+ENGINE_EVENTS = "events.{rank}"
 
 
 class EngineLife(NamedTuple):

@@ -90,6 +90,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ENGINE_LIVES": "\"1\" in an elastic engine job's hvdrun: it prints each life's hosts "
                         "for the engine launch, and leaves the other hosts' commit folders to "
                         "the agents ([Running on Ray](ray.md#elastic-jobs))",
+    "HVD_ENGINE_EVENTS": "the file, in its agent's folder, where a rank of an elastic Ray job "
+                         "appends what `ray_logger.log` logs, for the driver's callbacks",
     "HVD_ENGINE_COMMITS": "an elastic engine job's commit folder on one host, its agent's "
                           "across lives, which stands in for `HVD_ELASTIC_DIR` on its ranks",
     "HVD_ENGINE_JOB_SECRET": "an engine launch's `HVD_JOB_SECRET` for hvdrun, which the agents "

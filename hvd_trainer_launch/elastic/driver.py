@@ -94,16 +94,23 @@ def check(args: argparse.Namespace, flavour: str) -> None:
                              "with 0 <= MIN <= MAX seconds")
 
 
+def layout_of(hosts: Hosts, max_np: Optional[int]) -> Hosts:
+    """The layout a life starts on ``hosts``: every usable slot, at most ``max_np``."""
+    np = sum(slots for _, slots in hosts)
+    return allocate(hosts, min(np, max_np) if max_np is not None else np)
+
+
 class HostWatcher(threading.Thread):
-    """Runs discovery every DISCOVERY_INTERVAL during a life; when the usable hosts differ
-    from those the life started with, raises the generation once (the ranks leave at their
+    """Runs discovery every DISCOVERY_INTERVAL during a life; when the usable hosts would
+    give another layout than the life's (:func:`layout_of`: a host added while the life has
+    --max-np ranks changes nothing), raises the generation once (the ranks leave at their
     next commit)."""
 
-    def __init__(self, discovery: Discovery, blacklist: Blacklist, started_with: Hosts,
-                 generation: Generation):
+    def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
+                 max_np: Optional[int], generation: Generation):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
-        self.started_with, self.generation = started_with, generation
+        self.layout, self.max_np, self.generation = layout, max_np, generation
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -114,7 +121,7 @@ class HostWatcher(threading.Thread):
                 if not self.stopped.is_set():  # else stop() killed the script
                     _say(f"warning: {error}; keeping the hosts as they are")
                 continue
-            if sorted(hosts) != sorted(self.started_with):  # the order alone is no change
+            if sorted(layout_of(hosts, self.max_np)) != sorted(self.layout):  # not the order
                 self.generation.number += 1
                 _say(f"hosts changed to {hosts_text(hosts) or 'none'}; the ranks restart on them at "
                      "their next commit")
@@ -340,9 +347,8 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
     hosts = _wait_for_slots(elastic.discovery, elastic.blacklist,
                             args.np if first else elastic.min_np,
                             "-np" if first else "--min-np", timeout)
-    np = sum(slots for _, slots in hosts)
-    np = min(np, args.max_np) if args.max_np is not None else np
-    layout = allocate(hosts, np)
+    layout = layout_of(hosts, args.max_np)
+    np = sum(slots for _, slots in layout)
     lives.used.extend(host for host, _ in layout if host not in lives.used)
     output = (os.path.join(args.output_filename, f"restart.{lives.restarts}")
               if args.output_filename else None)
@@ -359,7 +365,8 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
         sys.stdout.buffer.write(
             (protocol.life_line(protocol.EngineLife(lives.restarts, layout)) + "\n").encode())
         sys.stdout.buffer.flush()
-    watcher = HostWatcher(elastic.discovery, elastic.blacklist, hosts, elastic.generation)
+    watcher = HostWatcher(elastic.discovery, elastic.blacklist, layout, args.max_np,
+                          elastic.generation)
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,

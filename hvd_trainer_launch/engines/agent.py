@@ -19,7 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines.calls import HostOutcome
@@ -76,7 +76,8 @@ def run_proxy(line: str, payload: bytes, secret: bytes,
             if name.startswith(prefix) and name[len(prefix):].isdigit():
                 outcomes[int(name[len(prefix):])] = signed.read_signed(
                     os.path.join(folder, name), secret)
-        return HostOutcome(hostname(), code if code >= 0 else 128 - code, outcomes, said)
+        return HostOutcome(hostname(), code if code >= 0 else 128 - code, outcomes, said,
+                           _events(folder))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -109,6 +110,20 @@ class ElasticAgent:
         this host."""
         shutil.rmtree(self.commits, ignore_errors=True)
         owned_folders.sweep(COMMITS_PREFIX)
+
+
+def _events(folder: str) -> List[str]:
+    """The events the ranks in ``folder`` logged (protocol.ENGINE_EVENTS: JSON lines, which
+    the driver parses, never unpickles), by rank, each in its order."""
+    prefix = protocol.ENGINE_EVENTS.format(rank="")
+    ranks = sorted(int(name[len(prefix):]) for name in os.listdir(folder)
+                   if name.startswith(prefix) and name[len(prefix):].isdigit())
+    events = []
+    for rank in ranks:
+        with open(os.path.join(folder, protocol.ENGINE_EVENTS.format(rank=rank)),
+                  errors="replace") as file:
+            events += [line.rstrip("\n") for line in file if line.strip()]
+    return events
 
 
 def _end(proxy: subprocess.Popen) -> None:

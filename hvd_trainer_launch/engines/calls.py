@@ -63,6 +63,7 @@ class HostOutcome(NamedTuple):
     code: int
     outcomes: Dict[int, bytes]
     messages: str = ""
+    events: Sequence[str] = ()  # what its ranks logged (ray_logger), a JSON object each
 
 
 def payload(func: Callable[..., Any], args: Sequence[Any] = (),

@@ -13,6 +13,7 @@ engine job (engines.launch), and the job hands each to the engine (``serve``: a
 outcome (:meth:`ElasticJob.returned`) or is lost (:meth:`ElasticJob.lost`). The results are
 those of the final life's ranks.
 """
+import json
 import os
 import shlex
 import shutil
@@ -107,6 +108,7 @@ class ElasticJob:
         self._lives: Dict[int, _Life] = {}
         self._returned: Dict[int, Dict[str, HostOutcome]] = {}
         self._lost: Dict[int, List[LostAgent]] = {}
+        self._events: List[Any] = []  # what the ranks logged, in the order it came back
         self._folder: Optional[str] = None  # the discovery's, while run() runs
 
     # -- the engine's side ---------------------------------------------------------------
@@ -127,6 +129,11 @@ class ElasticJob:
             if self._slots.pop(host, None) is not None:
                 self._write_hosts()
 
+    def events(self) -> List[Any]:
+        """What the ranks of every life logged (hvd_trainer.ray.ray_logger), as it came back."""
+        with self._lock:
+            return list(self._events)
+
     def hosts(self) -> Dict[str, int]:
         """The hosts in the job now, with their slots."""
         with self._lock:
@@ -136,6 +143,11 @@ class ElasticJob:
         """The outcome of ``life`` that the agent of ``host`` returned (its run_life's)."""
         with self._lock:
             self._returned.setdefault(life, {})[host] = outcome._replace(host=host)
+            for event in outcome.events:
+                try:
+                    self._events.append(json.loads(event))
+                except ValueError:  # a line cut short by a rank's death
+                    pass
             self._changed.notify_all()
 
     def lost(self, life: int, host: str, cause: str = "") -> None:

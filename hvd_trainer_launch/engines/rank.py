@@ -69,11 +69,13 @@ def main() -> None:
     except (KeyError, OSError):
         pass
     offer_horovod_shim(os.path.join(folder, protocol.ENGINE_SHIM_FOLDER))
-    commits = os.environ.pop(protocol.ENGINE_COMMITS_VARIABLE, None)
-    if commits:  # an elastic job's: the commits live in the agent's folder on this host
-        os.environ[protocol.ELASTIC_DIR_VARIABLE] = commits
-        os.environ.pop(protocol.ELASTIC_DISK_DIR_VARIABLE, None)
     rank = int(os.environ["HOROVOD_RANK"])
+    commits = os.environ.pop(protocol.ENGINE_COMMITS_VARIABLE, None)
+    if commits:  # an elastic job's: the commits live in the agent's folder on this host,
+        os.environ[protocol.ELASTIC_DIR_VARIABLE] = commits  # and its events go there too
+        os.environ.pop(protocol.ELASTIC_DISK_DIR_VARIABLE, None)
+        os.environ[protocol.ENGINE_EVENTS_VARIABLE] = os.path.join(
+            folder, protocol.ENGINE_EVENTS.format(rank=rank))
     address = os.environ.pop(registry.VARIABLE, None)
     # A Spark job's driver: its start ends when every rank runs the function.
     started = (lambda: registry.report_running(address, secret, rank)) if address else None

@@ -10,7 +10,6 @@ Each life's proxy line goes to the actor of its host (agent.ElasticAgent.run_lif
 that Ray loses (its node died, it was killed) leaves the job, and hvdrun restarts the ranks
 on the others from the last commit (or, under Open MPI with ``--ulfm``, the survivors go on).
 """
-import os
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
@@ -18,7 +17,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 from hvd_trainer_launch.engines import (agent as engine_agent, calls, checks as engine_checks,
                                         elastic, launch as engine_launch)
 from hvd_trainer_launch.engines.calls import EngineError
-from hvd_trainer_launch.engines.ray_executor import driver_path, lost_cause
+from hvd_trainer_launch.engines.ray_shared import driver_path, lost_cause
 
 DISCOVERY_SECONDS = 1.0  # how often the hosts are discovered while a job runs
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as Horovod's
@@ -141,7 +140,8 @@ class ElasticRayExecutor:
             args: Optional[Sequence[Any]] = None,
             kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
         """``worker_fn(*args, **kwargs)`` on the ranks, elastically; the final life's results
-        in rank order (each also given to every callback). EngineError names why the job
+        in rank order. Each callback gets each event the ranks logged
+        (hvd_trainer.ray.ray_logger.log), once the job has ended. EngineError names why the job
         ended: hvdrun's reason (fewer than min_num_proc slots for elastic_timeout, over
         reset_limit, every host lost) or the rank that raised."""
         engine_checks.check_function(worker_fn, "ElasticRayExecutor.run")
@@ -160,8 +160,8 @@ class ElasticRayExecutor:
                             job_settings, env, getattr(worker_fn, "__name__", repr(worker_fn)))
         results = engine.run()
         for callback in callbacks or ():
-            for result in results:
-                callback(result)
+            for event in engine.job.events():
+                callback(event)
         return results
 
 

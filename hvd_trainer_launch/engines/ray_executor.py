@@ -2,7 +2,6 @@
 agents that run the MPI launcher's proxies; each call is one MPI job, and an executor runs
 one at a time (a second call waits for the first, as calls on Horovod's actors queue)."""
 import os
-import re
 import threading
 import time
 import warnings
@@ -11,11 +10,10 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 from hvd_trainer_launch.engines import (agent as engine_agent, calls, checks as engine_checks,
                                         launch as engine_launch)
 from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout, HostOutcome, LostAgent
+from hvd_trainer_launch.engines.ray_shared import driver_path, lost_cause
 
 # After hvdrun has ended, how long the agents get to return before they count as lost.
 _AGENT_GRACE_SECONDS = 15.0
-# How much of what Ray says of a lost actor an EngineError quotes.
-_CAUSE_CHARS = 600
 
 
 class Settings:
@@ -55,30 +53,9 @@ class _Agent:
         return engine_agent.run_proxy(line, payload, secret)
 
 
-def driver_path(given: Optional[str]) -> Dict[str, str]:
-    """PYTHONPATH for the ranks: ``given`` (extra_env_vars'), then the driver's sys.path, as
-    Ray gives its workers the driver's (so functions that refer to the driver's modules load
-    there too), but not the driver's working directory ('' on its sys.path: a folder of the
-    driver's, not of the ranks'); extra_env_vars={"PYTHONPATH": ...} can name it."""
-    import sys
-    entries = [entry for entry in sys.path if entry and os.path.isdir(entry)]
-    return {"PYTHONPATH": os.pathsep.join(([given] if given else []) + entries)}
-
-
 def _nics_flags(nics: Optional[Sequence[str]]) -> List[str]:
     """hvdrun's flag for the settings' ``nics``."""
     return ["--network-interfaces", ",".join(nics)] if nics else []
-
-
-def lost_cause(error: Exception) -> str:
-    """What Ray said of a lost actor, without the fields that name the actor itself (class,
-    id, pid, namespace): its death and why (ray.kill, the worker's exit, out of memory)."""
-    text = str(error)
-    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("\t")
-             and line.strip() != getattr(error, "BASE_ERROR_MSG", None)]
-    cause = re.sub(r"\s+", " ", " ".join(lines) or text).strip()
-    return f"{type(error).__name__}: " + (cause if len(cause) <= _CAUSE_CHARS
-                                          else cause[:_CAUSE_CHARS] + " ...")
 
 
 class RayExecutor:

@@ -92,6 +92,8 @@ REEXPORTS: Dict[str, str] = {
     "horovod.spark.lightning.estimator": "hvd_trainer.spark.lightning.estimator",
     "horovod.spark.lightning.remote": "hvd_trainer.spark.lightning.remote",
     "horovod.ray": "hvd_trainer.ray",
+    "horovod.ray.elastic": "hvd_trainer.ray",
+    "horovod.ray.ray_logger": "hvd_trainer.ray.ray_logger",
 }
 # Modules written as they are: the root's public names (horovod.run, __version__), and
 # Horovod's eager-mode helper, which horovod.tensorflow also exports.

@@ -19,7 +19,7 @@ import pytest
 
 import elastic_loops
 import engines
-from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch import mpi
 from hvd_trainer_launch.engines import agent as engine_agent, elastic, launch as engine_launch
 from hvd_trainer_launch.engines.calls import EngineError
 
@@ -87,7 +87,9 @@ def test_actor_loss_shrinks_and_return_grows_with_no_commit_lost(ray_cluster, tm
 
 def _size():
     import hvd_trainer as hvd
+    from hvd_trainer.ray import ray_logger
     hvd.init()
+    ray_logger.log({"rank": hvd.rank(), "size": hvd.size()})
     return hvd.size()
 
 
@@ -102,7 +104,11 @@ def test_rays_own_discovery_and_the_elastic_form_of_ray_executor(ray_cluster):
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1,
                            max_workers=2, cpus_per_worker=1)
     executor.start()
-    assert executor.run(_size) == [2, 2]  # max_workers of the head's 3 slots
+    events = []
+    assert executor.run(_size, callbacks=[events.append]) == [2, 2]  # max_workers of 3 slots
+    # Each callback gets what the ranks logged (horovod.ray.ray_logger), not the results.
+    assert sorted(events, key=lambda event: event["rank"]) == [{"rank": 0, "size": 2},
+                                                               {"rank": 1, "size": 2}]
     executor.shutdown()
     _no_leftovers(before)
 

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -144,3 +144,27 @@ def assert_weights_close(got: Sequence, want: Sequence) -> None:
     assert len(got) == len(want)
     for mine, theirs in zip(got, want):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+class RayDaemons(NamedTuple):
+    """What a test's Ray daemons on the bed share: the ``ray`` command, the marker in their
+    environment (multihost.stop_processes_with ends them by it), and that environment."""
+
+    ray_cli: str
+    marker: str
+    env: Dict[str, str]
+
+
+def ray_daemons(name: str, token: Dict[str, str]) -> RayDaemons:
+    """The ``ray`` command and environment of a test's Ray daemons, marked with the variable
+    ``name`` (a fresh value), with the cluster's ``token`` variables; skips without Ray."""
+    import importlib.util
+    import secrets
+
+    import pytest
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed here; pip install -e '.[test]'")
+    value = secrets.token_hex(8)
+    return RayDaemons(os.path.join(os.path.dirname(sys.executable), "ray"), f"{name}={value}",
+                      dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
+                           **token, **{name: value}))

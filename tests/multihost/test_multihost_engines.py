@@ -115,12 +115,7 @@ _DRIVER = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def ray_bed(bed):
     """Ray daemons on h1 (head), h2 and h3; stopped by PID at the end."""
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed here; pip install -e '.[test]'")
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    marker = f"HVD_TEST_RAY_BED={secrets.token_hex(8)}"
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **_TOKEN,
-               HVD_TEST_RAY_BED=marker.split("=", 1)[1])
+    ray_cli, marker, env = multihost.ray_daemons("HVD_TEST_RAY_BED", _TOKEN)
     daemons = []
     try:
         for host in bed.hosts:

@@ -73,7 +73,8 @@ ELASTIC_SUITES = {"test_elastic_torch.py": "test/integration/data/elastic_torch_
                   "test_elastic_tensorflow2.py":
                       "test/integration/data/elastic_tensorflow2_main.py"}
 # Engine suites: single-process pytest files whose tests start the clusters, and their folders.
-ENGINE_SUITES = {"test_ray.py": "test/single", "test_spark.py": "test/integration"}
+ENGINE_SUITES = {"test_ray.py": "test/single", "test_ray_elastic.py": "test/single",
+                 "test_spark.py": "test/integration"}
 # The Spark estimator suites (test/integration, one process each) and the stand-ins for the
 # Horovod internals they import: tests/peer/estimator_standins.py.
 _standins_spec = importlib.util.spec_from_file_location(
@@ -87,6 +88,7 @@ ONE_PROCESS_SUITES = (*ELASTIC_SUITES, *ENGINE_SUITES, *ESTIMATOR_SUITES)
 # What the suites' own imports need beyond pytest, by suite (the default: test/utils/common.py's).
 SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
                  "test_ray.py": ("ray", "torch", "grpc"),
+                 "test_ray_elastic.py": ("ray", "torch", "psutil"),
                  "test_spark.py": ("pyspark", "psutil", "torch"),
                  **{suite: ("psutil",) for suite in ELASTIC_SUITES},
                  **estimator_standins.SUITE_MODULES}
@@ -98,6 +100,7 @@ SUITE_MODULES = {"test_tensorflow2_keras.py": ("parameterized",),
 SUITE_PLUGINS = {"test_ray.py": ("peer_ray_compat",)}
 SUITE_ENV = {"test_tensorflow.py": {"TF_NUM_INTEROP_THREADS": "32"},
              "test_ray.py": {"PEER_OPEN_GLOO_GATE": "1"},
+             "test_ray_elastic.py": {"PEER_OPEN_GLOO_GATE": "1"},
              "test_spark.py": {"PEER_OPEN_MPI_GATE": "1"}}
 HELPER_MODULES = ("cloudpickle", "mock", "packaging")
 # Folders of Horovod's tree whose modules the suites import by bare name (sys.path additions).
@@ -258,6 +261,25 @@ from hvd_trainer_launch.elastic.driver import DEFAULT_ELASTIC_TIMEOUT
 
 DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_INTERVAL
 ELASTIC_TIMEOUT_SECS = DEFAULT_ELASTIC_TIMEOUT
+''',
+    # test_ray_elastic.py's discovery subclasses Horovod's interface, and the suite patches
+    # the driver's address helper (hvdrun finds its own).
+    "horovod/runner/elastic/discovery.py": '''"""Generated shim: Horovod's host discovery interface."""
+
+
+class HostDiscovery:
+    """What ElasticRayExecutor's settings.discovery offers: the hosts and their slots now."""
+
+    def find_available_hosts_and_slots(self):
+        raise NotImplementedError("a discovery returns {host: slots}")
+''',
+    "horovod/runner/util/network.py": '''"""Generated shim: the name test_ray_elastic.py patches."""
+
+
+def get_driver_ip(nics=None):
+    """Horovod's driver address for its rendezvous, which hvd_trainer does not use (hvdrun
+    picks the address its ranks reach); the suite patches it all the same."""
+    raise NotImplementedError("hvdrun picks the driver's address itself")
 ''',
     "horovod/runner/gloo_run.py": '''"""Generated shim: the name the suites patch."""
 
@@ -630,8 +652,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.path.exists(os.path.join(venv, "bin", "hvdrun")):
         raise SystemExit(f"{venv} has no bin/hvdrun: install hvd_trainer there or pass --venv")
     suites = args.suite or list(DEFAULT_SUITES)
-    if "test_ray.py" in suites:
-        print("test_ray.py: the harness opens the suite's gloo_built() gate (Horovod's Ray "
+    for suite in sorted({"test_ray.py", "test_ray_elastic.py"} & set(suites)):
+        print(f"{suite}: the harness opens the suite's gloo_built() gate (Horovod's Ray "
               "tests need Gloo for its rendezvous; hvd_trainer's Ray engine needs none)",
               flush=True)
     if "test_spark.py" in suites:

@@ -43,3 +43,19 @@ def test_a_host_without_slots_is_refused():
     job.joined("b", 1)
     job.left("a")
     assert job.hosts() == {"b": 1}
+
+
+def test_a_host_added_at_max_np_leaves_the_layout_as_it_is():
+    from hvd_trainer_launch.elastic.driver import layout_of
+    life = layout_of([("a", 2)], 2)
+    assert life == [("a", 2)]
+    assert layout_of([("a", 2), ("b", 1), ("c", 1)], 2) == life  # no restart for b, c
+    assert layout_of([("a", 2), ("b", 1)], 3) == [("a", 2), ("b", 1)]  # below max: grows
+    assert layout_of([("b", 1), ("a", 2)], None) == [("b", 1), ("a", 2)]
+
+
+def test_ray_logger_outside_an_elastic_ray_job_says_so(monkeypatch):
+    from hvd_trainer.ray import ray_logger
+    monkeypatch.delenv(protocol.ENGINE_EVENTS_VARIABLE, raising=False)
+    with pytest.raises(RuntimeError, match="not a rank of an elastic Ray job"):
+        ray_logger.log({"started": True})
