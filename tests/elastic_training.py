@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "par
                                 "workers"))
 
 import elastic_model  # noqa: E402  (after its folder is on the path)
-from elastic_model import BATCH, EPOCHS, data, make_torch_net  # noqa: E402
+from elastic_model import BATCH, EPOCHS, data, make_torch_net, torch_step  # noqa: E402
 
 # The ranks cannot import these modules: the function and its model travel by value.
 cloudpickle.register_pickle_by_value(elastic_model)
@@ -71,16 +71,8 @@ def train(signal_path: str, first_size: int):
                         with open(signal_path, "w"):
                             pass
                     _wait_for_hosts(state, "no agent or task was taken away")
-                batch = state.sampler.get_indices(position, BATCH)
-                optimizer.zero_grad()
-                ((state.model(x) - y) ** 2).sum().backward()
-                optimizer.step()
-                state.history.append([state.epoch, hvd.size(),
-                                      hvd.allgather_object(batch, name="batch")])
-                state.sampler.record_batch(position, BATCH)
-                state.step += 1
-                if state.step % COMMIT_EVERY == 0:
-                    state.commit()
+                torch_step(state, optimizer, x, y, position,
+                           state.sampler.get_indices(position, BATCH), COMMIT_EVERY)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             if hvd.size() < first_size:

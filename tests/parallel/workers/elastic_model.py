@@ -36,3 +36,21 @@ def make_torch_net():
         for param, values in zip((net.weight, net.bias), initial_weights()):
             param.copy_(torch.from_numpy(values))
     return net
+
+
+def torch_step(state, optimizer, x, y, position: int, batch, commit_every: int) -> bool:
+    """One step of the elastic torch trainings (the worker and the engines' function): the
+    squared loss's backward and update on ``x, y``, the global batch noted in
+    ``state.history``, the sampler told; commits every ``commit_every`` steps and says whether
+    it did."""
+    import hvd_trainer.torch as hvd
+    optimizer.zero_grad()
+    ((state.model(x) - y) ** 2).sum().backward()
+    optimizer.step()
+    state.history.append([state.epoch, hvd.size(), hvd.allgather_object(batch, name="batch")])
+    state.sampler.record_batch(position, BATCH)
+    state.step += 1
+    if state.step % commit_every:
+        return False
+    state.commit()
+    return True

@@ -19,7 +19,7 @@ import time
 import torch
 
 import hvd_trainer.torch as hvd
-from elastic_model import BATCH, EPOCHS, data, make_torch_net
+from elastic_model import BATCH, EPOCHS, data, make_torch_net, torch_step
 
 COMMIT_EVERY, KILL_AT_STEP, GROW_AT_STEP = 4, 10, 3
 hosts_file, result_file, mode = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -51,17 +51,9 @@ def train(state):
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = state.sampler.get_indices(position, BATCH)
             assert torch.equal(x, X[batch]), (position, batch)  # the DataLoader's own batch
-            optimizer.zero_grad()
-            ((state.model(x) - y) ** 2).sum().backward()
-            optimizer.step()
-            state.history.append([state.epoch, hvd.size(),
-                                  hvd.allgather_object(batch, name="batch")])
-            state.sampler.record_batch(position, BATCH)
-            state.step += 1
-            if state.step % COMMIT_EVERY == 0:
-                state.commit()
-                if hvd.rank() == 0:
-                    print(f"COMMITTED step={state.step}", flush=True)
+            if torch_step(state, optimizer, x, y, position, batch, COMMIT_EVERY) \
+                    and hvd.rank() == 0:
+                print(f"COMMITTED step={state.step}", flush=True)
             if first_life() and mode == "--grow" and state.step == GROW_AT_STEP:
                 if hvd.rank() == 0:
                     write_hosts(3)
