@@ -134,13 +134,13 @@ class ElasticRelay(OutputRelay):
                 return
             if code != RESET_EXIT_CODE and how != ENDED:
                 self.failed.setdefault(rank, code)
-        if self.in_place and killed:
+        if self.in_place and killed and how != ENDED:
             _say(f"rank {rank}{self.where([rank])} {how} {code}; under --ulfm the other ranks "
                  "go on without it")
         super().record(rank, code, how, at, killed)
 
     def announce(self, failure: Failure) -> None:
-        if self.in_place and failure.killed:  # said when it was recorded
+        if self.in_place and failure.killed and failure.how != ENDED:  # said when recorded
             return
         if failure.code != RESET_EXIT_CODE:
             _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code}; "

@@ -63,7 +63,11 @@ def run_proxy(line: str, payload: bytes, secret: bytes,
                protocol.ENGINE_AGENT_VARIABLE: identity(os.getpid())}
         # The proxy's own messages (the ranks' output travels to mpiexec, not here).
         messages = tempfile.TemporaryFile()
-        proxy = subprocess.Popen(shlex.split(line), env=env, stdin=subprocess.DEVNULL,
+        # Outliving the agent, the proxy is no child of it: Ray's workers kill their own
+        # children as they exit (RAY_kill_child_processes_on_worker_exit), not their
+        # grandchildren; the shell in between waits for it and exits with its status.
+        argv = ["/bin/sh", "-c", f"{line} & wait $!"] if outlive else shlex.split(line)
+        proxy = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                  stderr=messages, start_new_session=True,
                                  preexec_fn=None if outlive else die_with_parent())
         try:

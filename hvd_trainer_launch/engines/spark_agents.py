@@ -207,8 +207,8 @@ class SparkAgents:
     """The Spark side of an elastic engine job: ``slots`` slots' jobs and their tasks' links
     (signed with a secret of the links' own). Once :meth:`attach` gives it the job
     (engines.elastic's ElasticJob: ``joined(host, slots)``, ``left(host)``,
-    ``returned(life, host, outcome)``, ``lost(life, host, cause)``, its ``payload`` and
-    ``secret``), it tells the job as executors join and leave, each executor one of the
+    ``returned(life, host, outcome)``, ``lost(life, host, cause)``, its ``payload``,
+    ``secret`` and ``settings``), it tells the job as executors join and leave, each executor one of the
     job's hosts, and :meth:`serve` hands a life's proxy command to an executor's agent, with
     the job's payload and secret (which travel on the links alone)."""
 

@@ -11,6 +11,7 @@ from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.elastic import watcher
 from hvd_trainer_launch.elastic.registration import Blacklist, ElasticRelay
 from hvd_trainer_launch.engines import elastic
+from hvd_trainer_launch.job.relay import ENDED
 
 LAYOUT = [("a", 2), ("b", 1), ("c", 1)]
 
@@ -137,3 +138,14 @@ def test_the_engines_ulfm_choice(monkeypatch):
     monkeypatch.setenv(elastic.ULFM_VARIABLE, "yes")
     with pytest.raises(ValueError, match=r"\$HVD_ELASTIC_ULFM='yes'; give 1"):
         elastic.ulfm_wanted(None, mpi.OPENMPI, "here")
+
+
+def test_under_ulfm_ranks_the_launcher_ended_are_not_said_to_be_left_behind(capsys):
+    """Open MPI's runtime ends every rank when it loses a host's daemon: those ends are the
+    life's, not ranks the others go on without."""
+    relay = _relay(in_place=True)
+    relay.record(1, 143, ENDED, killed=True)
+    assert "go on without" not in capsys.readouterr().err
+    relay.settle()
+    assert "rank 1 on a was ended by the launcher, with code 143; ending this life" in \
+        capsys.readouterr().err
