@@ -93,6 +93,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ENGINE_LOST": "the file where an elastic engine job's driver lists the agents it "
                        "lost, by life, which its hvdrun reads: that life ends at once, or "
                        "under `--ulfm` the others go on ([Elastic](elastic.md#on-ray))",
+    "HVD_ENGINE_AGENT": "the engine agent that started a rank's MPI proxy (its pid and start "
+                        "time): the rank's wrapper ends the rank when that agent is gone",
     "HVD_ELASTIC_ULFM": "`1` on the driver of an elastic Ray or Spark job (`ulfm=None`): it "
                         "runs under hvdrun's `--ulfm`, Open MPI 5 ([Running on Ray]"
                         "(ray.md#elastic-jobs), [Running on Spark](spark.md#elastic))",
