@@ -139,6 +139,7 @@ def driver_command(cluster: Cluster, folders: list) -> list:
 
 def one_round(bed, cluster: Cluster, folder: str, driver) -> dict:
     """Lose h3 and get it back in the job now running in ``folder``; the times of both."""
+    load = os.getloadavg()[0]
     wait_for_steps(folder, MAX_NP, 0.0, driver)
     target = cluster.marker
     if cluster.engine == "hvdrun":  # h3's rank now
@@ -166,7 +167,7 @@ def one_round(bed, cluster: Cluster, folder: str, driver) -> dict:
     if said["error"]:
         raise RuntimeError(f"the round's job failed: {said['error']}; see {folder}")
     return {"loss": loss, "arrival": arrival, "marks": read_marks(folder),
-            "h3": ["h3", bed.address("h3")], **said}
+            "h3": ["h3", bed.address("h3")], "load": [load, os.getloadavg()[0]], **said}
 
 
 def run_engine(engine: str, rounds: int) -> list:
@@ -212,8 +213,9 @@ RANK_STAGES = [("wrapper", "every rank's wrapper started (the agents ran the pro
                ("model", "model and DistributedOptimizer built"),
                ("restored", "commit restored: the training function runs"),
                ("first_step", "first step done")]
-LOSS_STAGES = [("lost", "the engine tells the job h3 is gone"),
-               ("next_life", "hvdrun starts the next life")] + RANK_STAGES
+LOSS_STAGES = [("ended", "hvdrun ends the life (a rank or proxy of h3 is gone)"),
+               ("lost", "the engine tells the job h3 is gone"),
+               ("next_life", "hvdrun starts the life that goes on")] + RANK_STAGES
 ARRIVAL_STAGES = [("listed", "Ray lists h3's node again"),
                   ("joined", "the engine tells the job h3 joined (its agent is up)"),
                   ("changed", "hvdrun sees the hosts change"),
@@ -244,6 +246,7 @@ def stages(record: dict, event: str) -> dict:
 
     events = record["events"]
     if event == "loss":
+        first("ended", [at for at, line in record["messages"] if "ending this life" in line])
         first("lost", [at for at, kind, host in events if kind in ("left", "lost") and h3(host)])
     else:
         first("listed", [at for at, kind, hosts in events if kind == "discovered" and h3(hosts)])
@@ -284,15 +287,24 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--save", help="also write the rounds' records (JSON) to this file")
+    parser.add_argument("--load", nargs="*", help="print the tables of saved records instead")
     args = parser.parse_args()
-    load = os.getloadavg()[0]
-    results = {engine: run_engine(engine, args.rounds) for engine in args.engines.split(",")}
+    if args.load:
+        results = {}
+        for path in args.load:
+            with open(path) as f:
+                results.update(json.load(f))
+    else:
+        results = {engine: run_engine(engine, args.rounds) for engine in args.engines.split(",")}
     if args.save:
         with open(args.save, "w") as f:
             json.dump(results, f)
-    print(header(f"Elastic jobs on the engines: 3 hosts of the test bed, one rank each, torch, "
-                 f"a commit every step, MPICH; best (range) of {args.rounds} rounds",
-                 f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"))
+    loads = [load for records in results.values() for r in records for load in r["load"]]
+    print(header("Elastic jobs on the engines: 3 hosts of the test bed, one rank each, torch, "
+                 "a commit every step, MPICH; best (range) of "
+                 + ", ".join(f"{len(records)} rounds of {engine}"
+                             for engine, records in results.items()),
+                 f"load average {min(loads):.1f}–{max(loads):.1f} at the rounds' starts and ends"))
     table(results, "loss", LOSS_STAGES)
     table(results, "arrival", ARRIVAL_STAGES)
 

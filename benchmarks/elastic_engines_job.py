@@ -171,7 +171,7 @@ def drive_ray(args) -> None:
     for folder in args.folders:
         del events[:]
         settings = ElasticRayExecutor.create_settings(
-            min_num_proc=MIN_NP, max_num_proc=MAX_NP, elastic_timeout=120, timeout_s=60)
+            min_num_proc=MIN_NP, max_num_proc=MAX_NP, elastic_timeout=120)  # timeout_s: 30
         # Until Ray marks h3's node dead a life may start there and fail: a host that fails
         # in two lives in a row stays out for the cooldown only (as the bed's test has it).
         settings.cooldown_range = (1, 3)
@@ -203,7 +203,7 @@ def drive_spark(args) -> None:
         try:
             hvd_trainer.spark.run_elastic(train, args=(folder,), num_proc=MAX_NP,
                                           min_num_proc=MIN_NP, max_num_proc=MAX_NP,
-                                          start_timeout=300, elastic_timeout=120,
+                                          start_timeout=60, elastic_timeout=120,
                                           stderr=stamped)
         except Exception as failure:
             error = repr(failure)
