@@ -213,8 +213,8 @@ RANK_STAGES = [("wrapper", "every rank's wrapper started (the agents ran the pro
                ("model", "model and DistributedOptimizer built"),
                ("restored", "commit restored: the training function runs"),
                ("first_step", "first step done")]
-LOSS_STAGES = [("ended", "hvdrun ends the life (a rank or proxy of h3 is gone)"),
-               ("lost", "the engine tells the job h3 is gone"),
+LOSS_STAGES = [("lost", "the engine tells the job h3 is gone"),
+               ("ended", "hvdrun ends the life (h3's rank or proxy is gone)"),
                ("next_life", "hvdrun starts the life that goes on")] + RANK_STAGES
 ARRIVAL_STAGES = [("listed", "Ray lists h3's node again"),
                   ("joined", "the engine tells the job h3 joined (its agent is up)"),
@@ -246,7 +246,8 @@ def stages(record: dict, event: str) -> dict:
 
     events = record["events"]
     if event == "loss":
-        first("ended", [at for at, line in record["messages"] if "ending this life" in line])
+        first("ended", [at for at, line in record["messages"]
+                        if re.search("ending this life|exited with code", line)])
         first("lost", [at for at, kind, host in events if kind in ("left", "lost") and h3(host)])
     else:
         first("listed", [at for at, kind, hosts in events if kind == "discovered" and h3(hosts)])
