@@ -204,11 +204,13 @@ def test_a_repeated_broadcast_takes_the_fast_path_and_a_changed_root_falls_back(
             hvd.broadcast(values(comm.rank), 2 if comm.rank == 0 else 1)
         except MismatchError as e:
             error = str(e)
-        return out, error, hvd.broadcast_(values(comm.rank), 2)
+        objects = [hvd.broadcast_object({"rank": comm.rank}, 2) for _ in range(2)]
+        return out, error, hvd.broadcast_(values(comm.rank), 2), objects
     results, _ = on_ranks(3, work)
-    for rank, (out, error, last) in enumerate(results):
+    for rank, (out, error, last, objects) in enumerate(results):
         assert all(np.array_equal(o, values(1)) for o in out)
+        assert objects == [{"rank": 2}] * 2
         assert "root_rank" in error and "rank 0: 2, rank 1: 1" in error, error
         assert np.array_equal(last, values(2))
         # The repeats; and ranks 1 and 2 made the call that raised on the fast path too.
-        assert taken[("rank", rank)] == (2 if rank == 0 else 3)
+        assert taken[("rank", rank)] == (2 if rank == 0 else 3) + 2  # and broadcast_object
