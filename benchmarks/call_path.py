@@ -8,7 +8,8 @@ The first runs ``allreduce``, ``allreduce_`` and ``broadcast_`` of 4 KiB and
 communicator of 2 ranks whose peer makes the same call at the same instant (each exchange
 completes when it is started, the peer's record and payload a copy of this rank's). So it
 times the Python path of a call that agreed at once and carried its data, with no MPI and no
-wait for a peer: the floor of ours − raw on 2 ranks, whatever the machine's load (the best
+wait for a peer (each case repeats one call, so from its second call on it takes the
+steady-state fast path, see docs/concepts.md#agreement): the floor of ours − raw on 2 ranks, whatever the machine's load (the best
 of 40 short repeats). Each call's time is split by stage, from timers around the functions that make it
 (their own cost, measured on an empty function, taken off); what no timer covers is the
 glue between them.
@@ -115,13 +116,19 @@ def stage_timers() -> Timers:
     from hvd_trainer.collectives import memory, plans
     from hvd_trainer.coordination import agreement, records, scheduler, stall
     timers = Timers()
-    timers.wrap(agreement.Call, "__enter__", "Call: enter and exit (work_order.flush)")
-    timers.wrap(agreement.Call, "__exit__", "Call: enter and exit (work_order.flush)")
-    timers.wrap(scheduler.Schedule, "open", "name and claim the turn (Schedule.open)")
+    enter = "Call: enter and exit (work_order.flush; agreement.again on the fast path)"
+    timers.wrap(agreement.Call, "__enter__", enter)
+    timers.wrap(agreement.Call, "__exit__", enter)
+    timers.wrap(agreement, "again", enter)
+    timers.wrap(scheduler.Schedule, "open", "name and claim the turn (Schedule.open, open_again)")
+    timers.wrap(scheduler.Schedule, "open_again",
+                "name and claim the turn (Schedule.open, open_again)")
     timers.wrap(scheduler.Schedule, "forget", "release name and turn (Schedule.forget)")
-    timers.wrap(plans, "reduction_key", "plan lookup (plans.*_key, Known.get)")
-    timers.wrap(plans, "broadcast_key", "plan lookup (plans.*_key, Known.get)")
-    timers.wrap(plans.Known, "get", "plan lookup (plans.*_key, Known.get)")
+    lookup = "plan lookup (plans.*_key, Known.get; Known.again on the fast path)"
+    timers.wrap(plans, "reduction_key", lookup)
+    timers.wrap(plans, "broadcast_key", lookup)
+    timers.wrap(plans.Known, "get", lookup)
+    timers.wrap(plans.Known, "again", lookup)
     timers.wrap(memory.Memory, "check", "argument checks (Memory.check)")
     timers.wrap(agreement, "signed_digest", "digest (signed_digest)")
     timers.wrap(agreement, "post_record", "agreement exchange (post_record, its poll)")

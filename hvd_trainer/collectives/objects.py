@@ -35,7 +35,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return the root rank's picklable ``obj`` on every rank (``root_rank`` is global)."""
     comm = runtime.communicator(process_set)
-    with agreement.collective(comm, "broadcast_object", name) as call:
+    call = agreement.again(comm, "broadcast_object", name)  # None: not free at once
+    with agreement.collective(comm, "broadcast_object", name) if call is None else call \
+            as call:
         payload = None
         with call.checks():
             root = check_root(root_rank, process_set)

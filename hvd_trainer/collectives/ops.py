@@ -28,8 +28,9 @@ import numpy as np
 
 from ..coordination import agreement, records
 from . import fusion, plans
+from .carried import carried_reduction, concatenated
 from ..runtime import runtime, timeline
-from ..backends import REDUCE_UFUNCS, split_evenly, widened
+from ..backends import split_evenly
 from .memory import HOST, Memory, check_array, memory_of
 from ..runtime.runtime import ProcessSet, global_process_set
 from .arguments import (BACKEND_OP, ROUNDED_ONCE, Average, ReduceOp, check_list,
@@ -45,6 +46,12 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
     """The allreduce family: reduce ``tensors`` in place, or into new arrays, fused;
     ``halves``: how a scaled sum of 16-bit floats is rounded (see arguments.ROUNDED_ONCE)."""
     comm = runtime.communicator(process_set)
+    if kind == "allreduce" and memory is HOST:
+        done = _reduced_again(comm, tensors[0], op, name, prescale_factor, postscale_factor,
+                              process_set, inplace, halves)
+        if done is not None:
+            return done
+    plans.reductions.forget_last()  # until this call has run
     with memory.active(), agreement.collective(comm, kind, name) as call:
         key = plans.reduction_key(comm, memory, kind, tensors, op, prescale_factor,
                                   postscale_factor, inplace, halves)
@@ -65,76 +72,82 @@ def reduce_group(memory: Memory, tensors: Sequence[Any], op: Any, name: Optional
         if plan is None:
             plan = plans.reductions.keep(key, comm, plans.reduction(
                 comm, memory, kind, tensors, op, prescale_factor, postscale_factor, halves))
-        if plan.wire is None:
-            call.agree(describe, signature=plan.signature)
-        else:
-            done = _carried_reduction(call, describe, tensors, plan, op, inplace)
-            if done is not None:
-                return done
-        pre, post, wide = plan.pre, plan.post, plan.wide
-        if inplace:
-            outputs = tensors
-        else:
-            tensors = [memory.xp.asarray(t, order="C") for t in tensors]  # keeps 0-d arrays
-            outputs = [memory.xp.empty(t.shape, t.dtype) for t in tensors]
-        data = memory.mover(process_set)
-        backend_op = BACKEND_OP[op]
-        halves = outputs
-        if any(wide):
-            if pre != 1.0:
-                tensors = [prescaled(memory, t, pre).reshape(t.shape) for t in tensors]
-                pre = 1.0
-            tensors = [t.astype(memory.xp.float32) if w else t for t, w in zip(tensors, wide)]
-            outputs = [memory.xp.empty(t.shape, t.dtype) if w else o
-                       for t, o, w in zip(tensors, outputs, wide)]
-
-        def communicate(flat: Any, out: Optional[Any] = None) -> None:
-            with call.communicate():
-                data.allreduce(flat, backend_op, out)
-
-        with timeline.span(call.name, "FUSE"):
-            fusion.fused(tensors, outputs, lambda: memory.pool(data), runtime.fusion_threshold(),
-                         communicate, pre, post, memory.pack, memory.unpack)
-        for half, out, w in zip(halves, outputs, wide):
-            if w:
-                half[...] = out  # the one rounding to half precision
-        return list(halves)
+        outputs = _reduced(call, memory, describe, tensors, plan, op, inplace, process_set)
+        if key is not None and memory is HOST and kind == "allreduce":
+            plans.reductions.ran(comm, (tensors[0].dtype, tensors[0].shape, op,
+                                        prescale_factor, postscale_factor, inplace, halves),
+                                 plan)
+        return outputs
 
 
-def _carried_reduction(call: agreement.Call, describe: Callable[[], Dict[str, Any]],
-                       tensors: Sequence[np.ndarray], plan: plans.Reduction, op: ReduceOp,
-                       inplace: bool) -> Optional[List[np.ndarray]]:
-    """Reduce ``tensors`` with their data in the carrier: every rank reduces the gathered
-    payloads in rank order, so every rank gets the same bits; 16-bit floats are added in
-    float32 and rounded after each addition, as the ring does (the ``wide`` ones, prescaled
-    in their own precision first, are rounded once, as in the data phase). None if the
-    payloads did not travel."""
-    wire, pre = plan.wire, plan.pre
-    if plan.lone:
-        payload = tensors[0].ravel().view(np.uint8)  # a copy only if strided
-    else:
-        sources = tensors
-        if pre != 1.0 and any(plan.wide):  # as the data phase prescales them (see prescaled)
-            sources, pre = [prescaled(HOST, t, pre) for t in tensors], 1.0
-        flat = np.empty(sum(t.size for t in sources), wire)
-        fusion.pack(sources, flat, pre)
-        payload = flat.view(np.uint8)
-    carried = call.exchange(describe, payload, plan.signature)
-    if carried is None or not carried.every():
+def _reduced_again(comm: Any, tensor: Any, op: Any, name: Optional[str], pre: Any, post: Any,
+                   process_set: ProcessSet, inplace: bool, halves: str) -> Optional[List[Any]]:
+    """The steady state: an allreduce of a host array whose arguments are those of this
+    thread's last allreduce on ``comm``, which ran (see plans.Known.again), skips its plan's
+    lookup and the checks the plan stands for, and is named and agreed on at once where the
+    communicator is free (agreement.again). None: the call takes the full path."""
+    if type(tensor) is not np.ndarray or type(op) is not ReduceOp or type(pre) is not float \
+            or type(post) is not float:
         return None
-    outputs = tensors if inplace else [np.empty(t.shape, t.dtype) for t in tensors]
-    flat = outputs[0].reshape(-1) if plan.lone else np.empty(payload.size // wire.itemsize, wire)
-    parts = carried.rows[:, :payload.size].view(wire)
-    reduce, widen = _REDUCE[op], widened(wire)
-    reduce(parts[0], parts[1], out=flat, dtype=widen)  # in rank order, as the ring adds
-    for rank in range(2, len(parts)):
-        reduce(flat, parts[rank], out=flat, dtype=widen)
-    if not plan.lone or plan.post != 1.0:
-        fusion.unpack(flat, outputs, plan.post)
-    return outputs
+    plan = plans.reductions.again(comm, (tensor.dtype, tensor.shape, op, pre, post, inplace,
+                                         halves))
+    if plan is None or (inplace and not (tensor.flags.c_contiguous and tensor.flags.writeable)):
+        return None  # an in-place call's layout may change between calls: checked there
+    call = agreement.again(comm, "allreduce", name)
+    if call is None:
+        return None
+    tensors = [tensor]
+
+    def describe() -> Dict[str, Any]:
+        return describe_reduction(call.name, tensors, op, pre, post)
+
+    try:
+        with call:
+            return _reduced(call, HOST, describe, tensors, plan, op, inplace, process_set)
+    except BaseException:
+        plans.reductions.forget_last()
+        raise
 
 
-_REDUCE = {op: REDUCE_UFUNCS[name] for op, name in BACKEND_OP.items()}
+def _reduced(call: agreement.Call, memory: Memory, describe: Callable[[], Dict[str, Any]],
+             tensors: Sequence[Any], plan: plans.Reduction, op: ReduceOp, inplace: bool,
+             process_set: ProcessSet) -> List[Any]:
+    """A checked reduction's agreement and data: carried where it fits, else its own data
+    phase, fused."""
+    if plan.wire is None:
+        call.agree(describe, signature=plan.signature)
+    else:
+        done = carried_reduction(call, describe, tensors, plan, op, inplace)
+        if done is not None:
+            return done
+    pre, post, wide = plan.pre, plan.post, plan.wide
+    if inplace:
+        outputs = tensors
+    else:
+        tensors = [memory.xp.asarray(t, order="C") for t in tensors]  # keeps 0-d arrays
+        outputs = [memory.xp.empty(t.shape, t.dtype) for t in tensors]
+    data = memory.mover(process_set)
+    backend_op = BACKEND_OP[op]
+    halves = outputs
+    if any(wide):
+        if pre != 1.0:
+            tensors = [prescaled(memory, t, pre).reshape(t.shape) for t in tensors]
+            pre = 1.0
+        tensors = [t.astype(memory.xp.float32) if w else t for t, w in zip(tensors, wide)]
+        outputs = [memory.xp.empty(t.shape, t.dtype) if w else o
+                   for t, o, w in zip(tensors, outputs, wide)]
+
+    def communicate(flat: Any, out: Optional[Any] = None) -> None:
+        with call.communicate():
+            data.allreduce(flat, backend_op, out)
+
+    with timeline.span(call.name, "FUSE"):
+        fusion.fused(tensors, outputs, lambda: memory.pool(data), runtime.fusion_threshold(),
+                     communicate, pre, post, memory.pack, memory.unpack)
+    for half, out, w in zip(halves, outputs, wide):
+        if w:
+            half[...] = out  # the one rounding to half precision
+    return list(halves)
 
 
 def allreduce(tensor: np.ndarray, op: Any = Average, name: Optional[str] = None,
@@ -192,7 +205,7 @@ def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
                                     if tensor.nbytes <= records.room(comm) else None,
                                     signature)
             if carried is not None and carried.every():
-                return _concatenated(carried, tensor, row)
+                return concatenated(carried, tensor, row)
         else:
             call.agree(describe, signature=signature)
         rows = call.gather_counts(tensor.shape[0])
@@ -201,18 +214,6 @@ def allgather_rows(memory: Memory, tensor: Any, name: Optional[str],
         with call.communicate():
             data.allgatherv(tensor.reshape(-1), out.reshape(-1), [r * row for r in rows])
         return out
-
-
-def _concatenated(carried: records.Carried, tensor: np.ndarray, row: int) -> np.ndarray:
-    """The ranks' carried rows of ``tensor``'s shape and dtype (``row`` elements each, which
-    the ranks agreed on), concatenated."""
-    out = np.empty((sum(carried.lengths) // (row * tensor.itemsize),) + tensor.shape[1:],
-                   tensor.dtype)
-    flat, offset = out.reshape(-1).view(np.uint8), 0
-    for rank, length in enumerate(carried.lengths):
-        flat[offset:offset + length] = carried.rows[rank, :length]
-        offset += length
-    return out
 
 
 def allgather(tensor: np.ndarray, name: Optional[str] = None,
@@ -242,6 +243,11 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
                  process_set: ProcessSet, inplace: bool) -> Any:
     """Broadcast from the global rank ``root_rank``, into ``tensor`` or a new array."""
     comm = runtime.communicator(process_set)
+    if memory is HOST:
+        done = _broadcast_again(comm, tensor, root_rank, name, process_set, inplace)
+        if done is not None:
+            return done
+    plans.broadcasts.forget_last()  # until this call has run
     with memory.active(), agreement.collective(comm, "broadcast", name) as call:
         key = plans.broadcast_key(comm, tensor, root_rank, inplace)
         plan = plans.broadcasts.get(key, comm)
@@ -257,25 +263,61 @@ def broadcast_in(memory: Memory, tensor: Any, root_rank: Any, name: Optional[str
         if plan is None:
             plan = plans.broadcasts.keep(key, comm, plans.broadcast(comm, memory, tensor,
                                                                      int(root_rank), root))
-        if plan.fits:
-            mine = comm.rank == root
-            carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
-                                    else None, plan.signature)
-            sent = None if carried is None else carried.of(root)
-            if sent is not None:
-                if inplace and mine:
-                    return tensor
-                out = tensor if inplace else np.empty(tensor.shape, tensor.dtype)
-                out.reshape(-1).view(np.uint8)[...] = sent
-                return out
-        else:
-            call.agree(describe, signature=plan.signature)
-        if not inplace:
-            tensor = memory.xp.array(tensor, order="C", copy=True)
-        data = memory.mover(process_set)
-        with call.communicate():
-            data.broadcast(tensor.reshape(-1), root)
-        return tensor
+        out = _broadcasted(call, memory, describe, tensor, plan, process_set, inplace)
+        if key is not None and memory is HOST:
+            plans.broadcasts.ran(comm, (tensor.dtype, tensor.shape, root_rank, inplace), plan)
+        return out
+
+
+def _broadcast_again(comm: Any, tensor: Any, root_rank: Any, name: Optional[str],
+                     process_set: ProcessSet, inplace: bool) -> Optional[np.ndarray]:
+    """The steady state of a host array's broadcast, as :func:`_reduced_again` is a
+    reduction's. None: the call takes the full path."""
+    if type(tensor) is not np.ndarray or type(root_rank) is not int:
+        return None
+    plan = plans.broadcasts.again(comm, (tensor.dtype, tensor.shape, root_rank, inplace))
+    if plan is None or (inplace and not (tensor.flags.c_contiguous and tensor.flags.writeable)):
+        return None
+    call = agreement.again(comm, "broadcast", name)
+    if call is None:
+        return None
+
+    def describe() -> Dict[str, Any]:
+        return {"root_rank": root_rank, "tensors": [describe_tensor(tensor, call.name)]}
+
+    try:
+        with call:
+            return _broadcasted(call, HOST, describe, tensor, plan, process_set, inplace)
+    except BaseException:
+        plans.broadcasts.forget_last()
+        raise
+
+
+def _broadcasted(call: agreement.Call, memory: Memory, describe: Callable[[], Dict[str, Any]],
+                 tensor: Any, plan: plans.Broadcast, process_set: ProcessSet,
+                 inplace: bool) -> Any:
+    """A checked broadcast's agreement and data: carried where it fits, else its own data
+    phase."""
+    root = plan.root
+    if plan.fits:
+        mine = call.comm.rank == root
+        carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
+                                else None, plan.signature)
+        sent = None if carried is None else carried.of(root)
+        if sent is not None:
+            if inplace and mine:
+                return tensor
+            out = tensor if inplace else np.empty(tensor.shape, tensor.dtype)
+            out.reshape(-1).view(np.uint8)[...] = sent
+            return out
+    else:
+        call.agree(describe, signature=plan.signature)
+    if not inplace:
+        tensor = memory.xp.array(tensor, order="C", copy=True)
+    data = memory.mover(process_set)
+    with call.communicate():
+        data.broadcast(tensor.reshape(-1), root)
+    return tensor
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: Optional[str] = None,

@@ -10,6 +10,7 @@ checks only what can change between calls (the array's type and, in place, its l
 Every plan is forgotten at shutdown: a reset's new communicators, whose sizes may differ,
 start afresh.
 """
+import threading
 import weakref
 from typing import (Any, Callable, Dict, Generic, List, NamedTuple, Optional, Sequence,
                     TypeVar)
@@ -34,13 +35,41 @@ class _Kept(NamedTuple):
     plan: Any
 
 
+class _Last(NamedTuple):
+    """A thread's last call of a kind that ran: its communicator (weakly), the arguments that
+    fixed its plan, the plan, and the generation of plans it belongs to."""
+    comm: Callable[[], Any]
+    arguments: tuple
+    plan: Any
+    generation: int
+
+
+_NONE = _Last(lambda: None, (), None, -1)
+
+
+class _Local(threading.local):
+    """Per thread: its last call of a kind that ran, if the calls since have not raised
+    (``last``), and whether or not they have (``ran``); class defaults, read without a
+    getattr default."""
+
+    last = _NONE
+    ran = _NONE
+
+
 class Known(Generic[Plan]):
     """The plans of one kind of call made so far, by key. A key names its communicator by
     ``id``, and the plan holds it weakly: a kept plan keeps no communicator (nor the GPU
-    communicator that goes with it) alive after its process set is removed."""
+    communicator that goes with it) alive after its process set is removed.
+
+    The steady-state fast path skips even the key: :meth:`again` gives the plan of the
+    calling thread's last call that ran (:meth:`ran`) when its next call is on the same
+    communicator with the same arguments (compared in place, cheaper than a key and its
+    lookup)."""
 
     def __init__(self) -> None:
         self.plans: Dict[Any, _Kept] = {}
+        self.local = _Local()
+        self.generation = 0  # plans of an older generation were forgotten (see forget)
 
     def get(self, key: Optional[tuple], comm: Any) -> Optional[Plan]:
         """The plan kept under ``key`` for ``comm`` (None: none, or no key)."""
@@ -54,6 +83,35 @@ class Known(Generic[Plan]):
                 self.plans.clear()
             self.plans[key] = _Kept(weakref.ref(comm), plan)
         return plan
+
+    def again(self, comm: Any, arguments: tuple) -> Optional[Plan]:
+        """The plan of this thread's last call that ran, if it was on ``comm`` with equal
+        ``arguments`` (which the caller makes as it made them then); else None."""
+        last = self.local.last
+        if last.comm() is comm and last.arguments == arguments \
+                and last.generation == self.generation:
+            return last.plan
+        return None
+
+    def ran(self, comm: Any, arguments: tuple, plan: Plan) -> None:
+        """A call on ``comm`` with ``arguments`` (plain values of the arguments its plan's key
+        was made from) agreed and ran by ``plan``: this thread's next identical one may skip
+        its checks (see :meth:`again`)."""
+        local = self.local
+        ran = local.ran
+        if ran.plan is not plan or ran.comm() is not comm or ran.generation != self.generation:
+            ran = local.ran = _Last(weakref.ref(comm), arguments, plan, self.generation)
+        local.last = ran  # the same plan on the same communicator: the same arguments
+
+    def forget_last(self) -> None:
+        """This thread's next call takes the full path, its checks included (until a call
+        has run by it)."""
+        self.local.last = _NONE
+
+    def forget(self) -> None:
+        """Forget every plan, and every thread's last call."""
+        self.plans.clear()
+        self.generation += 1
 
 
 class Reduction(NamedTuple):
@@ -158,8 +216,8 @@ def broadcast(comm: Any, memory: Memory, tensor: Any, root_rank: int, root: int)
 
 def _forget(comm: Any) -> bool:
     """At shutdown: forget every plan (on every communicator)."""
-    reductions.plans.clear()
-    broadcasts.plans.clear()
+    reductions.forget()
+    broadcasts.forget()
     return False
 
 

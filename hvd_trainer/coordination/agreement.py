@@ -150,7 +150,14 @@ def _run(comm: Communicator, sched: scheduler.Schedule, key: str,
         except BaseException as failure:  # the schedule fails the call, freeing the turn
             going = functools.partial(_reraise, failure)
     entry = CallEntry(key, describe, description, flags, digest, automatic, carries, what)
-    with waiting(comm, what, "agreement", number):
+    return _settled(comm, sched, entry, number, keep, going)
+
+
+def _settled(comm: Communicator, sched: scheduler.Schedule, entry: CallEntry, number: int,
+             keep: bool, going: Optional[scheduler.Round]) -> "Agreed":
+    """The agreement of ``entry`` through the schedule (``going``: the round this thread's
+    claim began, see :meth:`scheduler.Schedule.settle`); exchange ``number`` names the wait."""
+    with waiting(comm, entry.what, "agreement", number):
         flags = sched.settle(entry, functools.partial(run_round, comm, sched), stall.pace, going)
     if not keep:
         sched.give()
@@ -376,6 +383,66 @@ def collective(comm: Communicator, kind: str, name: Optional[str]) -> Call:
     automatic_names.py, when ``name`` is None; a name that is not a string is an argument
     error)."""
     return Call(comm, kind, name)
+
+
+class _Again(Call):
+    """A :class:`Call` that :func:`again` has opened: entering it does nothing more, and its
+    carried exchange goes straight through (see :meth:`exchange`)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> "Call":
+        return self
+
+    def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
+                 signature: Any = None) -> Optional[Carried]:
+        """:meth:`Call.exchange` of a call that claimed the communicator at once: the record
+        and, where every rank agreed at once and none has joined, the carrier, in one
+        function; where not, the schedule's way, as any call (:func:`_settled`)."""
+        if signature is None or self.error is not None or timeline.running() \
+                or not self._claimed:
+            return Call.exchange(self, describe, payload, signature)
+        comm, sched = self.comm, self._schedule
+        self._claimed = False
+        digest = signed_digest(self.kind, self.name, signature)
+        number, going = sched.exchanges, None
+        try:
+            gathered = post_record(comm, sched, digest, None, self)
+            if not gathered.agreed or sched.peers_joined:
+                going = functools.partial(decide, comm, sched, gathered)
+        except BaseException as failure:  # the schedule fails the call, freeing the turn
+            going = functools.partial(_reraise, failure)
+        if going is not None:
+            self._describe = describe
+            entry = CallEntry(self.key, self._full_description, None, None, digest,
+                              self._given is None, True, self)
+            _, direct = _settled(comm, sched, entry, number, True, going)
+            if not direct:
+                return None
+        carrier = carrier_of(comm)
+        if carrier is None:
+            return None
+        carrier.post(payload)
+        stall.poll(carrier.start(), sched, comm, self, "data", sched.exchanges)
+        return carrier.gathered()
+
+
+def again(comm: Communicator, kind: str, name: Optional[str]) -> Optional[Call]:
+    """The steady-state fast path's :func:`collective`, opened: for a caller that repeats its
+    last call (its arguments checked then, what they fix kept). Where nothing else waits on
+    this rank's order of work (work_order.idle) and ``comm`` is free at once
+    (:meth:`scheduler.Schedule.open_again`), the call is named and holds the turn; it goes on
+    as any call: its agreement still compares every rank's record, so a call that differs on
+    another rank, or a joined rank, takes the full exchange. None: use :func:`collective`."""
+    if comm.size == 1 or not work_order.idle() or (name is not None and type(name) is not str):
+        return None
+    call = _Again(comm, kind, name)
+    opened = call._schedule.open_again(kind, name, call)
+    if opened is None:
+        return None
+    call.name, call.key = opened
+    call._claimed = True
+    return call
 
 
 @contextlib.contextmanager

@@ -87,15 +87,26 @@ _signed: Dict[Any, bytes] = {}
 _SIGNED_KEPT = 4096
 
 
+class _Named(NamedTuple):
+    """A name and the digest of a signature with it."""
+
+    name: Optional[str]
+    digest: int
+
+
+_NO_NAME = _Named(None, 0)
+
+
 class Signature:
     """A call's kind and signature with its digest's base made once (see
     :func:`signed_digest`): a caller that keeps one for a call it makes again and again
     saves hashing the signature each time."""
 
-    __slots__ = ("base",)
+    __slots__ = ("base", "last")
 
     def __init__(self, kind: str, values: Any):
         self.base = hashlib.blake2b(repr((kind, values)).encode(), digest_size=8).digest()
+        self.last = _NO_NAME  # the last name digested, with its digest
 
 
 def signed_digest(kind: str, name: str, signature: Any) -> int:
@@ -104,14 +115,23 @@ def signed_digest(kind: str, name: str, signature: Any) -> int:
     signature's digest, kept, with the name's, so that neither the description nor its text
     is made for every call."""
     if type(signature) is Signature:
-        base = signature.base
-    else:
-        key = (kind, signature)
-        base = _signed.get(key)
-        if base is None:
-            if len(_signed) >= _SIGNED_KEPT:
-                _signed.clear()
-            base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+        last = signature.last  # one object: threads may share the signature
+        if last.name == name:  # a named call made again: its digest is the same
+            return last.digest
+        digest = _digest(signature.base, name)
+        signature.last = _Named(name, digest)
+        return digest
+    key = (kind, signature)
+    base = _signed.get(key)
+    if base is None:
+        if len(_signed) >= _SIGNED_KEPT:
+            _signed.clear()
+        base = _signed[key] = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return _digest(base, name)
+
+
+def _digest(base: bytes, name: str) -> int:
+    """The digest of a signature's digest ``base`` and a call's ``name``."""
     raw = hashlib.blake2b(base + name.encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
 

@@ -173,6 +173,27 @@ class Schedule:
             use.holder, use.depth = me, 1
             return name, key, False, True
 
+    def open_again(self, kind: str, given: Optional[str], owner: Any) -> Optional[Tuple[str, str]]:
+        """:meth:`open` where it claims the communicator at once for a call that reserves its
+        key (the steady-state fast path, see agreement.again): (name, key) with the turn
+        held, or None, having changed nothing, where anything else is pending, decided, held,
+        running or reserved under ``given`` here, or the calling thread runs a job."""
+        use = self.use
+        if use.holder is not None or self.held or running_job() is not None:
+            return None
+        with use.lock:
+            if self.pending or self.ready or use.holder is not None or use.driving \
+                    or self.abandoned or given in self.keys:
+                return None
+            if given is None:
+                key = self._automatic()
+                name = f"{kind}.{key}"
+            else:
+                key = name = given
+            self.keys[key] = owner
+            use.holder, use.depth = threading.get_ident(), 1
+        return name, key
+
     def name(self, kind: str, given: Optional[str], owner: Any) -> Tuple[str, str]:
         """(name, key) for a call of ``kind`` named ``given`` (None: automatic), reserved for
         ``owner`` until :meth:`forget`; raises :class:`DuplicateNameError` if the key is

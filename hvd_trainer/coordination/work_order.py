@@ -273,6 +273,12 @@ def flush(here: bool = False) -> None:
         _complete(item.future, item.run)
 
 
+def idle() -> bool:
+    """Whether :func:`flush` with ``here`` would do nothing: no work is deferred and no
+    thread has a closer (the steady-state fast path of agreement.py checks it instead)."""
+    return _deferred is None and not _closers
+
+
 def run_deferred(future: "Future[Any]") -> None:
     """Run the work of ``future`` here and now if it is still deferred; otherwise it is on
     the thread (or done), and this does nothing."""
