@@ -208,8 +208,9 @@ def _wait(what, seconds=180, why="timed out"):
 
 
 def _hold_a_slot(context):
-    """Ask Spark for one more slot (a job group "holder" of one task that sleeps): it waits
-    until a slot frees, and takes it before the slots run_elastic asks for afterwards."""
+    """Ask Spark for one more slot (a job group "holder" of one task that sleeps), returning
+    once its task waits in Spark's scheduler: it takes the next slot that frees, before the
+    slots run_elastic asks for afterwards."""
     def hold(_):
         import time
         time.sleep(600)
@@ -224,7 +225,19 @@ def _hold_a_slot(context):
     from pyspark import InheritableThread
     thread = InheritableThread(target=holder, daemon=True)
     thread.start()
+    _wait(lambda: _submitted(context.statusTracker(), "holder"), 60,
+          "the holder's task was not submitted")
     return thread
+
+
+def _submitted(tracker, group):
+    """Whether a job of ``group`` has a stage submitted (its task waits for a slot)."""
+    active = set(tracker.getActiveStageIds())
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        if info is not None and active & set(info.stageIds):
+            return True
+    return False
 
 
 def _connected_to(port):
@@ -313,7 +326,6 @@ def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, 
         # The task is lost while another job waits for a slot: the freed slot goes to it, so
         # the job shrinks until the test lets it go.
         holder = _hold_a_slot(context)
-        time.sleep(1)
         _lose_a_task_that_is_not_the_agent()
         _wait(lambda: "LIFE size=2" in out.text or not thread.is_alive(),
               why="the job did not shrink")
@@ -397,7 +409,6 @@ def test_too_few_slots_for_elastic_timeout_end_the_job_with_the_reason(spark, tm
 
     def lose_a_slot_for_good():  # another job takes the lost task's slot
         _hold_a_slot(context)
-        time.sleep(1)
         _lose_a_task_that_is_not_the_agent()
     try:
         error, _ = _failing_run(spark, tmp_path, lose_a_slot_for_good, min_num_proc=SLOTS,
