@@ -425,9 +425,9 @@ def test_fewer_tasks_than_num_proc_within_start_timeout_is_a_timeout(spark):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start: "
                                            r"[0-3] of the 4 tasks started within "
-                                           r"start_timeout=5 s"):
+                                           r"start_timeout=2 s"):
         hvd_trainer.spark.run_elastic(_wait_at_commits, args=("/nonexistent",), num_proc=4,
-                                      start_timeout=5)
+                                      start_timeout=2)
     assert time.monotonic() - started < 60
     _wait_for_no_engine_processes()
     assert _left_folders(_our_processes(spark.sparkContext)) == []
