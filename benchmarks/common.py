@@ -199,3 +199,17 @@ def training_step(net, trainer, x, y) -> Callable[[], None]:
         loss.backward()
         trainer.step(x.shape[0])
     return step
+
+
+def bed_spark_session(master: str, driver_host: str, jvm_options: str, name: str):
+    """From a driver on the multi-host test bed's h1: a SparkSession on the bed's standalone
+    ``master``, its driver reached at ``driver_host``, every JVM started with
+    ``jvm_options``, no UI."""
+    from pyspark.sql import SparkSession
+    return (SparkSession.builder.master(master).appName(name)
+            .config("spark.driver.host", driver_host)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.executor.memory", "512m")
+            .config("spark.driver.extraJavaOptions", jvm_options)
+            .config("spark.executor.extraJavaOptions", jvm_options).getOrCreate())

@@ -28,7 +28,7 @@ import cloudpickle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import header  # noqa: E402
+from common import bed_spark_session, header  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 BED_HOSTS = "h1:1,h2:1,h3:1"
@@ -106,7 +106,6 @@ def one_machine(args):
 def on_bed(args):
     """The driver on h1: join the bed's Ray and Spark clusters, measure, report."""
     import ray
-    from pyspark.sql import SparkSession
     import hvd_trainer
     import hvd_trainer.spark
     from hvd_trainer.ray import RayExecutor
@@ -123,13 +122,8 @@ def on_bed(args):
     executor.start()
     once["RayExecutor.start"] = time.time() - tic
     tic = time.time()
-    spark = (SparkSession.builder.master(args.spark_master)
-             .config("spark.driver.host", args.driver_host)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executor.memory", "512m")
-             .config("spark.driver.extraJavaOptions", args.jvm_options)
-             .config("spark.executor.extraJavaOptions", args.jvm_options).getOrCreate())
+    spark = bed_spark_session(args.spark_master, args.driver_host, args.jvm_options,
+                              "hvd_trainer engine launch")
     while spark.sparkContext.defaultParallelism < 3:
         time.sleep(0.2)
     once["Spark session (the bed's standalone master)"] = time.time() - tic

@@ -24,6 +24,19 @@ def started_at(pid: int) -> Optional[bytes]:
         return None
 
 
+def identity(pid: int) -> str:
+    """``pid`` and its start time as one word (``PID:START``), for :func:`still_there`; ''
+    once it is gone."""
+    start = started_at(pid)
+    return f"{pid}:{start.decode()}" if start is not None else ""
+
+
+def still_there(word: str) -> bool:
+    """Whether the process an :func:`identity` names still runs (its pid not reused since)."""
+    pid, _, start = word.partition(":")
+    return pid.isdigit() and started_at(int(pid)) == start.encode()
+
+
 def launched(leader: int) -> Dict[int, bytes]:
     """What mpiexec (``leader``) started on this host that may outlive it, with each process's
     start time: its session, and its children in sessions of their own (Hydra's ssh). Open

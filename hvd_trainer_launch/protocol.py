@@ -114,6 +114,16 @@ ENGINE_RANK_VARIABLES_VARIABLE = "HVD_ENGINE_RANK_VARIABLES"
 ENGINE_LIVES_VARIABLE = "HVD_ENGINE_LIVES"
 ENGINE_COMMITS_VARIABLE = "HVD_ENGINE_COMMITS"
 ENGINE_LIFE_PREFIX = "HVD_ENGINE_LIFE: "
+# hvdrun of an elastic engine job reads, in the file the third variable names (in the engine
+# job's private folder, replaced whole), the agents that the engine lost: one JSON object a
+# line (:func:`lost_line`), hvdrun's name of the host and the life it was lost in, so that it
+# ends that life at once, or under --ulfm lets the survivors go on, rather than waiting for
+# ranks that cannot come.
+ENGINE_LOST_VARIABLE = "HVD_ENGINE_LOST"
+# An engine's agent names itself to the ranks its proxy starts (processes.identity): a rank's
+# wrapper ends its rank when that agent is gone, even when the proxy outlives it (an elastic
+# engine job under --ulfm, where Open MPI's runtime must not lose the host's daemon).
+ENGINE_AGENT_VARIABLE = "HVD_ENGINE_AGENT"
 # A rank of an elastic engine job appends the events it logs (hvd_trainer.ray.ray_logger), one
 # JSON object a line, to the file this variable names, in its agent's folder
 # (:data:`ENGINE_EVENTS`): the agent carries them back with the life's outcomes.
@@ -144,6 +154,33 @@ def parse_life_line(line: str) -> EngineLife:
                           [(str(host), int(ranks)) for host, ranks in fields["hosts"]])
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"not a life line ({error}): {line[:200]!r}") from None
+
+class LostHost(NamedTuple):
+    """An agent an elastic engine job lost: the ``life`` it was lost in, its host by
+    hvdrun's name, and the engine's ``cause``."""
+
+    life: int
+    host: str
+    cause: str
+
+
+def lost_line(lost: LostHost) -> str:
+    """The line (without its newline) that says ``lost`` in the engine's file."""
+    return json.dumps(lost._asdict())
+
+
+def parse_lost(text: str) -> List[LostHost]:
+    """The lost hosts in the engine's file ``text``; lines that are not one are skipped."""
+    found = []
+    for line in text.splitlines():
+        try:
+            fields = json.loads(line)
+            found.append(LostHost(int(fields["life"]), str(fields["host"]),
+                                  str(fields.get("cause", ""))))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
 
 # The wrapper's exit codes when it cannot start the command, as a shell's.
 NOT_FOUND_EXIT_CODE = 127

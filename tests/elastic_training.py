@@ -12,13 +12,14 @@ runs on fewer ranks than the first ends the epoch, commits, and then waits for t
 grow back (the host change arrives as HostsUpdatedInterrupt), so that the test sees a shrink
 and a growth in one run, whatever the timing, and every life's ranks share its epoch's
 samples evenly: lives (first, 0), (fewer, COMMIT_EVERY), (first, the step that ended epoch
-0). Rank 0 prints ``LIFE size=S step=K`` at each start and returns
+0). Rank 0 prints ``LIFE size=S step=K`` at each start, every rank ``RANK size=S step=K
+host=H pid=P at=T``, and rank 0 returns
 the final weights and history; the other ranks return None.
 """
 import os
 import re
 import sys
-from typing import List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import cloudpickle
 import numpy as np
@@ -45,6 +46,7 @@ def train(signal_path: str, first_size: int):
     """The function each rank runs (see the module's docstring); ``first_size``: the first
     life's ranks."""
     import os
+    import socket
     import time
     import torch
     import hvd_trainer.torch as hvd
@@ -63,6 +65,8 @@ def train(signal_path: str, first_size: int):
     def run(state):
         if hvd.rank() == 0:
             print(f"LIFE size={hvd.size()} step={state.step}", flush=True)
+        print(f"RANK size={hvd.size()} step={state.step} host={socket.gethostname()} "
+              f"pid={os.getpid()} at={time.time():.3f}", flush=True)
         while state.epoch < EPOCHS:
             for position, (x, y) in enumerate(loader):
                 if hvd.size() == first_size and state.step == SIGNAL_AT_STEP \
@@ -99,6 +103,29 @@ def lives(stdout: str) -> List[Tuple[int, int]]:
     """(size, step) at the start of each life, as rank 0 printed them."""
     return [(int(size), int(step))
             for size, step in re.findall(r"LIFE size=(\d+) step=(\d+)", stdout)]
+
+
+class RankProcesses(NamedTuple):
+    """The ranks of a life as they printed it at its start (or when the survivors of a
+    shrink went on: hvdrun --ulfm): its size and step, each host's rank's process id, and
+    when (time.time()) the last of them started the training function."""
+
+    size: int
+    step: int
+    pids: Dict[str, int]
+    at: float
+
+
+def rank_processes(stdout: str) -> List[RankProcesses]:
+    """Each life's :class:`RankProcesses`, in order."""
+    found: Dict[Tuple[int, int], RankProcesses] = {}
+    for size, step, host, pid, at in re.findall(
+            r"RANK size=(\d+) step=(\d+) host=(\S+) pid=(\d+) at=([\d.]+)", stdout):
+        key = (int(size), int(step))
+        life = found.setdefault(key, RankProcesses(key[0], key[1], {}, 0.0))
+        life.pids[host] = int(pid)
+        found[key] = life._replace(at=max(life.at, float(at)))
+    return list(found.values())
 
 
 def reference_weights(history) -> List[np.ndarray]:

@@ -13,6 +13,7 @@ MIRROR = os.environ.get("HVD_HOROVOD_MIRROR", "/work/.mirror/horovod+horovod/rep
 TAG = "v0.28.1"
 PYTORCH_MNIST = "examples/spark/pytorch/pytorch_spark_mnist.py"
 KERAS_MNIST = "examples/spark/keras/keras_spark_mnist.py"
+PYTORCH_RAY_ELASTIC = "examples/ray/pytorch_ray_elastic.py"
 
 
 def missing() -> Optional[str]:
@@ -46,6 +47,27 @@ def write_mnist(folder: str, rows: int = 120) -> None:
         lines.append(f"{row % 10} {values}")
     with open(os.path.join(folder, "mnist.bz2"), "wb") as f:
         f.write(bz2.compress(("\n".join(lines) + "\n").encode()))
+
+
+def write_mnist_idx(folder: str, train_rows: int = 256, test_rows: int = 64) -> None:
+    """What torchvision's ``datasets.MNIST(folder, download=True)`` would fetch, as the four
+    files it reads (``folder``/MNIST/raw/, the idx format: big-endian magic and sizes, then
+    uint8 values), so that it downloads nothing. Each image is its digit's bright 7x7 block
+    (digit d at row d // 4, column d % 4 of a 4x4 grid) over faint noise: a pattern a small
+    net learns within an epoch."""
+    raw = os.path.join(folder, "MNIST", "raw")
+    os.makedirs(raw, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, rows in (("train", train_rows), ("t10k", test_rows)):
+        labels = (np.arange(rows) % 10).astype(np.uint8)
+        images = rng.integers(0, 40, (rows, 28, 28), dtype=np.uint8)
+        for image, digit in zip(images, labels):
+            image[7 * (digit // 4):7 * (digit // 4) + 7, 7 * (digit % 4):7 * (digit % 4) + 7] = 255
+        for name, magic, array in (("images-idx3-ubyte", 2051, images),
+                                   ("labels-idx1-ubyte", 2049, labels)):
+            header = np.array([magic, *array.shape], dtype=">i4").tobytes()
+            with open(os.path.join(raw, f"{prefix}-{name}"), "wb") as f:
+                f.write(header + array.tobytes())
 
 
 def arguments(folder: str, store: str) -> list:

@@ -90,6 +90,14 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ENGINE_LIVES": "\"1\" in an elastic engine job's hvdrun: it prints each life's hosts "
                         "for the engine launch, and leaves the other hosts' commit folders to "
                         "the agents ([Running on Ray](ray.md#elastic-jobs))",
+    "HVD_ENGINE_LOST": "the file where an elastic engine job's driver lists the agents it "
+                       "lost, by life, which its hvdrun reads: that life ends at once, or "
+                       "under `--ulfm` the others go on ([Elastic](elastic.md#on-ray))",
+    "HVD_ENGINE_AGENT": "the engine agent that started a rank's MPI proxy (its pid and start "
+                        "time): the rank's wrapper ends the rank when that agent is gone",
+    "HVD_ELASTIC_ULFM": "`1` on the driver of an elastic Ray or Spark job (`ulfm=None`): it "
+                        "runs under hvdrun's `--ulfm`, Open MPI 5 ([Running on Ray]"
+                        "(ray.md#elastic-jobs), [Running on Spark](spark.md#elastic))",
     "HVD_ENGINE_EVENTS": "the file, in its agent's folder, where a rank of an elastic Ray job "
                          "appends what `ray_logger.log` logs, for the driver's callbacks",
     "HVD_ENGINE_COMMITS": "an elastic engine job's commit folder on one host, its agent's "

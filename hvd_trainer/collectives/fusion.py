@@ -12,13 +12,17 @@ import numpy as np
 from ..backends import split_evenly, widened
 
 
-def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], threshold: int) -> List[List[int]]:
-    """Group tensor indices into buckets: same dtype, call order, at most ``threshold`` bytes."""
+def plan_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], threshold: int, *,
+                 fill: bool = False) -> List[List[int]]:
+    """Group tensor indices into buckets: same dtype, call order, at most ``threshold`` bytes;
+    with ``fill``, each bucket takes tensors until it holds at least ``threshold`` bytes
+    (PyTorch DDP's rule), so that no small tensor is left in a bucket of its own between two
+    large ones (a layer's bias then travels with its weight, in one collective)."""
     open_bucket: Dict[Hashable, Tuple[List[int], int]] = {}
     buckets: List[List[int]] = []
     for i, (n, dt) in enumerate(zip(nbytes, dtypes)):
         members, filled = open_bucket.get(dt, (None, 0))
-        if members is None or filled + n > threshold:
+        if members is None or (filled >= threshold if fill else filled + n > threshold):
             members, filled = [], 0
             buckets.append(members)
         members.append(i)
@@ -42,7 +46,8 @@ def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], thr
     """Buckets for gradients in parameter order: the last parameters' first.
 
     Backward produces the last layers' gradients first, so the tensors are taken in reverse
-    order, split by dtype and cut at ``threshold`` bytes (see :func:`plan_buckets`). With
+    order, split by dtype and cut once a bucket holds ``threshold`` bytes (see
+    :func:`plan_buckets` with ``fill``: a bucket may exceed it by its last tensor). With
     ``groups`` > 0 the reversed list is instead cut into that many runs of nearly equal
     tensor counts (Horovod's ``num_groups``), each split only by dtype. A ``dtypes`` entry
     may be any key that members of a bucket must share, e.g. (dtype, memory).
@@ -52,7 +57,7 @@ def plan_gradient_buckets(nbytes: Sequence[int], dtypes: Sequence[Hashable], thr
     limit = sum(nbytes) + 1 if groups > 0 else threshold
     buckets = []
     for run in runs:
-        plan = plan_buckets([nbytes[i] for i in run], [dtypes[i] for i in run], limit)
+        plan = plan_buckets([nbytes[i] for i in run], [dtypes[i] for i in run], limit, fill=True)
         buckets.extend([run[k] for k in members] for members in plan)
     return buckets
 

@@ -26,16 +26,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts,
-                                                  allocate, host_of, hosts_text)
+                                                  host_of, hosts_text)
 from hvd_trainer_launch.elastic.notices import Generation
 from hvd_trainer_launch.elastic.registration import (FAILED_LIVES_TO_BLACKLIST, Blacklist,
                                                      ElasticRelay)
+from hvd_trainer_launch.elastic.watcher import HostWatcher, layout_of
 from hvd_trainer_launch.job import reports, watch as job
 from hvd_trainer_launch.job.relay import say
 from hvd_trainer_launch.processes import kill_processes, launched
@@ -92,45 +92,6 @@ def check(args: argparse.Namespace, flavour: str) -> None:
         if not 0 <= low <= high:
             raise ValueError(f"--blacklist-cooldown-range {low:g} {high:g}: give MIN MAX "
                              "with 0 <= MIN <= MAX seconds")
-
-
-def layout_of(hosts: Hosts, max_np: Optional[int]) -> Hosts:
-    """The layout a life starts on ``hosts``: every usable slot, at most ``max_np``."""
-    np = sum(slots for _, slots in hosts)
-    return allocate(hosts, min(np, max_np) if max_np is not None else np)
-
-
-class HostWatcher(threading.Thread):
-    """Runs discovery every DISCOVERY_INTERVAL during a life; when the usable hosts would
-    give another layout than the life's (:func:`layout_of`: a host added while the life has
-    --max-np ranks changes nothing), raises the generation once (the ranks leave at their
-    next commit)."""
-
-    def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
-                 max_np: Optional[int], generation: Generation):
-        super().__init__(daemon=True)
-        self.discovery, self.blacklist = discovery, blacklist
-        self.layout, self.max_np, self.generation = layout, max_np, generation
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(DISCOVERY_INTERVAL):
-            try:
-                hosts = self.blacklist.usable(self.discovery.hosts())
-            except ValueError as error:
-                if not self.stopped.is_set():  # else stop() killed the script
-                    _say(f"warning: {error}; keeping the hosts as they are")
-                continue
-            if sorted(layout_of(hosts, self.max_np)) != sorted(self.layout):  # not the order
-                self.generation.number += 1
-                _say(f"hosts changed to {hosts_text(hosts) or 'none'}; the ranks restart on them at "
-                     "their next commit")
-                return
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.discovery.stop()
-        self.join()
 
 
 def _say(message: str) -> None:
@@ -366,7 +327,7 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
             (protocol.life_line(protocol.EngineLife(lives.restarts, layout)) + "\n").encode())
         sys.stdout.buffer.flush()
     watcher = HostWatcher(elastic.discovery, elastic.blacklist, layout, args.max_np,
-                          elastic.generation)
+                          elastic.generation, relay, lives.restarts)
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,

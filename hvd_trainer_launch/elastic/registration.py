@@ -10,6 +10,8 @@ from hvd_trainer_launch.elastic.discovery import Hosts, host_of
 from hvd_trainer_launch.job.relay import ENDED, Failure, first_failure, OutputRelay, say
 from hvd_trainer_launch.protocol import RESET_EXIT_CODE
 
+# How a rank ended whose engine agent was lost (ElasticRelay.agent_lost).
+LOST_WITH_AGENT = "was lost with its engine agent, code"
 FAILED_LIVES_TO_BLACKLIST = 2  # a host out after its ranks failed in this many lives in a row
 
 
@@ -80,6 +82,37 @@ class ElasticRelay(OutputRelay):
                     and all(failure.killed for failure in self.reported)
                     and self.np - len(self.reported) >= least)
 
+    def gone_in_place(self) -> List[int]:
+        """Under --ulfm, the ranks killed (or lost with their engine agent) whom the others
+        went on without; none otherwise."""
+        with self._lock:
+            return [failure.rank for failure in self.reported if failure.killed] \
+                if self.in_place else []
+
+    def agent_lost(self, ranks: Sequence[int], cause: str) -> None:
+        """An elastic engine lost the agent of ``ranks`` (``cause``: its words): they will
+        neither start nor report. Under --ulfm, when all of them had started, they count as
+        killed (the others go on without them); otherwise they fail this life, which ends
+        at once (not after the start timeout)."""
+        with self._lock:
+            if self.interrupted or self.ending or self.failure is not None:
+                return
+            ranks = [rank for rank in ranks if rank not in self.exited and rank not in self.failed]
+            if not ranks:
+                return
+            in_place = self.in_place and all(rank in self.started for rank in ranks)
+            failures = [Failure(rank, 1, LOST_WITH_AGENT, killed=in_place) for rank in ranks]
+            for failure in failures:
+                self.failed[failure.rank] = failure.code
+                self.exited.add(failure.rank)  # no report will come
+            self.reported.extend(failures)
+            if not in_place:
+                self.failure = failures[0]
+        what = f"the engine lost the agent of {self.ranks(ranks)}" + (f" ({cause})" if cause else "")
+        _say(f"{what}; under --ulfm the other ranks go on without "
+             f"{'them' if len(ranks) > 1 else 'it'}" if in_place else
+             f"{what}; ending this life of the job to restart it from the last commit")
+
     def blamed(self, layout: Hosts) -> Set[str]:
         """The hosts that this life's end counts against: the host of the rank that failed
         first on its own (first_failure: across hosts the others fail after it, their
@@ -101,13 +134,13 @@ class ElasticRelay(OutputRelay):
                 return
             if code != RESET_EXIT_CODE and how != ENDED:
                 self.failed.setdefault(rank, code)
-        if self.in_place and killed:
+        if self.in_place and killed and how != ENDED:
             _say(f"rank {rank}{self.where([rank])} {how} {code}; under --ulfm the other ranks "
                  "go on without it")
         super().record(rank, code, how, at, killed)
 
     def announce(self, failure: Failure) -> None:
-        if self.in_place and failure.killed:  # said when it was recorded
+        if self.in_place and failure.killed and failure.how != ENDED:  # said when recorded
             return
         if failure.code != RESET_EXIT_CODE:
             _say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code}; "

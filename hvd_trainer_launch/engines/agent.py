@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines.calls import HostOutcome
 from hvd_trainer_launch.files import owned_folders, signed
-from hvd_trainer_launch.processes import die_with_parent
+from hvd_trainer_launch.processes import die_with_parent, identity
 from hvd_trainer_launch.rank import horovod_shim
 
 # The agents' folders in the temporary folder: "hvd_engine." and their maker (owned_folders).
@@ -42,12 +42,15 @@ def hostname() -> str:
 
 
 def run_proxy(line: str, payload: bytes, secret: bytes,
-              env: Optional[Dict[str, str]] = None) -> HostOutcome:
+              env: Optional[Dict[str, str]] = None, outlive: bool = False) -> HostOutcome:
     """Run the proxy ``line`` (what the MPI launcher handed over for this host) with the
     pickled (function, args, kwargs) ``payload`` where this host's ranks find it, wait for it,
     and return this host's outcomes. The job's ``secret`` (the engine launch's: AgentLaunch's
     ``secret``) signs the files in between, and the reports (protocol.engine_job_secret);
-    ``env``: more variables for the proxy and its ranks."""
+    ``env``: more variables for the proxy and its ranks. The ranks end when this process
+    dies (their wrappers watch it); so does the proxy, unless ``outlive`` (an elastic job
+    under --ulfm: Open MPI 5's runtime ends the whole job when it loses a host's daemon, so
+    the daemon stays, its ranks gone, until the launcher ends it with the life)."""
     owned_folders.sweep(FOLDER_PREFIX)  # what agents killed on this host left
     folder = owned_folders.make(FOLDER_PREFIX)
     try:
@@ -56,12 +59,17 @@ def run_proxy(line: str, payload: bytes, secret: bytes,
         env = {**os.environ, **(env or {}), protocol.ENGINE_FOLDER_VARIABLE: folder,
                protocol.ENGINE_SECRET_VARIABLE: secret.hex(),
                protocol.SECRET_VARIABLE: protocol.engine_job_secret(secret),
-               protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd()}
+               protocol.ENGINE_WORKDIR_VARIABLE: os.getcwd(),
+               protocol.ENGINE_AGENT_VARIABLE: identity(os.getpid())}
         # The proxy's own messages (the ranks' output travels to mpiexec, not here).
         messages = tempfile.TemporaryFile()
-        proxy = subprocess.Popen(shlex.split(line), env=env, stdin=subprocess.DEVNULL,
+        # Outliving the agent, the proxy is no child of it: Ray's workers kill their own
+        # children as they exit (RAY_kill_child_processes_on_worker_exit), not their
+        # grandchildren; the shell in between waits for it and exits with its status.
+        argv = ["/bin/sh", "-c", f"{line} & wait $!"] if outlive else shlex.split(line)
+        proxy = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                  stderr=messages, start_new_session=True,
-                                 preexec_fn=die_with_parent())
+                                 preexec_fn=None if outlive else die_with_parent())
         try:
             code = proxy.wait()
         except BaseException:  # the engine interrupts the agent: end the proxy first
@@ -99,11 +107,13 @@ class ElasticAgent:
         self.commits = owned_folders.make(COMMITS_PREFIX)
 
     def run_life(self, line: str, payload: bytes, secret: bytes,
-                 env: Optional[Dict[str, str]] = None) -> HostOutcome:
+                 env: Optional[Dict[str, str]] = None, ulfm: bool = False) -> HostOutcome:
         """Run one life's proxy ``line`` as :func:`run_proxy` (``env``: more variables for
-        the proxy and its ranks, such as a Spark task's resources); this host's outcomes."""
+        the proxy and its ranks, such as a Spark task's resources; ``ulfm``: the job runs
+        under --ulfm, whose proxy outlives the agent); this host's outcomes."""
         return run_proxy(line, payload, secret,
-                         {**(env or {}), protocol.ENGINE_COMMITS_VARIABLE: self.commits})
+                         {**(env or {}), protocol.ENGINE_COMMITS_VARIABLE: self.commits},
+                         outlive=ulfm)
 
     def close(self) -> None:
         """Remove the commits' folder (the job is over), and those that killed agents left on

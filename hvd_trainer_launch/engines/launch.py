@@ -114,14 +114,17 @@ class AgentLaunch:
     flags (its host discovery names the hosts, by names that are theirs alone in the job:
     engines.elastic), and hvdrun runs one life after another; ``on_life`` gets each life's
     :class:`LifeLines` once the launcher has handed over all its lines, and
-    :meth:`proxies` is not used."""
+    :meth:`proxies` is not used; hvdrun reads the agents the engine lost in the file
+    ``lost_file`` (protocol.ENGINE_LOST_VARIABLE)."""
 
     def __init__(self, hosts: Sequence[Tuple[str, int]], command: Sequence[str], *,
                  flavour: str, secret: bytes, env: Optional[Dict[str, str]] = None,
                  start_timeout: Optional[float] = None, mpi_args: Sequence[str] = (),
                  out=None, err=None, verbose: bool = False, hvdrun_args: Sequence[str] = (),
-                 on_life: Optional[Callable[[LifeLines], None]] = None):
+                 on_life: Optional[Callable[[LifeLines], None]] = None,
+                 lost_file: Optional[str] = None):
         self.hosts = [(name, count) for name, count in hosts]
+        self._lost_file = lost_file
         self._on_life = on_life
         # The life whose lines are being handed over (one life alone without on_life), its
         # lines by the host's place in it, and Open MPI's lines that came before its life did.
@@ -163,6 +166,8 @@ class AgentLaunch:
         run_env[protocol.ENGINE_RANK_VARIABLES_VARIABLE] = json.dumps(sorted(env))
         if self._on_life is not None:
             run_env[protocol.ENGINE_LIVES_VARIABLE] = "1"
+            if self._lost_file:
+                run_env[protocol.ENGINE_LOST_VARIABLE] = self._lost_file
             own = list(protocol.MANUAL_LAUNCHER_ARGUMENTS) if flavour == mpi.HYDRA \
                 else self._serve_agent(run_env)
             names = []

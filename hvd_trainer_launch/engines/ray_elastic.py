@@ -8,7 +8,8 @@ resource, holding the CPUs and GPUs of its slots) and says it joined once the ac
 a host that the discovery drops leaves the job, and its actor is killed once its life ends.
 Each life's proxy line goes to the actor of its host (agent.ElasticAgent.run_life); an actor
 that Ray loses (its node died, it was killed) leaves the job, and hvdrun restarts the ranks
-on the others from the last commit (or, under Open MPI with ``--ulfm``, the survivors go on).
+on the others from the last commit (or, under Open MPI with ``ulfm``, the ranks on the others
+go on in their processes).
 """
 import threading
 import warnings
@@ -57,10 +58,12 @@ class ElasticSettings:
                  reset_limit: Optional[int] = None,
                  elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT, timeout_s: float = 30,
                  nics: Optional[Sequence[str]] = None, verbose: bool = False,
-                 cooldown_range: Optional[Sequence[float]] = None):
+                 cooldown_range: Optional[Sequence[float]] = None,
+                 ulfm: Optional[bool] = None):
         self.min_num_proc, self.max_num_proc = min_num_proc, max_num_proc
         self.reset_limit, self.elastic_timeout, self.timeout_s = reset_limit, elastic_timeout, timeout_s
         self.nics, self.verbose, self.cooldown_range = nics, verbose, cooldown_range
+        self.ulfm = ulfm  # None: $HVD_ELASTIC_ULFM (engines.elastic.ulfm_wanted)
         self.discovery: Any = None
 
 
@@ -73,8 +76,9 @@ class _RayAgent:
     def ready(self) -> str:
         return engine_agent.hostname()
 
-    def run_life(self, line: str, payload: bytes, secret: bytes) -> calls.HostOutcome:
-        return self.agent.run_life(line, payload, secret)
+    def run_life(self, line: str, payload: bytes, secret: bytes,
+                 ulfm: bool = False) -> calls.HostOutcome:
+        return self.agent.run_life(line, payload, secret, ulfm=ulfm)
 
     def close(self) -> None:
         self.agent.close()
@@ -98,9 +102,12 @@ class ElasticRayExecutor:
                         reset_limit: Optional[int] = None,
                         elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT, timeout_s: float = 30,
                         ssh_identity_file: Optional[str] = None,
-                        nics: Optional[Sequence[str]] = None, **kwargs) -> ElasticSettings:
+                        nics: Optional[Sequence[str]] = None, ulfm: Optional[bool] = None,
+                        **kwargs) -> ElasticSettings:
         """Horovod's settings; ssh_identity_file is accepted and unused (no ssh here), and so
-        are Horovod's other keywords (``verbose`` is kept)."""
+        are Horovod's other keywords (``verbose`` is kept). ``ulfm`` (hvd_trainer's own; None:
+        ``$HVD_ELASTIC_ULFM``): under Open MPI 5, the ranks on the hosts left keep their
+        processes when a host is lost (hvdrun's --ulfm)."""
         if not isinstance(min_num_proc, int) or min_num_proc < 1:
             raise ValueError(f"ElasticRayExecutor: min_num_proc={min_num_proc!r}; give an int >= 1")
         if max_num_proc is not None and max_num_proc < min_num_proc:
@@ -108,7 +115,7 @@ class ElasticRayExecutor:
                              f"min_num_proc={min_num_proc}")
         return ElasticSettings(min_num_proc, max_num_proc, reset_limit, elastic_timeout,
                                timeout_s, sorted(nics) if nics else None,
-                               bool(kwargs.get("verbose", False)))
+                               bool(kwargs.get("verbose", False)), ulfm=ulfm)
 
     def __init__(self, settings: ElasticSettings, use_gpu: bool = False,
                  cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = None,
@@ -153,7 +160,9 @@ class ElasticRayExecutor:
             reset_limit=settings.reset_limit, elastic_timeout=float(settings.elastic_timeout),
             start_timeout=float(settings.timeout_s), nics=tuple(settings.nics or ()),
             verbose=settings.verbose, cooldown_range=(tuple(settings.cooldown_range)
-                                                      if settings.cooldown_range else None))
+                                                      if settings.cooldown_range else None),
+            ulfm=elastic.ulfm_wanted(getattr(settings, "ulfm", None), self._flavour,
+                                     "ElasticRayExecutor"))
         env = {**driver_path(self.env_vars.get("PYTHONPATH")),
                **{k: v for k, v in self.env_vars.items() if k != "PYTHONPATH"}}
         engine = _RayEngine(self, self._flavour, calls.payload(worker_fn, args, kwargs),
@@ -199,7 +208,8 @@ class _RayEngine:
         with self.lock:
             actor = self.actors.get(dispatch.host)
             if actor is not None:
-                ref = actor.run_life.remote(dispatch.line, self.payload, self.job.secret)
+                ref = actor.run_life.remote(dispatch.line, self.payload, self.job.secret,
+                                            self.job.settings.ulfm)
                 self.serving[ref] = _Serving(dispatch.life, dispatch.host)
         if actor is None:
             self.job.lost(dispatch.life, dispatch.host, "its actor was gone before the life began")

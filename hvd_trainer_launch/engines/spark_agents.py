@@ -66,7 +66,7 @@ def agent_task(address: str, secret: bytes, slot: int) -> Callable:
                 kept.append(engine_agent.ElasticAgent())
             payload, job_secret = message.blobs
             return kept[0].run_life(message.fields["line"], payload, job_secret,
-                                    message.fields["env"])
+                                    message.fields["env"], bool(message.fields.get("ulfm")))
 
         try:
             agent_link.serve(side, run)
@@ -207,8 +207,8 @@ class SparkAgents:
     """The Spark side of an elastic engine job: ``slots`` slots' jobs and their tasks' links
     (signed with a secret of the links' own). Once :meth:`attach` gives it the job
     (engines.elastic's ElasticJob: ``joined(host, slots)``, ``left(host)``,
-    ``returned(life, host, outcome)``, ``lost(life, host, cause)``, its ``payload`` and
-    ``secret``), it tells the job as executors join and leave, each executor one of the
+    ``returned(life, host, outcome)``, ``lost(life, host, cause)``, its ``payload``,
+    ``secret`` and ``settings``), it tells the job as executors join and leave, each executor one of the
     job's hosts, and :meth:`serve` hands a life's proxy command to an executor's agent, with
     the job's payload and secret (which travel on the links alone)."""
 
@@ -289,7 +289,8 @@ class SparkAgents:
         if found:
             resources = resources_in_slot_order(agents, found[0])
             fields = {"life": dispatch.life, "line": dispatch.line,
-                      "env": {protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources)}}
+                      "env": {protocol.SPARK_RESOURCES_VARIABLE: json.dumps(resources)},
+                      "ulfm": self._job.settings.ulfm}
             message = Message("run", fields, (self._job.payload, self._job.secret))
             if self.links.send(found[0].agent.token, message):
                 return

@@ -112,7 +112,7 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Option
                 env: Optional[Dict[str, str]] = None, stdout=None, stderr=None,
                 verbose: int = 1, nics: Optional[Sequence[str]] = None,
                 prefix_output_with_timestamp: bool = False, min_np: Optional[int] = None,
-                max_np: Optional[int] = None) -> List[Any]:
+                max_np: Optional[int] = None, ulfm: Optional[bool] = None) -> List[Any]:
     """horovod.spark.run_elastic: ``fn(*args, **kwargs)`` (which runs its training under
     ``hvd.elastic.run``) on one rank per Spark task, ``max_num_proc`` tasks kept requested; a
     lost executor shrinks the job (down to ``min_num_proc``), which goes on from the last
@@ -120,7 +120,9 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Option
     active SparkSession. TimeoutError (``Timed out waiting for Spark tasks to start``) when
     fewer than ``num_proc`` tasks run within ``start_timeout``; EngineError naming why the
     job ended otherwise: fewer than ``min_num_proc`` slots for ``elastic_timeout`` seconds,
-    more restarts than ``reset_limit``, every executor lost, or a rank's error."""
+    more restarts than ``reset_limit``, every executor lost, or a rank's error. ``ulfm``
+    (hvd_trainer's own; None: ``$HVD_ELASTIC_ULFM``): under Open MPI 5, the ranks of the
+    executors left keep their processes when one is lost (hvdrun's --ulfm)."""
     context = active_context(None, None, WHERE)
     checked = check_arguments(num_proc, min_num_proc, max_num_proc, start_timeout,
                               elastic_timeout, reset_limit, env, verbose, nics,
@@ -128,10 +130,12 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Option
                               min_np, max_np)
     engine_checks.check_function(fn, WHERE)
     flavour = engine_launch.check_launcher().flavour
+    in_place = elastic.ulfm_wanted(ulfm, flavour, WHERE)
     settings = elastic.ElasticSettings(
         min_np=checked.min_num_proc, max_np=checked.max_num_proc, np=checked.num_proc,
         reset_limit=checked.reset_limit, elastic_timeout=checked.elastic_timeout,
         start_timeout=checked.start_timeout, nics=checked.nics, verbose=checked.verbose,
+        ulfm=in_place,
         hvdrun_args=["--prefix-output-with-timestamp"] if checked.timestamps else [])
     began = time.monotonic()
     agents = spark_agents.SparkAgents(context, checked.max_num_proc)

@@ -35,7 +35,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
-from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent
+from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent, still_there
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
 from hvd_trainer_launch.rank import horovod_shim
 from hvd_trainer_launch.rank.segments import Segments, sweep_orphans
@@ -250,9 +250,12 @@ def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> 
     """The child's wait status, and whether the relay ended (and was reaped) before it.
 
     The child is ended (SIGTERM, SIGKILL after _KILL_GRACE_SECONDS) when the wrapper's parent
-    is gone (the launcher died: hvdrun is gone) or when the relay failed (the rank's output
-    would be lost); the relay's failure is reported on stderr, and the child's status is then 1.
+    is gone (the launcher died: hvdrun is gone), when the engine agent that started the
+    launcher's proxy here is (protocol.ENGINE_AGENT_VARIABLE), or when the relay failed (the
+    rank's output would be lost); the relay's failure is reported on stderr, and the child's
+    status is then 1.
     """
+    agent = os.environ.get(protocol.ENGINE_AGENT_VARIABLE, "")
     ending_since: Optional[float] = None
     relay_ended, relay_failed = False, False
 
@@ -283,7 +286,7 @@ def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> 
                               f"{relay}) {how}; ending the rank, whose output would be lost\n"
                            .encode())
                 end()
-        if os.getppid() != parent:
+        if os.getppid() != parent or (agent and not still_there(agent)):
             end()
         if ending_since is not None and time.monotonic() > ending_since + _KILL_GRACE_SECONDS:
             child.kill()

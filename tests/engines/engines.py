@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 RAY_CPUS = 3
 # Names the head also answers to (Ray's node:<name> resources, as Horovod's tests give theirs),
@@ -18,11 +18,13 @@ RAY_FAKE_HOSTS = ("host-a", "host-b", "host-c")
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
 
-def ray_head(temp: str, marker: str) -> str:
-    """Start ``ray start --head --block`` with RAY_CPUS CPUs and nothing the tests do not use
-    (no dashboard, autoscaler monitor or log monitor: drivers do not print workers' output),
-    its files (and the address file ray.init() would find) in ``temp``; every process of it
-    carries ``marker`` in its environment. Return its address once up."""
+def ray_head(temp: str, marker: str, cpus: int = RAY_CPUS, gpus: int = 0,
+             env: Optional[Dict[str, str]] = None) -> str:
+    """Start ``ray start --head --block`` with ``cpus`` CPUs and ``gpus`` GPUs (declared: Ray
+    places by them, nothing here uses a device) and nothing the tests do not use (no
+    dashboard, autoscaler monitor or log monitor: drivers do not print workers' output), its
+    files (and the address file ray.init() would find) in ``temp``; every process of it
+    carries ``marker`` in its environment, and ``env``. Return its address once up."""
     log_path = os.path.join(temp, "head.log")
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     with socket.socket() as probe:
@@ -30,15 +32,15 @@ def ray_head(temp: str, marker: str) -> str:
         port = probe.getsockname()[1]
     with open(log_path, "wb") as log:
         head = subprocess.Popen(
-            [ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={RAY_CPUS}",
-             "--num-gpus=0", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
+            [ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}",
+             f"--num-gpus={gpus}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
              "--resources=" + json.dumps({f"node:{host}": 1 for host in RAY_FAKE_HOSTS}),
              "--include-dashboard=false",
              "--no-monitor", "--include-log-monitor=false", "--disable-usage-stats"],
             # Token authentication off, as for the instance ray.init() starts: the tests'
             # drivers (this process included) have no token.
             env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
-                     **{marker: "1"}), stdout=log,
+                     **(env or {}), **{marker: "1"}), stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while True:

@@ -23,7 +23,7 @@ import cloudpickle
 import pytest
 import elastic_training
 import engines
-from hvd_trainer_launch.engines import agent as engine_agent, spark_agents
+from hvd_trainer_launch.engines import agent as engine_agent, elastic, spark_agents
 from hvd_trainer_launch.engines.agent_link import Message
 from hvd_trainer_launch.engines.calls import EngineError
 
@@ -45,6 +45,7 @@ class _Job:
         self.changed = threading.Condition()
         self.hosts, self.outcomes, self.losses = {}, {}, []
         self.payload, self.secret = b"unused: the commands here are not ranks", os.urandom(32)
+        self.settings = elastic.ElasticSettings()
 
     def _note(self, change):
         with self.changed:

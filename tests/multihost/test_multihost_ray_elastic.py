@@ -26,7 +26,7 @@ PORT = 6380
 # does not. PAUSE: seconds between steps, the pace of the job while h3 is lost and returns.
 LIMIT = 400
 PAUSE = 0.5
-_TOKEN = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+TOKEN = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 _DRIVER = textwrap.dedent("""
     import json, sys, time
@@ -50,7 +50,7 @@ _DRIVER = textwrap.dedent("""
 """)
 
 # Finds h3's raylet (in h3's PID namespace: the bed runs this there) by the fixture's marker.
-_KILL_RAYLET = textwrap.dedent("""
+KILL_RAYLET = textwrap.dedent("""
     import os, signal, sys
     for entry in os.listdir("/proc"):
         try:
@@ -66,7 +66,7 @@ _KILL_RAYLET = textwrap.dedent("""
 """)
 
 
-def _ray_node(bed, host, env, ray_cli):
+def ray_node(bed, host, env, ray_cli):
     """``ray start --block`` on ``host`` (the head on h1), one CPU; its log in the shared
     folder."""
     role = (["--head", f"--port={PORT}", "--include-dashboard=false", "--no-monitor"]
@@ -78,15 +78,30 @@ def _ray_node(bed, host, env, ray_cli):
                      cwd=bed.shared, env=env, stdout=log, stderr=log, start_new_session=True)
 
 
+def start_cluster(bed, env, ray_cli, daemons):
+    """The Ray head on h1, then a node on h2 and on h3; each daemon appended to ``daemons``."""
+    daemons.append(ray_node(bed, "h1", env, ray_cli))
+    multihost.wait_for_text(os.path.join(bed.shared, "ray-elastic-h1.log"),
+                            "Ray runtime started", 90)
+    daemons.extend(ray_node(bed, host, env, ray_cli) for host in ("h2", "h3"))
+
+
+def end_all(driver, marker, daemons):
+    """End the driver if it still runs, then the Ray daemons (by PID) and what they started."""
+    if driver is not None and driver.poll() is None:
+        driver.kill()
+        driver.communicate()
+    multihost.stop_processes_with(marker)
+    for daemon in daemons:
+        daemon.wait(30)
+
+
 def test_raylet_killed_on_h3_shrinks_and_its_return_grows_with_no_commit_lost(bed):
-    ray_cli, marker, env = multihost.ray_daemons("HVD_TEST_RAY_ELASTIC_BED", _TOKEN)
+    ray_cli, marker, env = multihost.ray_daemons("HVD_TEST_RAY_ELASTIC_BED", TOKEN)
     progress = os.path.join(bed.shared, f"ray-elastic-{secrets.token_hex(4)}")
     daemons, driver = [], None
     try:
-        daemons.append(_ray_node(bed, "h1", env, ray_cli))
-        multihost.wait_for_text(os.path.join(bed.shared, "ray-elastic-h1.log"),
-                                "Ray runtime started", 90)
-        daemons += [_ray_node(bed, host, env, ray_cli) for host in ("h2", "h3")]
+        start_cluster(bed, env, ray_cli, daemons)
         driver = bed.popen("h1", [sys.executable, "-c", _DRIVER, f"{HEAD}:{PORT}", progress,
                                   str(LIMIT), str(PAUSE)],
                            cwd=bed.shared, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -94,21 +109,16 @@ def test_raylet_killed_on_h3_shrinks_and_its_return_grows_with_no_commit_lost(be
                                                PYTHONPATH=multihost.TESTS))
         elastic_loops.wait(lambda: elastic_loops.commits_on_three(progress) >= 4, 300)
         seen = int(elastic_loops.notes(progress, "commit")[-1][0])
-        killed = bed.run("h3", [sys.executable, "-c", _KILL_RAYLET, marker],
+        killed = bed.run("h3", [sys.executable, "-c", KILL_RAYLET, marker],
                          capture_output=True, text=True, timeout=60)
         assert "killed" in killed.stdout, killed.stderr
         elastic_loops.wait(lambda: any(size == "2" for _, size in
                                        elastic_loops.notes(progress, "start")), 300)
-        daemons.append(_ray_node(bed, "h3", env, ray_cli))  # h3 comes back
+        daemons.append(ray_node(bed, "h3", env, ray_cli))  # h3 comes back
         out, err = driver.communicate(timeout=600)
         assert driver.returncode == 0, err[-4000:]
     finally:
-        if driver is not None and driver.poll() is None:
-            driver.kill()
-            driver.communicate()
-        multihost.stop_processes_with(marker)
-        for daemon in daemons:
-            daemon.wait(30)
+        end_all(driver, marker, daemons)
     results = multihost.driver_said(out, "RESULTS")["RESULTS"]
     said = "\n".join(line for line in err.splitlines() if line.startswith("hvdrun"))
     assert len(results) == 3, f"not grown back to h3; hvdrun said:\n{said}"

@@ -23,7 +23,7 @@ HEAD = multihost.HEAD
 SPARK_MASTER = f"spark://{HEAD}:7077"
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
-_DRIVER = textwrap.dedent("""
+DRIVER = textwrap.dedent("""
     import json, sys, time
     from pyspark.sql import SparkSession
     import hvd_trainer.spark
@@ -39,13 +39,13 @@ _DRIVER = textwrap.dedent("""
                .getOrCreate())
     results = hvd_trainer.spark.run_elastic(elastic_training.train, args=(sys.argv[4], 3),
                                             num_proc=3, min_num_proc=2, start_timeout=300,
-                                            elastic_timeout=300)
+                                            elastic_timeout=300, ulfm=sys.argv[5] == "1")
     print("RESULT", json.dumps(results[0]), flush=True)
     session.stop()
 """)
 
 
-def _start(bed, host, marker, log_name):
+def start_spark(bed, host, marker, log_name):
     """Start the Spark master (on h1, ``host`` None) or a worker on ``host``."""
     import pyspark
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -65,25 +65,44 @@ def _start(bed, host, marker, log_name):
     return log_path
 
 
-def _kill_spark_on(bed, host, marker):
+def kill_spark_on(bed, host, marker, program=None):
     """SIGKILL, by PID, the Spark worker and executor of ``host`` (their environment names
-    the bed's marker and the host's address)."""
+    the bed's marker and the host's address) and what they started, or with ``program``
+    (e.g. b"java") only the processes that run it."""
     wanted = {f"HVD_TEST_SPARK_BED={marker}".encode(),
               f"SPARK_LOCAL_IP={bed.address(host)}".encode()}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/environ", "rb") as environ:
-                if wanted <= set(environ.read().split(b"\0")):
-                    os.kill(int(entry), signal.SIGKILL)
+                mine = wanted <= set(environ.read().split(b"\0"))
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                runs = os.path.basename(cmdline.read().split(b"\0")[0])
+            if mine and program in (None, runs):
+                os.kill(int(entry), signal.SIGKILL)
         except OSError:
             pass
 
 
-def _wait(what, seconds, why):
+def wait_until(what, seconds, why):
     deadline = time.monotonic() + seconds
     while not what():
         assert time.monotonic() < deadline, why
         time.sleep(0.2)
+
+
+def start_job(bed, marker, name, signal_path, out_path, ulfm):
+    """The Spark master and a worker per host (their logs ``spark-NAME-*.log``), then
+    :data:`DRIVER` on h1 (``ulfm``: run_elastic's), its output in ``out_path``; the driver."""
+    multihost.wait_for_text(start_spark(bed, None, marker, f"spark-{name}-master.log"),
+                            "I have been elected leader", 90)
+    for host in bed.hosts:
+        start_spark(bed, host, marker, f"spark-{name}-{host}.log")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD, PYTHONPATH=multihost.TESTS)
+    with open(out_path, "w") as out:
+        return bed.popen("h1", [sys.executable, "-c", DRIVER, SPARK_MASTER, HEAD, JVM_OPTIONS,
+                                signal_path, "1" if ulfm else "0"],
+                         cwd=bed.shared, env=env, stdout=out, stderr=out)
 
 
 def test_spark_run_elastic_survives_a_killed_executor_and_grows_back(bed):
@@ -97,26 +116,16 @@ def test_spark_run_elastic_survives_a_killed_executor_and_grows_back(bed):
             os.remove(path)
     driver = None
     try:
-        multihost.wait_for_text(_start(bed, None, marker, "spark-elastic-master.log"),
-                                "I have been elected leader", 90)
-        for host in bed.hosts:
-            _start(bed, host, marker, f"spark-elastic-{host}.log")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                   PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=HEAD,
-                   PYTHONPATH=multihost.TESTS)
-        with open(out_path, "w") as out:
-            driver = bed.popen("h1", [sys.executable, "-c", _DRIVER, SPARK_MASTER, HEAD,
-                                      JVM_OPTIONS, signal_path],
-                               cwd=bed.shared, env=env, stdout=out, stderr=out)
+        driver = start_job(bed, marker, "elastic", signal_path, out_path, ulfm=False)
         said = lambda: open(out_path, errors="replace").read()  # noqa: E731
-        _wait(lambda: os.path.exists(signal_path) or driver.poll() is not None, 300,
+        wait_until(lambda: os.path.exists(signal_path) or driver.poll() is not None, 300,
               "the first life did not reach its signal")
         assert driver.poll() is None, said()[-3000:]
         open(signal_path + ".taken", "w").close()
-        _kill_spark_on(bed, "h3", marker)
-        _wait(lambda: "LIFE size=2" in said() or driver.poll() is not None, 180,
+        kill_spark_on(bed, "h3", marker)
+        wait_until(lambda: "LIFE size=2" in said() or driver.poll() is not None, 180,
               "the job did not shrink")
-        _start(bed, "h3", marker, "spark-elastic-h3-again.log")
+        start_spark(bed, "h3", marker, "spark-elastic-h3-again.log")
         driver.wait(300)
         text = said()
         assert driver.returncode == 0, text[-4000:]

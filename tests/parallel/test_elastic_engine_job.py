@@ -9,6 +9,7 @@ whose every host is lost ends with the reason; no process or folder
 left behind. Three "hosts" on one machine: MPICH only (Open MPI's daemons collide on one
 machine; the multi-host bed runs it there)."""
 import glob
+import io
 import os
 import signal
 import sys
@@ -125,6 +126,43 @@ def test_loss_shrinks_and_return_grows_with_no_commit_lost(tmp_path):
         runner.join(60)
         engine.close()
     elastic_loops.check(results[0], progress, seen)
+
+
+class LosingEngine(ThreadEngine):
+    """An engine whose agent on ``lost`` is known lost as the first life is handed to it
+    (Ray's actor died, Spark's task failed): it runs no line, and says so."""
+
+    def __init__(self, lost):
+        super().__init__()
+        self.lost = lost
+
+    def serve(self, dispatch):
+        if dispatch.host == self.lost and dispatch.life == 0:
+            self.job.lost(dispatch.life, dispatch.host, "its actor died")
+        else:
+            super().serve(dispatch)
+
+
+def test_an_agent_lost_ends_its_life_at_once_not_at_the_start_timeout():
+    """The lost agent's ranks never start: hvdrun ends the life on the engine's word and the
+    next starts on the others, long before the start timeout (set far larger than the wait
+    here) would have ended it."""
+    engine = LosingEngine("node-c")
+    engine.start(calls.payload(_sizes, (2.0,)),
+                 elastic.ElasticSettings(min_np=2, max_np=3, np=3, start_timeout=3600))
+    said, results = io.BytesIO(), []
+    runner = threading.Thread(target=lambda: results.append(engine.job.run(err=said)),
+                              daemon=True)
+    runner.start()
+    runner.join(600)
+    engine.close()
+    text = said.getvalue().decode(errors="replace")
+    assert results, f"the life waited for the lost agent's ranks:\n{text[-3000:]}"
+    assert "the engine lost the agent of rank 2 on hvd-agent2-node-c (its actor died); " \
+           "ending this life" in text, text[-3000:]
+    assert [(rank, size) for rank, size, _ in results[0]] == [(0, 2), (1, 2)]
+    for _, _, summed in results[0]:
+        np.testing.assert_array_equal(summed, np.full(2, 4.0))
 
 
 def test_every_host_gone_ends_the_job_with_the_reason():

@@ -116,8 +116,9 @@ def test_a_reducer_follows_the_schedule_relays_its_buckets_and_keeps_the_choice(
     # Sample k's two launches are gaps[2k + 1] apart; 4 MiB (sample 2) is the fastest.
     gaps = [0, 0.9, 1, 0.8, 1, 0.1, 1, 0.7, 1, 0.6, 1, 1, 1]
     monkeypatch.setattr(reducer_module, "time", FakeClock(gaps))
-    # Two 3 MiB gradients: a bucket each at 1 and 4 MiB, one bucket for both at 16 and 64.
-    size = 3 * MiB // 4
+    # Two 5 MiB gradients: a bucket each at 1 and 4 MiB (each fills one), one bucket for
+    # both at 16 and 64.
+    size = 5 * MiB // 4
     reducer.set_gradients([Gradient(0, (size,), "<f4"), Gradient(1, (size,), "<f4")])
     layouts = []
     for step in range(tuner.last_step + 3):

@@ -46,7 +46,7 @@ def test_a_host_without_slots_is_refused():
 
 
 def test_a_host_added_at_max_np_leaves_the_layout_as_it_is():
-    from hvd_trainer_launch.elastic.driver import layout_of
+    from hvd_trainer_launch.elastic.watcher import layout_of
     life = layout_of([("a", 2)], 2)
     assert life == [("a", 2)]
     assert layout_of([("a", 2), ("b", 1), ("c", 1)], 2) == life  # no restart for b, c

@@ -64,12 +64,25 @@ def test_fused_reduces_every_bucket_once_and_scales():
 def test_gradient_buckets_reverse_order_threshold_and_dtype():
     f4, f2 = np.dtype(np.float32), np.dtype(np.float16)
     # Reversed: 5(f4,30) 4(f4,60) 3(f2,20) 2(f4,40) 1(f2,90) 0(f4,200).
-    # f4: 30+60 fit under 100, 40 does not -> opens [2]; 200 alone. f2: 20+90 > 100 -> split.
+    # A bucket takes tensors until it holds 100 bytes (DDP's rule): f4: 30+60 = 90 is below,
+    # so 40 joins (130) and closes it; 200 alone. f2: 20 is below, so 90 joins (110).
     nbytes, dtypes = [200, 90, 40, 20, 60, 30], [f4, f2, f4, f2, f4, f4]
-    assert fusion.plan_gradient_buckets(nbytes, dtypes, 100) == [[5, 4], [3], [2], [1], [0]]
+    assert fusion.plan_gradient_buckets(nbytes, dtypes, 100) == [[5, 4, 2], [3, 1], [0]]
+    # Horovod's fusion of a grouped call keeps every bucket at most the threshold.
+    assert fusion.plan_buckets(nbytes[::-1], dtypes[::-1], 100) == [[0, 1], [2], [3], [4],
+                                                                    [5]]
     # One bucket per tensor, and one bucket per dtype.
     assert fusion.plan_gradient_buckets(nbytes, dtypes, 1) == [[5], [4], [3], [2], [1], [0]]
     assert fusion.plan_gradient_buckets(nbytes, dtypes, 1 << 40) == [[5, 4, 2, 0], [3, 1]]
+
+
+def test_a_layers_bias_travels_with_its_weight():
+    # 3 layers of (weight 16 MiB, bias 8 KiB) at a 16 MiB threshold, in parameter order: the
+    # weight alone fills a bucket, and the bias that backward makes just before it rides in
+    # the same bucket instead of making a collective of its own.
+    f4, weight, bias = np.dtype(np.float32), 16 << 20, 8 << 10
+    plan = fusion.plan_gradient_buckets([weight, bias] * 3, [f4] * 6, 16 << 20)
+    assert plan == [[5, 4], [3, 2], [1, 0]]
 
 
 def test_gradient_buckets_by_group_count():

@@ -172,3 +172,20 @@ def test_a_wrapper_that_cannot_reach_hvdrun_says_so_and_runs_the_rank(monkeypatc
                              timeout=30)
     assert wrapper.returncode == 0 and wrapper.stdout == "[3]<stdout>:ran\n"
     assert wrapper.stderr.startswith("[3]<stderr>:hvdrun: warning: rank 3 cannot report to hvdrun at 127.0.0.1:")
+
+
+def test_the_wrapper_ends_its_rank_when_the_engine_agent_that_started_it_is_gone(monkeypatch):
+    """An elastic engine job under --ulfm keeps the MPI daemon past a lost agent; the rank's
+    wrapper ends the rank itself (as if killed: the other ranks go on without it)."""
+    from hvd_trainer_launch.processes import identity, still_there
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    named = identity(agent.pid)
+    assert still_there(named)
+    monkeypatch.setenv(protocol.ENGINE_AGENT_VARIABLE, named)
+    wrapper, _ = start_wrapper()
+    agent.kill()
+    agent.wait()
+    assert not still_there(named)
+    wrapper.communicate(timeout=30)  # the child sleeps for 60 s unless it is ended
+    report = exit_report()
+    assert (report.code, report.killed, report.ended) == (128 + signal.SIGTERM, True, False)

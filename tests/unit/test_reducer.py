@@ -56,9 +56,9 @@ def test_layout_reverse_order_one_dtype_per_bucket_threshold():
     reducer = make()
     gradients = grads((4,), (8,), (8,), (4,)) + [Gradient(4, (2,), "<f8")]
     assert reducer.set_gradients(gradients)
-    # Reverse order; 64 bytes at most; float64 apart.
-    assert [b.keys for b in reducer.buckets] == [[4], [3, 2], [1, 0]]
-    assert [b.bounds for b in reducer.buckets] == [[0, 2], [0, 4, 12], [0, 8, 12]]
+    # Reverse order; a bucket closes once it holds 64 bytes (16 + 32 + 32); float64 apart.
+    assert [b.keys for b in reducer.buckets] == [[4], [3, 2, 1], [0]]
+    assert [b.bounds for b in reducer.buckets] == [[0, 2], [0, 4, 12, 20], [0, 4]]
     assert [b.dtype for b in reducer.buckets] == [np.float64, np.float32, np.float32]
     assert not reducer.set_gradients(list(gradients))  # unchanged: same buckets
 
