@@ -4,7 +4,9 @@ leaves in a progress file. It travels to the ranks by value (the ranks need not 
 
 Each step the ranks' gradients (rank + 1) * (step + 1) are summed and w = w / 2 + sum, so the
 weights depend on the number of ranks at every step: the replay of the committed steps' sizes
-in one process is the reference. At each life's start rank 0 notes ``start STEP SIZE`` and the
+in one process is the reference. The training ends once it has run GROWN_STEPS steps grown
+back after a loss (or at a limit of steps): a test waits for the loss and the return, not for
+a fixed number of paced steps. At each life's start rank 0 notes ``start STEP SIZE`` and the
 last rank ``last ACTOR_PID HOST`` (its agent's process: owned_folders names the maker of its
 commits folder; its host: the engine's name in hvdrun's agent name); after each commit rank 0
 notes ``commit STEP``."""
@@ -16,10 +18,14 @@ import cloudpickle
 import numpy as np
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+# Steps the job runs once grown back: enough that the regrown life's sums count (the weights
+# depend on the size at each step).
+GROWN_STEPS = 4
 
 
-def train(steps, progress, pause=0.25):
-    """The training on a rank; returns (weights, the size at each committed step)."""
+def train(limit, progress, pause=0.25):
+    """The training on a rank, until it has grown back (see :func:`grown_back`) or done
+    ``limit`` steps; returns (weights, the size at each committed step)."""
     import json
     import os
     import time
@@ -40,7 +46,7 @@ def train(steps, progress, pause=0.25):
         actor = os.path.basename(os.environ["HVD_ELASTIC_DIR"]).split("-")[1]
         agent = json.loads(os.environ["HVDRUN_HOSTS"])[-1][0]
         note(f"last {actor} {agent.split('-', 2)[2]}", hvd.size() - 1)
-        while state.step < steps:
+        while state.step < limit and grown_back(state.sizes) < GROWN_STEPS:
             grad = hvd.allreduce(np.full(3, hvd.rank() + 1.0) * (state.step + 1), op=hvd.Sum)
             state.w = state.w / 2 + grad
             state.sizes = state.sizes + [hvd.size()]
@@ -50,6 +56,16 @@ def train(steps, progress, pause=0.25):
             time.sleep(pause)
     loop(state)
     return state.w, state.sizes
+
+
+def grown_back(sizes):
+    """The steps done on the most ranks so far since a step on fewer that came after one on
+    the most (0 before such a loss): how long the job has run grown back. Every rank computes
+    it from the committed sizes, so the ranks agree on when to end without a message."""
+    most = max(sizes, default=0)
+    fewer = [index for index in range(len(sizes)) if sizes[index] < most
+             and most in sizes[:index]]
+    return len(sizes) - fewer[-1] - 1 if fewer else 0
 
 
 def replay(sizes):
@@ -80,17 +96,19 @@ def commits_on_three(path):
     return sum(line.startswith("commit") for line in lines[starts[-1]:]) if starts else 0
 
 
-def check(results, progress, seen, steps):
+def check(results, progress, seen):
     """A job that lost a host after commit ``seen`` and got it back: grown back to three
-    ranks, the life after the loss starting at or after ``seen`` (no commit lost), every
-    step committed once, the weights equal to the replay, the same on every rank."""
+    ranks for GROWN_STEPS steps, the life after the loss starting at or after ``seen`` (no
+    commit lost), every step committed once, the weights equal to the replay, the same on
+    every rank."""
     (w, sizes), *others = results
     assert len(results) == 3
     starts = [(int(step), int(size)) for step, size in notes(progress, "start")]
     after = starts[[size for _, size in starts].index(3):]  # from the first life on three
     shrunk = [step for step, size in after if size == 2]
     assert starts[0][0] == 0 and shrunk and shrunk[0] >= seen
-    assert len(sizes) == steps and 2 in sizes and sizes[-1] == 3
+    assert len(sizes) == int(notes(progress, "commit")[-1][0]) and 2 in sizes
+    assert sizes[-GROWN_STEPS:] == [3] * GROWN_STEPS, sizes
     np.testing.assert_allclose(w, replay(sizes))
     for other_w, other_sizes in others:
         np.testing.assert_array_equal(other_w, w)

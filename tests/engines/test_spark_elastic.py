@@ -209,8 +209,9 @@ def _wait(what, seconds=180, why="timed out"):
 
 
 def _hold_a_slot(context):
-    """Ask Spark for one more slot (a job group "holder" of one task that sleeps): it waits
-    until a slot frees, and takes it before the slots run_elastic asks for afterwards."""
+    """Ask Spark for one more slot (a job group "holder" of one task that sleeps), returning
+    once its task waits in Spark's scheduler: it takes the next slot that frees, before the
+    slots run_elastic asks for afterwards."""
     def hold(_):
         import time
         time.sleep(600)
@@ -225,7 +226,19 @@ def _hold_a_slot(context):
     from pyspark import InheritableThread
     thread = InheritableThread(target=holder, daemon=True)
     thread.start()
+    _wait(lambda: _submitted(context.statusTracker(), "holder"), 60,
+          "the holder's task was not submitted")
     return thread
+
+
+def _submitted(tracker, group):
+    """Whether a job of ``group`` has a stage submitted (its task waits for a slot)."""
+    active = set(tracker.getActiveStageIds())
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        if info is not None and active & set(info.stageIds):
+            return True
+    return False
 
 
 def _connected_to(port):
@@ -314,7 +327,6 @@ def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, 
         # The task is lost while another job waits for a slot: the freed slot goes to it, so
         # the job shrinks until the test lets it go.
         holder = _hold_a_slot(context)
-        time.sleep(1)
         _lose_a_task_that_is_not_the_agent()
         _wait(lambda: "LIFE size=2" in out.text or not thread.is_alive(),
               why="the job did not shrink")
@@ -398,7 +410,6 @@ def test_too_few_slots_for_elastic_timeout_end_the_job_with_the_reason(spark, tm
 
     def lose_a_slot_for_good():  # another job takes the lost task's slot
         _hold_a_slot(context)
-        time.sleep(1)
         _lose_a_task_that_is_not_the_agent()
     try:
         error, _ = _failing_run(spark, tmp_path, lose_a_slot_for_good, min_num_proc=SLOTS,
@@ -415,9 +426,9 @@ def test_fewer_tasks_than_num_proc_within_start_timeout_is_a_timeout(spark):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start: "
                                            r"[0-3] of the 4 tasks started within "
-                                           r"start_timeout=5 s"):
+                                           r"start_timeout=2 s"):
         hvd_trainer.spark.run_elastic(_wait_at_commits, args=("/nonexistent",), num_proc=4,
-                                      start_timeout=5)
+                                      start_timeout=2)
     assert time.monotonic() - started < 60
     _wait_for_no_engine_processes()
     assert _left_folders(_our_processes(spark.sparkContext)) == []

@@ -9,7 +9,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -152,9 +152,19 @@ def test_sigterm_while_waiting_for_slots_ends_hvdrun_with_128_plus_15(tmp_path):
         [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "--min-np", "2",
          "--host-discovery-script", script, sys.executable, "-c", "pass"],
         stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # it is waiting for a second slot by then (or the asserts below say why not)
+    # Once it says it waits for a second slot (should it hang silent, at 60 s: the asserts
+    # below then say what it did not say).
+    fallback = threading.Timer(60, hvdrun.send_signal, [signal.SIGTERM])
+    fallback.start()
+    said = ""
+    for line in hvdrun.stderr:
+        said += line
+        if "waiting up to" in line:
+            break
+    fallback.cancel()
     hvdrun.send_signal(signal.SIGTERM)
-    _, err = hvdrun.communicate(timeout=30)
+    _, rest = hvdrun.communicate(timeout=30)
+    err = said + rest
     assert hvdrun.returncode == 128 + signal.SIGTERM, err
     assert "waiting up to 600 s for more" in err
     assert "received SIGTERM between two lives; ending the job" in err
