@@ -189,13 +189,18 @@ class OutputRelay:
         say(f"rank {failure.rank}{self.where([failure.rank])} {failure.how} {failure.code} "
              "(first failure); ending the job")
 
-    def where(self, ranks: Sequence[int]) -> str:
-        """' on HOST[, HOST...]' for ``ranks`` of a job on several hosts; '' otherwise."""
+    def hosts_of(self, ranks: Sequence[int]) -> List[str]:
+        """The hosts of ``ranks`` (the one each reported, else its slot's), each once, in order."""
         hosts: List[str] = []
         for rank in ranks:
             host = self.hosts.get(rank) or (self._slots[rank] if rank < len(self._slots) else None)
             if host and host not in hosts:
                 hosts.append(host)
+        return hosts
+
+    def where(self, ranks: Sequence[int]) -> str:
+        """' on HOST[, HOST...]' for ``ranks`` of a job on several hosts; '' otherwise."""
+        hosts = self.hosts_of(ranks)
         return f" on {', '.join(hosts)}" if hosts and self._name_hosts else ""
 
     def ranks(self, ranks: Sequence[int]) -> str:

@@ -16,7 +16,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from hvd_trainer_launch import mpi, protocol
-from hvd_trainer_launch.job import flags, reports
+from hvd_trainer_launch.job import flags, host_names, reports
 from hvd_trainer_launch.job.relay import OutputRelay, say
 from hvd_trainer_launch.processes import die_with_parent, kill_processes, launched
 
@@ -215,6 +215,10 @@ def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bo
     if code and missing:
         say(f"{launcher} exited with code {code} before {relay.ranks(missing)} started; "
             "its messages above say why (e.g. ssh could not reach a host)")
+        for host, reason in host_names.unresolved(relay.hosts_of(missing)).items():
+            say(f"host {host} does not resolve on this machine ({reason}): correct its name "
+                "in -H, the hostfile or the discovery script, or add it to /etc/hosts or "
+                "~/.ssh/config")
     elif code:
         say(f"{launcher} exited with code {code}; no rank reported its own exit (a rank that "
             "calls MPI_Abort is killed before it can)")
