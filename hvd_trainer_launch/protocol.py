@@ -157,11 +157,13 @@ def parse_life_line(line: str) -> EngineLife:
 
 class LostHost(NamedTuple):
     """An agent an elastic engine job lost: the ``life`` it was lost in, its host by
-    hvdrun's name, and the engine's ``cause``."""
+    hvdrun's name, the engine's ``cause``, and whether it was ``absent`` when the life began
+    (lost in an earlier life, after hvdrun had read the hosts for this one)."""
 
     life: int
     host: str
     cause: str
+    absent: bool = False
 
 
 def lost_line(lost: LostHost) -> str:
@@ -176,7 +178,7 @@ def parse_lost(text: str) -> List[LostHost]:
         try:
             fields = json.loads(line)
             found.append(LostHost(int(fields["life"]), str(fields["host"]),
-                                  str(fields.get("cause", ""))))
+                                  str(fields.get("cause", "")), fields.get("absent") is True))
         except (ValueError, KeyError, TypeError):
             continue
     return found

@@ -72,6 +72,7 @@ class ElasticRelay(OutputRelay):
         self.np = np
         self.failed: Dict[int, int] = {}
         self.in_place = in_place  # --ulfm: the survivors of a killed rank go on without it
+        self.absent: Set[int] = set()  # ranks whose agent was gone before this life began
 
     def survived(self, least: int) -> bool:
         """Under --ulfm, whether this life ended well: every failure reported was a rank
@@ -89,17 +90,20 @@ class ElasticRelay(OutputRelay):
             return [failure.rank for failure in self.reported if failure.killed] \
                 if self.in_place else []
 
-    def agent_lost(self, ranks: Sequence[int], cause: str) -> None:
+    def agent_lost(self, ranks: Sequence[int], cause: str, absent: bool = False) -> None:
         """An elastic engine lost the agent of ``ranks`` (``cause``: its words): they will
         neither start nor report. Under --ulfm, when all of them had started, they count as
         killed (the others go on without them); otherwise they fail this life, which ends
-        at once (not after the start timeout)."""
+        at once (not after the start timeout). ``absent``: the agent was gone before this life
+        began, so no host is blamed for it (see :meth:`blamed`)."""
         with self._lock:
             if self.interrupted or self.ending or self.failure is not None:
                 return
             ranks = [rank for rank in ranks if rank not in self.exited and rank not in self.failed]
             if not ranks:
                 return
+            if absent:
+                self.absent.update(ranks)
             in_place = self.in_place and all(rank in self.started for rank in ranks)
             failures = [Failure(rank, 1, LOST_WITH_AGENT, killed=in_place) for rank in ranks]
             for failure in failures:
@@ -118,12 +122,18 @@ class ElasticRelay(OutputRelay):
         first on its own (first_failure: across hosts the others fail after it, their
         peer gone, through no fault of their hosts). When none failed but some ranks never
         started, the launch failed on their hosts (ssh could not reach them, a name did not
-        resolve): those other than this machine, or this one."""
+        resolve): those other than this machine, or this one. None when the life ended for an
+        agent that was gone before it began: its host was counted in the life it was lost in
+        (the engine saw the loss only after hvdrun had read the hosts for this one)."""
         with self._lock:
             own = [failure for failure in self.reported if failure.rank in self.failed
+                   and failure.rank not in self.absent
                    and failure.how != ENDED and failure.code != RESET_EXIT_CODE]
+            absent = bool(self.absent)
         if own:
             return {host_of(layout, first_failure(own).rank)}
+        if absent:
+            return set()
         missing = {host_of(layout, rank) for rank in range(self.np) if rank not in self.started}
         return {host for host in missing if not mpi.this_machine(host)} or missing
 

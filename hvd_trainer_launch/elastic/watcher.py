@@ -88,7 +88,7 @@ class HostWatcher(threading.Thread):
                 self.taken.add(lost.host)
                 ranks = ranks_of(self.started_on, lost.host)
                 if ranks:
-                    self.relay.agent_lost(ranks, lost.cause)
+                    self.relay.agent_lost(ranks, lost.cause, lost.absent)
 
     def check_hosts(self) -> None:
         """Raise the generation if the usable hosts would give another layout."""

@@ -52,6 +52,7 @@ class LostAgent(NamedTuple):
 
     host: str
     cause: str = ""
+    absent: bool = False  # gone before the life it was handed began
 
 
 class HostOutcome(NamedTuple):

@@ -172,12 +172,14 @@ class ElasticJob:
                     pass
             self._changed.notify_all()
 
-    def lost(self, life: int, host: str, cause: str = "") -> None:
+    def lost(self, life: int, host: str, cause: str = "", absent: bool = False) -> None:
         """The agent of ``host`` was lost during ``life`` (``cause``: what the engine said):
         hvdrun ends that life at once (under --ulfm its other ranks go on without the host's);
-        the host leaves the job too (:meth:`left`)."""
+        the host leaves the job too (:meth:`left`). ``absent``: it was already gone when the
+        life began (hvdrun had read the hosts before the engine saw the loss), so the life's
+        end is not counted against the host a second time."""
         with self._lock:
-            self._lost.setdefault(life, []).append(LostAgent(host, cause))
+            self._lost.setdefault(life, []).append(LostAgent(host, cause, absent))
             self._write_lost()  # before the hosts: hvdrun takes the loss, not a host change
             self._changed.notify_all()
         self.left(host)
@@ -269,7 +271,7 @@ class ElasticJob:
         life, which hvdrun reads (protocol.ENGINE_LOST_VARIABLE), atomically."""
         self._replace(_LOST_FILE, "".join(
             protocol.lost_line(protocol.LostHost(life, self._names.get(agent.host, agent.host),
-                                                 agent.cause)) + "\n"
+                                                 agent.cause, agent.absent)) + "\n"
             for life, agents in self._lost.items() for agent in agents))
 
     def _replace(self, name: str, text: str) -> None:

@@ -85,10 +85,11 @@ class _RayAgent:
 
 
 class _Serving(NamedTuple):
-    """A life's line that an actor runs: the life, the host."""
+    """A life's line that an actor runs: the life, the host, the actor."""
 
     life: int
     host: str
+    actor: Any
 
 
 class ElasticRayExecutor:
@@ -189,6 +190,7 @@ class _RayEngine:
         self.slots: Dict[str, int] = {}
         self.serving: Dict[Any, _Serving] = {}  # a run_life call -> its life and host
         self.leaving: set = set()  # hosts the discovery dropped whose actor still serves
+        self.lost_in: Dict[Any, int] = {}  # a lost actor -> the first life it failed
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.ending: List[threading.Thread] = []  # actors being ended
@@ -204,15 +206,18 @@ class _RayEngine:
             self.close()
 
     def serve(self, dispatch: elastic.Dispatch) -> None:
-        """Hand a life's line to its host's actor (an asynchronous call)."""
+        """Hand a life's line to its host's actor (an asynchronous call). A host whose actor
+        is gone, or is a new one not yet ready, lost the actor the life was laid out for."""
         with self.lock:
             actor = self.actors.get(dispatch.host)
-            if actor is not None:
+            ready = actor is not None and dispatch.host not in self.starting.values()
+            if ready:
                 ref = actor.run_life.remote(dispatch.line, self.payload, self.job.secret,
                                             self.job.settings.ulfm)
-                self.serving[ref] = _Serving(dispatch.life, dispatch.host)
-        if actor is None:
-            self.job.lost(dispatch.life, dispatch.host, "its actor was gone before the life began")
+                self.serving[ref] = _Serving(dispatch.life, dispatch.host, actor)
+        if not ready:
+            self.job.lost(dispatch.life, dispatch.host, "its actor was gone before the life began",
+                          absent=True)
 
     def watch(self) -> None:
         """Until the job ends: discover the hosts every DISCOVERY_SECONDS, and take the
@@ -275,7 +280,8 @@ class _RayEngine:
             outcome = ray.get(ref)
         except ray.exceptions.RayError as error:
             if serving is not None:
-                self.job.lost(serving.life, serving.host, lost_cause(error))
+                self.job.lost(serving.life, serving.host, lost_cause(error),
+                              absent=self.lost_after(serving))
             self.drop(host or serving.host)
             return
         if host is not None and self.actors.get(host) is not None and host not in self.leaving:
@@ -284,6 +290,16 @@ class _RayEngine:
             self.job.returned(serving.life, serving.host, outcome)
             with self.lock:
                 self.end_if_idle(serving.host)
+
+    def lost_after(self, serving: _Serving) -> bool:
+        """Whether ``serving``'s actor, now lost, was lost in an earlier life than its own:
+        handed the next life before Ray failed the call of the one it died in. One loss is
+        counted against its host once, in the earliest life the actor served."""
+        with self.lock:
+            lives = [s.life for s in self.serving.values() if s.actor is serving.actor]
+            first = min([serving.life, *lives, self.lost_in.get(serving.actor, serving.life)])
+            self.lost_in[serving.actor] = first
+        return serving.life > first
 
     def drop(self, host: str) -> None:
         """Forget ``host``'s actor (lost: the next discovery may start another)."""

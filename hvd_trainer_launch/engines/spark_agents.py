@@ -297,7 +297,7 @@ class SparkAgents:
             with self._lock:
                 self._running.pop((found[0].agent.token, dispatch.life), None)
         self._job.lost(dispatch.life, dispatch.host, "no Spark task of it is linked to the "
-                                                     "driver")
+                                                     "driver", absent=True)
 
     def close(self) -> None:
         """End every task: ask for no slot again, end the links, give the linked tasks

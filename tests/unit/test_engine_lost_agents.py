@@ -102,6 +102,38 @@ def test_the_watcher_takes_each_agent_lost_in_its_life_once(tmp_path):
     assert relay.gone_in_place() == [3]  # not b: lost in another life
 
 
+def test_an_agent_gone_before_the_life_began_ends_it_but_is_not_counted_again(tmp_path):
+    # A node is lost: its rank's failure ends life 0 (c counts one failed life). hvdrun reads
+    # the hosts for life 1 before the engine has seen the loss, so life 1 is laid out on c
+    # too and the engine says its agent was absent. That life ends at once, but c must not
+    # count a second failed life (two put it out for the rest of the job, and it could not
+    # grow the job back when it returns).
+    blacklist = Blacklist(None)
+    life0 = _relay(in_place=False)
+    life0.record(3, 137, "was killed by signal")
+    assert life0.blamed(LAYOUT) == {"c"}
+    assert blacklist.life_ended(["a", "b", "c"], {"c"}) == []
+    path = tmp_path / "lost"
+    path.write_text(protocol.lost_line(protocol.LostHost(1, "c", "gone", absent=True)) + "\n")
+    life1 = _relay(in_place=False, started=[])
+    _watcher(life1, Hosts(LAYOUT), str(path), life=1).take_lost()
+    assert life1.failure is not None and life1.failure.rank == 3  # the life ends at once
+    assert life1.blamed(LAYOUT) == set()  # not c, nor the hosts whose ranks never started
+    unsure = {"c"}  # as driver._after: the hosts of the ranks that failed
+    assert blacklist.life_ended(["a", "b", "c"], life1.blamed(LAYOUT), unsure) == []
+    assert blacklist.usable(LAYOUT) == LAYOUT
+    # Without the engine's word that it was absent, the same life would put c out.
+    again = Blacklist(None)
+    again.life_ended(["a", "b", "c"], {"c"})
+    assert again.life_ended(["a", "b", "c"], {"c"}) == ["c"]
+
+
+def test_an_absent_agent_reads_back_from_the_engines_file(tmp_path):
+    lost = protocol.LostHost(4, "hvd-agent2-c", "its actor was gone", absent=True)
+    assert protocol.parse_lost(protocol.lost_line(lost)) == [lost]
+    assert protocol.parse_lost('{"life": 4, "host": "c", "cause": ""}')[0].absent is False
+
+
 def test_without_ulfm_a_host_gone_restarts_the_job_at_the_next_commit():
     discovery = Hosts(LAYOUT)
     watch = _watcher(_relay(in_place=False), discovery)
