@@ -168,7 +168,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, launcher: mp
         say(f"running: {shlex.join(mpiexec_command)}")
     try:
         return job.run_job(mpiexec_command, job.launcher_environment(env, forwarded), relay,
-                           args.np, args.start_timeout)
+                           args.np, args.start_timeout,
+                           ssh=job.ssh_launch(args, os.environ, engine is not None))
     finally:
         server.close()
 

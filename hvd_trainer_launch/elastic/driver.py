@@ -331,7 +331,9 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,
-                           failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS)
+                           failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS,
+                           ssh=job.ssh_launch(args, os.environ,
+                                              bool(os.environ.get(ENGINE_LIVES_VARIABLE))))
     except OSError as error:  # fork or exec of the launcher failed (e.g. a process limit)
         _say(f"could not start {command[0]}: {error}")
         relay.close()

@@ -16,7 +16,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from hvd_trainer_launch import mpi, protocol
-from hvd_trainer_launch.job import flags, host_names, reports
+from hvd_trainer_launch.job import flags, reports, unreached
 from hvd_trainer_launch.job.relay import OutputRelay, say
 from hvd_trainer_launch.processes import die_with_parent, kill_processes, launched
 
@@ -106,9 +106,26 @@ def report_variables(server: reports.ReportServer, secret: str) -> Dict[str, str
 LOOPBACK_VARIABLES = {"UCX_NET_DEVICES": "lo"}
 
 
+class SshLaunch(NamedTuple):
+    """A job whose launcher reaches the remote hosts by ssh (not an engine's agents): the
+    port -p gave, if any."""
+
+    port: Optional[int] = None
+
+
+def ssh_launch(args: argparse.Namespace, environ: Dict[str, str],
+               engine: bool) -> Optional[SshLaunch]:
+    """How this job's launcher reaches remote hosts: by ssh (with -p's port), or None for an
+    ``engine``'s job (its agents start the ranks) and inside a Slurm allocation (srun does)."""
+    if engine or "SLURM_JOB_ID" in environ:
+        return None
+    return SshLaunch(args.ssh_port)
+
+
 def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
             np: int = 0, start_timeout: Optional[float] = None,
-            failure_grace: Optional[float] = FAILURE_GRACE_SECONDS) -> int:
+            failure_grace: Optional[float] = FAILURE_GRACE_SECONDS,
+            ssh: Optional[SshLaunch] = None) -> int:
     """Run the mpiexec ``command`` to the end and return hvdrun's exit code.
 
     mpiexec gets its own session so that a terminal's Ctrl-C reaches only hvdrun, which forwards
@@ -117,7 +134,9 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     their ranks when mpiexec goes. With
     ``start_timeout``, a job whose ``np`` ranks have not all started by then is ended with code 1.
     ``failure_grace`` is how long the other ranks get to report after the first failure
-    (None: a failure does not end the job, whose survivors go on: hvdrun --ulfm).
+    (None: a failure does not end the job, whose survivors go on: hvdrun --ulfm). ``ssh``:
+    the launcher reaches remote hosts by ssh, so a launch that fails before ranks start
+    names the hosts ssh could not reach and why.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True, preexec_fn=die_with_parent())
@@ -142,7 +161,7 @@ def run_job(command: List[str], env: Dict[str, str], relay: OutputRelay,
     if watch.received:
         return 128 + watch.received[0]
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
-    return _exit_code(command[0], code, relay, np, watch.ending)
+    return _exit_code(command[0], code, relay, np, watch.ending, ssh)
 
 
 class _Watch:
@@ -200,9 +219,11 @@ class _Watch:
             self.kill_at = None
 
 
-def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bool) -> int:
+def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bool,
+               ssh: Optional[SshLaunch]) -> int:
     """hvdrun's exit code for a job whose mpiexec (``launcher``) exited with ``code``: the
-    first failure's, or 1 where ranks were lost unseen or none started, with a message."""
+    first failure's, or 1 where ranks were lost unseen or none started, with a message (and,
+    for ranks not started on hosts reached by ``ssh``, what stopped ssh)."""
     unexited = relay.unexited(EXIT_REPORT_GRACE_SECONDS) if code == 0 and not ending else []
     if relay.settle() is not None:
         return relay.failure.code or 1
@@ -215,10 +236,9 @@ def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bo
     if code and missing:
         say(f"{launcher} exited with code {code} before {relay.ranks(missing)} started; "
             "its messages above say why (e.g. ssh could not reach a host)")
-        for host, reason in host_names.unresolved(relay.hosts_of(missing)).items():
-            say(f"host {host} does not resolve on this machine ({reason}): correct its name "
-                "in -H, the hostfile or the discovery script, or add it to /etc/hosts or "
-                "~/.ssh/config")
+        if ssh is not None:
+            for host, why in unreached.unreached(relay.hosts_of(missing), ssh.port).items():
+                say(f"host {host} {why}")
     elif code:
         say(f"{launcher} exited with code {code}; no rank reported its own exit (a rank that "
             "calls MPI_Abort is killed before it can)")

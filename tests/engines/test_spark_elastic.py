@@ -37,6 +37,14 @@ class _Dispatch(NamedTuple):
     line: str
 
 
+class _Loss(NamedTuple):
+    """What the agents told the job of an agent lost."""
+    life: int
+    host: str
+    cause: str
+    absent: bool
+
+
 class _Job:
     """What an elastic job hears from SparkAgents, recorded: the hosts now, each life's
     outcomes and losses."""
@@ -61,8 +69,9 @@ class _Job:
     def returned(self, life, host, outcome):
         self._note(lambda: self.outcomes.__setitem__((life, host), outcome))
 
-    def lost(self, life, host, cause):
-        self._note(lambda: (self.losses.append((life, host, cause)), self.hosts.pop(host, None)))
+    def lost(self, life, host, cause, absent=False):
+        self._note(lambda: (self.losses.append(_Loss(life, host, cause, absent)),
+                            self.hosts.pop(host, None)))
 
     def wait_for(self, what, seconds=120):
         with self.changed:
@@ -121,8 +130,8 @@ def test_slots_link_up_take_commands_and_a_lost_task_is_replaced(spark):
         lost = executor.agent
         driver.agents.serve(_Dispatch(2, host, "sh -c 'kill -9 $PPID; sleep 30'"))
         driver.wait_for(lambda: job.losses and job.hosts == {host: SLOTS - 1})
-        assert [(life, name) for life, name, _ in job.losses] == [(2, host)]
-        assert "link to the driver closed" in job.losses[0][2]
+        assert [(loss.life, loss.host, loss.absent) for loss in job.losses] == [(2, host, False)]
+        assert "link to the driver closed" in job.losses[0].cause
         left = [hello for hello in agents if hello != lost]
         assert driver.agents.executors()[0].agent == left[0]
         # Its job fails (the session does not retry tasks) and the slot is asked for again.
@@ -132,9 +141,11 @@ def test_slots_link_up_take_commands_and_a_lost_task_is_replaced(spark):
             driver.agents.slots.failures()[lost.slot].text
         assert lost.token not in [hello.token for hello in driver.linked()]
         assert driver.agents.executors()[0].agent == left[0]  # it stays the agent
-        # A life handed to an executor that is gone is lost at once.
+        # A life handed to an executor that is gone is lost at once, as absent when it began
+        # (hvdrun does not count it against the host again).
         driver.agents.serve(_Dispatch(3, "elsewhere", "true"))
-        assert job.losses[-1][:2] == (3, "elsewhere")
+        last = job.losses[-1]
+        assert (last.life, last.host, last.absent) == (3, "elsewhere", True)
     finally:
         driver.close()
     _wait_for_no_engine_processes()
