@@ -111,8 +111,9 @@ def build(monkeypatch, flavour, *options, env=None):
     monkeypatch.setattr(mpi, "find_launcher", lambda requested=None: launcher)
     seen = {}
 
-    def record(command, ranks_env, relay, np=0, start_timeout=None):
-        seen.update(command=command, env=ranks_env, np=np, start_timeout=start_timeout, relay=relay)
+    def record(command, ranks_env, relay, np=0, start_timeout=None, ssh=None):
+        seen.update(command=command, env=ranks_env, np=np, start_timeout=start_timeout,
+                    relay=relay, ssh=ssh)
         return 0
 
     monkeypatch.setattr(job, "run_job", record)
@@ -366,7 +367,8 @@ def test_version_prints_the_installed_version(capsys):
 def test_num_proc_is_mpiexecs_rank_count(monkeypatch, spelling):
     monkeypatch.setattr(mpi, "find_launcher", lambda requested=None: mpi.Launcher("/x/mpiexec", mpi.HYDRA))
     seen = {}
-    monkeypatch.setattr(job, "run_job", lambda command, *rest: seen.update(command=command) or 0)
+    monkeypatch.setattr(job, "run_job",
+                        lambda command, *rest, **named: seen.update(command=command) or 0)
     assert hvdrun.main([spelling, "3", *PROGRAM]) == 0
     assert seen["command"][1:3] == ["-n", "3"]
 
@@ -636,3 +638,11 @@ def test_a_bad_hostfile_is_refused_naming_the_file(tmp_path, content, message):
     with pytest.raises(ValueError, match=re.escape(f"hostfile {str(hostfile)!r}")) as found:
         mpi.read_hostfile(str(hostfile))
     assert message in str(found.value)
+
+
+def test_a_plain_job_says_it_reaches_hosts_by_ssh_on_the_port_given(monkeypatch):
+    # After a failed launch hvdrun looks into the hosts ssh could not reach (job/unreached.py)
+    # on -p's port; not inside a Slurm allocation, where srun starts the ranks.
+    assert build(monkeypatch, mpi.HYDRA, "-p", "2222")[2]["ssh"] == job.SshLaunch(2222)
+    assert build(monkeypatch, mpi.HYDRA)[2]["ssh"] == job.SshLaunch(None)
+    assert build(monkeypatch, mpi.HYDRA, env={"SLURM_JOB_ID": "7"})[2]["ssh"] is None
