@@ -16,8 +16,13 @@ import pytest
 
 import session_shm
 
+# Under pytest-xdist (the README runs ``-n 2``) this conftest is loaded by the controlling
+# process and by each worker it starts; the workers are its children, so they share the /dev/shm
+# it makes private, and it checks the session's leftovers once all of them have ended.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 # Before pytest starts a thread: this session's own /dev/shm (None once made), checked at the end.
-_SHM_NOT_PRIVATE = session_shm.make_private()
+_SHM_NOT_PRIVATE = (session_shm.make_private() if _XDIST_WORKER is None
+                    else "checked by the controlling process")
 
 # The README installs with pip's --no-compile (byte-compiling all of torch, MXNet, Ray and
 # TensorFlow took about a minute per environment on 2 cores), so modules are compiled as
@@ -91,12 +96,57 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=_reason(missing)))
 
 
+# pytest-xdist's units of work (the README runs ``-n 2``), by the start of a test's id: the tests
+# that start Ray or Spark clusters, engine agents or the multi-host test bed mostly wait on them
+# and share them, so they run one after another in one worker while the others take the
+# CPU-bound multi-rank jobs; the modules of one shared job (tests/parallel/runner.py's TORCH_JOB
+# and MXNET_JOB, tests/gpu/gpu.py's jobs) are one unit; any other module is one unit, its cases
+# sharing its jobs.
+_UNITS = {
+    "tests/engines/": "clusters", "tests/multihost/": "clusters",
+    "tests/parallel/test_engine_agents.py": "clusters",
+    "tests/parallel/test_elastic_engine_job.py": "clusters",
+    "tests/gpu/": "gpu",
+    **dict.fromkeys(("tests/parallel/test_torch_ops.py", "tests/parallel/test_torch_optimizer.py",
+                     "tests/parallel/test_torch_sparse_optimizer.py"), "torch job"),
+    **dict.fromkeys(("tests/parallel/test_mxnet_ops.py", "tests/parallel/test_sparse_training.py",
+                     "tests/parallel/test_sparse_weights.py"), "mxnet job"),
+}
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work of the test ``nodeid`` under pytest-xdist."""
+    return next((unit for start, unit in _UNITS.items() if nodeid.startswith(start)),
+                nodeid.split("::")[0])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With ``-n`` and no ``--dist``, schedule by :func:`unit_of` (xdist's own schedulers by
+    scope group by a scope they read from the id; this one by the unit)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return Units(config, log)
+
+
 _shm_left: list = []
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the session when its runs left anything in its own /dev/shm (tests/session_shm.py)."""
+    """Fail the session when its runs left anything in its own /dev/shm (tests/session_shm.py).
+    A worker's own MPI singleton (a test imported mpi4py) is finalized first: pytest-xdist ends
+    its workers without the exit handlers that would remove its segment."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if _XDIST_WORKER is not None and mpi is not None and mpi.Is_initialized() \
+            and not mpi.Is_finalized():
+        mpi.Finalize()
     if _SHM_NOT_PRIVATE is None:
         _shm_left.extend(session_shm.leftovers())
         if _shm_left:
@@ -104,6 +154,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _XDIST_WORKER is not None:
+        return
     if _SHM_NOT_PRIVATE is not None:
         terminalreporter.write_line(f"/dev/shm left behind: not checked ({_SHM_NOT_PRIVATE})")
     elif _shm_left:

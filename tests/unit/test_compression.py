@@ -183,7 +183,8 @@ def test_decode_add_accumulates():
 
 
 @pytest.mark.parametrize("codec", [TwoBit(0.5), TwoBit(0.3), ScaledTwoBit(1.0), OneBit(0.5),
-                                   TopK(0.01)], ids=repr)
+                                   TopK(0.01)],
+                         ids=["2bit-0.5", "2bit-0.3", "scaled-2bit", "1bit-0.5", "topk-0.01"])
 @pytest.mark.parametrize("size", SIZES)
 def test_decode_two_is_two_decode_adds_into_zeros(codec, size):
     """decode_two (2-bit: one lookup in a table of byte pairs) against decode_add, by
