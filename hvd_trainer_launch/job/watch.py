@@ -225,20 +225,22 @@ def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bo
     first failure's, or 1 where ranks were lost unseen or none started, with a message (and,
     for ranks not started on hosts reached by ``ssh``, what stopped ssh)."""
     unexited = relay.unexited(EXIT_REPORT_GRACE_SECONDS) if code == 0 and not ending else []
-    if relay.settle() is not None:
-        return relay.failure.code or 1
+    failure = relay.settle()
+    missing = sorted(set(range(np)) - relay.started)
+    if code and missing and ssh is not None:
+        # Also when ranks that did start failed: mpiexec ends them once a host is out of reach.
+        for host, why in unreached.unreached(relay.hosts_of(missing), ssh.port).items():
+            say(f"host {host} {why}")
+    if failure is not None:
+        return failure.code or 1
     if unexited:
         say(f"{launcher} exited with code 0, but {relay.ranks(unexited)} never reported "
             "an exit: their host's MPI daemon or proxy was lost (killed, or its host went "
             "down); failing the job")
         return 1
-    missing = sorted(set(range(np)) - relay.started)
     if code and missing:
         say(f"{launcher} exited with code {code} before {relay.ranks(missing)} started; "
             "its messages above say why (e.g. ssh could not reach a host)")
-        if ssh is not None:
-            for host, why in unreached.unreached(relay.hosts_of(missing), ssh.port).items():
-                say(f"host {host} {why}")
     elif code:
         say(f"{launcher} exited with code {code}; no rank reported its own exit (a rank that "
             "calls MPI_Abort is killed before it can)")

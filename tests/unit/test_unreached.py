@@ -73,3 +73,20 @@ def test_only_jobs_that_ssh_launches_are_looked_into():
     assert watch.ssh_launch(args, {}, engine=False) == watch.SshLaunch(2222)
     assert watch.ssh_launch(args, {}, engine=True) is None  # an engine's agents start the ranks
     assert watch.ssh_launch(args, {"SLURM_JOB_ID": "7"}, engine=False) is None  # srun does
+
+
+def test_hosts_are_named_when_ranks_that_did_start_failed_too(monkeypatch, tmp_path, listening,
+                                                              capsys):
+    # mpiexec ends the ranks it started once it cannot reach a host; their exits come first.
+    import time
+    from hvd_trainer_launch.job import relay as output, watch
+    from hvd_trainer_launch.protocol import Exited, Started
+    _, refused = listening
+    monkeypatch.setenv("PATH", fake_ssh(tmp_path, "127.0.0.2"))
+    relay = output.OutputRelay(2, False, None, [("localhost", 1), ("gpu-box", 1)])
+    for report in (Started(0, "localhost"), Exited(0, 143, time.time(), killed=True)):
+        relay.deliver(report)
+    assert watch._exit_code("mpiexec", 255, relay, 2, False, watch.SshLaunch(refused)) == 143
+    err = capsys.readouterr().err
+    assert f"host gpu-box takes no connection on its ssh port {refused} (" in err
+    assert "host localhost" not in err
