@@ -155,8 +155,11 @@ class RecordedDiscovery:
 
 
 def save_round(folder: str, events: list, stamped: Stamped, error: str) -> None:
-    with open(os.path.join(folder, "driver.json"), "w") as f:
+    """The round's record, whole at once (the orchestrator reads it as soon as it exists)."""
+    path = os.path.join(folder, "driver.json")
+    with open(path + ".tmp", "w") as f:
         json.dump({"events": events, "messages": stamped.lines, "error": error}, f)
+    os.replace(path + ".tmp", path)
 
 
 def drive_ray(args) -> None:
