@@ -23,7 +23,8 @@ from hvd_trainer_launch.processes import die_with_parent, kill_processes, launch
 # After the first failure, how long the other ranks get to report before mpiexec is told to end
 # the job (Hydra does not end it by itself when a rank exits non-zero).
 FAILURE_GRACE_SECONDS = 3.0
-# After asking mpiexec to end the job (failure or signal), how long before it is SIGKILLed.
+# After asking mpiexec to end the job (failure or signal), how long before it is SIGKILLed;
+# at once when some ranks never started and every started one has exited (_Watch.check).
 KILL_GRACE_SECONDS = 5.0
 # When mpiexec exits 0 before every started rank reported its exit (Open MPI's mpirun does
 # when it loses a host's daemon), how long the ranks' wrappers get to report: they end their
@@ -183,6 +184,15 @@ class _Watch:
     def signalled(self, signum: int, _frame) -> None:
         self.received.append(signum)
 
+    def waits_for_unstarted(self) -> bool:
+        """Whether all that keeps mpiexec from ending is ranks that never started (their
+        agent lost, their host out of reach): Hydra waits for their proxies even once told to
+        end, while every rank that did start has exited and been reported (its wrapper has
+        cleaned up), so nothing needs the kill grace."""
+        relay = self.relay
+        return bool(self.np) and bool(set(range(self.np)) - relay.started) \
+            and relay.started <= relay.exited
+
     def check(self, now: float) -> None:
         """Act on what happened since the last check."""
         process, relay = self.process, self.relay
@@ -210,6 +220,8 @@ class _Watch:
             self.left.update(launched(process.pid))
             process.terminate()
             self.ending, self.kill_at = True, now + KILL_GRACE_SECONDS
+        if self.ending and self.kill_at is not None and self.waits_for_unstarted():
+            self.kill_at = now
         if self.kill_at is not None and now >= self.kill_at:
             try:
                 os.killpg(process.pid, signal.SIGKILL)

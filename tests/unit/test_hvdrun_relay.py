@@ -3,6 +3,7 @@ reports: lines joined per rank however mpiexec interleaves them, output never re
 report, the first failure chosen by exit time rather than by arrival, hosts named, and a job
 whose mpiexec exits 0 before every rank reported its exit failed."""
 import io
+import signal
 import sys
 import threading
 import time
@@ -152,3 +153,23 @@ def test_hosts_are_named_only_for_a_job_on_several_hosts():
     # A rank that reported is named by its report, one that did not by its slot.
     assert several.ranks([3]) == "rank 3 on b"
     assert several.ranks([0, 1, 2]) == "ranks 0, 1, 2 on a, b"
+
+
+def test_mpiexec_left_waiting_only_for_ranks_that_never_started_is_killed_without_the_grace(
+        monkeypatch):
+    # Hydra's mpiexec, told to end, still waits for the proxies of ranks that never started
+    # (their engine agent lost); once every started rank has exited and reported, nothing
+    # needs the kill grace (it delayed the next elastic life on Ray by 5 s).
+    monkeypatch.setattr(job, "KILL_GRACE_SECONDS", 60.0)
+    relay, _ = relayed([], reports=[Started(0, "h"), Started(1, "h"), Exited(0, 1, 1.0),
+                                    Exited(1, 143, 1.1, ended=True)])  # ranks 2, 3 never
+    lingering = [sys.executable, "-c", "import time; time.sleep(600)"]
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited: mpiexec ignores it
+    try:
+        began = time.monotonic()
+        code = job.run_job(lingering, {}, relay, np=4, failure_grace=0.0)
+        took = time.monotonic() - began
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 1  # rank 0's
+    assert took < job.KILL_GRACE_SECONDS, "mpiexec was given the grace"
