@@ -90,3 +90,46 @@ def test_the_cache_gives_the_same_rows(tmp_path):
 def test_a_bad_batch_size_is_refused(tmp_path):
     with pytest.raises(ValueError, match="batch_size=0: give at least 1"):
         _read(_files(tmp_path, [2]), 0, 1, 0, 1)
+
+
+def _reading_threads():
+    import threading
+    return [t for t in threading.enumerate() if t.name == "hvd_trainer parquet reader"]
+
+
+def test_close_stops_the_reading_thread_and_a_later_stream_starts_over(tmp_path):
+    # A reader reads ahead without end; a rank's fit closes it before returning, so that no
+    # pyarrow read is under way when the rank's process exits.
+    paths = _files(tmp_path, [2, 2, 2])
+    before = set(_reading_threads())  # other tests' readers, not yet collected
+    reader = ShardReader(fsspec.filesystem("file"), paths, ["id", "vec"], 0, 1, 2)
+    first = next(reader.batches(1))["id"]
+    mine = set(_reading_threads()) - before
+    assert len(mine) == 1
+    reader.close()
+    assert not any(thread.is_alive() for thread in mine)
+    np.testing.assert_array_equal(next(reader.batches(1))["id"], first)
+    again = set(_reading_threads()) - before
+    reader.close()
+    assert len(again) == 1 and not any(thread.is_alive() for thread in again)
+
+
+def test_a_reader_still_reading_at_exit_is_stopped_before_the_interpreter_ends(tmp_path):
+    # Exit handlers run last-registered first: one registered before the reader's module is
+    # imported sees what the reader's own handler left.
+    import subprocess
+    import sys
+    paths = _files(tmp_path, [2, 2, 2])
+    script = f"""
+import atexit, threading
+atexit.register(lambda: print("reading at exit:", [t.name for t in threading.enumerate()
+                                                   if t.name == "hvd_trainer parquet reader"]))
+import fsspec
+from hvd_trainer.spark.common.reader import ShardReader
+reader = ShardReader(fsspec.filesystem("file"), {paths!r}, ["id"], 0, 1, 2)
+next(reader.batches(1))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "reading at exit: []" in done.stdout, done.stdout

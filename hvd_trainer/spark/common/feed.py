@@ -39,6 +39,12 @@ class Feeds(NamedTuple):
     val: Optional[ShardReader]
     val_steps: int
 
+    def close(self) -> None:
+        """Stop the readers' reading ahead (ShardReader.close): the rank's training is over."""
+        self.train.close()
+        if self.val is not None:
+            self.val.close()
+
 
 def feeds(spec: DataSpec, rank: int, size: int) -> Feeds:
     """The rank's readers. An epoch is ``train_rows // (batch_size * size)`` steps (at least

@@ -16,15 +16,41 @@ batches of NumPy arrays do not need; it does not import with pyarrow 15 or later
 ``pyarrow.filesystem`` and ``ParquetDataset(validate_schema=)``), and in an environment of its
 own (pyarrow 14) it read at 0.72 of pyarrow's rate, where this reader reads at pyarrow's.
 """
+import atexit
 import queue
 import threading
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 __all__ = ["RowGroup", "row_groups", "ShardReader"]
 
 _PREFETCH = 2  # row groups decoded ahead of the one being batched
+_JOIN_SECONDS = 10.0  # the most a stopped reading thread is waited for (one row group's read)
+# The reading threads running now (their stop events): stopped and waited for when their
+# stream closes, and at the latest at interpreter exit, so that no pyarrow read is under way
+# while the interpreter and pyarrow's own threads shut down (a rank that returned from an
+# estimator's fit with its reader still reading ahead died in "terminate called without an
+# active exception" as it exited).
+_reading: Set[Tuple[threading.Event, threading.Thread]] = set()
+_reading_lock = threading.Lock()
+
+
+def _stop(reading: Sequence[Tuple[threading.Event, threading.Thread]]) -> None:
+    """Stop the reading threads ``reading`` and wait for each (_JOIN_SECONDS at most)."""
+    for stop, _ in reading:
+        stop.set()
+    for stop, thread in reading:
+        thread.join(_JOIN_SECONDS)
+        with _reading_lock:
+            _reading.discard((stop, thread))
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _reading_lock:
+        reading = list(_reading)
+    _stop(reading)
 
 
 class RowGroup(NamedTuple):
@@ -144,21 +170,28 @@ class ShardReader:
         ahead: "queue.Queue" = queue.Queue(maxsize=_PREFETCH)
         stop = threading.Event()
 
+        def offer(item: Any) -> bool:
+            """Queue ``item`` unless the stream stops first; whether it was queued."""
+            while not stop.is_set():
+                try:
+                    ahead.put(item, timeout=0.5)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def fill() -> None:
             try:
                 for part in self._passes():
-                    while not stop.is_set():
-                        try:
-                            ahead.put(part, timeout=0.5)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not offer(part):
                         return
             except BaseException as error:  # handed to the consumer, raised there
-                ahead.put(error)
+                offer(error)
 
-        threading.Thread(target=fill, name="hvd_trainer parquet reader", daemon=True).start()
+        thread = threading.Thread(target=fill, name="hvd_trainer parquet reader", daemon=True)
+        with _reading_lock:
+            _reading.add((stop, thread))
+        thread.start()
         try:
             while True:
                 item = ahead.get()
@@ -166,7 +199,7 @@ class ShardReader:
                     raise item
                 yield item
         finally:
-            stop.set()
+            _stop([(stop, thread)])
 
     def _rows(self) -> Iterator[Dict[str, np.ndarray]]:
         """Blocks of rows in training order: as read, or through the shuffle buffer."""
@@ -205,3 +238,10 @@ class ShardReader:
             self._stream = self._batches()
         for _ in range(steps):
             yield next(self._stream)
+
+    def close(self) -> None:
+        """Stop reading ahead and wait for the reading thread; a later batches() starts the
+        stream again from the shard's start."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

@@ -144,8 +144,11 @@ def train(spec: KerasSpec) -> KerasResult:
         validation = dict(validation_data=_batches(rank_feeds.val, rank_feeds.val_steps, spec,
                                                    model),
                           validation_steps=rank_feeds.val_steps)
-    history = model.fit(_batches(rank_feeds.train, rank_feeds.train_steps, spec, model),
-                        steps_per_epoch=rank_feeds.train_steps, epochs=spec.epochs,
-                        callbacks=callbacks, verbose=0, **validation)
+    try:
+        history = model.fit(_batches(rank_feeds.train, rank_feeds.train_steps, spec, model),
+                            steps_per_epoch=rank_feeds.train_steps, epochs=spec.epochs,
+                            callbacks=callbacks, verbose=0, **validation)
+    finally:
+        rank_feeds.close()
     return KerasResult({k: [float(v) for v in vs] for k, vs in history.history.items()},
                        model.get_weights() if hvd.rank() == 0 else None)

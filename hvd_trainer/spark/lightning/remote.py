@@ -116,7 +116,10 @@ def train(spec: LightningSpec, module_bytes: bytes) -> LightningResult:
         if hvd.rank() == 0 and spec.verbose:
             progress.start_line(spec.epochs, spec.train_rows, spec.batch_size,
                                 len(train_batches))
-        trainer.fit(module, train_batches, val_batches, ckpt_path=_resume_file(spec, folder))
+        try:
+            trainer.fit(module, train_batches, val_batches, ckpt_path=_resume_file(spec, folder))
+        finally:
+            rank_feeds.close()
     state = None
     if hvd.rank() == 0:
         out = io.BytesIO()

@@ -298,15 +298,18 @@ def train(spec: TrainSpec, model_bytes: bytes, optimizer_cls: type,
         progress.start_line(spec.epochs, spec.train_rows, spec.batch_size,
                             loop.feeds.train_steps)
     history, checkpoint = [], None
-    for epoch in range(spec.epochs):
-        record = {"epoch": epoch, "train": loop.train_epoch()}
-        if loop.feeds.val is not None:
-            record["validation"] = loop.validate_epoch()
-        history.append(record)
-        if hvd.rank() == 0:
-            checkpoint = _checkpoint(hvd, model, optimizer, optimizer_cls)
-            if spec.checkpoint_path:
-                spec.store.write_bytes(spec.checkpoint_path, payload.pack(checkpoint))
-            if spec.verbose:
-                progress.epoch_line(epoch, spec.epochs, _flat(record))
+    try:
+        for epoch in range(spec.epochs):
+            record = {"epoch": epoch, "train": loop.train_epoch()}
+            if loop.feeds.val is not None:
+                record["validation"] = loop.validate_epoch()
+            history.append(record)
+            if hvd.rank() == 0:
+                checkpoint = _checkpoint(hvd, model, optimizer, optimizer_cls)
+                if spec.checkpoint_path:
+                    spec.store.write_bytes(spec.checkpoint_path, payload.pack(checkpoint))
+                if spec.verbose:
+                    progress.epoch_line(epoch, spec.epochs, _flat(record))
+    finally:
+        loop.feeds.close()
     return RankResult(history, checkpoint)
