@@ -189,16 +189,14 @@ class _Watch:
         agent lost, their host out of reach): Hydra waits for their proxies even once told to
         end, while every rank that did start has exited and been reported (its wrapper has
         cleaned up), so nothing needs the kill grace."""
-        relay = self.relay
-        return bool(self.np) and bool(set(range(self.np)) - relay.started) \
-            and relay.started <= relay.exited
+        return bool(_unstarted(self.relay, self.np)) and self.relay.started <= self.relay.exited
 
     def check(self, now: float) -> None:
         """Act on what happened since the last check."""
         process, relay = self.process, self.relay
         if self.start_deadline is not None and now >= self.start_deadline:
             self.start_deadline = None
-            missing = sorted(set(range(self.np)) - relay.started)
+            missing = _unstarted(relay, self.np)
             if missing:
                 relay.not_started(missing, self.start_timeout)
         if len(self.received) > self.handled:
@@ -231,6 +229,11 @@ class _Watch:
             self.kill_at = None
 
 
+def _unstarted(relay: OutputRelay, np: int) -> List[int]:
+    """The ranks of a job of ``np`` whose start ``relay`` has not seen, in order."""
+    return sorted(set(range(np)) - relay.started)
+
+
 def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bool,
                ssh: Optional[SshLaunch]) -> int:
     """hvdrun's exit code for a job whose mpiexec (``launcher``) exited with ``code``: the
@@ -238,7 +241,7 @@ def _exit_code(launcher: str, code: int, relay: OutputRelay, np: int, ending: bo
     for ranks not started on hosts reached by ``ssh``, what stopped ssh)."""
     unexited = relay.unexited(EXIT_REPORT_GRACE_SECONDS) if code == 0 and not ending else []
     failure = relay.settle()
-    missing = sorted(set(range(np)) - relay.started)
+    missing = _unstarted(relay, np)
     if code and missing and ssh is not None:
         # Also when ranks that did start failed: mpiexec ends them once a host is out of reach.
         for host, why in unreached.unreached(relay.hosts_of(missing), ssh.port).items():
