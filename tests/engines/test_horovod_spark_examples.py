@@ -5,12 +5,16 @@ TensorFlow environment. Their MNIST download is replaced by the file it would fe
 here: random 28x28 images in LIBSVM format, bz2-compressed (nothing is downloaded).
 
 Each runs in this process (``runpy``) so that it finds the session: its ``getOrCreate()``
-returns it, and its closing ``spark.stop()`` is held back for the tests after it."""
+returns it, and its closing ``spark.stop()`` is held back for the tests after it. Where the
+multi-host test bed runs the same example across its hosts in this session (tests/multihost's
+test_multihost_spark.py and test_multihost_spark_keras.py), that run stands for this one
+(tests/bed_twins.py)."""
 import runpy
 import sys
 
 import pytest
 
+import bed_twins
 import horovod_examples
 from hvd_trainer_launch.rank import horovod_shim
 
@@ -44,16 +48,20 @@ def horovod_example(tmp_path, monkeypatch, spark):
     return run
 
 
-def test_pytorch_spark_mnist(horovod_example, capsys):
+def test_pytorch_spark_mnist(request, horovod_example, capsys):
     pytest.importorskip("torch")
+    bed_twins.skip_if_the_bed_runs(request, "tests/multihost/test_multihost_spark.py::"
+                                   "test_horovods_pytorch_spark_mnist_runs_unmodified_across_hosts")
     out = horovod_example(horovod_examples.PYTORCH_MNIST, capsys)
     accuracy = horovod_examples.accuracy(out)
     assert accuracy is not None and 0.0 <= accuracy <= 1.0, out[-3000:]
     assert "Epoch 1/1 - loss: " in out
 
 
-def test_keras_spark_mnist(horovod_example, capsys):
+def test_keras_spark_mnist(request, horovod_example, capsys):
     pytest.importorskip("tensorflow")
+    bed_twins.skip_if_the_bed_runs(request, "tests/multihost/test_multihost_spark_keras.py::"
+                                   "test_horovods_keras_spark_mnist_runs_unmodified_across_hosts")
     out = horovod_example(horovod_examples.KERAS_MNIST, capsys)
     accuracy = horovod_examples.accuracy(out)
     assert accuracy is not None and 0.0 <= accuracy <= 1.0, out[-3000:]

@@ -17,25 +17,45 @@ def _bash_blocks():
         return re.findall(r"```bash\n(.*?)\n```", f.read(), re.S)
 
 
+def _ci_lines():
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        return [line.strip() for line in f.read().splitlines()]
+
+
+def _runs(command, lines):
+    """Whether CI runs ``command``: as one line, or its install (up to its ``pip install``)
+    as one line and its tests, in the environment just installed, as another."""
+    if command in lines:
+        return True
+    install, tests = re.match(r"(.*? pip install \S+ \S+ \S+) && (.*)", command).groups()
+    environment = re.match(r"python3 -m venv (\S+) ", install).group(1)
+    return (any(install in line for line in lines)
+            and f". {environment}/bin/activate && {tests}" in lines)
+
+
 def test_ci_runs_the_readme_test_command_verbatim():
     test_command = _bash_blocks()[1]
     assert "pytest" in test_command
-    with open(os.path.join(REPO, ".ci", "run")) as f:
-        assert test_command in f.read().splitlines()
+    assert _runs(test_command, _ci_lines())
 
 
 def test_ci_runs_the_readme_open_mpi_test_command_verbatim():
     test_command = _bash_blocks()[2]
     assert '".[test-openmpi]"' in test_command and " -m mpi tests/parallel" in test_command
-    with open(os.path.join(REPO, ".ci", "run")) as f:
-        assert test_command in f.read().splitlines()
+    assert _runs(test_command, _ci_lines())
 
 
 def test_ci_runs_the_readme_tensorflow_test_command_verbatim():
     test_command = _bash_blocks()[3]
     assert '".[test-tensorflow]"' in test_command and " tests/parallel/test_tf.py" in test_command
-    with open(os.path.join(REPO, ".ci", "run")) as f:
-        assert test_command in f.read().splitlines()
+    assert _runs(test_command, _ci_lines())
+
+
+def test_a_command_ci_changed_is_not_taken_for_the_readmes():
+    command = _bash_blocks()[2]
+    lines = _ci_lines()
+    assert not _runs(command.replace("-m mpi", "-m 'mpi and not slow'"), lines)
+    assert not _runs(command.replace("[test-openmpi]", "[test]"), lines)
 
 
 def test_first_command_trains_the_example_on_two_ranks():
