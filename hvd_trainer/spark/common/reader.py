@@ -145,7 +145,11 @@ class ShardReader:
             return self._cache[group]
         import pyarrow.parquet as pq
         with self._fs.open(group.path, "rb") as f:
-            table = pq.ParquetFile(f).read_row_group(group.index, columns=self._columns)
+            # Decoded in this (reading) thread: Arrow's CPU pool, once started, has threads
+            # that can still be joinable when the process exits, which aborts it ("terminate
+            # called without an active exception", seen at a loaded rank's exit).
+            table = pq.ParquetFile(f).read_row_group(group.index, columns=self._columns,
+                                                     use_threads=False)
         part = _columns(table, self._columns)
         if self._shard.stride > 1:
             part = _take(part, slice(self._shard.offset, None, self._shard.stride))
