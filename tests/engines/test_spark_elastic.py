@@ -7,8 +7,11 @@ The job: a torch training shrinks when a task is lost, goes on from the last com
 grows back when the slot frees, its final weights those of the one-process replay of its
 commits; more restarts than reset_limit, too few slots for elastic_timeout, too few tasks
 within start_timeout and every executor lost end it with the reason, and Ctrl-C on the
-driver ends it. No process is left behind, nor any folder but those of an agent killed by SIGKILL, which the next agent on the
-host removes."""
+driver ends it. No process is left behind, nor any folder but those of an agent killed by
+SIGKILL, which the next agent on the host removes. Where the multi-host test bed trains
+through the same loss and return across its hosts in this session
+(test_multihost_spark_elastic.py, an executor SIGKILLed), that run stands for the torch
+training here (tests/bed_twins.py)."""
 import io
 import json
 import os
@@ -21,6 +24,7 @@ from typing import NamedTuple
 
 import cloudpickle
 import pytest
+import bed_twins
 import elastic_training
 import engines
 from hvd_trainer_launch.engines import agent as engine_agent, elastic, spark_agents
@@ -320,8 +324,11 @@ def _our_processes(context):
     return found
 
 
-def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(spark, tmp_path,
-                                                                        monkeypatch):
+def test_run_elastic_shrinks_goes_on_from_the_last_commit_and_grows_back(request, spark,
+                                                                        tmp_path, monkeypatch):
+    bed_twins.skip_if_the_bed_runs(
+        request, "tests/multihost/test_multihost_spark_elastic.py::"
+                 "test_spark_run_elastic_survives_a_killed_executor_and_grows_back")
     import hvd_trainer.spark
     monkeypatch.setattr(spark_agents, "SparkAgents", _Recording)
     context, signal_path, out = spark.sparkContext, str(tmp_path / "signal"), _Stream()
