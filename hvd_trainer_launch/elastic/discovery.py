@@ -3,6 +3,7 @@ ranks are laid out on them (Horovod's runner/elastic/discovery.py has this job t
 import os
 import signal
 import subprocess
+import threading
 from typing import List, Optional, Tuple
 
 from hvd_trainer_launch import mpi
@@ -32,6 +33,9 @@ class Discovery:
     def __init__(self, script: Optional[str], fixed: Hosts, slots_per_host: Optional[int]):
         self.script, self.fixed, self.slots_per_host = script, fixed, slots_per_host
         self._running: Optional[subprocess.Popen] = None
+        # Held from the script's start until _running names it, so that a stop() called as
+        # the script starts waits for it and kills it rather than finding no run under way.
+        self._starting = threading.Lock()
 
     def hosts(self) -> Hosts:
         """Run the script, in a process group of its own that is killed when it is over
@@ -40,12 +44,13 @@ class Discovery:
         if not self.script:
             return list(self.fixed)
         try:
-            process = subprocess.Popen([self.script], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       start_new_session=True)
+            with self._starting:
+                process = subprocess.Popen([self.script], stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, start_new_session=True)
+                self._running = process
         except OSError as error:
             raise ValueError(f"--host-discovery-script {self.script!r} failed: {error}") from None
-        self._running = process
         try:
             out, err = process.communicate(timeout=DISCOVERY_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -67,7 +72,8 @@ class Discovery:
 
     def stop(self) -> None:
         """Kill the script's run under way, if any (from another thread), with its group."""
-        process = self._running
+        with self._starting:
+            process = self._running
         if process is not None:
             _kill_group(process)
 

@@ -210,6 +210,27 @@ def test_stopping_the_host_watch_kills_a_discovery_under_way_with_its_child(hang
     assert ends(int(pid_file.read_text()))
 
 
+def test_a_stop_as_the_discovery_script_starts_kills_it(hanging_script, monkeypatch):
+    # The race a loaded CI run lost: stop() came after the script had started (its child had
+    # written its pid) but before the discovery had recorded the run, so nothing was killed
+    # and the run lasted until DISCOVERY_TIMEOUT. Here stop() is called right then, every time.
+    script, _ = hanging_script
+    running_discovery = discovery.Discovery(script, [], None)
+    monkeypatch.setattr(discovery, "DISCOVERY_TIMEOUT", 20.0)
+    real_popen = subprocess.Popen
+
+    def popen_then_stop(*args, **kwargs):
+        process = real_popen(*args, **kwargs)
+        stopper = threading.Thread(target=running_discovery.stop, daemon=True)
+        stopper.start()
+        stopper.join(0.5)  # stop() returns at once, or waits for the run to be recorded
+        return process
+
+    monkeypatch.setattr(discovery.subprocess, "Popen", popen_then_stop)
+    with pytest.raises(ValueError, match="was killed by signal 9"):
+        running_discovery.hosts()
+
+
 def test_a_failed_shrink_names_the_rank_it_was():
     runtime.init()
     try:
