@@ -101,6 +101,10 @@ class HostWatcher(threading.Thread):
         found = sorted(layout_of(hosts, self.max_np))  # not the order
         if found == sorted(self.layout):
             return
+        # An engine writes a loss before the hosts without it (engines.elastic.ElasticJob.lost),
+        # so a loss that came after run()'s take_lost and before the discovery is read here:
+        # read only before, it would look like a host change and restart every rank.
+        self.take_lost()
         shrunk = survivors(self.started_on, self.relay.gone_in_place())
         if self.relay.in_place and found == sorted(shrunk):
             self.layout = shrunk

@@ -181,3 +181,23 @@ def test_under_ulfm_ranks_the_launcher_ended_are_not_said_to_be_left_behind(caps
     relay.settle()
     assert "rank 1 on a was ended by the launcher, with code 143; ending this life" in \
         capsys.readouterr().err
+
+
+def test_under_ulfm_a_loss_written_as_the_discovery_runs_is_taken_before_the_hosts(tmp_path):
+    # The engine writes the lost line, then the hosts without c, after the watcher's round
+    # read the lost file and before it ran the discovery (CI's Open MPI pass lost a Spark
+    # ULFM test to this order: every rank restarted instead of the survivors going on).
+    path = tmp_path / "lost"
+    path.write_text("")
+    relay = _relay(in_place=True)
+
+    class EngineWritesNow(Hosts):
+        def hosts(self):
+            path.write_text(protocol.lost_line(protocol.LostHost(0, "c", "gone")) + "\n")
+            return LAYOUT[:2]
+
+    watch = _watcher(relay, EngineWritesNow(LAYOUT), str(path))
+    watch.take_lost()  # the round's first read: nothing lost yet
+    watch.check_hosts()
+    assert relay.gone_in_place() == [3]
+    assert watch.generation.number == 0 and watch.layout == LAYOUT[:2]
