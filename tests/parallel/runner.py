@@ -11,20 +11,27 @@ from hvd_trainer_launch import mpi
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
-# Put first on the PYTHONPATH of jobs whose scripts do not use scikit-learn (see there).
-WITHOUT_SKLEARN = os.path.join(REPO, "tests", "parallel", "without_sklearn")
+# Stand-ins put first on the PYTHONPATH of the jobs whose scripts name none of their words
+# (see each folder): the real thing costs each rank a second or two of CPU at its start, for
+# code those scripts never run. A script that runs an example gets the real ones: the examples
+# are user programs.
+STAND_INS = {
+    os.path.join(REPO, "tests", "parallel", "without_sklearn"): ("sklearn", "examples"),
+    os.path.join(REPO, "tests", "parallel", "without_dynamo"): ("compile", "_dynamo",
+                                                                "lightning", "examples"),
+}
 
 
-def _uses_sklearn(paths: Sequence[str]) -> bool:
-    """Whether any of the scripts ``paths`` (those that are files) imports scikit-learn or
-    runs an example (the examples load scikit-learn's digits)."""
+def _stand_ins(paths: Sequence[str]) -> List[str]:
+    """The stand-in folders for a job of the scripts ``paths`` (those that are files): each
+    whose words none of them names."""
+    sources = []
     for path in paths:
         if os.path.isfile(path):
             with open(path) as f:
-                source = f.read()
-            if "sklearn" in source or "examples" in source:
-                return True
-    return False
+                sources.append(f.read())
+    return [folder for folder, words in STAND_INS.items()
+            if not any(word in source for word in words for source in sources)]
 
 
 def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 120,
@@ -48,9 +55,10 @@ def run_ranks(script: str, np: int, args: Sequence[str] = (), timeout: float = 1
     # One OpenMP thread per rank: three ranks share two cores in CI.
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     full_env.update(env or {})
-    if not _uses_sklearn([path, *args]):
+    stand_ins = _stand_ins([path, *args])
+    if stand_ins:
         full_env["PYTHONPATH"] = os.pathsep.join(
-            [WITHOUT_SKLEARN, *filter(None, [full_env.get("PYTHONPATH")])])
+            [*stand_ins, *filter(None, [full_env.get("PYTHONPATH")])])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}"
