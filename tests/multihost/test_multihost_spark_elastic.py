@@ -18,10 +18,9 @@ import pytest
 
 import elastic_training
 import multihost
+from spark_bed import JVM_OPTIONS, MASTER as SPARK_MASTER
 
 HEAD = multihost.HEAD
-SPARK_MASTER = f"spark://{HEAD}:7077"
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
 DRIVER = textwrap.dedent("""
     import json, sys, time

@@ -27,6 +27,7 @@ CLI:     python tests/multihost/testbed.py up 3 [--slurm] [--dir DIR]
          python tests/multihost/testbed.py down [--dir DIR]
 """
 import argparse
+import functools
 import json
 import os
 import secrets
@@ -99,14 +100,26 @@ def unavailable() -> Optional[str]:
     missing = _missing([SSHD], TOOLS, "the multi-host test bed")
     if missing:
         return missing
+    return _netns_refused()
+
+
+@functools.lru_cache(maxsize=None)
+def _netns_refused() -> Optional[str]:
+    """Why ``ip netns add`` fails here, or None; probed once per process (callers ask before
+    each test that has a twin on the bed), its namespace deleted even when the probe is cut
+    short (a stale /var/run/netns entry outlives the process)."""
     name = f"hvdtb-probe-{secrets.token_hex(3)}"
-    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if probe.returncode:
-        return (f"cannot make a network namespace here (`ip netns add`: "
-                f"{probe.stderr.strip()}); the test bed needs a machine or VM whose root may "
-                "(a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN: docker run --privileged)")
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
+    try:
+        probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+        if probe.returncode:
+            return (f"cannot make a network namespace here (`ip netns add`: "
+                    f"{probe.stderr.strip()}); the test bed needs a machine or VM whose root may "
+                    "(a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN: docker run "
+                    "--privileged)")
+        return None
+    finally:
+        if os.path.exists(os.path.join("/var/run/netns", name)):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def _sh(*command: str) -> None:
