@@ -17,6 +17,7 @@ WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
 # are user programs.
 STAND_INS = {
     os.path.join(REPO, "tests", "parallel", "without_sklearn"): ("sklearn", "examples"),
+    os.path.join(REPO, "tests", "parallel", "without_scipy"): ("scipy", "sklearn", "examples"),
     os.path.join(REPO, "tests", "parallel", "without_dynamo"): ("compile", "_dynamo",
                                                                 "lightning", "examples"),
 }

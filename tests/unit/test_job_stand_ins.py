@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import runner  # noqa: E402  (after its folder is on the path)
 
-WITHOUT_SKLEARN, WITHOUT_DYNAMO = runner.STAND_INS
+WITHOUT_SKLEARN, WITHOUT_SCIPY, WITHOUT_DYNAMO = runner.STAND_INS
 
 
 def _script(tmp_path, name, text):
@@ -27,9 +27,11 @@ def test_a_job_gets_each_stand_in_whose_words_none_of_its_scripts_names(tmp_path
     compiles = _script(tmp_path, "compiles.py", "model = torch.compile(model)\n")
     learns = _script(tmp_path, "learns.py", "from sklearn.datasets import load_digits\n")
     example = _script(tmp_path, "example.py", "runpy.run_path('examples/x.py')\n")
-    assert runner._stand_ins([plain]) == [WITHOUT_SKLEARN, WITHOUT_DYNAMO]
-    assert runner._stand_ins([plain, compiles]) == [WITHOUT_SKLEARN]  # a chain: any script
+    sparse = _script(tmp_path, "sparse.py", "import scipy.sparse\n")
+    assert runner._stand_ins([plain]) == [WITHOUT_SKLEARN, WITHOUT_SCIPY, WITHOUT_DYNAMO]
+    assert runner._stand_ins([plain, compiles]) == [WITHOUT_SKLEARN, WITHOUT_SCIPY]  # any script
     assert runner._stand_ins([learns, "--flag"]) == [WITHOUT_DYNAMO]  # not a file: no words
+    assert runner._stand_ins([sparse]) == [WITHOUT_SKLEARN, WITHOUT_DYNAMO]
     assert runner._stand_ins([example]) == []
 
 
