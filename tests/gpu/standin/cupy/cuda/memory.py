@@ -18,7 +18,9 @@ import numpy as np
 __all__ = ["Memory", "MemoryPointer", "find", "is_pinned", "pin"]
 
 _ALIGN, _ROUND = 256, 512
-_lock = threading.Lock()
+# Reentrant: a collection can run a Memory's __del__ (or a pinned buffer's callback), which
+# takes it, on a thread that already holds it (any allocation under it can set one off).
+_lock = threading.RLock()
 _starts: List[int] = []          # block addresses, sorted
 _blocks: Dict[int, "_Block"] = {}  # address -> block
 _free: Dict[Tuple[int, int, int], List["_Block"]] = {}  # (device, size, stream) -> blocks
