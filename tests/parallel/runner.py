@@ -17,7 +17,9 @@ WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
 # are user programs.
 STAND_INS = {
     os.path.join(REPO, "tests", "parallel", "without_sklearn"): ("sklearn", "examples"),
-    os.path.join(REPO, "tests", "parallel", "without_scipy"): ("scipy", "sklearn", "examples"),
+    # (torchmetrics, which Lightning imports, imports scipy.signal.)
+    os.path.join(REPO, "tests", "parallel", "without_scipy"): ("scipy", "sklearn", "lightning",
+                                                               "examples"),
     os.path.join(REPO, "tests", "parallel", "without_dynamo"): ("compile", "_dynamo",
                                                                 "lightning", "examples"),
 }

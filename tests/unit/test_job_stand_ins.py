@@ -32,6 +32,8 @@ def test_a_job_gets_each_stand_in_whose_words_none_of_its_scripts_names(tmp_path
     assert runner._stand_ins([plain, compiles]) == [WITHOUT_SKLEARN, WITHOUT_SCIPY]  # any script
     assert runner._stand_ins([learns, "--flag"]) == [WITHOUT_DYNAMO]  # not a file: no words
     assert runner._stand_ins([sparse]) == [WITHOUT_SKLEARN, WITHOUT_DYNAMO]
+    fits = _script(tmp_path, "fits.py", "import pytorch_lightning as pl\n")
+    assert runner._stand_ins([fits]) == [WITHOUT_SKLEARN]  # torchmetrics imports scipy
     assert runner._stand_ins([example]) == []
 
 
