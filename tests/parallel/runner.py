@@ -15,13 +15,14 @@ WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
 # (see each folder): the real thing costs each rank a second or two of CPU at its start, for
 # code those scripts never run. A script that runs an example gets the real ones: the examples
 # are user programs.
+WITHOUT_SKLEARN = os.path.join(REPO, "tests", "parallel", "without_sklearn")
+WITHOUT_SCIPY = os.path.join(REPO, "tests", "parallel", "without_scipy")
+WITHOUT_DYNAMO = os.path.join(REPO, "tests", "parallel", "without_dynamo")
 STAND_INS = {
-    os.path.join(REPO, "tests", "parallel", "without_sklearn"): ("sklearn", "examples"),
+    WITHOUT_SKLEARN: ("sklearn", "examples"),
     # (torchmetrics, which Lightning imports, imports scipy.signal.)
-    os.path.join(REPO, "tests", "parallel", "without_scipy"): ("scipy", "sklearn", "lightning",
-                                                               "examples"),
-    os.path.join(REPO, "tests", "parallel", "without_dynamo"): ("compile", "_dynamo",
-                                                                "lightning", "examples"),
+    WITHOUT_SCIPY: ("scipy", "sklearn", "lightning", "examples"),
+    WITHOUT_DYNAMO: ("compile", "_dynamo", "lightning", "examples"),
 }
 
 

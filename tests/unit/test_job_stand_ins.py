@@ -12,8 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "parallel"))
 
 import runner  # noqa: E402  (after its folder is on the path)
-
-WITHOUT_SKLEARN, WITHOUT_SCIPY, WITHOUT_DYNAMO = runner.STAND_INS
+from runner import WITHOUT_DYNAMO, WITHOUT_SCIPY, WITHOUT_SKLEARN  # noqa: E402
 
 
 def _script(tmp_path, name, text):
