@@ -101,12 +101,18 @@ def pytest_collection_modifyitems(config, items):
 # and share them, so they run one after another in one worker while the others take the
 # CPU-bound multi-rank jobs; the modules of one shared job (tests/parallel/runner.py's TORCH_JOB
 # and MXNET_JOB, tests/gpu/gpu.py's jobs) are one unit; any other module is one unit, its cases
-# sharing its jobs.
+# sharing its jobs, but for test_tf.py: its Keras training jobs (the tests that share
+# KERAS3_JOB and KERAS2_JOB, and the Keras 2 one the script imports) are a unit apart from its
+# collectives, stall and example jobs, since the module alone (177 s on 2026-12-07) was the
+# TensorFlow pass's longest unit.
 _UNITS = {
     "tests/engines/": "clusters", "tests/multihost/": "clusters",
     "tests/parallel/test_engine_agents.py": "clusters",
     "tests/parallel/test_elastic_engine_job.py": "clusters",
     "tests/gpu/": "gpu",
+    **dict.fromkeys(("tests/parallel/test_tf.py::test_training_matches",
+                     "tests/parallel/test_tf.py::test_sync_batch_normalization",
+                     "tests/parallel/test_tf.py::test_keras2_"), "tf keras jobs"),
     **dict.fromkeys(("tests/parallel/test_torch_ops.py", "tests/parallel/test_torch_optimizer.py",
                      "tests/parallel/test_torch_sparse_optimizer.py"), "torch job"),
     **dict.fromkeys(("tests/parallel/test_mxnet_ops.py", "tests/parallel/test_sparse_training.py",

@@ -2,6 +2,7 @@
 against the test modules' own sources: the modules of one shared job are one unit, every
 module that starts clusters, engine agents or the multi-host test bed is in the one unit
 that runs them one after another, and any other module is a unit of its own."""
+import ast
 import os
 import re
 
@@ -60,3 +61,19 @@ def test_clusters_agents_and_the_test_bed_are_one_unit_and_other_modules_their_o
     plain = "tests/unit/test_readme.py"
     assert unit_of(f"{plain}::test_readme_stays_short") == plain
     assert unit_of("tests/parallel/test_join.py::test_join[3]") == "tests/parallel/test_join.py"
+
+
+def test_tf_keras_jobs_are_one_unit_apart_from_the_module_s_other_jobs(pytestconfig):
+    unit_of = _unit_of(pytestconfig)
+    with open(os.path.join(TESTS, "parallel", "test_tf.py")) as f:
+        source = f.read()
+    tree = ast.parse(source)
+    bodies = {node.name: ast.get_source_segment(source, node) for node in tree.body
+              if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+    keras = [name for name, body in bodies.items()
+             if re.search(r"KERAS[23]_JOB|tf_keras2_worker\.py", body)]
+    others = [name for name in bodies if name not in keras]
+    assert len(keras) >= 4 and len(others) >= 3, (keras, others)
+    units = lambda names: {unit_of(f"tests/parallel/test_tf.py::{n}[3-x]") for n in names}  # noqa: E731
+    assert len(units(keras)) == 1 and len(units(others)) == 1, (keras, others)
+    assert units(keras) != units(others)
