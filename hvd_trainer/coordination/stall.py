@@ -31,6 +31,13 @@ _OFF = contextlib.nullcontext()
 # small collective's wait is a few microseconds.
 _KEEP_SECONDS = 0.0001
 _SPIN_SECONDS = 0.1
+# Where this host's ranks outnumber its cores, a wait yields for 1 ms only, then sleeps: a
+# rank that yields in a loop is scheduled again at once while the rank it waits for still
+# computes, and burns that rank's core. Tests' 3-rank jobs on 2 busy cores spent about 6%
+# less CPU so (2026-12-07, docs/getting-started.md#testing); the agreement's own waits are
+# shorter (0.18 ms with 8 ranks on 2 cores, below).
+_CROWDED_SPIN_SECONDS = 0.001
+_spin = _SPIN_SECONDS
 _PAUSE_SHARE, _MAX_PAUSE = 0.05, 0.02
 # Where this host's ranks outnumber the cores they may run on, a wait keeps its core for no
 # time at all: the rank it waits for needs a core to get there (see _start). With 8 ranks on
@@ -53,7 +60,7 @@ def pause(start: float) -> None:
     waited = time.monotonic() - start
     if waited < _keep:
         return
-    if waited < _SPIN_SECONDS:
+    if waited < _spin:
         os.sched_yield()
     else:
         time.sleep(min(_PAUSE_SHARE * waited, _MAX_PAUSE))
@@ -279,16 +286,17 @@ def pace(since: float) -> float:
     """How long to wait before another round when rounds have matched nothing since
     ``since``: at once at first, then a small share of the time waited (see :func:`pause`)."""
     waited = time.monotonic() - since
-    return 0.0 if waited < _SPIN_SECONDS else min(_PAUSE_SHARE * waited, _MAX_PAUSE)
+    return 0.0 if waited < _spin else min(_PAUSE_SHARE * waited, _MAX_PAUSE)
 
 
 def _start(st: Any) -> None:
     """At init: whether waits keep their core at first (not where this host's ranks
     outnumber its cores), the stall inspector's thread, when a stall time is set
     (HVD_STALL_CHECK_TIME_SECONDS is 60 s unless set to 0), and the mailboxes' last drain."""
-    global _keep, _polls
+    global _keep, _polls, _spin
     crowded = st.local.size > len(os.sched_getaffinity(0))
     _keep = 0.0 if crowded else _KEEP_SECONDS
+    _spin = _CROWDED_SPIN_SECONDS if crowded else _SPIN_SECONDS
     _polls = 1 if crowded else _POLLS_UNREGISTERED
     if st.world.size == 1:
         return
