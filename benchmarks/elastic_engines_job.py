@@ -174,7 +174,8 @@ def drive_ray(args) -> None:
     for folder in args.folders:
         del events[:]
         settings = ElasticRayExecutor.create_settings(
-            min_num_proc=MIN_NP, max_num_proc=MAX_NP, elastic_timeout=120)  # timeout_s: 30
+            min_num_proc=MIN_NP, max_num_proc=MAX_NP, elastic_timeout=120,  # timeout_s: 30
+            ulfm=args.ulfm)
         # Until Ray marks h3's node dead a life may start there and fail: a host that fails
         # in two lives in a row stays out for the cooldown only (as the bed's test has it).
         settings.cooldown_range = (1, 3)
@@ -207,7 +208,7 @@ def drive_spark(args) -> None:
             hvd_trainer.spark.run_elastic(train, args=(folder,), num_proc=MAX_NP,
                                           min_num_proc=MIN_NP, max_num_proc=MAX_NP,
                                           start_timeout=60, elastic_timeout=120,
-                                          stderr=stamped)
+                                          stderr=stamped, ulfm=args.ulfm)
         except Exception as failure:
             error = repr(failure)
         save_round(folder, events, stamped, error)
@@ -220,7 +221,7 @@ def drive_hvdrun(args) -> None:
         command = [sys.executable, "-m", "hvd_trainer_launch.cli.hvdrun", "--min-np", str(MIN_NP),
                    "--max-np", str(MAX_NP), "--host-discovery-script",
                    os.path.join(folder, "discover"), "--elastic-timeout", "120",
-                   "--blacklist-cooldown-range", "1", "3",
+                   "--blacklist-cooldown-range", "1", "3", *(["--ulfm"] if args.ulfm else []),
                    sys.executable, os.path.abspath(__file__), "--worker", folder]
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for line in iter(job.stderr.readline, b""):
@@ -276,6 +277,7 @@ def main() -> None:
     parser.add_argument("--driver-host")
     parser.add_argument("--jvm-options")
     parser.add_argument("--folders", nargs="*")
+    parser.add_argument("--ulfm", action="store_true", help="the job under hvdrun's --ulfm")
     args = parser.parse_args()
     if args.worker:
         train(args.worker)
