@@ -241,12 +241,11 @@ def life_started(record: dict, size: int, after: float) -> int:
 
 
 def stages(record: dict, event: str) -> dict:
-    """Seconds from the loss (``event`` "loss") or the arrival to each stage it shows."""
+    """Seconds from the loss (``event`` "loss") or the arrival to each stage it shows; under
+    --ulfm the loss's stages are :data:`SURVIVOR_STAGES`, the ranks on h1 and h2 going on in
+    their processes."""
     start = record[event]
     size = MIN_NP if event == "loss" else MAX_NP
-    if event == "loss" and record.get("ulfm"):
-        return survivors(record)
-    life = life_started(record, size, start)
     seen = {}
 
     def h3(host: str) -> bool:  # the engine's name of h3 (Ray's: its address)
@@ -259,9 +258,19 @@ def stages(record: dict, event: str) -> dict:
 
     events = record["events"]
     if event == "loss":
+        first("lost", [at for at, kind, host in events if kind in ("left", "lost") and h3(host)])
+        if record.get("ulfm"):
+            first("went_on", [at for at, line in record["messages"] if "go on without" in line])
+            for name in ("restored", "first_step"):
+                by_rank = {}  # each survivor's first such mark after the loss
+                for mark in record["marks"]:
+                    if mark["event"] == name and mark["size"] == MIN_NP and mark["t"] > start:
+                        by_rank.setdefault(mark["rank"], mark["t"])
+                if len(by_rank) == MIN_NP:
+                    seen[name] = max(by_rank.values()) - start
+            return seen
         first("ended", [at for at, line in record["messages"]
                         if re.search("ending this life|exited with code", line)])
-        first("lost", [at for at, kind, host in events if kind in ("left", "lost") and h3(host)])
     else:
         first("listed", [at for at, kind, hosts in events if kind == "discovered" and h3(hosts)])
         first("joined", [at for at, kind, host in events if kind == "joined" and h3(host)])
@@ -270,32 +279,13 @@ def stages(record: dict, event: str) -> dict:
                 and m["size"] == MIN_NP and m["t"] > start]
         if left:
             seen["left"] = max(left) - start
+    life = life_started(record, size, start)
     first("next_life", [at for at, line in record["messages"]
                         if re.search(rf"starting {size} ranks .*\(restart {life}\)", line)])
     for name, _ in RANK_STAGES:
         times = [m["t"] for m in record["marks"] if m["life"] == life and m["event"] == name]
         if len(times) == size:
             seen[name] = max(times) - start
-    return seen
-
-
-def survivors(record: dict) -> dict:
-    """Seconds from the loss to each stage of a round under --ulfm, where the ranks on h1 and
-    h2 go on in their processes (:data:`SURVIVOR_STAGES`; a stage's time is the slower rank's)."""
-    start, seen = record["loss"], {}
-    lost = [at for at, kind, host in record["events"] if kind in ("left", "lost")
-            and at > start and any(name in record["h3"] for name in host.split(","))]
-    went = [at for at, line in record["messages"] if "go on without" in line and at > start]
-    for name, times in (("lost", lost), ("went_on", went)):
-        if times:
-            seen[name] = min(times) - start
-    for name in ("restored", "first_step"):
-        first = {}
-        for mark in record["marks"]:
-            if mark["event"] == name and mark["size"] == MIN_NP and mark["t"] > start:
-                first.setdefault(mark["rank"], mark["t"])
-        if len(first) == MIN_NP:
-            seen[name] = max(first.values()) - start
     return seen
 
 
