@@ -5,13 +5,22 @@ life ends at once rather than waiting them out (the start timeout), or, under --
 other ranks go on without them and their layout becomes the life's."""
 import os
 import threading
-from typing import Iterable, List, Optional, Set
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.elastic.discovery import DISCOVERY_INTERVAL, Discovery, Hosts, allocate, hosts_text
+from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts, allocate,
+                                                  host_of, hosts_text)
 from hvd_trainer_launch.elastic.notices import Generation
 from hvd_trainer_launch.elastic.registration import Blacklist, ElasticRelay
 from hvd_trainer_launch.job.relay import say
+
+# Under --ulfm, how long the slot of a rank killed in place stays out while the discovery goes
+# on listing its host (a rank killed on a host that stays up, e.g. by the OOM killer), before
+# the job grows back onto it. Long enough for an engine to report a lost node (Ray takes 2-3 s,
+# after which its discovery drops the host), so that the survivors do not restart onto a
+# host about to go; short beside a training job's length.
+KILLED_SLOT_HOLD_SECONDS = 30.0
 
 
 def layout_of(hosts: Hosts, max_np: Optional[int]) -> Hosts:
@@ -57,21 +66,25 @@ def read_lost(path: Optional[str], life: int) -> List[protocol.LostHost]:
 class HostWatcher(threading.Thread):
     """Every DISCOVERY_INTERVAL during life ``life``: first takes the agents the engine lost
     in it (``relay.agent_lost``), then runs discovery; when the usable hosts would give
-    another layout than the life's (:func:`layout_of`: a host added while the life has
-    --max-np ranks changes nothing), raises the generation once (the ranks leave at their
-    next commit). Under --ulfm, once the hosts are those of the ranks that went on after
-    others were killed, that is the life's layout: a host that comes back then grows the job."""
+    another layout than that of the ranks running (:func:`layout_of`: a host added while the
+    life has --max-np ranks changes nothing), raises the generation once (the ranks leave at
+    their next commit). Under --ulfm the ranks running are those that went on after others
+    were killed: a killed rank's slot is held out for KILLED_SLOT_HOLD_SECONDS, or until the
+    discovery lists its host without it (it saw the loss); after that a slot listed there
+    grows the job, as a host that comes back does."""
 
     def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
                  max_np: Optional[int], generation: Generation, relay: ElasticRelay,
-                 life: int = 0):
+                 life: int = 0, clock: Callable[[], float] = time.monotonic):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
         self.layout, self.max_np, self.generation = layout, max_np, generation
-        self.relay, self.life = relay, life
+        self.relay, self.life, self.clock = relay, life, clock
         self.started_on = list(layout)
         self.lost_file = os.environ.get(protocol.ENGINE_LOST_VARIABLE)
         self.taken: Set[str] = set()  # the lost hosts already taken
+        self.gone: Set[int] = set()  # the ranks killed in place already seen
+        self.holds: Dict[int, float] = {}  # a killed rank -> when its slot is no longer held
         self.raised = False
         self.stopped = threading.Event()
 
@@ -91,30 +104,60 @@ class HostWatcher(threading.Thread):
                     self.relay.agent_lost(ranks, lost.cause, lost.absent)
 
     def check_hosts(self) -> None:
-        """Raise the generation if the usable hosts would give another layout."""
+        """Raise the generation if the usable hosts would give another layout than that of
+        the ranks running."""
         try:
-            hosts = self.blacklist.usable(self.discovery.hosts())
+            discovered = self.discovery.hosts()
         except ValueError as error:
             if not self.stopped.is_set():  # else stop() killed the script
                 say(f"elastic: warning: {error}; keeping the hosts as they are")
             return
-        found = sorted(layout_of(hosts, self.max_np))  # not the order
-        if found == sorted(self.layout):
-            return
         # An engine writes a loss before the hosts without it (engines.elastic.ElasticJob.lost),
-        # so a loss that came after run()'s take_lost and before the discovery is read here:
-        # read only before, it would look like a host change and restart every rank.
+        # so a loss written while the discovery ran is taken here, after it: taken only before,
+        # the host would look gone for no reason under --ulfm and every rank would restart.
         self.take_lost()
-        shrunk = survivors(self.started_on, self.relay.gone_in_place())
-        if self.relay.in_place and found == sorted(shrunk):
-            self.layout = shrunk
-            say(f"elastic: the hosts are those of the ranks that went on ({hosts_text(shrunk)}); "
-                "a host that comes back grows the job at their next commit")
+        running = survivors(self.started_on, self.relay.gone_in_place())
+        hosts = self.without_held(self.blacklist.usable(discovered), running)
+        found = sorted(layout_of(hosts, self.max_np))  # not the order
+        if found == sorted(running):
+            if sorted(running) != sorted(self.layout):
+                self.layout = running
+                say(f"elastic: the hosts are those of the ranks that went on "
+                    f"({hosts_text(running)}); the job grows at their next commit when a host "
+                    f"comes back, or, if the discovery goes on listing the lost ranks' hosts, "
+                    f"onto their slots {KILLED_SLOT_HOLD_SECONDS:g} s after the loss")
             return
         self.generation.number += 1
         self.raised = True
         say(f"elastic: hosts changed to {hosts_text(hosts) or 'none'}; the ranks restart on "
             "them at their next commit")
+
+    def without_held(self, hosts: Hosts, running: Hosts) -> Hosts:
+        """``hosts`` less the slots held for ranks killed in place (under --ulfm). A hold
+        ends KILLED_SLOT_HOLD_SECONDS after the loss was first seen, or once the discovery
+        lists the host with no slot beyond the ranks running there: it saw the loss itself,
+        and a slot it lists again after that is a new one."""
+        now = self.clock()
+        for rank in self.relay.gone_in_place():
+            if rank not in self.gone:
+                self.gone.add(rank)
+                self.holds[rank] = now + KILLED_SLOT_HOLD_SECONDS
+        listed, ranks_on = dict(hosts), dict(running)
+        kept: Dict[int, float] = {}
+        by_host: Dict[str, List[int]] = {}
+        for rank in sorted(self.holds, key=self.holds.__getitem__, reverse=True):  # newest first
+            if self.holds[rank] > now:
+                by_host.setdefault(host_of(self.started_on, rank), []).append(rank)
+        for host, ranks in by_host.items():
+            room = listed.get(host, 0) - ranks_on.get(host, 0)
+            kept.update((rank, self.holds[rank]) for rank in ranks[:max(room, 0)])
+        self.holds = kept
+        held: Dict[str, int] = {}
+        for rank in kept:
+            host = host_of(self.started_on, rank)
+            held[host] = held.get(host, 0) + 1
+        return [(host, slots - held.get(host, 0)) for host, slots in hosts
+                if slots > held.get(host, 0)]
 
     def stop(self) -> None:
         self.stopped.set()

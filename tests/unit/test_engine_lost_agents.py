@@ -29,9 +29,9 @@ class Hosts:
         pass
 
 
-def _watcher(relay, discovery, lost_file=None, life=0):
+def _watcher(relay, discovery, lost_file=None, life=0, clock=lambda: 0.0):
     found = watcher.HostWatcher(discovery, Blacklist(None), list(LAYOUT), None,
-                                SimpleNamespace(number=0), relay, life)
+                                SimpleNamespace(number=0), relay, life, clock)
     found.lost_file = lost_file
     return found
 
@@ -201,3 +201,69 @@ def test_under_ulfm_a_loss_written_as_the_discovery_runs_is_taken_before_the_hos
     watch.check_hosts()
     assert relay.gone_in_place() == [3]
     assert watch.generation.number == 0 and watch.layout == LAYOUT[:2]
+
+
+class Clock:
+    """A clock that moves when the test says."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _killed(relay, rank):
+    """``rank`` killed by a signal, as its wrapper reports it."""
+    relay.record(rank, 137, "exited with code", killed=True)
+
+
+def test_under_ulfm_a_rank_killed_on_a_host_still_listed_is_replaced_after_the_hold(capsys):
+    """A rank killed on a host that stays up (the OOM killer): the others go on without it
+    and its slot stays out for the hold, then the job grows back onto it at the next commit
+    (before, it never did while the discovery listed the host)."""
+    clock, relay, discovery = Clock(), _relay(in_place=True), Hosts(LAYOUT)
+    watch = _watcher(relay, discovery, clock=clock)
+    _killed(relay, 1)
+    watch.check_hosts()
+    assert watch.generation.number == 0 and watch.layout == [("a", 1), ("b", 1), ("c", 1)]
+    assert "the hosts are those of the ranks that went on (a:1,b:1,c:1)" in capsys.readouterr().err
+    clock.now += watcher.KILLED_SLOT_HOLD_SECONDS - 1
+    watch.check_hosts()
+    assert watch.generation.number == 0
+    clock.now += 1
+    watch.check_hosts()
+    assert watch.generation.number == 1
+    assert "hosts changed to a:2,b:1,c:1" in capsys.readouterr().err
+
+
+def test_under_ulfm_a_killed_rank_s_slot_listed_again_after_the_discovery_dropped_it_grows_at_once():
+    clock, relay, discovery = Clock(), _relay(in_place=True), Hosts(LAYOUT)
+    watch = _watcher(relay, discovery, clock=clock)
+    _killed(relay, 1)
+    watch.check_hosts()
+    discovery.now = [("a", 1), ("b", 1), ("c", 1)]  # the discovery saw the slot go
+    watch.check_hosts()
+    assert watch.generation.number == 0
+    discovery.now = LAYOUT  # and lists it again, well within the hold
+    clock.now += 2
+    watch.check_hosts()
+    assert watch.generation.number == 1
+
+
+def test_under_ulfm_a_free_slot_grows_the_job_at_once_while_the_killed_one_is_held():
+    clock, relay, discovery = Clock(), _relay(in_place=True), Hosts(LAYOUT)
+    watch = _watcher(relay, discovery, clock=clock)
+    _killed(relay, 3)
+    discovery.now = LAYOUT + [("d", 1)]  # c's slot is held; d's is free
+    watch.check_hosts()
+    assert watch.generation.number == 1
+
+
+def test_without_ulfm_a_killed_rank_holds_nothing():
+    # Its life ends (every rank restarts at once on the listed hosts): no hold to apply.
+    relay, discovery = _relay(in_place=False), Hosts(LAYOUT)
+    watch = _watcher(relay, discovery)
+    _killed(relay, 1)
+    watch.check_hosts()
+    assert watch.holds == {} and watch.generation.number == 0
