@@ -16,7 +16,8 @@ committed after every step, PAUSE seconds between steps, under MPICH:
    worker and executor (Spark), or its rank is SIGKILLed and h3 dropped from the discovery
    script's output (hvdrun);
 2. once 2 ranks have made STEPS steps, h3 arrives: ``ray start`` again, the Spark worker
-   started again, h3 back in the discovery output;
+   started again, h3 back in the discovery output (no sooner than two discovery intervals
+   after the loss, so that hvdrun sees it go);
 3. once 3 ranks have made STEPS steps, the ranks stop and the job ends.
 
 The stages come from timestamps (one clock: the bed's hosts share this machine's kernel):
@@ -46,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import header  # noqa: E402
 from elastic_engines_job import MAX_NP, MIN_NP, STOP, read_marks, write_hosts  # noqa: E402
+from hvd_trainer_launch.elastic.discovery import DISCOVERY_INTERVAL  # noqa: E402
 JOB = os.path.join(HERE, "elastic_engines_job.py")
 
 STEPS = 5  # steps each phase makes before the next event
@@ -156,6 +158,11 @@ def one_round(bed, cluster: Cluster, folder: str, driver) -> dict:
     with open(os.path.join(folder, "loss")) as f:
         loss = float(f.read())
     wait_for_steps(folder, MIN_NP, loss, driver)
+    if cluster.engine == "hvdrun":
+        # A host that went down is out of the discovery's output for more than one of its runs:
+        # under --ulfm the survivors make their steps within a second of the loss, and hvdrun
+        # would otherwise see h3 listed throughout (a rank killed on a host that stays up).
+        time.sleep(max(0.0, loss + 2 * DISCOVERY_INTERVAL - time.time()))
     arrival = time.time()
     if cluster.engine == "hvdrun":
         write_hosts(folder, ("h1", "h2", "h3"))
