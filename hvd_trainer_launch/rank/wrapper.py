@@ -48,6 +48,8 @@ _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _LAUNCHER_PLACE = (("MPI_LOCALRANKID", "HOROVOD_LOCAL_RANK"),
                    ("MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"),
                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"))
+# What a user sets to choose numpy's BLAS threads (OpenBLAS reads them in this order).
+_BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 # What the kernel sends the wrapper when its parent goes: a signal of its own, since the end of
 # the parent's thread that started it sends it too, and then the parent is still there.
 _PARENT_GONE = signal.SIGRTMIN
@@ -382,7 +384,21 @@ def _child_environment(rank: int) -> Dict[str, str]:
     env.pop(protocol.REPORTS_VARIABLE, None)
     if HOSTS_VARIABLE in env:
         _write_all(2, _with_horovod_variables(env, rank))
+    env.update(blas_share(env, len(os.sched_getaffinity(0))))
     return env
+
+
+def blas_share(env: Mapping[str, str], cores: int) -> Dict[str, str]:
+    """OPENBLAS_NUM_THREADS for a rank that shares its host's ``cores`` with other ranks, when
+    the user chose no BLAS thread count: its share of them. numpy's OpenBLAS otherwise starts
+    a thread per core in every rank (the frameworks' OpenMP runtimes share the cores among
+    MPI's local ranks themselves), and the ranks' matrix products (PowerSGD's, during
+    backward) then take turns on cores that backward already fills. Empty otherwise."""
+    if any(name in env for name in _BLAS_THREAD_VARIABLES):
+        return {}
+    local = next((int(env[name]) for name in ("HOROVOD_LOCAL_SIZE", *_LOCAL_SIZE_VARIABLES)
+                  if env.get(name, "").isdigit()), 1)
+    return {"OPENBLAS_NUM_THREADS": str(max(1, cores // local))} if local > 1 else {}
 
 
 class _ChildEnd:

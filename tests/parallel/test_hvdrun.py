@@ -145,6 +145,24 @@ def test_environment_and_flags_reach_every_rank(tmp_path):
     assert sorted(result.stdout.splitlines()) == [f"0 {expected}", f"1 {expected}"]
 
 
+def test_ranks_sharing_a_host_share_its_cores_for_numpy_s_blas(tmp_path):
+    """Three ranks here, no BLAS thread count chosen: each gets its share of the cores (the
+    frameworks' OpenMP runtimes share them among MPI's local ranks on their own, OpenBLAS does
+    not); a count the user chose is left as it is."""
+    show = script(tmp_path, "show.py", prelude=RANK, body="""
+        print(rank, os.environ.get("OPENBLAS_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS"))
+    """)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    result, _ = hvdrun("-np", 3, "--no-prefix", sys.executable, show, env=env)
+    assert result.returncode == 0, result.stderr
+    share = max(1, len(os.sched_getaffinity(0)) // 3)
+    assert sorted(result.stdout.splitlines()) == [f"{r} {share} None" for r in range(3)]
+    result, _ = hvdrun("-np", 3, "--no-prefix", sys.executable, show,
+                       env=dict(env, OMP_NUM_THREADS="4"))
+    assert sorted(result.stdout.splitlines()) == [f"{r} None 4" for r in range(3)]
+
+
 def _alive(pid):
     """True if the process exists and is not a zombie (an unreaped zombie has already ended)."""
     try:

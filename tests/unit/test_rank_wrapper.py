@@ -15,6 +15,7 @@ import pytest
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.job import reports
 from hvd_trainer_launch.protocol import Exited, Started
+from hvd_trainer_launch.rank import wrapper
 
 SECRET = "the job's secret"
 _received = []
@@ -189,3 +190,19 @@ def test_the_wrapper_ends_its_rank_when_the_engine_agent_that_started_it_is_gone
     wrapper.communicate(timeout=30)  # the child sleeps for 60 s unless it is ended
     report = exit_report()
     assert (report.code, report.killed, report.ended) == (128 + signal.SIGTERM, True, False)
+
+
+@pytest.mark.parametrize("env, cores, share", [
+    ({"HOROVOD_LOCAL_SIZE": "2"}, 2, "1"),
+    ({"HOROVOD_LOCAL_SIZE": "2"}, 16, "8"),
+    ({"HOROVOD_LOCAL_SIZE": "3"}, 2, "1"),  # never 0: OpenBLAS would take every core
+    ({"MPI_LOCALNRANKS": "4"}, 8, "2"),  # the launcher's count, where hvdrun gave no hosts
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 6, "3"),
+    ({"HOROVOD_LOCAL_SIZE": "1"}, 8, None),  # alone on its host: OpenBLAS's own default
+    ({}, 8, None),
+    ({"HOROVOD_LOCAL_SIZE": "2", "OMP_NUM_THREADS": "4"}, 8, None),  # the user's choice
+    ({"HOROVOD_LOCAL_SIZE": "2", "OPENBLAS_NUM_THREADS": "1"}, 8, None),
+])
+def test_ranks_on_one_host_share_its_cores_for_openblas(env, cores, share):
+    expected = {} if share is None else {"OPENBLAS_NUM_THREADS": share}
+    assert wrapper.blas_share(env, cores) == expected
