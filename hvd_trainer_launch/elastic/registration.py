@@ -85,10 +85,11 @@ class ElasticRelay(OutputRelay):
 
     def gone_in_place(self) -> List[int]:
         """Under --ulfm, the ranks killed (or lost with their engine agent) whom the others
-        went on without; none otherwise."""
+        went on without; none otherwise. Not those the launcher ended: it ends every rank when
+        it loses a host's daemon, and that life is over."""
         with self._lock:
-            return [failure.rank for failure in self.reported if failure.killed] \
-                if self.in_place else []
+            return [failure.rank for failure in self.reported
+                    if failure.killed and failure.how != ENDED] if self.in_place else []
 
     def agent_lost(self, ranks: Sequence[int], cause: str, absent: bool = False) -> None:
         """An elastic engine lost the agent of ``ranks`` (``cause``: its words): they will

@@ -178,6 +178,7 @@ def test_under_ulfm_ranks_the_launcher_ended_are_not_said_to_be_left_behind(caps
     relay = _relay(in_place=True)
     relay.record(1, 143, ENDED, killed=True)
     assert "go on without" not in capsys.readouterr().err
+    assert relay.gone_in_place() == []  # nor held out of the layout as if they had
     relay.settle()
     assert "rank 1 on a was ended by the launcher, with code 143; ending this life" in \
         capsys.readouterr().err
