@@ -13,6 +13,7 @@ load; the step is the 8 x Linear(2048) MLP, batch 64, SGD with momentum, uncompr
 PowerSGD rank 4 (from step 2), median of 7 timed steps after 3, the slowest rank's.
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -67,7 +68,6 @@ def worker() -> None:
 
 def one_launch(default: bool) -> Dict[str, float]:
     """A 2-rank launch: OpenBLAS's default (``default``) or the wrapper's share."""
-    import json
     env = {k: v for k, v in os.environ.items() if k not in BLAS_VARIABLES}
     if default:
         env["OPENBLAS_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))

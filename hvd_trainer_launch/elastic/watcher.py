@@ -83,8 +83,9 @@ class HostWatcher(threading.Thread):
         self.started_on = list(layout)
         self.lost_file = os.environ.get(protocol.ENGINE_LOST_VARIABLE)
         self.taken: Set[str] = set()  # the lost hosts already taken
-        self.gone: Set[int] = set()  # the ranks killed in place already seen
-        self.holds: Dict[int, float] = {}  # a killed rank -> when its slot is no longer held
+        # A rank killed in place -> when its slot's hold ends (0: over, or the discovery saw
+        # the loss); kept so that a rank's hold begins once.
+        self.holds: Dict[int, float] = {}
         self.raised = False
         self.stopped = threading.Event()
 
@@ -139,23 +140,17 @@ class HostWatcher(threading.Thread):
         and a slot it lists again after that is a new one."""
         now = self.clock()
         for rank in self.relay.gone_in_place():
-            if rank not in self.gone:
-                self.gone.add(rank)
-                self.holds[rank] = now + KILLED_SLOT_HOLD_SECONDS
-        listed, ranks_on = dict(hosts), dict(running)
-        kept: Dict[int, float] = {}
-        by_host: Dict[str, List[int]] = {}
-        for rank in sorted(self.holds, key=self.holds.__getitem__, reverse=True):  # newest first
-            if self.holds[rank] > now:
-                by_host.setdefault(host_of(self.started_on, rank), []).append(rank)
-        for host, ranks in by_host.items():
-            room = listed.get(host, 0) - ranks_on.get(host, 0)
-            kept.update((rank, self.holds[rank]) for rank in ranks[:max(room, 0)])
-        self.holds = kept
+            self.holds.setdefault(rank, now + KILLED_SLOT_HOLD_SECONDS)
+        room = dict(hosts)  # per host, the slots listed beyond the ranks running there
+        for host, slots in running:
+            room[host] = room.get(host, 0) - slots
         held: Dict[str, int] = {}
-        for rank in kept:
+        for rank in sorted(self.holds, key=self.holds.__getitem__, reverse=True):  # newest first
             host = host_of(self.started_on, rank)
-            held[host] = held.get(host, 0) + 1
+            if self.holds[rank] > now and held.get(host, 0) < room.get(host, 0):
+                held[host] = held.get(host, 0) + 1
+            else:
+                self.holds[rank] = 0.0
         return [(host, slots - held.get(host, 0)) for host, slots in hosts
                 if slots > held.get(host, 0)]
 

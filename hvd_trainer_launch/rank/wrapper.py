@@ -296,9 +296,7 @@ def _wait_child(child: subprocess.Popen, relay: int, parent: int, rank: int) -> 
 
 def _bus_error(rank: int, launcher_flavour: str) -> bytes:
     """The line that explains a rank killed by SIGBUS: MPI's shared memory in a full /dev/shm."""
-    local = next((int(os.environ[name]) for name in _LOCAL_SIZE_VARIABLES
-                  if os.environ.get(name, "").isdigit()), 1)
-    advice = mpi.shared_memory_advice(launcher_flavour, local) or (
+    advice = mpi.shared_memory_advice(launcher_flavour, _local_size(os.environ)) or (
         f"{mpi.SHARED_MEMORY} may have been full when MPI wrote its shared memory there")
     return (f"[{rank}]<stderr>:hvdrun: rank {rank} on {socket.gethostname()} was killed by "
             f"SIGBUS: {advice}\n").encode()
@@ -396,9 +394,14 @@ def blas_share(env: Mapping[str, str], cores: int) -> Dict[str, str]:
     backward) then take turns on cores that backward already fills. Empty otherwise."""
     if any(name in env for name in _BLAS_THREAD_VARIABLES):
         return {}
-    local = next((int(env[name]) for name in ("HOROVOD_LOCAL_SIZE", *_LOCAL_SIZE_VARIABLES)
-                  if env.get(name, "").isdigit()), 1)
+    local = _local_size(env)
     return {"OPENBLAS_NUM_THREADS": str(max(1, cores // local))} if local > 1 else {}
+
+
+def _local_size(env: Mapping[str, str]) -> int:
+    """How many ranks run on this host: the launcher's count, else hvdrun's, else 1."""
+    return next((int(env[name]) for name in (*_LOCAL_SIZE_VARIABLES, "HOROVOD_LOCAL_SIZE")
+                 if env.get(name, "").isdigit()), 1)
 
 
 class _ChildEnd:
