@@ -15,7 +15,7 @@ they take turns, MPICH's blocking calls yielding the core after its polls, the a
 waits after 100 µs; see coordination/stall.py), rank counts in turn, ``--launches`` times,
 and times in each, in short interleaved rounds, a training step's agreement (82 flags)
 against one small allreduce (mpi4py's ``Allreduce`` of 8 bytes) and a raw persistent
-allreduce of the agreement's 72-byte record polled as the agreement polls it. It prints each
+allreduce of the agreement's record polled as the agreement polls it. It prints each
 one's median per call by rank count and its growth from 2 ranks: the agreement's should grow
 no faster than the small allreduce's.
 """
@@ -82,7 +82,7 @@ def scaling_worker(iters: int, rounds: int) -> None:
     from mpi4py import MPI
 
     import hvd_trainer as hvd
-    from hvd_trainer.coordination import agreement, scheduler, stall
+    from hvd_trainer.coordination import agreement, records, scheduler, stall
     from hvd_trainer.runtime import runtime
 
     hvd.init()
@@ -94,7 +94,8 @@ def scaling_worker(iters: int, rounds: int) -> None:
     flags = np.zeros(82, bool)
     flags[world.rank % 82] = True
     word = np.zeros(1, np.int64)
-    record, reduced = np.zeros(9, np.int64), np.zeros(9, np.int64)
+    record = np.zeros(records.HEADER_WORDS, np.int64)  # the agreement's record
+    reduced = np.zeros_like(record)
     request = world.Allreduce_init(record, reduced, MPI.BOR)
     sched = scheduler.of(comm)
 
@@ -103,7 +104,7 @@ def scaling_worker(iters: int, rounds: int) -> None:
         stall.poll(common.Polled(request), sched, comm, "raw", "agreement", 1)
     cases = {"agreement": lambda: agreement.agree(comm, lambda: step, flags),
              "small allreduce": lambda: world.Allreduce(MPI.IN_PLACE, word, MPI.BOR),
-             "persistent 72 B allreduce, polled": polled}
+             f"persistent {record.nbytes} B allreduce, polled": polled}
     times: dict = {name: [] for name in cases}
     for fn in cases.values():
         for _ in range(5):

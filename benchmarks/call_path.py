@@ -15,7 +15,7 @@ of 40 short repeats). Each call's time is split by stage, from timers around the
 glue between them.
 
 The second times, on 2 real ranks, the exchanges a carried call makes (the agreement's
-72-byte record by a persistent allreduce, then the carrier's 4 KiB slot by a persistent
+208-byte record by a persistent allreduce, then the carrier's 4 KiB slot by a persistent
 allgather), one allgather that would carry both, and the raw mpi4py calls they stand
 beside; short rounds interleaved, a round's time its slowest rank's, the median of rounds.
 Figures in docs/performance.md.
@@ -228,7 +228,7 @@ def exchange_figures(rounds: int, iters: int) -> Dict[str, float]:
 
     run = {"raw Allreduce 4 KiB": lambda: comm.Allreduce(buf, out, MPI.SUM),
            "raw Bcast 4 KiB": lambda: comm.Bcast(buf, 0),
-           "agreement record (72 B allreduce)": lambda: complete(agreement),
+           f"agreement record ({send.nbytes} B allreduce)": lambda: complete(agreement),
            "carrier slot (4 KiB allgather)": lambda: complete(carrier),
            "record, then slot (a carried call now)": lambda: (complete(agreement),
                                                               complete(carrier)),

@@ -38,13 +38,13 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     call = agreement.again(comm, "broadcast_object", name)  # None: not free at once
     with agreement.collective(comm, "broadcast_object", name) if call is None else call \
             as call:
-        payload = None
+        payload = root = None
         with call.checks():
             root = check_root(root_rank, process_set)
             payload = _pickled(obj) if comm.rank == root else None
         carried = call.exchange(lambda: {"root_rank": int(root_rank)},
                                 None if payload is None else np.frombuffer(payload, np.uint8),
-                                None if call.error else (int(root_rank),))
+                                None if call.error else (int(root_rank),), root)
         sent = None if carried is None else carried.of(root)
         if sent is not None:
             return obj if comm.rank == root else pickle.loads(sent)

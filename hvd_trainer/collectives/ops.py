@@ -301,8 +301,11 @@ def _broadcasted(call: agreement.Call, memory: Memory, describe: Callable[[], Di
     root = plan.root
     if plan.fits:
         mine = call.comm.rank == root
+        # Every rank knows the tensor's size: one that cannot ride in the root's record
+        # need not look there.
+        inline = root if tensor.nbytes <= records.INLINE_ROOM else None
         carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
-                                else None, plan.signature)
+                                else None, plan.signature, inline)
         sent = None if carried is None else carried.of(root)
         if sent is not None:
             if inplace and mine:

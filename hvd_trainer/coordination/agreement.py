@@ -2,7 +2,7 @@
 
 A collective (:func:`collective`, a :class:`Call`) agrees with the other ranks on what it is
 about to do in one small exchange of a fixed-size record (records.py: a digest reduced by
-allreduce, 72 bytes per rank at any rank count); if the ranks' digests differ, they exchange
+allreduce, 208 bytes per rank at any rank count); if the ranks' digests differ, they exchange
 their full descriptions and every rank raises the same error (messages.py). Rounds over the
 calls pending on a rank, and joined ranks' part in them, are rounds.py's.
 
@@ -12,7 +12,8 @@ tensor or pickled object) in one persistent gather right after (:meth:`Call.exch
 allreduce (under ``HVD_ALLREDUCE_ALGO=auto``) reduces the gathered payloads in rank order,
 identically on every rank; broadcast, allgather and the object collectives read them. When
 the digests differ, or a rank has joined, the call runs its own data phase after the usual
-outcome of the agreement (its error, or a match by name).
+outcome of the agreement (its error, or a match by name). A small broadcast's payload may
+ride in its root's record instead (``root`` of :meth:`Call.exchange`).
 
 **Argument errors are collective.** A collective runs its argument checks inside
 :meth:`Call.checks`; a check that fails on one rank travels in the agreement, so every rank
@@ -43,7 +44,8 @@ from . import matching, scheduler, stall, work_order
 from ..backends import Communicator
 from .stall import Called, waiting
 from ..runtime.timeline import span
-from .records import Carried, carrier_of, description_digest, signed_digest
+from .records import (INLINE_ROOM, Carried, carrier_of, description_digest, records_of,
+                      signed_digest)
 from .rounds import CallEntry, agree_in_step, decide, post_record, run_round
 
 
@@ -295,13 +297,17 @@ class Call:
         return flags
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
-                 signature: Any = None) -> Optional[Carried]:
+                 signature: Any = None, root: Optional[int] = None) -> Optional[Carried]:
         """:meth:`agree`, then, when every rank agreed at once and none has joined, gather
         every rank's ``payload`` (bytes, or None) in the communicator's carrier.
 
         Returns every rank's payload when they travelled so (a rank's is None if it sent
         none, or more than :func:`room`); None when the call must run its own data phase
         (one rank, a covered block, records that differed at first, a joined rank).
+        ``root``: a broadcast's root in ``comm``, the one rank whose payload is read; on the
+        steady-state fast path a payload of at most ``records.INLINE_ROOM`` bytes from it
+        rides in its record, and the others' payloads are then not gathered (None, on every
+        rank alike: not a broadcast, or one whose payload every rank knows to be larger).
         """
         timed = timeline.running()
         if not timed:
@@ -309,7 +315,13 @@ class Call:
         else:
             with span(self.name, "NEGOTIATE"):
                 _, direct = self._agreed(describe, None, True, signature)
-        carrier = carrier_of(self.comm) if direct else None
+        if not direct:
+            return None
+        if root is not None:  # every rank reads one reduced record: all take it or all gather
+            inline = records_of(self.comm).inline_carried()
+            if inline is not None:
+                return inline
+        carrier = carrier_of(self.comm)
         if carrier is None:
             return None
         carrier.post(payload)
@@ -395,19 +407,22 @@ class _Again(Call):
         return self
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
-                 signature: Any = None) -> Optional[Carried]:
+                 signature: Any = None, root: Optional[int] = None) -> Optional[Carried]:
         """:meth:`Call.exchange` of a call that claimed the communicator at once: the record
-        and, where every rank agreed at once and none has joined, the carrier, in one
-        function; where not, the schedule's way, as any call (:func:`_settled`)."""
+        (with a broadcast root's small payload in it) and, where every rank agreed at once
+        and none has joined, the carrier, in one function; where not, the schedule's way,
+        as any call (:func:`_settled`)."""
         if signature is None or self.error is not None or timeline.running() \
                 or not self._claimed:
-            return Call.exchange(self, describe, payload, signature)
+            return Call.exchange(self, describe, payload, signature, root)
         comm, sched = self.comm, self._schedule
         self._claimed = False
         digest = signed_digest(self.kind, self.name, signature)
         number, going = sched.exchanges, None
+        inline = None if root != comm.rank or payload is None or payload.size > INLINE_ROOM \
+            else payload
         try:
-            gathered = post_record(comm, sched, digest, None, self)
+            gathered = post_record(comm, sched, digest, None, self, inline)
             if not gathered.agreed or sched.peers_joined:
                 going = functools.partial(decide, comm, sched, gathered)
         except BaseException as failure:  # the schedule fails the call, freeing the turn
@@ -419,6 +434,10 @@ class _Again(Call):
             _, direct = _settled(comm, sched, entry, number, True, going)
             if not direct:
                 return None
+        if root is not None:
+            carried = records_of(comm).inline_carried()
+            if carried is not None:
+                return carried
         carrier = carrier_of(comm)
         if carrier is None:
             return None

@@ -84,11 +84,13 @@ class CallEntry(jobs.Entry):
 
 
 def post_record(comm: Communicator, sched: scheduler.Schedule, digest: int,
-                flags: Optional[np.ndarray], what: Any) -> Gathered:
+                flags: Optional[np.ndarray], what: Any,
+                inline: Optional[np.ndarray] = None) -> Gathered:
     """Exchange an active rank's record for the call ``what`` (its ``str()`` names it, see
-    stall.poll) and return the ranks' reduced one."""
+    stall.poll), with a broadcast root's ``inline`` payload (see records.Records.post), and
+    return the ranks' reduced one."""
     records = records_of(comm)
-    records.post(digest, ACTIVE, flags)
+    records.post(digest, ACTIVE, flags, inline)
     number = sched.exchanges
     sched.exchanges = number + 1
     stall.poll(records.start(), sched, comm, what, "agreement", number)

@@ -2,7 +2,7 @@
 threads of one process (no MPI): each rank's communicator meets the others' in one sequence
 of collectives, as MPI's do, and counts what it moved.
 
-A call the ranks agree on moves one 72-byte record per rank, whatever the rank count, new
+A call the ranks agree on moves one 208-byte record per rank, whatever the rank count, new
 name or shape included (the digests are compared, nothing is cached); the full descriptions
 travel only when something differs (a name, a shape) or a rank has joined, and a reset (new
 communicators, as an elastic reset makes) starts from nothing kept.
@@ -142,11 +142,11 @@ def full_exchanges(comm):
 
 
 def agreements(comm):
-    return comm.moved[("repeated allreduce", "bor", 72)]
+    return comm.moved[("repeated allreduce", "bor", 208)]
 
 
-def test_calls_agreed_at_once_move_one_72_byte_record_per_rank_at_any_rank_count():
-    # Ten calls, new names and a new shape among them: each is one exchange of 72 bytes per
+def test_calls_agreed_at_once_move_one_208_byte_record_per_rank_at_any_rank_count():
+    # Ten calls, new names and a new shape among them: each is one exchange of 208 bytes per
     # rank, at 2, 3 and 5 ranks, and nothing else (no description, no gathered records).
     def work(comm):
         names = [allreduce_call(comm, None) for _ in range(4)]
@@ -157,12 +157,12 @@ def test_calls_agreed_at_once_move_one_72_byte_record_per_rank_at_any_rank_count
         results, comms = on_ranks(size, work)
         assert all(r == results[0] for r in results), results
         for comm in comms:
-            assert comm.sent == [72] * 10
+            assert comm.sent == [208] * 10
             assert sum(comm.moved.values()) == agreements(comm) == 10
 
 
-def test_a_training_steps_agreement_with_flags_moves_the_same_72_bytes():
-    # A step's agreement (82 freshness flags, or-ed) at 2 and 5 ranks: 72 bytes each.
+def test_a_training_steps_agreement_with_flags_moves_the_same_208_bytes():
+    # A step's agreement (82 freshness flags, or-ed) at 2 and 5 ranks: 208 bytes each.
     step = {"kind": "trainer step", "name": "step",
             "tensors": [{"name": f"g{i}", "shape": (8,)} for i in range(82)]}
 
@@ -174,7 +174,7 @@ def test_a_training_steps_agreement_with_flags_moves_the_same_72_bytes():
         results, comms = on_ranks(size, work)
         want = [r < size for r in range(82)]
         assert all(r == [want] * 3 for r in results)
-        assert all(c.sent == [72] * 3 and sum(c.moved.values()) == 3 for c in comms)
+        assert all(c.sent == [208] * 3 and sum(c.moved.values()) == 3 for c in comms)
 
 
 def test_a_name_that_differs_on_one_rank_falls_back_to_the_full_exchange_and_raises():
@@ -196,8 +196,8 @@ def test_a_name_that_differs_on_one_rank_falls_back_to_the_full_exchange_and_rai
         assert isinstance(error, RuntimeError), error
         assert before >= 1 and after == before  # the next call needed no fallback
     assert str(results[0][0]) == str(results[1][0])
-    # Every exchange of a record was the 72-byte one, the rounds' and the next call's.
-    assert all(set(c.sent) == {72} and agreements(c) == len(c.sent) >= 2 for c in comms)
+    # Every exchange of a record was the 208-byte one, the rounds' and the next call's.
+    assert all(set(c.sent) == {208} and agreements(c) == len(c.sent) >= 2 for c in comms)
 
 
 def test_a_shape_changed_on_one_rank_falls_back_and_every_rank_names_the_ranks():
@@ -216,8 +216,8 @@ def test_a_shape_changed_on_one_rank_falls_back_and_every_rank_names_the_ranks()
             "(rank 0: (4,), rank 1: (5,), rank 2: (4,))")
     assert [r[0] for r in results] == [want] * 3
     assert all(fallbacks == 1 and after == 1 for _, fallbacks, after in results)
-    # Two 72-byte records (the call's and the next one's) and the one full exchange.
-    assert all(c.sent == [72, 72] and sum(c.moved.values()) == 3 for c in comms)
+    # Two 208-byte records (the call's and the next one's) and the one full exchange.
+    assert all(c.sent == [208, 208] and sum(c.moved.values()) == 3 for c in comms)
 
 
 def test_a_joined_rank_gets_the_full_description_and_the_others_go_on():
@@ -255,7 +255,7 @@ def test_a_reset_keeps_nothing_of_the_communicators_it_replaces():
     for before, after in zip(old, new):
         assert scheduler.of(after) is not scheduler.of(before)
         assert records.records_of(after) is not records.records_of(before)
-    assert all(c.sent == [72] * 3 and sum(c.moved.values()) == 3 for c in new)
+    assert all(c.sent == [208] * 3 and sum(c.moved.values()) == 3 for c in new)
 
 
 def test_a_shutdown_forgets_the_known_reductions_of_its_communicators():

@@ -51,14 +51,15 @@ class Recording(LocalCommunicator):
 
 
 @pytest.mark.parametrize("size", [2, 3, 4, 5, 64, 257, 1000, 4096])
-def test_the_agreement_sends_and_receives_72_bytes_per_rank_at_any_rank_count(size):
+def test_the_agreement_sends_and_receives_208_bytes_per_rank_at_any_rank_count(size):
     # The exchange is a bitwise-or allreduce of one record: what a rank sends and what it
-    # receives are the same 72 bytes at 2 ranks and at 4,096 (the old records were gathered:
-    # 72 bytes and a payload room from every rank).
+    # receives are the same 208 bytes at 2 ranks and at 4,096 (the old records were
+    # gathered: 72 bytes and a payload room from every rank). 208 = 9 words of digest,
+    # complement, state and flags, a word for the inline payload and its 128 bytes.
     comm = Recording(size)
     buffers = records.Records(comm)
-    assert comm.made == [("allreduce", "bor", 72, 72)]
-    assert buffers.send.nbytes == buffers.reduced.nbytes == 72
+    assert comm.made == [("allreduce", "bor", 208, 208)]
+    assert buffers.send.nbytes == buffers.reduced.nbytes == 208
 
 
 def reduced(rows):
@@ -234,3 +235,58 @@ def test_inline_flags_are_or_ed_over_every_ranks_record():
     got = records.Gathered(buffers).flags(None, 70)
     assert got.tolist() == np.logical_or.reduce(every).tolist()
     assert records.Gathered(buffers).flags(None, 0).size == 0
+
+
+class Rank(LocalCommunicator):
+    """Rank ``rank`` of a communicator of ``size`` ranks (for its own records)."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+
+def or_of(buffers, payloads):
+    """Each rank of ``buffers`` posts an active record with its payload of ``payloads``
+    (bytes or None); the reduced record, or-ed as the allreduce ors them, lands in each."""
+    for b, payload in zip(buffers, payloads):
+        b.post(7, ACTIVE, None, None if payload is None else np.frombuffer(payload, np.uint8))
+    total = np.bitwise_or.reduce([b.send for b in buffers])
+    for b in buffers:
+        b.reduced[:] = total
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 100, 128])
+def test_a_roots_inline_payload_is_read_back_from_the_or_of_the_records(length):
+    buffers = [records.Records(Rank(r, 3)) for r in range(3)]
+    payload = bytes(np.random.default_rng(length).integers(0, 256, length, np.uint8))
+    or_of(buffers, [None, payload, None])
+    for b in buffers:
+        carried = b.inline_carried()
+        assert carried.of(1).tobytes() == payload
+        assert carried.of(0) is None and carried.of(2) is None
+        assert not carried.every()
+
+
+def test_no_inline_payload_reads_as_none():
+    buffers = [records.Records(Rank(r, 2)) for r in range(2)]
+    or_of(buffers, [None, None])
+    assert buffers[0].inline_carried() is None
+
+
+def test_an_earlier_inline_payload_leaves_nothing_in_a_later_record():
+    # Rank 0 was the root of a long payload, then of a short one, then none; rank 2 then
+    # roots a payload of its own: each or must be exactly the root's bytes (a stale byte of
+    # rank 0's would be or-ed into rank 2's).
+    buffers = [records.Records(Rank(r, 3)) for r in range(3)]
+    long, short, other = b"\xff" * 128, b"\x01\x02\x03", b"\x10" * 20
+    or_of(buffers, [long, None, None])
+    assert buffers[1].inline_carried().of(0).tobytes() == long
+    or_of(buffers, [short, None, None])
+    assert buffers[1].inline_carried().of(0).tobytes() == short
+    or_of(buffers, [None, None, other])
+    assert buffers[1].inline_carried().of(2).tobytes() == other
+    assert not buffers[0].send[records.INLINE_AT:].any()  # rank 0's part is zeros again
+    or_of(buffers, [None, None, None])
+    assert buffers[0].inline_carried() is None
+    # A joined rank's record has no payload either.
+    buffers[2].post(0, JOINED, None)
+    assert not buffers[2].send[records.INLINE_AT:].any()

@@ -20,9 +20,10 @@ RING = Ring(step=5e-6, call=50e-6)
 AGREEMENT = cost_model.Agreement(fixed=8e-6)
 
 
-def test_the_record_is_sized_as_the_agreement_sizes_it_72_bytes_at_any_rank_count():
-    # The payloads travel apart now (the carrier), so the record is 72 bytes everywhere.
-    assert [cost_model.record_bytes(n) for n in (2, 8, 64, 256, 257, 4096)] == [72] * 6
+def test_the_record_is_sized_as_the_agreement_sizes_it_208_bytes_at_any_rank_count():
+    # The payloads travel apart (the carrier) but for a small broadcast's, which has the
+    # same room in every record, so the record is 208 bytes everywhere.
+    assert [cost_model.record_bytes(n) for n in (2, 8, 64, 256, 257, 4096)] == [208] * 6
 
 
 @pytest.mark.parametrize("ranks, total, name, rounds", [
@@ -79,16 +80,16 @@ def test_a_packed_codec_encodes_once_gathers_every_payload_and_decodes_them_all(
     assert cost_model.packed_memory_bytes(1500, size, codec=codec) == 1500 * payload
 
 
-def test_the_agreement_is_an_allreduce_of_its_72_byte_record_at_any_rank_count():
-    # 4096 ranks, 8 per host: 9 words < 512 hosts, so recursive doubling of 72 B among the
-    # hosts (9 rounds), after a binomial reduce and broadcast of 72 B within each host.
-    inside = 3 * (1e-6 + 72 * (0.1e-9 + 0.05e-9)) + 3 * (1e-6 + 72 * 0.1e-9)
-    across = 9 * (10e-6 + 72 * (1e-9 + 0.05e-9))
+def test_the_agreement_is_an_allreduce_of_its_208_byte_record_at_any_rank_count():
+    # 4096 ranks, 8 per host: 26 words < 512 hosts, so recursive doubling of 208 B among the
+    # hosts (9 rounds), after a binomial reduce and broadcast of 208 B within each host.
+    inside = 3 * (1e-6 + 208 * (0.1e-9 + 0.05e-9)) + 3 * (1e-6 + 208 * 0.1e-9)
+    across = 9 * (10e-6 + 208 * (1e-9 + 0.05e-9))
     assert cost_model.agreement_seconds(4096, per_host=8, agreement=AGREEMENT, host=HOST,
                                         link=LINK) == pytest.approx(8e-6 + inside + across)
-    # 64 ranks: the same within the host; among 8 hosts 9 words are not fewer than the
-    # hosts, so reduce-scatter and allgather (2 x 3 rounds, 2 x 7/8 of 72 B, 7/8 summed).
-    across = 6 * 10e-6 + 2 * 63 * 1e-9 + 63 * 0.05e-9
+    # 64 ranks: the same within the host; among 8 hosts 26 words are not fewer than the
+    # hosts, so reduce-scatter and allgather (2 x 3 rounds, 2 x 7/8 of 208 B, 7/8 summed).
+    across = 6 * 10e-6 + 2 * 182 * 1e-9 + 182 * 0.05e-9
     assert cost_model.agreement_seconds(64, per_host=8, agreement=AGREEMENT, host=HOST,
                                         link=LINK) == pytest.approx(8e-6 + inside + across)
 

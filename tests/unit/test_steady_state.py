@@ -66,8 +66,8 @@ def test_a_repeated_allreduce_takes_the_fast_path_and_moves_one_record(fast):
         for rank, outputs in enumerate(results):
             assert all(np.array_equal(o, want) for o in outputs), outputs
             assert taken[("rank", rank)] == 4  # every call after the first
-        # Per call and rank: the 72-byte record, whatever the rank count (and the carrier).
-        assert all(c.sent == [72] * 5 for c in comms)
+        # Per call and rank: the 208-byte record, whatever the rank count (and the carrier).
+        assert all(c.sent == [208] * 5 for c in comms)
 
 
 def test_a_shape_changed_on_one_rank_falls_back_and_raises_on_every_rank(fast):
@@ -214,3 +214,51 @@ def test_a_repeated_broadcast_takes_the_fast_path_and_a_changed_root_falls_back(
         assert np.array_equal(last, values(2))
         # The repeats; and ranks 1 and 2 made the call that raised on the fast path too.
         assert taken[("rank", rank)] == (2 if rank == 0 else 3) + 2  # and broadcast_object
+
+
+def gathers(comm):
+    """How many carrier gathers ``comm`` made."""
+    return sum(n for kind, n in comm.moved.items() if kind[0] == "repeated allgather")
+
+
+def test_a_small_broadcast_rides_in_the_roots_record_whatever_the_root(fast, monkeypatch):
+    # broadcast_object and broadcast of at most 128 bytes on the fast path: one exchange, no
+    # gather; roots and lengths change from call to call (a byte left from a longer payload
+    # of another root would corrupt the next), each result the root's own object.
+    bind, taken = fast
+    monkeypatch.setattr(hvd.global_process_set, "ranks", [0, 1, 2])
+
+    def mine(rank, k):
+        return {"rank": rank, "k": k, "pad": "x" * (40 - 9 * k)}
+
+    def work(comm):
+        bind(comm)
+        hvd.broadcast_object(None, 0)  # a first call: its exchange makes the buffers
+        before = (gathers(comm), len(comm.sent))
+        objects = [hvd.broadcast_object(mine(comm.rank, k), k % 3) for k in range(5)]
+        phase = (gathers(comm) - before[0], comm.sent[before[1]:])
+        small = [hvd.broadcast(values(comm.rank, (8,)), 2)]  # the full path: gathered
+        before = (gathers(comm), len(comm.sent))
+        small += [hvd.broadcast(values(comm.rank, (8,)), 2) for _ in range(3)]
+        return objects, small, [phase, (gathers(comm) - before[0], comm.sent[before[1]:])]
+    results, _ = on_ranks(3, work)
+    for rank, (objects, small, phases) in enumerate(results):
+        assert objects == [mine(k % 3, k) for k in range(5)]
+        assert all(np.array_equal(s, values(2, (8,))) for s in small)
+        # One record exchange a call, no gather.
+        assert phases == [(0, [208] * 5), (0, [208] * 3)]
+        assert taken[("rank", rank)] == 1 + 5 + 3  # all but the first broadcast's
+
+
+def test_a_broadcast_over_128_bytes_goes_on_through_the_carrier(fast):
+    bind, _ = fast
+
+    def work(comm):
+        bind(comm)
+        big = {"rank": comm.rank, "pad": "y" * 300}
+        got = [hvd.broadcast_object(big, 0) for _ in range(3)]
+        return got, gathers(comm)
+    results, _ = on_ranks(3, work)
+    for got, gathered in results:
+        assert got == [{"rank": 0, "pad": "y" * 300}] * 3
+        assert gathered == 3

@@ -3,8 +3,9 @@
 
 one exchange  a small allreduce, allreduce_, grouped_allreduce, broadcast(_), allgather,
               broadcast_object and allgather_object each make one agreement exchange and
-              one gather of the carrier (both persistent requests) and no other MPI call, a
-              barrier the agreement alone; the same calls on data larger than the carrier's
+              one gather of the carrier (both persistent requests) and no other MPI call
+              (a repeated broadcast and broadcast_object the exchange alone), a barrier
+              the agreement alone; the same calls on data larger than the carrier's
               room make their data phase as before
 results       small and large calls of every op, dtype, scale and root equal NumPy's, and
               every rank holds the same bytes; 16-bit float Average is summed and scaled in
@@ -16,9 +17,14 @@ mismatches    ranks that disagree on a small call (shape, dtype, op, root, scale
 one rank's data too large
               an allgather or allgather_object whose data fits on every rank but one goes
               the slow way on every rank, with the right result
+inline payloads
+              broadcast_object from each root in turn, around and past the record's room,
+              gives the root's object; a pickle of at most records.INLINE_ROOM bytes, and a
+              repeated small broadcast_, travel in the agreement's exchange alone
 Run as: worker.py [case ...] (default: all); each case reports one record per rank
 (case_runner.py).
 """
+import pickle
 import zlib
 
 import ml_dtypes
@@ -110,10 +116,16 @@ def one_exchange():
         "allgather_object": lambda x: hvd.allgather_object(x.tolist()),
     }
     for kind, call in calls.items():
-        made = counted(lambda: call(small))
-        if made != (1, 1, []):
-            failures.append(f"small {kind}: {made[0]} exchanges, {made[1]} gathers and MPI "
-                            f"calls {made[2]}, want 1, 1 and none")
+        # A first call gathers its data; a broadcast_object's, which needs no plan, and a
+        # repeated small broadcast's ride in the root's record (see records.py).
+        rides = ("broadcast_object",) if kind == "broadcast_object" else ()
+        for made, repeat in ((counted(lambda: call(small)), False),
+                             (counted(lambda: call(small)), True)):
+            gathers = 0 if kind in rides or (repeat and kind.startswith("broadcast")) else 1
+            if made != (1, gathers, []):
+                failures.append(f"small {kind}{' again' if repeat else ''}: {made[0]} "
+                                f"exchanges, {made[1]} gathers and MPI calls {made[2]}, want "
+                                f"1, {gathers} and none")
         exchanges, _, others = counted(lambda: call(large))
         if exchanges != 1 or not others:
             failures.append(f"large {kind}: {exchanges} exchanges and MPI calls {others}, "
@@ -268,5 +280,38 @@ def one_rank_too_large():
         failures.append("allgather_object of one large object")
 
 
+def inline_payloads():
+    # broadcast_object from each rank in turn, of pickles from 4 bytes to past the record's
+    # room and the carrier's: every rank gets the root's object, and those of at most
+    # INLINE_ROOM bytes travel in the agreement's exchange alone (no gather, no data phase).
+    hvd.barrier()
+    for k, length in enumerate([0, 1, 60, 112, 113, 114, 150, 40, 3000, ROOM + 10, 2]):
+        root = k % N
+        mine = "abcdefgh"[R] * length  # each rank's own: a stale byte of another's shows
+        got = []
+        made = counted(lambda: got.append(hvd.broadcast_object(mine, root)))
+        want = "abcdefgh"[root] * length
+        if got[0] != want:
+            failures.append(f"broadcast_object of {length} characters from rank {root}: got "
+                            f"{got[0][:8]!r}... ({len(got[0])})")
+        size = len(pickle.dumps(want, protocol=pickle.HIGHEST_PROTOCOL))
+        if size <= records.INLINE_ROOM and made != (1, 0, []):
+            failures.append(f"broadcast_object of a {size}-byte pickle: {made[0]} exchanges, "
+                            f"{made[1]} gathers and MPI calls {made[2]}, want 1, 0 and none")
+    # A repeated broadcast_ of a small tensor: one exchange from its second call on.
+    for dtype, count in ((np.uint8, 1), (np.float64, 16), (np.float32, 33)):
+        for repeat in range(3):
+            tensor = data(f"inline {repeat}", R, (count,), dtype)
+            made = counted(lambda: hvd.broadcast_(tensor, LAST))
+            check(f"broadcast_ {dtype.__name__} x{count}", tensor,
+                  data(f"inline {repeat}", LAST, (count,), dtype))
+            fits = tensor.nbytes <= records.INLINE_ROOM
+            if repeat and made[:2] != (1, 0 if fits else 1):
+                failures.append(f"broadcast_ of {tensor.nbytes} bytes again: {made[0]} "
+                                f"exchanges and {made[1]} gathers, want 1 and "
+                                f"{0 if fits else 1}")
+
+
 run_cases({"one exchange": one_exchange, "results": results, "mismatches": mismatches,
-           "one rank's data too large": one_rank_too_large}, failures, R)
+           "one rank's data too large": one_rank_too_large,
+           "inline payloads": inline_payloads}, failures, R)
