@@ -94,7 +94,7 @@ def scaling_worker(iters: int, rounds: int) -> None:
     flags = np.zeros(82, bool)
     flags[world.rank % 82] = True
     word = np.zeros(1, np.int64)
-    record = np.zeros(records.HEADER_WORDS, np.int64)  # the agreement's record
+    record = np.zeros(records.RECORD_WORDS, np.int64)  # the agreement's record
     reduced = np.zeros_like(record)
     request = world.Allreduce_init(record, reduced, MPI.BOR)
     sched = scheduler.of(comm)

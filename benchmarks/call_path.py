@@ -210,7 +210,7 @@ def exchange_figures(rounds: int, iters: int) -> Dict[str, float]:
     from hvd_trainer.coordination import records
     hvd.init()
     comm = MPI.COMM_WORLD
-    words = records.HEADER_WORDS
+    words = records.RECORD_WORDS
     slot = records.PAYLOAD_AT + 4096 // 8
     send, reduced = np.zeros(words, np.int64), np.zeros(words, np.int64)
     agreement = comm.Allreduce_init(send, reduced, MPI.BOR)

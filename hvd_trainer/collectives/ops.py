@@ -299,13 +299,13 @@ def _broadcasted(call: agreement.Call, memory: Memory, describe: Callable[[], Di
     """A checked broadcast's agreement and data: carried where it fits, else its own data
     phase."""
     root = plan.root
-    if plan.fits:
+    if plan.fits or plan.inline:
         mine = call.comm.rank == root
-        # Every rank knows the tensor's size: one that cannot ride in the root's record
-        # need not look there.
-        inline = root if tensor.nbytes <= records.INLINE_ROOM else None
+        # Every rank knows the tensor's size: one that cannot ride in the root's record need
+        # not look there. (One that rides but does not fit the carrier, from 129 ranks on, is
+        # gathered for nothing when its root took the full path, and then runs its data phase.)
         carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
-                                else None, plan.signature, inline)
+                                else None, plan.signature, root if plan.inline else None)
         sent = None if carried is None else carried.of(root)
         if sent is not None:
             if inplace and mine:

@@ -130,12 +130,14 @@ class Reduction(NamedTuple):
 
 class Broadcast(NamedTuple):
     """What a host broadcast's checked arguments fix, but for the data: the root's position in
-    the process set, the signature with its digest's base, and whether the data fits in the
-    carrier."""
+    the process set, the signature with its digest's base, whether the data fits in the
+    carrier, and whether it may ride in the root's agreement record (at most
+    ``records.INLINE_ROOM`` bytes, at any rank count)."""
 
     root: int
     signature: records.Signature
     fits: bool
+    inline: bool
 
 
 reductions: "Known[Reduction]" = Known()
@@ -211,7 +213,8 @@ def broadcast(comm: Any, memory: Memory, tensor: Any, root_rank: int, root: int)
     """The :class:`Broadcast` of checked arguments (``root``: the root's position)."""
     return Broadcast(root, records.Signature("broadcast", (
         root_rank, memory is HOST, tensor.dtype.str, tensor.shape)),
-        memory is HOST and tensor.nbytes <= records.room(comm))
+        memory is HOST and tensor.nbytes <= records.room(comm),
+        memory is HOST and tensor.nbytes <= records.INLINE_ROOM)
 
 
 def _forget(comm: Any) -> bool:

@@ -44,8 +44,8 @@ from . import matching, scheduler, stall, work_order
 from ..backends import Communicator
 from .stall import Called, waiting
 from ..runtime.timeline import span
-from .records import (INLINE_ROOM, Carried, carrier_of, description_digest, records_of,
-                      signed_digest)
+from .records import (INLINE_ROOM, Carried, Inline, carrier_of, description_digest,
+                      records_of, signed_digest)
 from .rounds import CallEntry, agree_in_step, decide, post_record, run_round
 
 
@@ -297,7 +297,7 @@ class Call:
         return flags
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
-                 signature: Any = None, root: Optional[int] = None) -> Optional[Carried]:
+                 signature: Any = None, root: Optional[int] = None) -> "Carried | Inline | None":
         """:meth:`agree`, then, when every rank agreed at once and none has joined, gather
         every rank's ``payload`` (bytes, or None) in the communicator's carrier.
 
@@ -407,7 +407,7 @@ class _Again(Call):
         return self
 
     def exchange(self, describe: Callable[[], Dict[str, Any]], payload: Optional[np.ndarray],
-                 signature: Any = None, root: Optional[int] = None) -> Optional[Carried]:
+                 signature: Any = None, root: Optional[int] = None) -> "Carried | Inline | None":
         """:meth:`Call.exchange` of a call that claimed the communicator at once: the record
         (with a broadcast root's small payload in it) and, where every rank agreed at once
         and none has joined, the carrier, in one function; where not, the schedule's way,

@@ -19,12 +19,12 @@ collective meet in it: a disagreement never hangs and never reads past a buffer.
 and that takes the steady-state fast path writes it into the root's record (the other ranks
 write zeros there, so the or is the root's bytes): a small broadcast is then one exchange.
 
-**Carried data.** Other small collectives' data then travels in one persistent gather of
-fixed-size slots (:class:`Carrier`), started only by calls that agreed at once: allreduce
-reduces the gathered payloads in rank order, identically on every rank; broadcast,
-allgather and the object collectives read them. Its room is the same on every rank of a
-communicator (:func:`room`): 4 KiB up to 4 ranks, 16 KiB shared among more, none from 257
-ranks on.
+**Carried data.** Other small collectives' data (and a broadcast's that did not ride in the
+record) then travels in one persistent gather of fixed-size slots (:class:`Carrier`),
+started only by calls that agreed at once: allreduce reduces the gathered payloads in rank
+order, identically on every rank; broadcast, allgather and the object collectives read
+them. Its room is the same on every rank of a communicator (:func:`room`): 4 KiB up to 4
+ranks, 16 KiB shared among more, none from 257 ranks on.
 
 **Digests from signatures.** A call that knows what fixes its description (kind, name, op,
 scale factors, dtypes, shapes, root: its *signature*, a tuple) has its digest made from that
@@ -44,15 +44,16 @@ from ..backends import Communicator
 # Flags that travel inside the agreement record; more go in a second exchange once agreed.
 INLINE_FLAG_WORDS = 6
 # A broadcast's payload of at most this many bytes rides in the record (see Records.post).
-# On 2 ranks a persistent or-allreduce of the 208-byte record took 0.91-1.63 µs against
-# 0.88-1.62 µs for the 72 bytes without it (MPICH 5.0.2, 2 cores, 2026-12-07).
+# On 2 ranks a persistent or-allreduce of the 208-byte record took 0.838 µs against
+# 0.812-0.816 µs for the 72 bytes without it (medians of 600 interleaved rounds, two runs,
+# MPICH 5.0.2, 2 cores, 2026-12-07).
 INLINE_ROOM = 128
 # The record, in int64 words: the digest, its complement, the state bits, the inline flags,
 # the inline payload's word (its writer and length, see Records.post) and its bytes:
 # 208 bytes at any rank count.
 DIGEST, INVERSE, STATE, FLAGS_AT = 0, 1, 2, 3
 INLINE_AT = FLAGS_AT + INLINE_FLAG_WORDS
-HEADER_WORDS = INLINE_AT + 1 + INLINE_ROOM // 8
+RECORD_WORDS = INLINE_AT + 1 + INLINE_ROOM // 8
 # Payload room per rank in the carrier: 4 KiB up to 4 ranks, then 16 KiB shared among the
 # ranks, and none below 64 bytes. On 2 ranks an allgather of 4 KiB records took 3.9-4.2 µs
 # against 2.4-3.1 µs for 72-byte ones, and of 8 KiB ones 9.8-21 µs (MPICH 5.0.2, 2 shared
@@ -148,23 +149,24 @@ def _digest(base: bytes, name: str) -> int:
 
 class Records:
     """A communicator's agreement buffers, reused by each agreement (the communicator's user
-    makes one at a time): this rank's record and the ranks' reduced one, each
-    :data:`HEADER_WORDS` words whatever the rank count."""
+    makes one at a time): this rank's record (``send``) and the ranks' reduced one
+    (``reduced``), each :data:`RECORD_WORDS` words whatever the rank count; the byte views of
+    their inline payloads; this rank's flags and inline payload of the last record, which
+    the next one replaces; and ``rank``, this rank's position in the communicator, which an
+    inline payload names."""
 
     __slots__ = ("send", "reduced", "words", "start", "rank", "inlined", "inline_bytes",
-                 "inline_rows")
+                 "inline_reduced")
 
     def __init__(self, comm: Communicator):
-        self.send = np.zeros(HEADER_WORDS, np.int64)
-        self.reduced = np.zeros(HEADER_WORDS, np.int64)
+        self.send = np.zeros(RECORD_WORDS, np.int64)
+        self.reduced = np.zeros(RECORD_WORDS, np.int64)
         self.words: Optional[np.ndarray] = None  # this rank's flags of the last record, packed
         self.start = comm.repeated_allreduce(self.send, self.reduced, "bor")
         self.rank = comm.rank
         self.inlined = 0  # this rank's last inline payload's length plus one (0: none)
         self.inline_bytes = self.send[INLINE_AT + 1:].view(np.uint8)
-        # The reduced record's inline payload as every rank's row, made once (a view).
-        payload = self.reduced[INLINE_AT + 1:].view(np.uint8)
-        self.inline_rows = np.broadcast_to(payload, (comm.size, payload.size))
+        self.inline_reduced = self.reduced[INLINE_AT + 1:].view(np.uint8)
 
     def post(self, digest: int, state: int, flags: Optional[np.ndarray],
              inline: Optional[np.ndarray] = None) -> None:
@@ -206,16 +208,13 @@ class Records:
         self.send[INLINE_AT] = 0 if inline is None else (self.rank << 32) | (length + 1)
         self.inlined = length + 1
 
-    def inline_carried(self) -> Optional["Carried"]:
-        """The payload a broadcast root wrote in the reduced record, as a :class:`Carried` in
-        which only the root sent one; None if no rank wrote one. Read only after an
-        agreement reached at once."""
+    def inline_carried(self) -> Optional["Inline"]:
+        """The payload a broadcast root wrote in the reduced record (None: no rank wrote
+        one). Read only after an agreement reached at once."""
         word = self.reduced.item(INLINE_AT)
         if not word:
             return None
-        lengths = [-1] * len(self.inline_rows)
-        lengths[word >> 32] = (word & 0xFFFFFFFF) - 1
-        return Carried(self.inline_rows, lengths)
+        return Inline(word >> 32, self.inline_reduced[:(word & 0xFFFFFFFF) - 1])
 
 
 class Carrier:
@@ -320,6 +319,25 @@ class Carried:
     def every(self) -> bool:
         """Whether every rank sent a payload."""
         return min(self.lengths) >= 0
+
+
+class Inline:
+    """A broadcast root's payload read from the reduced record, read as a :class:`Carried`
+    is: the one rank that sent one, ``writer``, and its bytes (valid until the block of the
+    call that made it ends)."""
+
+    __slots__ = ("writer", "payload")
+
+    def __init__(self, writer: int, payload: np.ndarray):
+        self.writer, self.payload = writer, payload
+
+    def of(self, rank: int) -> Optional[np.ndarray]:
+        """Rank ``rank``'s payload (None: it sent none)."""
+        return self.payload if rank == self.writer else None
+
+    def every(self) -> bool:
+        """Whether every rank sent a payload: never, only the root sends one."""
+        return False
 
 
 class Gathered:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hvd_trainer as hvd
-from hvd_trainer.coordination import agreement
+from hvd_trainer.coordination import agreement, records
 from hvd_trainer.coordination.messages import MismatchError
 from hvd_trainer.runtime import runtime
 from test_agreement_fallbacks import SECONDS, Rank, World, local_world, on_ranks  # noqa: F401
@@ -234,13 +234,13 @@ def test_a_small_broadcast_rides_in_the_roots_record_whatever_the_root(fast, mon
     def work(comm):
         bind(comm)
         hvd.broadcast_object(None, 0)  # a first call: its exchange makes the buffers
-        before = (gathers(comm), len(comm.sent))
+        gathered, sent = gathers(comm), len(comm.sent)
         objects = [hvd.broadcast_object(mine(comm.rank, k), k % 3) for k in range(5)]
-        phase = (gathers(comm) - before[0], comm.sent[before[1]:])
+        phase = (gathers(comm) - gathered, comm.sent[sent:])
         small = [hvd.broadcast(values(comm.rank, (8,)), 2)]  # the full path: gathered
-        before = (gathers(comm), len(comm.sent))
+        gathered, sent = gathers(comm), len(comm.sent)
         small += [hvd.broadcast(values(comm.rank, (8,)), 2) for _ in range(3)]
-        return objects, small, [phase, (gathers(comm) - before[0], comm.sent[before[1]:])]
+        return objects, small, [phase, (gathers(comm) - gathered, comm.sent[sent:])]
     results, _ = on_ranks(3, work)
     for rank, (objects, small, phases) in enumerate(results):
         assert objects == [mine(k % 3, k) for k in range(5)]
@@ -262,3 +262,24 @@ def test_a_broadcast_over_128_bytes_goes_on_through_the_carrier(fast):
     for got, gathered in results:
         assert got == [{"rank": 0, "pad": "y" * 300}] * 3
         assert gathered == 3
+
+
+def test_a_small_broadcast_rides_in_the_record_where_the_carrier_has_no_room(fast,
+                                                                             monkeypatch):
+    # 300 ranks: the carrier has no room from 257 ranks on, the record's 128 bytes are the
+    # same at any rank count. Only the record can give the other ranks the root's values
+    # here (the threads' communicators have no data phase of their own that would).
+    bind, _ = fast
+    size = 300
+    monkeypatch.setattr(hvd.global_process_set, "ranks", list(range(size)))
+
+    def work(comm):
+        bind(comm)
+        hvd.broadcast_object(None, 0)
+        got = [hvd.broadcast(values(comm.rank, (8,)), 7) for _ in range(3)]
+        return got, hvd.broadcast_object({"from": comm.rank}, 299), gathers(comm)
+    results, comms = on_ranks(size, work)
+    assert records.room(comms[0]) == 0
+    for got, obj, gathered in results:  # each first broadcast took the full path
+        assert all(np.array_equal(g, values(7, (8,))) for g in got[1:])
+        assert obj == {"from": 299} and gathered == 0

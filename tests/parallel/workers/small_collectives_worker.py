@@ -119,13 +119,13 @@ def one_exchange():
         # A first call gathers its data; a broadcast_object's, which needs no plan, and a
         # repeated small broadcast's ride in the root's record (see records.py).
         rides = ("broadcast_object",) if kind == "broadcast_object" else ()
-        for made, repeat in ((counted(lambda: call(small)), False),
-                             (counted(lambda: call(small)), True)):
-            gathers = 0 if kind in rides or (repeat and kind.startswith("broadcast")) else 1
-            if made != (1, gathers, []):
-                failures.append(f"small {kind}{' again' if repeat else ''}: {made[0]} "
-                                f"exchanges, {made[1]} gathers and MPI calls {made[2]}, want "
-                                f"1, {gathers} and none")
+        for repeat in (False, True):
+            exchanges, gathers, others = counted(lambda: call(small))
+            want = 0 if kind in rides or (repeat and kind.startswith("broadcast")) else 1
+            if (exchanges, gathers, others) != (1, want, []):
+                failures.append(f"small {kind}{' again' if repeat else ''}: {exchanges} "
+                                f"exchanges, {gathers} gathers and MPI calls {others}, want "
+                                f"1, {want} and none")
         exchanges, _, others = counted(lambda: call(large))
         if exchanges != 1 or not others:
             failures.append(f"large {kind}: {exchanges} exchanges and MPI calls {others}, "
@@ -289,27 +289,27 @@ def inline_payloads():
         root = k % N
         mine = "abcdefgh"[R] * length  # each rank's own: a stale byte of another's shows
         got = []
-        made = counted(lambda: got.append(hvd.broadcast_object(mine, root)))
-        want = "abcdefgh"[root] * length
-        if got[0] != want:
+        exchanges, gathers, others = counted(
+            lambda: got.append(hvd.broadcast_object(mine, root)))
+        want, [result] = "abcdefgh"[root] * length, got
+        if result != want:
             failures.append(f"broadcast_object of {length} characters from rank {root}: got "
-                            f"{got[0][:8]!r}... ({len(got[0])})")
+                            f"{result[:8]!r}... ({len(result)})")
         size = len(pickle.dumps(want, protocol=pickle.HIGHEST_PROTOCOL))
-        if size <= records.INLINE_ROOM and made != (1, 0, []):
-            failures.append(f"broadcast_object of a {size}-byte pickle: {made[0]} exchanges, "
-                            f"{made[1]} gathers and MPI calls {made[2]}, want 1, 0 and none")
+        if size <= records.INLINE_ROOM and (exchanges, gathers, others) != (1, 0, []):
+            failures.append(f"broadcast_object of a {size}-byte pickle: {exchanges} exchanges, "
+                            f"{gathers} gathers and MPI calls {others}, want 1, 0 and none")
     # A repeated broadcast_ of a small tensor: one exchange from its second call on.
     for dtype, count in ((np.uint8, 1), (np.float64, 16), (np.float32, 33)):
         for repeat in range(3):
             tensor = data(f"inline {repeat}", R, (count,), dtype)
-            made = counted(lambda: hvd.broadcast_(tensor, LAST))
+            exchanges, gathers, _ = counted(lambda: hvd.broadcast_(tensor, LAST))
             check(f"broadcast_ {dtype.__name__} x{count}", tensor,
                   data(f"inline {repeat}", LAST, (count,), dtype))
-            fits = tensor.nbytes <= records.INLINE_ROOM
-            if repeat and made[:2] != (1, 0 if fits else 1):
-                failures.append(f"broadcast_ of {tensor.nbytes} bytes again: {made[0]} "
-                                f"exchanges and {made[1]} gathers, want 1 and "
-                                f"{0 if fits else 1}")
+            want = 0 if tensor.nbytes <= records.INLINE_ROOM else 1
+            if repeat and (exchanges, gathers) != (1, want):
+                failures.append(f"broadcast_ of {tensor.nbytes} bytes again: {exchanges} "
+                                f"exchanges and {gathers} gathers, want 1 and {want}")
 
 
 run_cases({"one exchange": one_exchange, "results": results, "mismatches": mismatches,
