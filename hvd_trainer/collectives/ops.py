@@ -302,8 +302,8 @@ def _broadcasted(call: agreement.Call, memory: Memory, describe: Callable[[], Di
     if plan.fits or plan.inline:
         mine = call.comm.rank == root
         # Every rank knows the tensor's size: one that cannot ride in the root's record need
-        # not look there. (One that rides but does not fit the carrier, from 129 ranks on, is
-        # gathered for nothing when its root took the full path, and then runs its data phase.)
+        # not look there. (One that rides but does not fit the carrier, at 129 to 256 ranks,
+        # is gathered for nothing when its root took the full path, then runs its data phase.)
         carried = call.exchange(describe, tensor.reshape(-1).view(np.uint8) if mine
                                 else None, plan.signature, root if plan.inline else None)
         sent = None if carried is None else carried.of(root)
