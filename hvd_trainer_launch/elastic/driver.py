@@ -25,11 +25,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.files import owned_folders
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts,
                                                   host_of, hosts_text)
 from hvd_trainer_launch.elastic.notices import Generation
@@ -51,6 +51,8 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0  # seconds, as horovodrun
 FAILURE_GRACE_SECONDS = 1.0
 REMOVE_TIMEOUT = 30.0  # seconds the removal of the commit folders on other hosts may take
 REMOVE_AT_ONCE = 8  # hosts whose commit folders are removed at the same time
+# The commit folders' names: in memory (/dev/shm) and on disk, each followed by its maker.
+JOB_FOLDER_PREFIX, DISK_FOLDER_PREFIX = "hvd_elastic.", "hvd_elastic_disk."
 # After a life in which no rank started (the launcher could not start, or reach a host), the
 # next waits LAUNCH_BACKOFF_FIRST seconds, doubled after each such life in a row up to
 # LAUNCH_BACKOFF_MOST: a launch that keeps failing does not restart the job in a tight loop.
@@ -205,17 +207,27 @@ def launch_backoff(failed_launches: int) -> float:
     return min(LAUNCH_BACKOFF_MOST, LAUNCH_BACKOFF_FIRST * 2 ** min(failed_launches - 1, 32))
 
 
+def sweep_job_folders() -> List[str]:
+    """Remove the commit folders here of elastic jobs whose hvdrun has ended without removing
+    them (SIGKILLed: its ``finally`` never ran), which would hold memory in /dev/shm for good;
+    returns their paths. Each job calls it as it starts, and so does an engine that had to
+    SIGKILL its hvdrun."""
+    return (owned_folders.sweep(JOB_FOLDER_PREFIX, protocol.memory_root())
+            + owned_folders.sweep(DISK_FOLDER_PREFIX))
+
+
 def _job_folders() -> Tuple[str, Optional[str]]:
-    """Make the job's commit folders here, each with a random name (mkdtemp: a new folder,
-    0700, never one that exists): in memory where this host has /dev/shm, with one on disk
-    for commits that do not fit there; else one on disk. Returns (the folder, the one on disk
-    or None)."""
+    """Make the job's commit folders here, each with a random name after this process
+    (owned_folders.make: a new folder, 0700, never one that exists): in memory where this
+    host has /dev/shm, with one on disk for commits that do not fit there; else one on disk.
+    Returns (the folder, the one on disk or None)."""
+    sweep_job_folders()
     memory = protocol.memory_root()
-    folder = tempfile.mkdtemp(prefix="hvd_elastic.", dir=memory)
+    folder = owned_folders.make(JOB_FOLDER_PREFIX, memory)
     if memory is None:
         return folder, None
     try:
-        return folder, tempfile.mkdtemp(prefix="hvd_elastic_disk.")
+        return folder, owned_folders.make(DISK_FOLDER_PREFIX)
     except OSError:
         os.rmdir(folder)
         raise

@@ -37,6 +37,7 @@ import threading
 from typing import Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.elastic.driver import sweep_job_folders
 from hvd_trainer_launch.engines.calls import EngineError, EngineTimeout
 from hvd_trainer_launch.files import owned_folders
 from hvd_trainer_launch.job.relay import START_TIMEOUT_TEXT
@@ -353,6 +354,8 @@ class AgentLaunch:
                 self._process.wait(_KILL_GRACE_SECONDS)
             except subprocess.TimeoutExpired:
                 os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
+                sweep_job_folders()  # what its finally would have removed
             except ProcessLookupError:
                 pass
         return self.wait()

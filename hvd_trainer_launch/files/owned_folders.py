@@ -45,23 +45,24 @@ def _maker_of(name: str, prefix: str) -> Optional[Maker]:
     return Maker(int(fields[0]), int(fields[1]), fields[2].encode())
 
 
-def make(prefix: str) -> str:
-    """A new private folder (mode 0700) in the temporary folder, named after ``prefix`` and
-    this process; the caller removes it, or a later :func:`sweep` once this process is gone."""
+def make(prefix: str, root: Optional[str] = None) -> str:
+    """A new private folder (mode 0700) in ``root`` (None: the temporary folder), named after
+    ``prefix`` and this process; the caller removes it, or a later :func:`sweep` once this
+    process is gone."""
     namespace, pid = _namespace(), os.getpid()
     start = started_at(pid)
     if namespace is None or start is None:  # no /proc: nothing could tell the maker's end
-        return tempfile.mkdtemp(prefix=prefix)
-    return tempfile.mkdtemp(prefix=f"{prefix}{namespace}-{pid}-{start.decode()}.")
+        return tempfile.mkdtemp(prefix=prefix, dir=root)
+    return tempfile.mkdtemp(prefix=f"{prefix}{namespace}-{pid}-{start.decode()}.", dir=root)
 
 
-def sweep(prefix: str) -> List[str]:
-    """Remove the folders that :func:`make` (``prefix``) left in the temporary folder whose
-    maker, a process of this PID namespace, has ended; return their paths."""
+def sweep(prefix: str, root: Optional[str] = None) -> List[str]:
+    """Remove the folders that :func:`make` (``prefix``) left in ``root`` (None: the temporary
+    folder) whose maker, a process of this PID namespace, has ended; return their paths."""
     namespace = _namespace()
     if namespace is None:
         return []
-    root, removed = tempfile.gettempdir(), []
+    root, removed = root or tempfile.gettempdir(), []
     try:
         entries = [name for name in os.listdir(root) if name.startswith(prefix)]
     except OSError:

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.elastic import driver as elastic_driver
 from hvd_trainer_launch.engines import (checks as engine_checks, launch as engine_launch,
                                         rank as engine_rank)
 from hvd_trainer_launch.files import owned_folders
@@ -158,6 +159,29 @@ def test_a_sweep_removes_the_folders_of_makers_that_ended_and_nothing_else(tmp_p
     assert owned_folders.sweep(prefix) == [dead]
     assert not os.path.exists(dead)
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
+
+
+# An hvdrun that makes its elastic job's commit folders and ends without removing them.
+_HVDRUN = ("from hvd_trainer_launch.elastic import driver; "
+           "print(*driver._job_folders())")
+
+
+def test_an_elastic_jobs_commit_folders_that_its_hvdrun_left_are_swept(tmp_path, monkeypatch):
+    # In memory (the /dev/shm stand-in) and on disk, as hvdrun makes them; the next job's
+    # sweep, or the engine's after it SIGKILLed its hvdrun, removes them, not a live one's.
+    memory, disk = tmp_path / "shm", tmp_path / "tmp"
+    memory.mkdir(), disk.mkdir()
+    monkeypatch.setattr(protocol, "MEMORY_ROOT", str(memory))
+    monkeypatch.setattr(tempfile, "tempdir", str(disk))
+    code = (f"from hvd_trainer_launch import protocol; protocol.MEMORY_ROOT = {str(memory)!r}; "
+            + _HVDRUN)
+    left = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=dict(os.environ, TMPDIR=str(disk))).stdout.split()
+    assert [os.path.dirname(f) for f in left] == [str(memory), str(disk)]
+    assert sorted(elastic_driver.sweep_job_folders()) == sorted(left)
+    live = elastic_driver._job_folders()  # this process's job (it sweeps first): running
+    assert elastic_driver.sweep_job_folders() == []
+    assert os.listdir(memory) + os.listdir(disk) == [os.path.basename(f) for f in live]
 
 
 def test_a_launch_that_fails_to_start_leaves_no_folder(tmp_path, monkeypatch):
