@@ -2,7 +2,6 @@
 against the same module trained by Lightning's own DDP strategy (CPU, gloo) on the same ranks
 and data; and the strategy's collectives against arithmetic."""
 import os
-import socket
 
 import numpy as np
 import torch
@@ -62,16 +61,24 @@ def equals_lightning_ddp():
     ours, trainer = _fit(HorovodStrategy())
     if trainer.global_step != EPOCHS * STEPS:
         failures.append(f"{trainer.global_step} steps, expected {EPOCHS * STEPS}")
-    port = None
+    # Rank 0 holds DDP's rendezvous store itself, bound to a free port in one step, and every
+    # rank joins it as a client (torch's agent store): a port probed and closed first was
+    # taken by another test's job before torch bound it (EADDRINUSE, CI 2026-12-07).
+    store = port = None
     if hvd.rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        store = torch.distributed.TCPStore("127.0.0.1", 0, hvd.size(), True,
+                                           wait_for_workers=False)
+        port = store.port
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(hvd.broadcast_object(port)),
-                      LOCAL_RANK="0", NODE_RANK=str(hvd.rank()), WORLD_SIZE=str(hvd.size()))
-    # Lightning would pick its MPI environment under mpiexec: name the plain one.
-    reference, _ = _fit("ddp", devices=1, num_nodes=hvd.size(),
-                        plugins=[LightningEnvironment()])
+                      LOCAL_RANK="0", NODE_RANK=str(hvd.rank()), WORLD_SIZE=str(hvd.size()),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
+    try:
+        # Lightning would pick its MPI environment under mpiexec: name the plain one.
+        reference, _ = _fit("ddp", devices=1, num_nodes=hvd.size(),
+                            plugins=[LightningEnvironment()])
+    finally:
+        del os.environ["TORCHELASTIC_USE_AGENT_STORE"]
+        del store
     for got, want in zip(_weights(ours), _weights(reference)):
         if not np.allclose(got, want, rtol=1e-5, atol=1e-6):
             failures.append(f"rank {hvd.rank()}: HorovodStrategy {got.ravel()[:4]} != "
