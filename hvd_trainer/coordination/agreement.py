@@ -315,22 +315,24 @@ class Call:
         else:
             with span(self.name, "NEGOTIATE"):
                 _, direct = self._agreed(describe, None, True, signature)
-        if not direct:
-            return None
-        if root is not None:  # every rank reads one reduced record: all take it or all gather
-            inline = records_of(self.comm).inline_carried()
-            if inline is not None:
-                return inline
-        carrier = carrier_of(self.comm)
+        return self._carried(payload, root, timed) if direct else None
+
+    def _carried(self, payload: Optional[np.ndarray], root: Optional[int],
+                 timed: bool) -> "Carried | Inline | None":
+        """After an agreement reached at once: a broadcast ``root``'s payload if it rode in
+        the record (every rank reads one reduced record: all take it or all gather), else
+        every rank's ``payload`` gathered in the carrier (None: the communicator has none)."""
+        comm, sched = self.comm, self._schedule
+        inline = None if root is None else records_of(comm).inline_carried()
+        carrier = None if inline is not None else carrier_of(comm)
         if carrier is None:
-            return None
+            return inline
         carrier.post(payload)
-        sched = self._schedule
         if not timed:
-            stall.poll(carrier.start(), sched, self.comm, self, "data", sched.exchanges)
+            stall.poll(carrier.start(), sched, comm, self, "data", sched.exchanges)
         else:
             with span(self.name, "COMMUNICATE"):
-                stall.poll(carrier.start(), sched, self.comm, self, "data", sched.exchanges)
+                stall.poll(carrier.start(), sched, comm, self, "data", sched.exchanges)
         return carrier.gathered()
 
     def _agreed(self, describe: Callable[[], Dict[str, Any]], flags: Optional[np.ndarray],
@@ -434,16 +436,7 @@ class _Again(Call):
             _, direct = _settled(comm, sched, entry, number, True, going)
             if not direct:
                 return None
-        if root is not None:
-            carried = records_of(comm).inline_carried()
-            if carried is not None:
-                return carried
-        carrier = carrier_of(comm)
-        if carrier is None:
-            return None
-        carrier.post(payload)
-        stall.poll(carrier.start(), sched, comm, self, "data", sched.exchanges)
-        return carrier.gathered()
+        return self._carried(payload, root, False)
 
 
 def again(comm: Communicator, kind: str, name: Optional[str]) -> Optional[Call]:
