@@ -30,8 +30,16 @@ killed = int(sys.argv[4]) if len(sys.argv) > 4 else 2  # --ulfm-kill's rank
 X, Y = (torch.from_numpy(a) for a in data())
 
 
+# The first life whose ranks ran, not hvdrun's life 0: a life in which no rank started (the
+# launcher failed, as Open MPI's PMIx listener once did under CI load) must not use up the
+# change. Rank 0 marks a life as having run at its first commit, which every rank of the life
+# reaches only after each has read the mark here, at its start.
+RAN_MARK = result_file + ".ran"
+FIRST_LIFE = not os.path.exists(RAN_MARK)
+
+
 def first_life() -> bool:
-    return os.environ["HVD_ELASTIC_RESTART"] == "0"
+    return FIRST_LIFE
 
 
 def write_hosts(slots: int) -> None:
@@ -65,6 +73,7 @@ def train(state):
             if torch_step(state, optimizer, x, y, position, batch, COMMIT_EVERY) \
                     and hvd.rank() == 0:
                 print(f"COMMITTED step={state.step}", flush=True)
+                open(RAN_MARK, "a").close()
             if first_life() and mode == "--grow" and state.step == GROW_AT_STEP:
                 if hvd.rank() == 0:
                     write_hosts(3)
