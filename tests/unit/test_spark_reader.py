@@ -1,6 +1,8 @@
 """The estimators' rank-side Parquet reader, on files written here with pyarrow: which rows each
 rank reads and in what order, batches across row groups and passes, the same step count on
 uneven shards, the shuffle (a permutation of the rank's rows per pass), 2-D array columns."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,49 @@ def test_close_stops_the_reading_thread_and_a_later_stream_starts_over(tmp_path)
     again = set(_reading_threads()) - before
     reader.close()
     assert len(again) == 1 and not any(thread.is_alive() for thread in again)
+
+
+class _ThreadsThatRead:
+    """A filesystem whose files note the name of each thread that reads them."""
+
+    def __init__(self):
+        self.fs, self.names = fsspec.filesystem("file"), set()
+
+    def open(self, path, mode):
+        names, opened = self.names, self.fs.open(path, mode)
+
+        class Noted:
+            def __getattr__(self, attribute):
+                return getattr(opened, attribute)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                opened.close()
+
+            def read(self, *args):
+                names.add(threading.current_thread().name)
+                return opened.read(*args)
+
+            def readinto(self, *args):
+                names.add(threading.current_thread().name)
+                return opened.readinto(*args)
+
+        return Noted()
+
+
+def test_files_are_read_only_in_the_caller_and_the_reading_thread(tmp_path):
+    # Arrow's own threads (its IO pool reads ahead with pre_buffer) would call the Python
+    # file's read(); one doing so as the interpreter ends aborts the process, and only the
+    # reading thread is stopped and joined at exit.
+    fs = _ThreadsThatRead()
+    reader = ShardReader(fs, _files(tmp_path, [2, 2, 2]), ["id", "vec"], 0, 1, 2)
+    batches = list(reader.batches(3))
+    reader.close()
+    np.testing.assert_array_equal(np.concatenate([b["id"] for b in batches]), np.arange(6))
+    assert fs.names <= {threading.current_thread().name, "hvd_trainer parquet reader"}, fs.names
+    assert "hvd_trainer parquet reader" in fs.names
 
 
 def test_a_reader_still_reading_at_exit_is_stopped_before_the_interpreter_ends(tmp_path):

@@ -145,11 +145,13 @@ class ShardReader:
             return self._cache[group]
         import pyarrow.parquet as pq
         with self._fs.open(group.path, "rb") as f:
-            # Decoded in this (reading) thread: Arrow's CPU pool, once started, has threads
-            # that can still be joinable when the process exits, which aborts it ("terminate
-            # called without an active exception", seen at a loaded rank's exit).
-            table = pq.ParquetFile(f).read_row_group(group.index, columns=self._columns,
-                                                     use_threads=False)
+            # Read and decoded in this (reading) thread alone, which is joined at exit:
+            # Arrow's CPU pool, once started, has threads that can still be joinable when the
+            # process exits, and with pre_buffer its IO pool's threads call the Python file's
+            # read(); either aborts the process as the interpreter ends ("terminate called
+            # without an active exception", seen at a loaded rank's exit and in a CI run).
+            table = pq.ParquetFile(f, pre_buffer=False).read_row_group(
+                group.index, columns=self._columns, use_threads=False)
         part = _columns(table, self._columns)
         if self._shard.stride > 1:
             part = _take(part, slice(self._shard.offset, None, self._shard.stride))
