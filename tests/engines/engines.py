@@ -24,8 +24,28 @@ def ray_head(temp: str, marker: str, cpus: int = RAY_CPUS, gpus: int = 0,
     places by them, nothing here uses a device) and nothing the tests do not use (no
     dashboard, autoscaler monitor or log monitor: drivers do not print workers' output), its
     files (and the address file ray.init() would find) in ``temp``; every process of it
-    carries ``marker`` in its environment, and ``env``. Return its address once up."""
-    log_path = os.path.join(temp, "head.log")
+    carries ``marker`` in its environment, and ``env``. Return its address once up.
+
+    Ray needs the head's port number before it binds it, so the port is probed free and
+    then handed over, and another job may take it in between: a head that exits before it
+    is up is ended (every process with ``marker``) and started again on a new port, at most
+    :data:`HEAD_TRIES` times."""
+    for attempt in range(1, HEAD_TRIES + 1):
+        address = _start_head(temp, marker, cpus, gpus, env, attempt)
+        if address is not None:
+            return address
+        stop_processes_with(marker)
+    raise RuntimeError(f"ray start --head exited before it was up, {HEAD_TRIES} times, each "
+                       f"on a new port; their output is in {temp}/head.*.log")
+
+
+HEAD_TRIES = 3
+
+
+def _start_head(temp: str, marker: str, cpus: int, gpus: int, env: Optional[Dict[str, str]],
+                attempt: int) -> Optional[str]:
+    """One try of :func:`ray_head`: the head's address once up, None if it exited first."""
+    log_path = os.path.join(temp, f"head.{attempt}.log")
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -47,9 +67,11 @@ def ray_head(temp: str, marker: str, cpus: int = RAY_CPUS, gpus: int = 0,
         with open(log_path, errors="replace") as log:
             if "Ray runtime started" in log.read():
                 return f"127.0.0.1:{port}"
-        if head.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"ray start --head did not start (exit {head.poll()}); its "
-                               f"output is in {log_path}")
+        if head.poll() is not None:
+            return None
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ray start --head was not up after 120 s; its output is in "
+                               f"{log_path}")
         time.sleep(0.1)
 
 
