@@ -35,8 +35,10 @@ def ray_head(temp: str, marker: str, cpus: int = RAY_CPUS, gpus: int = 0,
         if address is not None:
             return address
         stop_processes_with(marker)
+    with open(os.path.join(temp, f"head.{HEAD_TRIES}.log"), errors="replace") as log:
+        last = log.read()[-3000:]  # the fixtures remove ``temp`` as they end
     raise RuntimeError(f"ray start --head exited before it was up, {HEAD_TRIES} times, each "
-                       f"on a new port; their output is in {temp}/head.*.log")
+                       f"on a new port; the last one said:\n{last}")
 
 
 HEAD_TRIES = 3
