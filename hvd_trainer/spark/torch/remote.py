@@ -12,7 +12,8 @@ checkpoint after every epoch (atomically) and prints an epoch line; it returns t
 the last checkpoint.
 
 The helper factories keep Horovod's names (``_calculate_loss_fn``, ``_metric_cls``...), which
-Horovod's tests call.
+Horovod's tests call as attributes of horovod.spark.torch.remote: they are in ``__all__``,
+which is what hvdrun --horovod's shim carries.
 """
 import io
 from dataclasses import dataclass, field
@@ -23,7 +24,10 @@ import numpy as np
 from hvd_trainer.spark.common import payload, progress
 from hvd_trainer.spark.common.feed import DataSpec, feeds
 
-__all__ = ["TrainSpec", "RankResult", "train"]
+__all__ = ["TrainSpec", "RankResult", "train", "_calculate_loss_fn",
+           "_get_optimizer_with_unscaled_lr_fn", "_metric_cls",
+           "_construct_metric_value_holders_fn", "_get_metric_avgs_fn", "_update_metrics_fn",
+           "_prepare_np_data_fn", "_train_minibatch_fn"]
 
 
 @dataclass
