@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+import open_mpi_leftovers
 import session_shm
 
 # Under pytest-xdist (the README runs ``-n 2``) this conftest is loaded by the controlling
@@ -139,6 +140,13 @@ def pytest_xdist_make_scheduler(config, log):
             return unit_of(nodeid)
 
     return Units(config, log)
+
+
+@pytest.fixture(autouse=True)
+def no_stale_open_mpi_sessions():
+    """Before each test, the session folders of Open MPI launchers that were killed earlier
+    are removed (open_mpi_leftovers.py): a launcher that gets a dead one's PID fails on them."""
+    open_mpi_leftovers.sweep()
 
 
 _shm_left: list = []
