@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-import open_mpi_leftovers
 import session_shm
+from hvd_trainer_launch.files import open_mpi_sessions
 
 # Under pytest-xdist (the README runs ``-n 2``) this conftest is loaded by the controlling
 # process and by each worker it starts; the workers are its children, so they share the /dev/shm
@@ -145,8 +145,9 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.fixture(autouse=True)
 def no_stale_open_mpi_sessions():
     """Before each test, the session folders of Open MPI launchers that were killed earlier
-    are removed (open_mpi_leftovers.py): a launcher that gets a dead one's PID fails on them."""
-    open_mpi_leftovers.sweep()
+    are removed (hvdrun does so before it launches, but tests start mpirun themselves too): a
+    launcher that gets a dead one's PID fails on them."""
+    open_mpi_sessions.sweep()
 
 
 _shm_left: list = []

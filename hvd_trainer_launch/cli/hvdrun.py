@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 from hvd_trainer_launch import mpi
 from hvd_trainer_launch.cli import config_file
 from hvd_trainer_launch.elastic import driver as elastic
+from hvd_trainer_launch.files import open_mpi_sessions
 from hvd_trainer_launch.job import flags, reports, watch as job
 from hvd_trainer_launch.job.relay import OutputRelay, say
 from hvd_trainer_launch.rank import horovod_shim
@@ -166,6 +167,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, launcher: mp
                                         forwarded)
     if args.verbose:
         say(f"running: {shlex.join(mpiexec_command)}")
+    if launcher.flavour == mpi.OPENMPI:  # a killed launcher's sockets would stop this one
+        open_mpi_sessions.sweep()
     try:
         return job.run_job(mpiexec_command, job.launcher_environment(env, forwarded), relay,
                            args.np, args.start_timeout,

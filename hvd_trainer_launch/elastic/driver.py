@@ -29,7 +29,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
-from hvd_trainer_launch.files import owned_folders
+from hvd_trainer_launch.files import open_mpi_sessions, owned_folders
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts,
                                                   host_of, hosts_text)
 from hvd_trainer_launch.elastic.notices import Generation
@@ -334,6 +334,8 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
          + (f" (restart {lives.restarts})" if lives.restarts else ""))
     if args.verbose:
         _say(f"running: {shlex.join(command)}")
+    if elastic.launcher.flavour == mpi.OPENMPI:  # a killed life's sockets would stop this one
+        open_mpi_sessions.sweep()
     if os.environ.get(ENGINE_LIVES_VARIABLE):  # the engine launch hands out the proxy lines
         sys.stdout.buffer.write(
             (protocol.life_line(protocol.EngineLife(lives.restarts, layout)) + "\n").encode())

