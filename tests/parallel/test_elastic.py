@@ -84,25 +84,6 @@ def test_killed_rank_job_goes_on_from_last_commit_with_the_weights_of_a_replay(t
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-6)
 
 
-def test_restart_on_as_many_ranks_restores_the_compression_residuals_exactly(tmp_path):
-    """2-bit compression with error feedback: killed and restarted on 3 ranks, the job ends
-    with the weights of the same job run without the kill (same batches, as the sampler
-    splits what is left the same way on as many ranks)."""
-    script = discovery(tmp_path, "localhost:3")
-    flags = ["--min-np", "2", "--max-np", "3", "--host-discovery-script", script]
-    results = {}
-    for run in ("--keep-slot", "--no-kill"):
-        out = tmp_path / f"{run}.json"
-        proc = run_ranks("elastic_gluon.py", 3, [str(tmp_path / "hosts"), str(out), "--2bit", run],
-                         hvdrun_args=flags)
-        results[run] = json.loads(out.read_text())
-        assert len(lives(proc.stdout)) == (2 if run == "--keep-slot" else 1)
-    killed, whole = results["--keep-slot"], results["--no-kill"]
-    assert killed["history"] == whole["history"]
-    for got, want in zip(killed["weights"], whole["weights"]):
-        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-7)
-
-
 def test_discovery_grows_the_job_at_a_commit_and_shrinks_it_at_a_check(tmp_path):
     script = discovery(tmp_path, "localhost:2")
     proc = run_ranks("elastic_resize.py", 2, [str(tmp_path / "hosts"), str(tmp_path / "out.json")],
