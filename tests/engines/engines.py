@@ -16,6 +16,8 @@ RAY_FAKE_HOSTS = ("host-a", "host-b", "host-c")
 # compiler only and the serial collector: on two cores, a JVM's start and Spark's class loading
 # are several times faster, and the tests' jobs are too short for C2 to pay back.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+# How many times ray_head starts a head that exits before it is up, each on a new port.
+HEAD_TRIES = 3
 
 
 def ray_head(temp: str, marker: str, cpus: int = RAY_CPUS, gpus: int = 0,
@@ -39,9 +41,6 @@ def ray_head(temp: str, marker: str, cpus: int = RAY_CPUS, gpus: int = 0,
         last = log.read()[-3000:]  # the fixtures remove ``temp`` as they end
     raise RuntimeError(f"ray start --head exited before it was up, {HEAD_TRIES} times, each "
                        f"on a new port; the last one said:\n{last}")
-
-
-HEAD_TRIES = 3
 
 
 def _start_head(temp: str, marker: str, cpus: int, gpus: int, env: Optional[Dict[str, str]],

@@ -330,8 +330,9 @@ def test_open_mpi_sessions_that_killed_launchers_left_are_removed_before_a_launc
     launcher = _openmpi_launcher()
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    met = subprocess.run(["bash", "-c", f'"$1" -c "$2" $$ && exec "$3" {shlex.join(root)} -n 1 true',
-                          "bash", sys.executable, _BIND_LEFT_SOCKET, launcher],
+    bind_then_launch = f'"$1" -c "$2" $$ && exec "$3" {shlex.join(root)} -n 1 true'
+    met = subprocess.run(["bash", "-c", bind_then_launch, "bash", sys.executable,
+                          _BIND_LEFT_SOCKET, launcher],
                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert met.returncode != 0
     assert "listener thread failed to start" in met.stdout + met.stderr, met.stderr

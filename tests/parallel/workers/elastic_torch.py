@@ -38,10 +38,6 @@ RAN_MARK = result_file + ".ran"
 FIRST_LIFE = not os.path.exists(RAN_MARK)
 
 
-def first_life() -> bool:
-    return FIRST_LIFE
-
-
 def write_hosts(slots: int) -> None:
     with open(hosts_file + ".tmp", "w") as f:
         f.write(f"localhost:{slots}\n")
@@ -62,10 +58,10 @@ def train(state):
         print(f"LIFE size={hvd.size()} step={state.step} pid={os.getpid()}", flush=True)
     while state.epoch < EPOCHS:
         for position, (x, y) in enumerate(loader):
-            if first_life() and mode == "--kill" and hvd.rank() == 1 and state.step == KILL_AT_STEP:
+            if FIRST_LIFE and mode == "--kill" and hvd.rank() == 1 and state.step == KILL_AT_STEP:
                 write_hosts(hvd.size() - 1)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if (first_life() and mode in ("--ulfm-kill", "--ulfm-regrow") and hvd.size() == 3
+            if (FIRST_LIFE and mode in ("--ulfm-kill", "--ulfm-regrow") and hvd.size() == 3
                     and hvd.rank() == killed and state.step == KILL_AT_STEP):
                 os.kill(os.getpid(), signal.SIGKILL)
             batch = state.sampler.get_indices(position, BATCH)
@@ -74,11 +70,11 @@ def train(state):
                     and hvd.rank() == 0:
                 print(f"COMMITTED step={state.step}", flush=True)
                 open(RAN_MARK, "a").close()
-            if first_life() and mode == "--grow" and state.step == GROW_AT_STEP:
+            if FIRST_LIFE and mode == "--grow" and state.step == GROW_AT_STEP:
                 if hvd.rank() == 0:
                     write_hosts(3)
                 wait_for_hosts(state, 30)
-            if (first_life() and mode == "--ulfm-regrow" and hvd.size() == 2
+            if (FIRST_LIFE and mode == "--ulfm-regrow" and hvd.size() == 2
                     and state.step == REGROW_AT_STEP):
                 wait_for_hosts(state, 90)  # the hold is 30 s from the kill
         state.epoch += 1
