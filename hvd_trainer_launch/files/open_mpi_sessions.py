@@ -18,6 +18,8 @@ import stat
 import tempfile
 from typing import List, Optional
 
+from hvd_trainer_launch.processes import started_at
+
 __all__ = ["sweep"]
 
 _NAME = re.compile(r"(?:ompi|prted)\.(\d+)")
@@ -64,7 +66,7 @@ def sweep(folder: Optional[str] = None) -> List[str]:
             continue
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             continue
-        if os.path.exists(f"/proc/{found.group(1)}") or _answers(entry.path):
+        if started_at(int(found.group(1))) is not None or _answers(entry.path):
             continue  # its launcher runs, or another process has the PID: a later sweep's
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)

@@ -333,7 +333,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     report(rank, protocol.Started(rank, socket.gethostname()))
     sweep_orphans()  # what an earlier job killed whole left in /dev/shm
-    if "OMPI_COMM_WORLD_RANK" in os.environ:  # and its launchers' sockets, for the next job
+    # and, once a host, what its Open MPI launchers left, for the next job there
+    if os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") == "0":
         open_mpi_sessions.sweep()
     env = _child_environment(rank)
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
