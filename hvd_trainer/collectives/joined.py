@@ -123,9 +123,16 @@ def join() -> int:
         last = agreement.finish_join(world, newly)
         for ps in sets[1:]:
             agreement.finish_join(runtime.communicator(ps), False)
+    settle()
+    return runtime.world_rank(world, last)
+
+
+def settle() -> None:
+    """Call the :func:`after_join` methods, on every rank: at the end of join(), and after
+    a growth in place (hvd_trainer.elastic), whose new ranks have seen none of the steps. A
+    collective where the methods are."""
     _after[:] = [ref for ref in _after if ref() is not None]
     for ref in list(_after):
         method = ref()
         if method is not None:
             method()
-    return runtime.world_rank(world, last)

@@ -44,9 +44,11 @@ class HostNotices:
                 1, thread_name_prefix="hvd_trainer-hosts")
         return self._asker.submit(self.changed)
 
-    def changed(self) -> bool:
+    def changed(self) -> Optional[protocol.Notice]:
+        """hvdrun's notice when it tells of other hosts than this life's (or the last growth's)
+        generation, else None."""
         if not self.address:
-            return False
+            return None
         host, _, port = self.address.rpartition(":")
         try:
             if self.secret is None:
@@ -54,10 +56,10 @@ class HostNotices:
             deadline = time.monotonic() + NOTICE_TIMEOUT
             with socket.create_connection((host, int(port)), timeout=NOTICE_TIMEOUT) as conn:
                 told = protocol.ask_notice(conn, self.secret, self.store.written, deadline)
-                return told > self.generation
+                return told if told.number > self.generation else None
         except (OSError, ValueError) as error:
             if not self.warned:
                 log.warning("cannot ask hvdrun at %s whether the hosts changed (%s); this "
                             "job will not grow or shrink until it can", self.address, error)
                 self.warned = True
-            return False
+            return None

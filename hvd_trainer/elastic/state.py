@@ -18,11 +18,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hvd_trainer_launch import protocol
+from hvd_trainer_launch.growth import Growth, read_growth
 from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, GENERATION_VARIABLE, MIN_NP_VARIABLE,
                                          NOTIFY_VARIABLE, RESET_EXIT_CODE, ULFM_VARIABLE)
 
-from ..runtime import runtime
-from ..collectives import objects, ops
+from ..runtime import membership, runtime
+from ..collectives import joined, objects, ops
 from .lives import count_variable, no_commit_found, restarts
 from .commits import Commit, Pickler, aligned_empty
 from .notices import HostNotices
@@ -38,7 +40,12 @@ class HorovodInternalError(RuntimeError):
 
 class HostsUpdatedInterrupt(RuntimeError):
     """hvdrun found other hosts; raised on every rank at the same ``commit()`` or
-    ``check_host_updates()``, so that :func:`run` restarts the job on the new hosts."""
+    ``check_host_updates()``, so that :func:`run` grows the job in place (``growth``:
+    hvdrun's offer) or restarts it on the new hosts (``growth`` None)."""
+
+    def __init__(self, message: str, growth: Optional[Growth] = None):
+        super().__init__(message)
+        self.growth = growth
 
 
 class _HostMessages:
@@ -126,17 +133,17 @@ class State(abc.ABC):
             return False
         if self._asking is None:
             self._asking = self._notices.ask()
-        if self._asking.result():
+        if self._asking.result() is not None:
             return True
         self._asking = None
         return False
 
-    def _answered(self) -> bool:
-        """Whether hvdrun's answer to rank 0's question has come and tells of other hosts
-        (False while it is on its way: a later commit takes it)."""
+    def _answered(self) -> Optional[protocol.Notice]:
+        """hvdrun's answer to rank 0's question once it has come, when it tells of other
+        hosts (None while it is on its way: a later commit takes it)."""
         asking = self._asking
         if asking is None or not asking.done():
-            return False
+            return None
         self._asking = None
         return asking.result()
 
@@ -187,26 +194,38 @@ class State(abc.ABC):
         since this life of the job started, and OSError if a commit failed to reach the disk
         on some rank since the last check. A collective (rank 0 asks hvdrun, the ranks tell
         each other)."""
-        self._check(runtime.rank() == 0 and self._notices.changed())
+        self._check(self._notices.changed() if runtime.rank() == 0 else None)
 
-    def _check(self, changed: bool) -> None:
-        """check_host_updates() with rank 0's answer from hvdrun, ``changed``, at hand."""
+    def _check(self, notice: Optional[protocol.Notice]) -> None:
+        """check_host_updates() with rank 0's answer from hvdrun, ``notice``, at hand."""
         failure = self._store.failure()
+        changed = notice is not None
+        offer = notice.growth if notice is not None else b""
         if runtime.size() > 1:  # one small exchange; the failures' text only when there is one
             changed, failed = ops.any_rank([changed, failure is not None], "elastic.hosts")
             if failed:
                 every = objects.allgather_object(failure, name="elastic.failures")
                 failure = next(f for f in every if f)
+            if changed:  # rank 0's offer to grow in place, if any
+                offer = objects.broadcast_object(offer, 0, name="elastic.growth")
         if failure:
             raise OSError(failure)
+        if changed and offer:
+            raise HostsUpdatedInterrupt("hvdrun found more hosts; the job grows onto them in "
+                                        "place from this commit", read_growth(offer))
         if changed:
             raise HostsUpdatedInterrupt("hvdrun found other hosts; the job restarts on them "
                                         "from this commit")
 
     def recover(self) -> None:
         """Load the newest commit that any rank holds, from the rank that holds it, on every
-        rank; without one, :meth:`sync`. A collective that :func:`run` calls first."""
+        rank; without one, :meth:`sync`. A collective that :func:`run` calls first. A rank
+        that a growth in place started takes the commit the others hold, as they resume."""
         runtime.init()
+        if membership.joined():
+            self.resume()
+            joined.settle()
+            return
         writer.wait()
         try:
             number, payload = self._store.newest()
@@ -219,9 +238,9 @@ class State(abc.ABC):
             self.on_reset()
 
     def resume(self) -> None:
-        """After a shrink (hvdrun --ulfm): load the newest commit that any survivor holds in
-        memory (a rank may have failed between the survivors' commits), then run the reset
-        callbacks. A collective of the survivors."""
+        """After a shrink (hvdrun --ulfm) or a growth in place: load the newest commit that
+        any rank holds in memory (a rank may have failed between the survivors' commits; a
+        new rank holds none), then run the reset callbacks. A collective."""
         committed = self._committed
         payload = None if committed is None else memoryview(b"".join(committed.parts()))
         self._load_newest(self._commit_number if payload is not None else 0, payload, None)
@@ -255,12 +274,36 @@ class State(abc.ABC):
             self.load(self._committed.load())
             log.info("rank %d restored commit %d from rank %d", runtime.rank(), newest, root)
 
+    def grow_in_place(self, growth: Growth) -> None:
+        """Commit the state as it is, start the new ranks hvdrun's ``growth`` offers and merge
+        them in (the ranks keep their processes), take the offer's generation, and give every
+        rank the commit (:meth:`resume`, the new ranks' :meth:`recover`). A collective."""
+        self._take(self.save())
+        self._write_taken()
+        before = runtime.size()
+        places = [(place.procs, place.info) for place in growth.places]
+        try:
+            size = membership.grow(growth.command[0], growth.command[1:], places)
+        except Exception as error:  # MPI could not start them (a host out of reach, say)
+            log.error("rank %d: could not grow the job in place (%s); leaving for a restart on "
+                      "the new hosts", runtime.rank(), error)
+            self._exit_for_restart()
+        self._notices.generation = growth.generation
+        log.warning("rank %d: grew the job in place from %d to %d ranks", runtime.rank(),
+                    before, size)
+        self.resume()
+        joined.settle()  # what the ranks decided in their steps, for the new ranks
+
     def leave_for_new_hosts(self) -> None:
         """Commit the state as it is (without checking the hosts), wait until it is written,
         and exit with RESET_EXIT_CODE, so that hvdrun restarts the job on the new hosts from
         here."""
         self._take(self.save())
         self._write_taken()
+        self._exit_for_restart()
+
+    def _exit_for_restart(self) -> None:
+        """Wait until the last commit is written, then exit with RESET_EXIT_CODE."""
         writer.wait()
         failure = self._store.failure()
         if failure:
@@ -322,7 +365,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
     Every rank first restores the newest commit that any rank holds (or rank 0's state on
     the first start), runs the reset callbacks after a restart, then calls ``func``. When
-    ``func`` raises :class:`HostsUpdatedInterrupt`, the state is committed as it is and the
+    ``func`` raises :class:`HostsUpdatedInterrupt`, the state is committed as it is and
+    either, when hvdrun offers it (hosts added, none of the running ranks' gone), the ranks
+    grow the job in place, every rank takes that commit and ``func`` is called again, or the
     process exits with RESET_EXIT_CODE for hvdrun to restart the job on the new hosts. Under
     ``hvdrun --ulfm``, when ``func`` fails because a rank's process failed, the survivors
     shrink the job to themselves, resume from the newest commit among them and call ``func``
@@ -335,10 +380,14 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         while True:
             try:
                 return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt:
-                state.leave_for_new_hosts()
+            except HostsUpdatedInterrupt as interrupt:
+                # The autotuner's search, step by step, would go out of step on new ranks.
+                if interrupt.growth is None or runtime.setting("AUTOTUNE"):
+                    state.leave_for_new_hosts()  # exits for hvdrun's restart
+                else:
+                    state.grow_in_place(interrupt.growth)
             except Exception as error:
-                if os.environ.get(ULFM_VARIABLE) != "1" or not runtime.lost_peer(error):
+                if os.environ.get(ULFM_VARIABLE) != "1" or not membership.lost_peer(error):
                     raise
                 _shrink(error)
                 state.resume()
@@ -350,7 +399,7 @@ def _shrink(error: Exception) -> None:
     ``--min-np`` survive, exit with RESET_EXIT_CODE instead: hvdrun then restarts the job
     from the last commit, counting the failed rank's failure, not the survivors' exits."""
     before = runtime.size()
-    size = runtime.shrink()
+    size = membership.shrink()
     least = count_variable(MIN_NP_VARIABLE, 1)
     what = (str(error).strip().splitlines() or [type(error).__name__])[0]  # TF's run long
     if size < least:

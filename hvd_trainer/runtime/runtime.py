@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hvd_trainer_launch import installs
 from hvd_trainer_launch.protocol import NO_FINALIZE_WAIT_VARIABLES, WORKER_VARIABLE
@@ -165,33 +165,13 @@ def _start(world: Communicator, backend: str) -> None:
         start(_state)
 
 
-def lost_peer(error: BaseException) -> bool:
-    """Whether ``error``, or an error it was raised from or during, is MPI's report that a
-    peer process failed (ULFM; see :func:`shrink`), or MPI knows of a failed process of the
-    world: a framework may have turned MPI's error into its own (TensorFlow's graphs do)."""
-    if _state is None or _state.backend != "mpi":
-        return False
-    from ..backends import mpi
-    seen: Set[int] = set()
-    found: Optional[BaseException] = error
-    while found is not None and id(found) not in seen:
-        if mpi.lost_peer(found):
-            return True
-        seen.add(id(found))
-        found = found.__cause__ or found.__context__
-    return _state.world.failed_peers() > 0
-
-
-def shrink() -> int:
-    """Go on without the ranks whose processes failed: revoke the world, shrink it to the
-    survivors (MPI's ULFM extensions; a collective of the survivors) and start the job
-    again on them, as shutdown() and init() would. Registered process sets are gone, as
-    after shutdown(). Returns the new number of ranks."""
+def restart_on(world: Communicator) -> None:
+    """Start the job again on the MPI communicator ``world`` (the same processes, fewer or
+    more of them: membership.py), as shutdown() and init() would. Registered process sets
+    are gone, as after shutdown()."""
     with _lock:
-        survivors = state().world.shrink()
         shutdown()
-        _start(survivors, "mpi")
-    return survivors.size
+        _start(world, "mpi")
 
 
 # What the modules above the runtime do when the job starts (the stall watchdog, the

@@ -13,6 +13,8 @@ missing on a rank (None: that rank contributes zeros). The ranks agree on each g
 kind, dense winning over row-sparse, in one small allreduce at the steps in which a gradient
 has had no kind agreed yet (usually the first only; :func:`hvd_trainer.training.kinds.agree_kinds`);
 a rank whose gradient has the other form converts it. A gradient missing on every rank so far stays out of the step.
+The kinds are agreed again once the job starts again on other ranks (hvdrun --ulfm's shrink,
+a growth in place): a new rank knows none, and its reducer is made at its first step.
 """
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -20,6 +22,7 @@ import numpy as np
 
 from ..collectives import sparse
 from ..compression import Compression
+from ..runtime import runtime
 from ..runtime.runtime import ProcessSet, global_process_set
 from .buckets import Gradient
 from .kinds import DENSE, NONE, agree_kinds
@@ -50,11 +53,12 @@ class ArrayReducer:
         self.dtypes = [np.dtype(d) for d in dtypes]
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
-        self.kinds = [DENSE if sparse_as_dense else NONE] * len(self.shapes)
+        self.kinds = self._unagreed()
         self.reducer = Reducer(prefix=prefix, compression=compression,
                                gradient_predivide_factor=gradient_predivide_factor,
                                num_groups=num_groups, sparse_as_dense=sparse_as_dense,
                                process_set=process_set)
+        self._agreed_on: Any = None  # the communicator on which the kinds were agreed
 
     def reduce(self, values: Sequence[Value], postscale: float = 1.0) -> List[Value]:
         """Sum each gradient across the process set, times ``postscale`` (on more than one
@@ -101,8 +105,16 @@ class ArrayReducer:
             out[k] = result
         return out
 
+    def _unagreed(self) -> List[int]:
+        """The kinds before any agreement: dense under ``sparse_as_dense``, else none yet."""
+        return [DENSE if self.sparse_as_dense else NONE] * len(self.shapes)
+
     def _agree_kinds(self, values: Sequence[Value]) -> None:
         """Agree on the kinds not agreed yet (a small allreduce, only when there are any)."""
+        comm = runtime.communicator(self.process_set)
+        if comm is not self._agreed_on:  # a start, or the job started again on other ranks
+            self.kinds = self._unagreed()
+            self._agreed_on = comm
         undecided = [k for k, kind in enumerate(self.kinds) if kind == NONE]
         if not undecided:
             return

@@ -32,6 +32,7 @@ from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.files import open_mpi_sessions, owned_folders
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts,
                                                   host_of, hosts_text)
+from hvd_trainer_launch.elastic.growing import GROW_IN_PLACE_VARIABLE, WRAPPER, Grower
 from hvd_trainer_launch.elastic.notices import Generation
 from hvd_trainer_launch.elastic.registration import (FAILED_LIVES_TO_BLACKLIST, Blacklist,
                                                      ElasticRelay)
@@ -240,6 +241,7 @@ class _Job(NamedTuple):
     launcher: mpi.Launcher
     mpi_args: List[str]
     program: List[str]  # the wrapper around the user's command
+    command: List[str]  # the user's command
     min_np: int
     discovery: Discovery
     blacklist: Blacklist
@@ -280,9 +282,8 @@ def run(args: argparse.Namespace, launcher: mpi.Launcher, mpi_args: List[str],
     # on disk where a commit does not fit, or a host lacks it: protocol.job_folders). The names
     # are hvdrun's, random and made here, so no other user can make them first on this host.
     job_dir, disk_dir = _job_folders()
-    elastic = _Job(args, launcher, mpi_args,
-                   [sys.executable, "-m", "hvd_trainer_launch.rank.wrapper", "--"] + command,
-                   min_np, discovery, Blacklist(args.blacklist_cooldown_range), secret,
+    elastic = _Job(args, launcher, mpi_args, [*WRAPPER, "--"] + command, command, min_np,
+                   discovery, Blacklist(args.blacklist_cooldown_range), secret,
                    Generation(secret.encode(), args.nics or ()), job_dir, disk_dir)
     lives = _Lives()
     previous = {signum: signal.signal(signum, _stop)
@@ -341,7 +342,8 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
             (protocol.life_line(protocol.EngineLife(lives.restarts, layout)) + "\n").encode())
         sys.stdout.buffer.flush()
     watcher = HostWatcher(elastic.discovery, elastic.blacklist, layout, args.max_np,
-                          elastic.generation, relay, lives.restarts)
+                          elastic.generation, relay, lives.restarts,
+                          grower=_grower(elastic, layout))
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,
@@ -355,7 +357,17 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
     finally:
         server.close()
         watcher.stop()
-    return _Life(layout, relay, code)
+    lives.used.extend(host for host, _ in watcher.started_on if host not in lives.used)
+    return _Life(watcher.started_on, relay, code)
+
+
+def _grower(elastic: _Job, layout: Hosts) -> Optional[Grower]:
+    """What this life needs to grow in place (growing.py); None in an engine's job, whose
+    agents start every rank, or where the user turned it off."""
+    if os.environ.get(ENGINE_LIVES_VARIABLE) or os.environ.get(GROW_IN_PLACE_VARIABLE) == "0":
+        return None
+    return Grower(elastic.launcher.flavour, elastic.command, [host for host, _ in layout],
+                  all(mpi.this_machine(host) for host, _ in layout))
 
 
 def _life_environment(elastic: _Job, lives: _Lives, layout: Hosts, np: int,

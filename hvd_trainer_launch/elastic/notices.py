@@ -31,12 +31,12 @@ class _Exchange(NamedTuple):
 
 class NoticeServer:
     """Serves the notice exchange on ``address`` (a new port) from a thread of its own until
-    :meth:`close`: the reply tells ``number()``; ``heard(written)`` is called with the commit
+    :meth:`close`: the reply tells ``told()``; ``heard(written)`` is called with the commit
     number each proved question reports."""
 
-    def __init__(self, address: str, secret: bytes, number: Callable[[], int],
+    def __init__(self, address: str, secret: bytes, told: Callable[[], protocol.Notice],
                  heard: Callable[[int], None]):
-        self.secret, self.number, self.heard = secret, number, heard
+        self.secret, self.told, self.heard = secret, told, heard
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind((address, 0))
@@ -122,11 +122,13 @@ class NoticeServer:
         exchange.received.extend(data)
         if len(exchange.received) < protocol.NOTICE_QUESTION_BYTES:
             return
+        told = self.told()
         reply = protocol.notice_reply(self.secret, exchange.challenge,
-                                         bytes(exchange.received), self.number())
+                                      bytes(exchange.received), told.number, told.growth)
         if reply is not None:
             try:
-                conn.send(reply.data)  # 40 bytes into an empty send buffer
+                # At most NOTICE_OFFER_BYTES and 44 more, into an empty send buffer.
+                conn.send(reply.data)
             except OSError:
                 pass
             self.heard(reply.written)
@@ -147,13 +149,15 @@ _LOCAL_NAMES = ("localhost", "127.0.0.1")
 class Generation:
     """The notice port (:class:`NoticeServer`) across the job's lives: tells the hosts'
     generation number, which goes up when discovery reports a change (rank 0 asks at each
-    commit), and hears the newest commit rank 0 has written (``committed``, for the next
-    life). It listens on the loopback while every rank runs here, else on the first
+    commit), with hvdrun's offer to grow the job in place when it makes one (``growth``,
+    growth.py's JSON), and hears the newest commit rank 0 has written (``committed``, for the
+    next life). It listens on the loopback while every rank runs here, else on the first
     --network-interface (on every interface without one)."""
 
     def __init__(self, secret: bytes, nics: Sequence[str] = ()):
         self.secret, self.nics = secret, list(nics)
         self.number = 0
+        self.growth = b""
         self.committed = 0
         self.server: Optional[NoticeServer] = None
         self.bound: Optional[str] = None
@@ -165,10 +169,19 @@ class Generation:
 
     def _listen(self, address: str) -> None:
         """Serve on ``address`` (a new port) from now on; the old server closes."""
-        server = NoticeServer(address, self.secret, lambda: self.number, self._heard)
+        server = NoticeServer(address, self.secret, self._told, self._heard)
         if self.server is not None:
             self.server.close()
         self.server, self.bound = server, address
+
+    def changed(self, growth: bytes = b"") -> None:
+        """The hosts changed: the next generation, with the offer to grow into them in place
+        (``growth``) or none (the ranks leave for a restart)."""
+        self.growth = growth
+        self.number += 1
+
+    def _told(self) -> protocol.Notice:
+        return protocol.Notice(self.number, self.growth)
 
     def _heard(self, written: int) -> None:
         self.committed = max(self.committed, written)

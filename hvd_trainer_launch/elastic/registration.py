@@ -5,7 +5,7 @@ import random
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from hvd_trainer_launch import mpi
+from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.elastic.discovery import Hosts, host_of
 from hvd_trainer_launch.job.relay import ENDED, Failure, first_failure, OutputRelay, say
 from hvd_trainer_launch.protocol import RESET_EXIT_CODE
@@ -73,6 +73,23 @@ class ElasticRelay(OutputRelay):
         self.failed: Dict[int, int] = {}
         self.in_place = in_place  # --ulfm: the survivors of a killed rank go on without it
         self.absent: Set[int] = set()  # ranks whose agent was gone before this life began
+        self.expected: Optional[Hosts] = None  # where an offered growth in place puts ranks
+
+    def expect(self, added: Hosts) -> None:
+        """hvdrun offered to grow the job in place by ``added`` (host, ranks): once the first
+        new rank starts, the life has them too, numbered from :attr:`np` on."""
+        with self._lock:
+            self.expected = list(added)
+
+    def deliver(self, report: protocol.Report) -> None:
+        if isinstance(report, protocol.Started) and report.rank >= self.np:
+            with self._lock:
+                added, self.expected = self.expected, None
+                if added is not None:
+                    self.np += sum(ranks for _, ranks in added)
+            if added is not None:
+                self.add_ranks(added)
+        super().deliver(report)
 
     def survived(self, least: int) -> bool:
         """Under --ulfm, whether this life ended well: every failure reported was a rank

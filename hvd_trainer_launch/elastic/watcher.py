@@ -1,5 +1,6 @@
 """hvdrun's watch over a life of an elastic job while it runs: the discovery's hosts (another
-layout restarts the job at the ranks' next commit) and, in an elastic engine job
+layout grows the job in place at the ranks' next commit where it can, growing.py, or restarts
+it there) and, in an elastic engine job
 (engines.elastic), the agents the engine lost, whose ranks will neither start nor report: the
 life ends at once rather than waiting them out (the start timeout), or, under --ulfm, the
 other ranks go on without them and their layout becomes the life's."""
@@ -11,7 +12,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Set
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts, allocate,
                                                   host_of, hosts_text)
+from hvd_trainer_launch.elastic.growing import Grower, added_slots
 from hvd_trainer_launch.elastic.notices import Generation
+from hvd_trainer_launch.growth import Growth, growth_json
 from hvd_trainer_launch.elastic.registration import Blacklist, ElasticRelay
 from hvd_trainer_launch.job.relay import say
 
@@ -51,6 +54,15 @@ def survivors(layout: Hosts, gone: Iterable[int]) -> Hosts:
     return left
 
 
+def per_host(layout: Hosts) -> Dict[str, int]:
+    """How many ranks ``layout`` puts on each host (a host may come more than once: a job
+    grown in place has its new ranks last)."""
+    counts: Dict[str, int] = {}
+    for host, ranks in layout:
+        counts[host] = counts.get(host, 0) + ranks
+    return counts
+
+
 def read_lost(path: Optional[str], life: int) -> List[protocol.LostHost]:
     """The agents the engine says it lost in ``life`` (its file at ``path``: none without)."""
     if not path:
@@ -75,11 +87,13 @@ class HostWatcher(threading.Thread):
 
     def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
                  max_np: Optional[int], generation: Generation, relay: ElasticRelay,
-                 life: int = 0, clock: Callable[[], float] = time.monotonic):
+                 life: int = 0, clock: Callable[[], float] = time.monotonic,
+                 grower: Optional[Grower] = None):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
         self.layout, self.max_np, self.generation = layout, max_np, generation
-        self.relay, self.life, self.clock = relay, life, clock
+        self.relay, self.life, self.clock, self.grower = relay, life, clock, grower
+        self.growing: Optional[Hosts] = None  # the slots of a growth in place offered
         self.started_on = list(layout)
         self.lost_file = os.environ.get(protocol.ENGINE_LOST_VARIABLE)
         self.taken: Set[str] = set()  # the lost hosts already taken
@@ -92,8 +106,22 @@ class HostWatcher(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(DISCOVERY_INTERVAL):
             self.take_lost()
+            self.check_grown()
             if not self.raised:
                 self.check_hosts()
+
+    def check_grown(self) -> None:
+        """Once the ranks of the growth in place offered have begun to start (the relay then
+        counts them), they are the life's: its layout has them last, and the discovery is
+        watched again."""
+        started = sum(slots for _, slots in self.started_on)
+        if self.growing is None or self.relay.np == started:
+            return
+        self.started_on += self.growing
+        self.layout = survivors(self.started_on, self.relay.gone_in_place())
+        say(f"elastic: the job grew in place to {hosts_text(self.layout)}")
+        self.growing = None
+        self.raised = False
 
     def take_lost(self) -> None:
         """Tell the relay of each agent lost in this life, once."""
@@ -119,19 +147,38 @@ class HostWatcher(threading.Thread):
         self.take_lost()
         running = survivors(self.started_on, self.relay.gone_in_place())
         hosts = self.without_held(self.blacklist.usable(discovered), running)
-        found = sorted(layout_of(hosts, self.max_np))  # not the order
-        if found == sorted(running):
-            if sorted(running) != sorted(self.layout):
+        found = layout_of(hosts, self.max_np)
+        if per_host(found) == per_host(running):  # not the order
+            if per_host(running) != per_host(self.layout):
                 self.layout = running
                 say(f"elastic: the hosts are those of the ranks that went on "
                     f"({hosts_text(running)}); the job grows at their next commit when a host "
                     f"comes back, or, if the discovery goes on listing the lost ranks' hosts, "
                     f"onto their slots {KILLED_SLOT_HOLD_SECONDS:g} s after the loss")
             return
-        self.generation.number += 1
         self.raised = True
-        say(f"elastic: hosts changed to {hosts_text(hosts) or 'none'}; the ranks restart on "
-            "them at their next commit")
+        growth = self.growth(running, found)
+        if growth is None:
+            self.generation.changed()
+            say(f"elastic: hosts changed to {hosts_text(hosts) or 'none'}; the ranks restart "
+                "on them at their next commit")
+            return
+        self.generation.changed(growth_json(growth))
+        say(f"elastic: hosts changed to {hosts_text(hosts)}; the ranks grow the job in place "
+            f"onto {hosts_text(self.growing)} at their next commit")
+
+    def growth(self, running: Hosts, found: Hosts) -> Optional[Growth]:
+        """The offer that grows the ranks ``running`` in place to the layout ``found`` (the
+        relay told to expect the new ranks), or None."""
+        added = added_slots(running, found) if self.grower is not None else None
+        if added is None:
+            return None
+        first = sum(slots for _, slots in self.started_on)
+        growth = self.grower.offer(self.generation.number + 1, first, running, added)
+        if growth is not None:
+            self.growing = added
+            self.relay.expect(added)
+        return growth
 
     def without_held(self, hosts: Hosts, running: Hosts) -> Hosts:
         """``hosts`` less the slots held for ranks killed in place (under --ulfm). A hold

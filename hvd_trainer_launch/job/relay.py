@@ -69,19 +69,31 @@ class OutputRelay:
         self._lock = threading.Lock()
         self._gone: Set[int] = set()  # the outputs whose reader went away, by id()
         self._files: Dict[Tuple[int, bytes], Any] = {}
-        if output_dir:
-            for rank in range(np):
-                folder = os.path.join(output_dir, f"rank.{rank}")
-                try:
-                    os.makedirs(folder, mode=0o700, exist_ok=True)
-                except OSError as error:
-                    say(f"warning: cannot create {folder!r} ({error}); rank {rank}'s output "
-                         "is not written to files")
-                    continue
-                for stream in (b"stdout", b"stderr"):
-                    self._files[rank, stream] = Output(
-                        os.path.join(folder, stream.decode()), what=f"rank {rank}'s {stream.decode()} copy",
-                        warn=lambda message: say(f"warning: {message}"))
+        self._output_dir = output_dir
+        self._open_files(range(np))
+
+    def _open_files(self, ranks: Sequence[int]) -> None:
+        """Open the per-rank files of ``ranks`` under the output folder, if one was given."""
+        for rank in ranks if self._output_dir else ():
+            folder = os.path.join(self._output_dir, f"rank.{rank}")
+            try:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            except OSError as error:
+                say(f"warning: cannot create {folder!r} ({error}); rank {rank}'s output "
+                     "is not written to files")
+                continue
+            for stream in (b"stdout", b"stderr"):
+                self._files[rank, stream] = Output(
+                    os.path.join(folder, stream.decode()), what=f"rank {rank}'s {stream.decode()} copy",
+                    warn=lambda message: say(f"warning: {message}"))
+
+    def add_ranks(self, hosts: Sequence[Tuple[str, int]]) -> None:
+        """Ranks that joined the running job (grown in place) on ``hosts`` (host, ranks),
+        numbered after the others."""
+        first = len(self._slots)
+        self._slots += [host for host, slots in hosts for _ in range(slots)]
+        self._name_hosts = len(set(self._slots)) > 1
+        self._open_files(range(first, len(self._slots)))
 
     def relay(self, pipe: BinaryIO, out: BinaryIO) -> None:
         """Read ``pipe`` line by line until EOF, writing what the user should see to ``out``."""

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch import growth, mpi, protocol
 from hvd_trainer_launch.files import open_mpi_sessions
 from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent, still_there
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
@@ -72,20 +72,22 @@ def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
 
 def horovod_variables(nodes: Sequence[Tuple[str, int]], rank: int) -> Dict[str, str]:
     """Horovod's per-rank variables of ``rank`` when the ranks fill ``nodes`` (host, ranks) in
-    order: the cross rank counts the nodes before this one that have a rank with this local
-    rank, as MPI's split of the world by local rank does."""
-    start = 0
-    for index, (host, count) in enumerate(nodes):
-        if rank < start + count:
-            break
-        start += count
-    else:
-        raise ValueError(f"rank {rank} is beyond the {start} ranks of {HOSTS_VARIABLE}")
-    local_rank = rank - start
-    peers = [i for i, (_, count) in enumerate(nodes) if count > local_rank]
-    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(sum(count for _, count in nodes)),
-            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(count),
-            "HOROVOD_CROSS_RANK": str(peers.index(index)), "HOROVOD_CROSS_SIZE": str(len(peers)),
+    order (a host may come again: a job grown in place puts its new ranks last): the local
+    rank counts the ranks before this one on its host, and the cross rank the ranks before
+    this one with the same local rank, as MPI's splits of the world do."""
+    slots = [host for host, count in nodes for _ in range(count)]
+    if rank >= len(slots):
+        raise ValueError(f"rank {rank} is beyond the {len(slots)} ranks of {HOSTS_VARIABLE}")
+    host = slots[rank]
+    places: Dict[str, int] = {}  # ranks seen so far on each host
+    local = []  # each rank's local rank
+    for name in slots:
+        local.append(places.get(name, 0))
+        places[name] = local[-1] + 1
+    peers = [other for other, place in enumerate(local) if place == local[rank]]
+    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(len(slots)),
+            "HOROVOD_LOCAL_RANK": str(local[rank]), "HOROVOD_LOCAL_SIZE": str(places[host]),
+            "HOROVOD_CROSS_RANK": str(peers.index(rank)), "HOROVOD_CROSS_SIZE": str(len(peers)),
             "HOROVOD_HOSTNAME": host}
 
 
@@ -98,14 +100,15 @@ def _placed_otherwise(variables: Mapping[str, str], environ: Mapping[str, str]) 
     return None
 
 
-def _with_horovod_variables(env: Dict[str, str], rank: int) -> bytes:
+def _with_horovod_variables(env: Dict[str, str], rank: int, joined: bool = False) -> bytes:
     """Put Horovod's per-rank variables into ``env`` from hvdrun's hosts; return a warning
     line for stderr when the launcher placed the rank otherwise (then only HOROVOD_RANK and
-    HOROVOD_SIZE are set: the others would be wrong)."""
+    HOROVOD_SIZE are set: the others would be wrong). A rank that joined a running job
+    (``joined``) is not checked: its launcher saw only the ranks started with it."""
     variables = horovod_variables(json.loads(env[HOSTS_VARIABLE]), rank)
     for name in variables:  # an enclosing job's values must not leak through
         env.pop(name, None)
-    otherwise = _placed_otherwise(variables, env)
+    otherwise = None if joined else _placed_otherwise(variables, env)
     if otherwise is None:
         env.update(variables)
         return b""
@@ -317,10 +320,19 @@ def _wait_relay(pid: int) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the command after ``--`` on this rank; return its exit code (128+N if killed by signal N)."""
     command = sys.argv[1:] if argv is None else list(argv)
+    joining = None
+    if command[:1] == [growth.JOINED_FLAG] and len(command) > 1:  # started by a growth in place
+        try:
+            joining = growth.read_joining(command[1])
+        except ValueError as error:
+            print(f"hvd_trainer_launch.rank.wrapper: {error}", file=sys.stderr)
+            return 2
+        command = command[2:]
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("usage: python -m hvd_trainer_launch.rank.wrapper -- command [args ...]", file=sys.stderr)
+        print("usage: python -m hvd_trainer_launch.rank.wrapper [--joined JSON] -- command "
+              "[args ...]", file=sys.stderr)
         return 2
     parent = _signal_when_parent_goes()
     # Until the child runs, the signal only wakes the wrapper (its default would kill it);
@@ -331,12 +343,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hvd_trainer_launch.rank.wrapper: none of {', '.join(RANK_VARIABLES)} is set; "
               "start it through hvdrun or mpiexec", file=sys.stderr)
         return 2
+    place = rank  # in the world of ranks; hvdrun numbers a new rank after all the life's
+    if joining is not None:
+        place, rank = joining.world_first + rank, joining.first + rank
     report(rank, protocol.Started(rank, socket.gethostname()))
     sweep_orphans()  # what an earlier job killed whole left in /dev/shm
     # and, once a host, what its Open MPI launchers left, for the next job there
     if os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") == "0":
         open_mpi_sessions.sweep()
-    env = _child_environment(rank)
+    env = _child_environment(place, joining)
     try:  # hvdrun --horovod: the rank's own horovod shim, gone when the rank ends
         shim = horovod_shim.prepare(env) if horovod_shim.requested(env) else None
     except (horovod_shim.RealHorovodError, OSError) as error:
@@ -376,16 +391,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     return _report_end(rank, returncode, end)
 
 
-def _child_environment(rank: int) -> Dict[str, str]:
+def _child_environment(place: int, joining: Optional[growth.Joining]) -> Dict[str, str]:
     """The command's environment: the wrapper's, unbuffered Python, marked as a rank's, without
     the report port (the wrapper's, not for the command's own launches); where hvdrun placed
-    the ranks, Horovod's variables (said on stderr when the launcher placed them otherwise)."""
+    the ranks, Horovod's variables for rank ``place`` (said on stderr when the launcher placed
+    them otherwise). A rank that joined a running job gets the grown job's hosts and
+    generation (``joining``)."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so Python ranks' prints arrive live and survive a crash
     env[protocol.WORKER_VARIABLE] = "1"
     env.pop(protocol.REPORTS_VARIABLE, None)
+    if joining is not None:
+        env[HOSTS_VARIABLE] = json.dumps(joining.world)
+        env[protocol.GENERATION_VARIABLE] = str(joining.generation)
     if HOSTS_VARIABLE in env:
-        _write_all(2, _with_horovod_variables(env, rank))
+        _write_all(2, _with_horovod_variables(env, place, joined=joining is not None))
     env.update(blas_share(env, len(os.sched_getaffinity(0))))
     return env
 

@@ -38,6 +38,11 @@ def lives(stdout: str):
     return [(int(size), int(step)) for size, step in found]
 
 
+def pids(stdout: str):
+    """Rank 0's process at the start of each life (LIFE lines with pid=)."""
+    return [int(pid) for pid in re.findall(r"LIFE size=\d+ step=\d+ pid=(\d+)", stdout)]
+
+
 def assert_each_sample_once_per_epoch(history, num_samples, epochs):
     for epoch in range(epochs):
         seen = [i for e, _, batches in history if e == epoch for batch in batches for i in batch]
@@ -89,12 +94,24 @@ def test_discovery_grows_the_job_at_a_commit_and_shrinks_it_at_a_check(tmp_path)
     proc = run_ranks("elastic_resize.py", 2, [str(tmp_path / "hosts"), str(tmp_path / "out.json")],
                      hvdrun_args=["--min-np", "2", "--max-np", "3",
                                   "--host-discovery-script", script])
-    # Each life starts at the step where the hosts file changed: nothing committed is lost.
+    # Each start of the training function is at the step where the hosts file changed:
+    # nothing committed is lost. The growth is in place (the ranks keep their processes);
+    # the shrink restarts every rank.
     changed_at = [int(k) for k in re.findall(r"HOSTS localhost:\d step=(\d+)", proc.stdout)]
     assert lives(proc.stdout) == [(2, 0), (3, changed_at[0]), (2, changed_at[1])]
+    first, grown, shrunk = pids(proc.stdout)
+    assert grown == first and shrunk != first
     assert proc.stderr.count("hosts changed to") == 2
+    assert "the ranks grow the job in place onto localhost:1" in proc.stderr
     result = json.loads((tmp_path / "out.json").read_text())
-    assert result["total"] == 2 * (np.arange(30) + 1.0).sum()
+    data = np.arange(30) + 1.0
+    assert result["total"] == 2 * data.sum()
+    # The gradients summed through the ArrayReducer, row-sparse kind agreed before the growth:
+    # every sample twice, its value in both columns, the sparse one in row i % 5.
+    want = np.zeros((6, 2))
+    want[0] = 2 * data.sum()
+    np.add.at(want[1:], np.arange(30) % 5, 2 * np.stack([data, data], 1))
+    np.testing.assert_allclose(result["reduced"], want)
     assert_each_sample_once_per_epoch(result["history"], 30, 2)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from elastic_training import reference_weights
 from runner import WORKERS, run_ranks
-from test_elastic import assert_each_sample_once_per_epoch, discovery, lives
+from test_elastic import assert_each_sample_once_per_epoch, discovery, lives, pids
 
 sys.path.insert(0, WORKERS)
 
@@ -50,12 +50,13 @@ def test_killed_rank_torch_job_goes_on_from_last_commit_with_the_weights_of_a_re
     check_result(tmp_path / "out.json", [3] * 8 + [2] * 6)
 
 
-def test_discovery_grows_the_torch_job_at_a_commit_mid_epoch(tmp_path):
+def test_discovery_grows_the_torch_job_in_place_at_a_commit_mid_epoch(tmp_path):
     proc = run_job(tmp_path, 2, 2, "--grow")
     # Grown after step 3 of epoch 0 (12 of 36 samples): 24 left over 3 ranks (4 steps), then
-    # epoch 1 on 3 ranks (6 steps).
+    # epoch 1 on 3 ranks (6 steps). In place: rank 0 is the same process in both.
     assert lives(proc.stdout) == [(2, 0), (3, 3)]
-    assert "hosts changed to" in proc.stderr
+    assert len(set(pids(proc.stdout))) == 1
+    assert "the job grew in place to localhost:2,localhost:1" in proc.stderr
     check_result(tmp_path / "out.json", [2] * 3 + [3] * 10)
 
 

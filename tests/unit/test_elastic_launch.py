@@ -137,7 +137,7 @@ def test_the_notice_port_tells_only_the_holder_of_the_secret():
     generation.number = 3
     try:
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:
-            assert protocol.ask_notice(conn, SECRET) == 3
+            assert protocol.ask_notice(conn, SECRET) == protocol.Notice(3, b"")
         # A peer without the secret: its answer to the challenge is wrong, and it is told
         # nothing (the connection closes), so ask_notice cannot read a number either.
         with socket.create_connection(("127.0.0.1", generation.port), timeout=10) as conn:

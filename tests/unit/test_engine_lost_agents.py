@@ -3,7 +3,6 @@ ElasticRelay.agent_lost) and the engines' ``ulfm`` choice: a lost agent's ranks 
 at once (they will never start or report), or under --ulfm, when they had started, count as
 killed so that the others go on; then the hosts of the ranks that went on are the life's
 layout, and a host that comes back grows the job."""
-from types import SimpleNamespace
 
 import pytest
 
@@ -29,9 +28,19 @@ class Hosts:
         pass
 
 
+class GenerationCount:
+    """The notice port's generation, without the port."""
+
+    def __init__(self):
+        self.number, self.growth = 0, b""
+
+    def changed(self, growth=b""):
+        self.number, self.growth = self.number + 1, growth
+
+
 def _watcher(relay, discovery, lost_file=None, life=0, clock=lambda: 0.0):
     found = watcher.HostWatcher(discovery, Blacklist(None), list(LAYOUT), None,
-                                SimpleNamespace(number=0), relay, life, clock)
+                                GenerationCount(), relay, life, clock)
     found.lost_file = lost_file
     return found
 

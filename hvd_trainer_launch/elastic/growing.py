@@ -1,0 +1,78 @@
+"""When hvdrun grows a running life of an elastic job in place, and the offer it makes the
+ranks (hvd_trainer_launch.growth).
+
+A life grows in place when the discovery adds slots and keeps every running rank's, the new
+ranks can reach hvdrun's ports (not while these listen on the loopback only, for a life all
+on this machine, and the new hosts are others), and the launcher can start ranks there from
+inside the job with the ranks' variables: MPICH's Hydra on any host, Open MPI's mpirun on its
+own host only (it gives new ranks its own environment, which is hvdrun's life's, and its
+daemons elsewhere lack it). Otherwise the ranks leave at their next commit and the job
+restarts on the new hosts, as for any other change (and always with
+``HVD_ELASTIC_GROW_IN_PLACE=0`` in hvdrun's environment).
+"""
+import sys
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from hvd_trainer_launch import mpi, protocol
+from hvd_trainer_launch.elastic.discovery import Hosts
+from hvd_trainer_launch.growth import (JOINED_FLAG, Growth, Joining, SpawnPlace, growth_json,
+                                       joining_json)
+
+__all__ = ["Grower", "added_slots", "GROW_IN_PLACE_VARIABLE"]
+
+# Set to 0 in hvdrun's environment, every growth restarts the job, as before growth in place.
+GROW_IN_PLACE_VARIABLE = "HVD_ELASTIC_GROW_IN_PLACE"
+
+# The rank wrapper, which hvdrun starts on every rank: ``WRAPPER -- command``.
+WRAPPER = [sys.executable, "-m", "hvd_trainer_launch.rank.wrapper"]
+# Open MPI maps new ranks by slot, onto hosts whose slots the running ranks fill.
+_OPEN_MPI_MAPPING = {"PMIX_MAPBY": "slot:OVERSUBSCRIBE"}
+
+
+def added_slots(running: Hosts, found: Hosts) -> Optional[Hosts]:
+    """The slots of ``found`` beyond those of the ranks ``running`` (host, ranks), host by
+    host in ``found``'s order; None when ``found`` lacks a running rank's slot or adds none."""
+    left: Dict[str, int] = {}
+    for host, ranks in running:
+        left[host] = left.get(host, 0) + ranks
+    added = []
+    for host, slots in found:
+        kept = min(slots, left.get(host, 0))
+        left[host] = left.get(host, 0) - kept
+        if slots > kept:
+            added.append((host, slots - kept))
+    if not added or any(count > 0 for count in left.values()):
+        return None
+    return added
+
+
+class Grower(NamedTuple):
+    """What a life's growths in place need: the launcher's ``flavour``, the user's
+    ``command``, the hosts the launcher was started with (``launched_on``), and whether
+    hvdrun's ports listen on the loopback only (``local``)."""
+
+    flavour: str
+    command: List[str]
+    launched_on: Sequence[str]
+    local: bool
+
+    def offer(self, generation: int, first: int, running: Hosts,
+              added: Hosts) -> Optional[Growth]:
+        """The offer that grows the world ``running`` (its layout in rank order) by
+        ``added`` as the hosts' ``generation``, the first new rank numbered ``first`` (after
+        every rank the life started); None where the growth cannot be in place."""
+        for host, _ in added:
+            if self.local and not mpi.this_machine(host):
+                return None
+            if self.flavour == mpi.OPENMPI and not (mpi.this_machine(host)
+                                                    and host in self.launched_on):
+                return None
+        joining = Joining(first, sum(ranks for _, ranks in running), list(running) + list(added),
+                          generation)
+        mapping = _OPEN_MPI_MAPPING if self.flavour == mpi.OPENMPI else {}
+        places = [SpawnPlace(ranks, {"host": host, **mapping}) for host, ranks in added]
+        growth = Growth(generation, [*WRAPPER, JOINED_FLAG, joining_json(joining), "--",
+                                     *self.command], places)
+        if len(growth_json(growth)) > protocol.NOTICE_OFFER_BYTES:
+            return None
+        return growth
