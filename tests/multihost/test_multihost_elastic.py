@@ -9,6 +9,7 @@ of its three hosts and finishes on the launching host from its last commits.
 - Once h2 is out its sshd comes back, and at the end the job's commit folder must be gone
   from every host that held one (their /tmp is their own).
 """
+import contextlib
 import json
 import os
 import re
@@ -62,18 +63,41 @@ def committed(stdout):
     return [tuple(life) for life in lives]
 
 
+def discovery(folder, hosts_text):
+    """A discovery script in ``folder`` that prints its hosts file, written with
+    ``hosts_text`` first: (the file's path, the script's)."""
+    hosts, script = os.path.join(folder, "hosts"), os.path.join(folder, "discover.sh")
+    write(hosts, hosts_text)
+    write(script, f"#!/bin/sh\ncat {hosts}\n")
+    os.chmod(script, 0o755)
+    return hosts, script
+
+
+def start_job(bed, folder, args):
+    """hvdrun on h1 with ``args`` running workers/elastic_hosts.py ``folder``, its output kept."""
+    command = hvdrun_command([*args, sys.executable, worker("elastic_hosts.py"), folder])
+    return bed.popen("h1", command, cwd=bed.shared, env=environment(),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def killed_if_left(proc):
+    """Kill the job if the test leaves the block before it has ended."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 @pytest.fixture(scope="module")
 def job(bed):
     folder = tempfile.mkdtemp(dir=bed.shared)
-    hosts, script = os.path.join(folder, "hosts"), os.path.join(folder, "discover.sh")
-    write(hosts, "h1:1\nh2:1\nh3:1\n")
-    write(script, f"#!/bin/sh\ncat {hosts}\n")
-    os.chmod(script, 0o755)
+    hosts, script = discovery(folder, "h1:1\nh2:1\nh3:1\n")
     # --reset-limit bounds what a launcher that never gives up on h2 would do.
-    args = ["--min-np", 1, "--host-discovery-script", script, "--reset-limit", 8,
-            sys.executable, worker("elastic_hosts.py"), folder]
-    proc = bed.popen("h1", hvdrun_command(args), cwd=bed.shared, env=environment(),
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_job(bed, folder, ["--min-np", 1, "--host-discovery-script", script,
+                                   "--reset-limit", 8])
     sshd_down = False
     try:
         ranks = progress(folder, 3, 3, proc)

@@ -10,16 +10,14 @@ folders are gone from every host at the end, h3's included.
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 from types import SimpleNamespace
 
 import pytest
 
 from hvd_trainer_launch import mpi
-from multihost import environment, hvdrun_command, worker
-from test_multihost_elastic import STEPS, committed, progress, write
+from test_multihost_elastic import (STEPS, committed, discovery, killed_if_left, progress,
+                                    start_job, write)
 
 # Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
 pytestmark = pytest.mark.mpi
@@ -28,23 +26,14 @@ pytestmark = pytest.mark.mpi
 @pytest.fixture(scope="module")
 def job(bed):
     folder = tempfile.mkdtemp(dir=bed.shared)
-    hosts, script = os.path.join(folder, "hosts"), os.path.join(folder, "discover.sh")
-    write(hosts, "h1:1\nh2:1\n")
-    write(script, f"#!/bin/sh\ncat {hosts}\n")
-    os.chmod(script, 0o755)
-    args = ["--min-np", 1, "--max-np", 3, "--host-discovery-script", script,
-            "--reset-limit", 3, sys.executable, worker("elastic_hosts.py"), folder]
-    proc = bed.popen("h1", hvdrun_command(args), cwd=bed.shared, env=environment(),
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    hosts, script = discovery(folder, "h1:1\nh2:1\n")
+    proc = start_job(bed, folder, ["--min-np", 1, "--max-np", 3, "--host-discovery-script",
+                                   script, "--reset-limit", 3])
+    with killed_if_left(proc):
         before = progress(folder, 2, 3, proc)
         write(hosts, "h1:1\nh2:1\nh3:1\n")
         after = progress(folder, 3, 0, proc)
         out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     job_dir = re.search(r"FOLDER (\S+)", out)[1]
     left = [host for host in bed.hosts if bed.run(host, ["test", "-e", job_dir]).returncode == 0]
     return SimpleNamespace(code=proc.returncode, out=out, err=err, before=before, after=after,

@@ -4,16 +4,13 @@ job to themselves and go on in their own processes, from the newest commit, to t
 Runs in the CI's Open MPI pass; MPICH has no ULFM."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from types import SimpleNamespace
 
 import pytest
 
 from hvd_trainer_launch import mpi
-from multihost import environment, hvdrun_command, worker
-from test_multihost_elastic import STEPS, committed, progress
+from test_multihost_elastic import STEPS, committed, killed_if_left, progress, start_job
 
 # Its subject depends on the MPI: CI runs it under Open MPI as well (-m mpi).
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
@@ -25,19 +22,12 @@ pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def job(bed):
     folder = tempfile.mkdtemp(dir=bed.shared)
-    args = ["-np", 3, "--min-np", 2, "--ulfm", "-H", "h1:1,h2:1,h3:1",
-            sys.executable, worker("elastic_hosts.py"), folder]
-    proc = bed.popen("h1", hvdrun_command(args), cwd=bed.shared, env=environment(),
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    proc = start_job(bed, folder, ["-np", 3, "--min-np", 2, "--ulfm", "-H", "h1:1,h2:1,h3:1"])
+    with killed_if_left(proc):
         before = progress(folder, 3, 3, proc)
         bed.run("h3", ["kill", "-9", str(before["h3"]["pid"])], check=True)
         after = progress(folder, 2, 0, proc)
         out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     with open(os.path.join(folder, "result.json")) as f:
         result = json.load(f)
     return SimpleNamespace(code=proc.returncode, out=out, err=err, result=result,
