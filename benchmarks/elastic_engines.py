@@ -5,7 +5,7 @@ elastic mode, on the multi-host test bed (root; tests/multihost/testbed.py).
 
     python benchmarks/elastic_engines.py [--engines hvdrun,ray,spark] [--rounds 3] [--ulfm]
 
-(``HVD_ELASTIC_GROW_IN_PLACE=0`` before it: hvdrun restarts every rank on the arrival, the
+(``HVD_ELASTIC_IN_PLACE=0`` before it: hvdrun restarts every rank on the arrival, the
 column named so; ``--save`` each run and ``--load`` both for one table.)
 
 Each engine builds the bed (three hosts), runs its cluster there (a Ray head on h1 and a Ray
@@ -54,7 +54,7 @@ sys.path.insert(0, HERE)
 from common import header  # noqa: E402
 from elastic_engines_job import MAX_NP, MIN_NP, STOP, read_marks, write_hosts  # noqa: E402
 from hvd_trainer_launch.elastic.discovery import DISCOVERY_INTERVAL  # noqa: E402
-from hvd_trainer_launch.elastic.growing import GROW_IN_PLACE_VARIABLE  # noqa: E402
+from hvd_trainer_launch.elastic.resizing import IN_PLACE_VARIABLE  # noqa: E402
 JOB = os.path.join(HERE, "elastic_engines_job.py")
 
 STEPS = 5  # steps each phase makes before the next event
@@ -346,7 +346,7 @@ def main() -> None:
             with open(path) as f:
                 results.update(json.load(f))
     else:
-        restart = os.environ.get(GROW_IN_PLACE_VARIABLE) == "0"
+        restart = os.environ.get(IN_PLACE_VARIABLE) == "0"
         results = {engine + (" --ulfm" if args.ulfm else "")
                    + (" (growth restarts)" if restart and engine == "hvdrun" else ""):
                    run_engine(engine, args.rounds, args.ulfm)

@@ -440,7 +440,7 @@ class NoticeReply(NamedTuple):
 
 class Notice(NamedTuple):
     """What hvdrun told rank 0: the hosts' generation ``number`` and, when it offers to grow
-    the job in place, the offer's JSON (growth.py; else empty)."""
+    the job in place, the offer's JSON (offers.py; else empty)."""
 
     number: int
     growth: bytes

@@ -95,9 +95,9 @@ SET_BY_HVDRUN: Dict[str, str] = {
                        "under `--ulfm` the others go on ([Elastic](elastic.md#on-ray))",
     "HVD_ENGINE_AGENT": "the engine agent that started a rank's MPI proxy (its pid and start "
                         "time): the rank's wrapper ends the rank when that agent is gone",
-    "HVD_ELASTIC_GROW_IN_PLACE": "`0` in hvdrun's environment: hosts added to an elastic job "
-                                 "restart every rank instead of growing the job in place "
-                                 "([Elastic](elastic.md#how-it-works))",
+    "HVD_ELASTIC_IN_PLACE": "`0` in hvdrun's environment: hosts added to or removed from an "
+                            "elastic job restart every rank instead of changing the job in "
+                            "place ([Elastic](elastic.md#how-it-works))",
     "HVD_ELASTIC_ULFM": "`1` on the driver of an elastic Ray or Spark job (`ulfm=None`): it "
                         "runs under hvdrun's `--ulfm`, Open MPI 5 ([Running on Ray]"
                         "(ray.md#elastic-jobs), [Running on Spark](spark.md#elastic))",

@@ -406,30 +406,6 @@ class MPICommunicator:
         survivors._aborts = self._aborts
         return survivors
 
-    def grow(self, command: str, args: Sequence[str],
-             places: Sequence[Tuple[int, Dict[str, str]]]) -> "MPICommunicator":
-        """This communicator's ranks followed by new processes (growing the job in place):
-        MPI_Comm_spawn_multiple of ``command args``, ``places`` each (processes, info keys),
-        merged with the new ranks after ours. A collective of this communicator's ranks; it
-        returns once every new process has joined (at its first :func:`world`). Later worlds
-        are made from the merged communicator."""
-        global _base
-        infos = []
-        for _, keys in places:
-            info = MPI.Info.Create()
-            for key, value in keys.items():
-                info.Set(key, value)
-            infos.append(info)
-        try:
-            inter = self.comm.Spawn_multiple([command] * len(places), [list(args)] * len(places),
-                                             [procs for procs, _ in places], infos, root=0)
-        finally:
-            for info in infos:
-                info.Free()
-        _base = inter.Merge(high=False)
-        inter.Free()
-        return world()
-
     def free_requests(self) -> None:
         """Free the persistent requests (MPICH complains of any left at MPI_Finalize)."""
         for request in self._persistent:
@@ -446,34 +422,6 @@ _live: "weakref.WeakSet[MPICommunicator]" = weakref.WeakSet()
 def _free_requests() -> None:
     for comm in list(_live):
         comm.free_requests()
-
-
-# The job's processes: COMM_WORLD, or, in a process that a growth in place started or once
-# this process grew the job (MPICommunicator.grow), the communicator merged with the others.
-_base: Optional["MPI.Intracomm"] = None
-_joined = False  # a growth in place started this process (it had a parent)
-
-
-def world() -> MPICommunicator:
-    """The communicator of every process of the job: a duplicate of COMM_WORLD (or of the
-    job grown in place) for each init, so that a round a rank left unfinished at shutdown
-    (see :meth:`MPICommunicator.leave`) never meets the next init's collectives. A process
-    that a growth in place started joins the job's ranks here, after theirs."""
-    global _base, _joined
-    if _base is None:
-        parent = MPI.Comm.Get_parent()
-        _joined = parent != MPI.COMM_NULL
-        _base = parent.Merge(high=True) if _joined else MPI.COMM_WORLD
-        if _joined:
-            # Kept, it would hold Open MPI's MPI_Finalize here until parents long gone
-            # disconnected from it.
-            parent.Free()
-    return MPICommunicator(_base.Dup(), aborts=MPI.COMM_WORLD)
-
-
-def joined() -> bool:
-    """Whether a growth in place started this process (MPI_Comm_spawn: it has a parent)."""
-    return _joined if _base is not None else MPI.Comm.Get_parent() != MPI.COMM_NULL
 
 
 # ULFM's error classes: a peer process failed, or a peer revoked the communicator after one

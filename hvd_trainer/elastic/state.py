@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.growth import Growth, read_growth
+from hvd_trainer_launch.offers import Growth, Offer, Removal, read_offer
 from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, GENERATION_VARIABLE, MIN_NP_VARIABLE,
                                          NOTIFY_VARIABLE, RESET_EXIT_CODE, ULFM_VARIABLE)
 
@@ -40,12 +40,12 @@ class HorovodInternalError(RuntimeError):
 
 class HostsUpdatedInterrupt(RuntimeError):
     """hvdrun found other hosts; raised on every rank at the same ``commit()`` or
-    ``check_host_updates()``, so that :func:`run` grows the job in place (``growth``:
-    hvdrun's offer) or restarts it on the new hosts (``growth`` None)."""
+    ``check_host_updates()``, so that :func:`run` grows or shrinks the job in place
+    (``offer``: hvdrun's) or restarts it on the new hosts (``offer`` None)."""
 
-    def __init__(self, message: str, growth: Optional[Growth] = None):
+    def __init__(self, message: str, offer: Optional[Offer] = None):
         super().__init__(message)
-        self.growth = growth
+        self.offer = offer
 
 
 class _HostMessages:
@@ -211,8 +211,8 @@ class State(abc.ABC):
         if failure:
             raise OSError(failure)
         if changed and offer:
-            raise HostsUpdatedInterrupt("hvdrun found more hosts; the job grows onto them in "
-                                        "place from this commit", read_growth(offer))
+            raise HostsUpdatedInterrupt("hvdrun found other hosts; the job changes in place "
+                                        "from this commit", read_offer(offer))
         if changed:
             raise HostsUpdatedInterrupt("hvdrun found other hosts; the job restarts on them "
                                         "from this commit")
@@ -287,12 +287,28 @@ class State(abc.ABC):
         except Exception as error:  # MPI could not start them (a host out of reach, say)
             log.error("rank %d: could not grow the job in place (%s); leaving for a restart on "
                       "the new hosts", runtime.rank(), error)
-            self._exit_for_restart()
+            self._exit_written()
         self._notices.generation = growth.generation
         log.warning("rank %d: grew the job in place from %d to %d ranks", runtime.rank(),
                     before, size)
         self.resume()
         joined.settle()  # what the ranks decided in their steps, for the new ranks
+
+    def shrink_in_place(self, removal: Removal) -> None:
+        """Commit the state as it is, and leave the ranks that hvdrun's ``removal`` names out
+        of the world: they exit with 0, the others take the offer's generation and the
+        commit, run the reset callbacks and go on in their processes. A collective."""
+        self._take(self.save())
+        self._write_taken()
+        before, rank = runtime.size(), runtime.rank()
+        size = membership.leave_out(removal.leaving)
+        if size is None:
+            log.warning("rank %d: leaves the job, its slot gone from the hosts", rank)
+            self._exit_written(0)
+        self._notices.generation = removal.generation
+        log.warning("rank %d: shrank the job in place from %d to %d ranks", runtime.rank(),
+                    before, size)
+        self.resume()
 
     def leave_for_new_hosts(self) -> None:
         """Commit the state as it is (without checking the hosts), wait until it is written,
@@ -300,17 +316,23 @@ class State(abc.ABC):
         here."""
         self._take(self.save())
         self._write_taken()
-        self._exit_for_restart()
+        self._exit_written(together=True)
 
-    def _exit_for_restart(self) -> None:
-        """Wait until the last commit is written, then exit with RESET_EXIT_CODE."""
+    def _exit_written(self, code: int = RESET_EXIT_CODE, together: bool = False) -> None:
+        """Wait until the last commit is written, then exit with ``code`` (RESET_EXIT_CODE:
+        for hvdrun's restart; 0: this rank left the job). ``together``: every rank exits
+        here, so MPI_Finalize ends MPI as usual; otherwise a non-zero code leaves at once
+        (runtime's exit hook), which under Open MPI a rank connected to it over TCP (a rank a
+        growth in place started) may take for a fatal error."""
         writer.wait()
         failure = self._store.failure()
-        if failure:
+        if failure and code == RESET_EXIT_CODE:
             log.error("%s; the restart begins at the commit before", failure)
         sys.stdout.flush()
         sys.stderr.flush()
-        sys.exit(RESET_EXIT_CODE)
+        if together:
+            raise SystemExit(code)
+        sys.exit(code)
 
 
 class ObjectState(State):
@@ -381,11 +403,14 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
+                offer = interrupt.offer
                 # The autotuner's search, step by step, would go out of step on new ranks.
-                if interrupt.growth is None or runtime.setting("AUTOTUNE"):
+                if offer is None or isinstance(offer, Growth) and runtime.setting("AUTOTUNE"):
                     state.leave_for_new_hosts()  # exits for hvdrun's restart
+                elif isinstance(offer, Growth):
+                    state.grow_in_place(offer)
                 else:
-                    state.grow_in_place(interrupt.growth)
+                    state.shrink_in_place(offer)
             except Exception as error:
                 if os.environ.get(ULFM_VARIABLE) != "1" or not membership.lost_peer(error):
                     raise

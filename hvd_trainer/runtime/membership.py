@@ -1,14 +1,14 @@
 """The job's ranks changing while their processes go on (hvd_trainer.elastic): the survivors
-of a failed rank shrink the world (MPI's ULFM extensions), and the ranks grow it in place by
-new processes that MPI starts and merges in (MPI_Comm_spawn). Either way the job then starts
-again on the new world, as shutdown() and init() would.
+of a failed rank shrink the world (MPI's ULFM extensions), the ranks grow it in place by new
+processes that MPI starts and merges in (MPI_Comm_spawn), or leave some of themselves out.
+Either way the job then starts again on the new world, as shutdown() and init() would.
 """
 from typing import Dict, Optional, Sequence, Set, Tuple
 
 from .launcher_check import launched_by_mpi
 from . import runtime
 
-__all__ = ["grow", "joined", "lost_peer", "shrink"]
+__all__ = ["grow", "joined", "leave_out", "lost_peer", "shrink"]
 
 
 def lost_peer(error: BaseException) -> bool:
@@ -44,10 +44,25 @@ def grow(command: str, args: Sequence[str],
     how many processes with which MPI info keys each, as MPI_Comm_spawn_multiple takes them),
     merge them in, and start the job again on every rank. A collective; returns the new
     number of ranks."""
+    from ..backends import mpi_world
     with runtime.lock():
-        grown = runtime.state().world.grow(command, args, places)
+        grown = mpi_world.grow(runtime.state().world, command, args, places)
         runtime.restart_on(grown)
     return grown.size
+
+
+def leave_out(leaving: Sequence[int]) -> Optional[int]:
+    """Go on without the ranks ``leaving`` (their places in the world), which go on running
+    until they exit: a collective of every rank. Returns the new number of ranks, or None on
+    a rank that leaves (its part of the job is shut down)."""
+    from ..backends import mpi_world
+    with runtime.lock():
+        kept = mpi_world.without(runtime.state().world, leaving)
+        if kept is None:
+            runtime.shutdown()
+            return None
+        runtime.restart_on(kept)
+    return kept.size
 
 
 def joined() -> bool:
@@ -55,5 +70,5 @@ def joined() -> bool:
     commit of its own to offer, and takes the others' (hvd_trainer.elastic)."""
     if not launched_by_mpi():
         return False
-    from ..backends import mpi
-    return mpi.joined()
+    from ..backends import mpi_world
+    return mpi_world.joined()

@@ -121,13 +121,13 @@ def _make_world(comm: Any) -> "tuple[Communicator, str]":
     for name, value in NO_FINALIZE_WAIT_VARIABLES.items():  # read at MPI_Init: set them first
         os.environ.setdefault(name, value)
     try:
-        from ..backends import mpi
+        from ..backends import mpi, mpi_world
     except ImportError as e:
         raise RuntimeError(
             "this process was started by an MPI launcher but mpi4py cannot be imported "
             f"({e}); add it with: {installs.MPI4PY.command}") from e
     if comm is None:
-        return mpi.world(), "mpi"
+        return mpi_world.world(), "mpi"
     return mpi.MPICommunicator(comm), "mpi"
 
 

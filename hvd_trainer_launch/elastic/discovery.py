@@ -4,7 +4,7 @@ import os
 import signal
 import subprocess
 import threading
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from hvd_trainer_launch import mpi
 
@@ -95,6 +95,15 @@ def allocate(hosts: Hosts, np: int) -> Hosts:
         layout.append((host, min(slots, np)))
         np -= min(slots, np)
     return layout
+
+
+def per_host(layout: Hosts) -> Dict[str, int]:
+    """How many ranks ``layout`` puts on each host (a host may come more than once: a job
+    grown in place has its new ranks last)."""
+    counts: Dict[str, int] = {}
+    for host, ranks in layout:
+        counts[host] = counts.get(host, 0) + ranks
+    return counts
 
 
 def host_of(layout: Hosts, rank: int) -> Optional[str]:

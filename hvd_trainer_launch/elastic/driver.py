@@ -32,7 +32,7 @@ from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.files import open_mpi_sessions, owned_folders
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts,
                                                   host_of, hosts_text)
-from hvd_trainer_launch.elastic.growing import GROW_IN_PLACE_VARIABLE, WRAPPER, Grower
+from hvd_trainer_launch.elastic.resizing import IN_PLACE_VARIABLE, WRAPPER, Resizer
 from hvd_trainer_launch.elastic.notices import Generation
 from hvd_trainer_launch.elastic.registration import (FAILED_LIVES_TO_BLACKLIST, Blacklist,
                                                      ElasticRelay)
@@ -343,7 +343,7 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
         sys.stdout.buffer.flush()
     watcher = HostWatcher(elastic.discovery, elastic.blacklist, layout, args.max_np,
                           elastic.generation, relay, lives.restarts,
-                          grower=_grower(elastic, layout))
+                          resizer=_resizer(elastic, layout))
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,
@@ -361,13 +361,13 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
     return _Life(watcher.started_on, relay, code)
 
 
-def _grower(elastic: _Job, layout: Hosts) -> Optional[Grower]:
-    """What this life needs to grow in place (growing.py); None in an engine's job, whose
+def _resizer(elastic: _Job, layout: Hosts) -> Optional[Resizer]:
+    """What this life needs to change in place (resizing.py); None in an engine's job, whose
     agents start every rank, or where the user turned it off."""
-    if os.environ.get(ENGINE_LIVES_VARIABLE) or os.environ.get(GROW_IN_PLACE_VARIABLE) == "0":
+    if os.environ.get(ENGINE_LIVES_VARIABLE) or os.environ.get(IN_PLACE_VARIABLE) == "0":
         return None
-    return Grower(elastic.launcher.flavour, elastic.command, [host for host, _ in layout],
-                  all(mpi.this_machine(host) for host, _ in layout))
+    return Resizer(elastic.launcher.flavour, elastic.command, [host for host, _ in layout],
+                   all(mpi.this_machine(host) for host, _ in layout), elastic.min_np)
 
 
 def _life_environment(elastic: _Job, lives: _Lives, layout: Hosts, np: int,
@@ -421,7 +421,9 @@ def _after(elastic: _Job, lives: _Lives, life: _Life) -> Optional[int]:
         _say(f"the job needs restart {lives.restarts}, over --reset-limit {args.reset_limit}; "
              "ending the job")
         return code
-    for host in elastic.blacklist.life_ended([host for host, _ in layout], failed, unsure):
+    # A layout grown in place may name a host more than once: each host counts once a life.
+    for host in elastic.blacklist.life_ended(list(dict.fromkeys(host for host, _ in layout)),
+                                             failed, unsure):
         _say(f"host {host} failed in {FAILED_LIVES_TO_BLACKLIST} lives in a row; leaving it "
              "out" + (" for the cooldown" if args.blacklist_cooldown_range
                       else " for the rest of the job"))

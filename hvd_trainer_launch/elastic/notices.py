@@ -150,7 +150,7 @@ class Generation:
     """The notice port (:class:`NoticeServer`) across the job's lives: tells the hosts'
     generation number, which goes up when discovery reports a change (rank 0 asks at each
     commit), with hvdrun's offer to grow the job in place when it makes one (``growth``,
-    growth.py's JSON), and hears the newest commit rank 0 has written (``committed``, for the
+    offers.py's JSON), and hears the newest commit rank 0 has written (``committed``, for the
     next life). It listens on the loopback while every rank runs here, else on the first
     --network-interface (on every interface without one)."""
 

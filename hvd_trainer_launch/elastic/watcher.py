@@ -1,5 +1,5 @@
 """hvdrun's watch over a life of an elastic job while it runs: the discovery's hosts (another
-layout grows the job in place at the ranks' next commit where it can, growing.py, or restarts
+layout grows the job in place at the ranks' next commit where it can, resizing.py, or restarts
 it there) and, in an elastic engine job
 (engines.elastic), the agents the engine lost, whose ranks will neither start nor report: the
 life ends at once rather than waiting them out (the start timeout), or, under --ulfm, the
@@ -11,10 +11,10 @@ from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.elastic.discovery import (DISCOVERY_INTERVAL, Discovery, Hosts, allocate,
-                                                  host_of, hosts_text)
-from hvd_trainer_launch.elastic.growing import Grower, added_slots
+                                                  host_of, hosts_text, per_host)
+from hvd_trainer_launch.elastic.resizing import Resizer, added_slots, removed_places
 from hvd_trainer_launch.elastic.notices import Generation
-from hvd_trainer_launch.growth import Growth, growth_json
+from hvd_trainer_launch.offers import Growth, Offer, Removal, offer_json
 from hvd_trainer_launch.elastic.registration import Blacklist, ElasticRelay
 from hvd_trainer_launch.job.relay import say
 
@@ -54,15 +54,6 @@ def survivors(layout: Hosts, gone: Iterable[int]) -> Hosts:
     return left
 
 
-def per_host(layout: Hosts) -> Dict[str, int]:
-    """How many ranks ``layout`` puts on each host (a host may come more than once: a job
-    grown in place has its new ranks last)."""
-    counts: Dict[str, int] = {}
-    for host, ranks in layout:
-        counts[host] = counts.get(host, 0) + ranks
-    return counts
-
-
 def read_lost(path: Optional[str], life: int) -> List[protocol.LostHost]:
     """The agents the engine says it lost in ``life`` (its file at ``path``: none without)."""
     if not path:
@@ -88,12 +79,14 @@ class HostWatcher(threading.Thread):
     def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
                  max_np: Optional[int], generation: Generation, relay: ElasticRelay,
                  life: int = 0, clock: Callable[[], float] = time.monotonic,
-                 grower: Optional[Grower] = None):
+                 resizer: Optional[Resizer] = None):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
         self.layout, self.max_np, self.generation = layout, max_np, generation
-        self.relay, self.life, self.clock, self.grower = relay, life, clock, grower
+        self.relay, self.life, self.clock, self.resizer = relay, life, clock, resizer
         self.growing: Optional[Hosts] = None  # the slots of a growth in place offered
+        self.leaving: List[int] = []  # the ranks a removal in place offered leaves out
+        self.left: Set[int] = set()  # the ranks that left so
         self.started_on = list(layout)
         self.lost_file = os.environ.get(protocol.ENGINE_LOST_VARIABLE)
         self.taken: Set[str] = set()  # the lost hosts already taken
@@ -106,21 +99,32 @@ class HostWatcher(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(DISCOVERY_INTERVAL):
             self.take_lost()
-            self.check_grown()
+            self.check_resized()
             if not self.raised:
                 self.check_hosts()
 
-    def check_grown(self) -> None:
-        """Once the ranks of the growth in place offered have begun to start (the relay then
-        counts them), they are the life's: its layout has them last, and the discovery is
-        watched again."""
+    def gone(self) -> List[int]:
+        """The ranks of the life no longer in the world: killed (under --ulfm) or left."""
+        return [*self.relay.gone_in_place(), *sorted(self.left)]
+
+    def check_resized(self) -> None:
+        """Once the ranks of a growth in place offered have begun to start (the relay then
+        counts them), they are the life's, its layout has them last; once the ranks a removal
+        leaves out have exited, the layout is without them. Then the discovery is watched
+        again."""
         started = sum(slots for _, slots in self.started_on)
-        if self.growing is None or self.relay.np == started:
+        if self.growing is not None and self.relay.np != started:
+            self.started_on += self.growing
+            self.growing = None
+            what = "grew"
+        elif self.leaving and self.relay.exited.issuperset(self.leaving):
+            self.left.update(self.leaving)
+            self.leaving = []
+            what = "shrank"
+        else:
             return
-        self.started_on += self.growing
-        self.layout = survivors(self.started_on, self.relay.gone_in_place())
-        say(f"elastic: the job grew in place to {hosts_text(self.layout)}")
-        self.growing = None
+        self.layout = survivors(self.started_on, self.gone())
+        say(f"elastic: the job {what} in place to {hosts_text(self.layout)}")
         self.raised = False
 
     def take_lost(self) -> None:
@@ -145,7 +149,7 @@ class HostWatcher(threading.Thread):
         # so a loss written while the discovery ran is taken here, after it: taken only before,
         # the host would look gone for no reason under --ulfm and every rank would restart.
         self.take_lost()
-        running = survivors(self.started_on, self.relay.gone_in_place())
+        running = survivors(self.started_on, self.gone())
         hosts = self.without_held(self.blacklist.usable(discovered), running)
         found = layout_of(hosts, self.max_np)
         if per_host(found) == per_host(running):  # not the order
@@ -157,28 +161,36 @@ class HostWatcher(threading.Thread):
                     f"onto their slots {KILLED_SLOT_HOLD_SECONDS:g} s after the loss")
             return
         self.raised = True
-        growth = self.growth(running, found)
-        if growth is None:
-            self.generation.changed()
+        offer = self.offer(running, found) if self.resizer is not None else None
+        self.generation.changed(b"" if offer is None else offer_json(offer))
+        if isinstance(offer, Growth):
+            say(f"elastic: hosts changed to {hosts_text(hosts)}; the ranks grow the job in "
+                f"place onto {hosts_text(self.growing)} at their next commit")
+        elif isinstance(offer, Removal):
+            say(f"elastic: hosts changed to {hosts_text(hosts)}; at their next commit "
+                f"{self.relay.ranks(self.leaving)} leave the job, the others go on in place")
+        else:
             say(f"elastic: hosts changed to {hosts_text(hosts) or 'none'}; the ranks restart "
                 "on them at their next commit")
-            return
-        self.generation.changed(growth_json(growth))
-        say(f"elastic: hosts changed to {hosts_text(hosts)}; the ranks grow the job in place "
-            f"onto {hosts_text(self.growing)} at their next commit")
 
-    def growth(self, running: Hosts, found: Hosts) -> Optional[Growth]:
-        """The offer that grows the ranks ``running`` in place to the layout ``found`` (the
-        relay told to expect the new ranks), or None."""
-        added = added_slots(running, found) if self.grower is not None else None
-        if added is None:
-            return None
-        first = sum(slots for _, slots in self.started_on)
-        growth = self.grower.offer(self.generation.number + 1, first, running, added)
-        if growth is not None:
-            self.growing = added
-            self.relay.expect(added)
-        return growth
+    def offer(self, running: Hosts, found: Hosts) -> Optional[Offer]:
+        """The offer that changes the world ``running`` in place to the layout ``found`` (the
+        relay told to expect new ranks, or the ranks leaving noted), or None."""
+        number = self.generation.number + 1
+        added, leaving = added_slots(running, found), removed_places(running, found)
+        if added is not None:
+            first = sum(slots for _, slots in self.started_on)
+            growth = self.resizer.growth(number, first, running, added)
+            if growth is not None:
+                self.growing = added
+                self.relay.expect(added)
+            return growth
+        removal = self.resizer.removal(number, running, leaving) if leaving else None
+        if removal is not None:
+            total = sum(slots for _, slots in self.started_on)
+            world = [rank for rank in range(total) if rank not in set(self.gone())]
+            self.leaving = [world[place] for place in leaving]
+        return removal
 
     def without_held(self, hosts: Hosts, running: Hosts) -> Hosts:
         """``hosts`` less the slots held for ranks killed in place (under --ulfm). A hold

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvd_trainer_launch import growth, mpi, protocol
+from hvd_trainer_launch import mpi, offers, protocol
 from hvd_trainer_launch.files import open_mpi_sessions
 from hvd_trainer_launch.processes import PR_SET_PDEATHSIG, die_with_parent, still_there
 from hvd_trainer_launch.protocol import HOSTS_VARIABLE
@@ -321,9 +321,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the command after ``--`` on this rank; return its exit code (128+N if killed by signal N)."""
     command = sys.argv[1:] if argv is None else list(argv)
     joining = None
-    if command[:1] == [growth.JOINED_FLAG] and len(command) > 1:  # started by a growth in place
+    if command[:1] == [offers.JOINED_FLAG] and len(command) > 1:  # started by a growth in place
         try:
-            joining = growth.read_joining(command[1])
+            joining = offers.read_joining(command[1])
         except ValueError as error:
             print(f"hvd_trainer_launch.rank.wrapper: {error}", file=sys.stderr)
             return 2
@@ -391,7 +391,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return _report_end(rank, returncode, end)
 
 
-def _child_environment(place: int, joining: Optional[growth.Joining]) -> Dict[str, str]:
+def _child_environment(place: int, joining: Optional[offers.Joining]) -> Dict[str, str]:
     """The command's environment: the wrapper's, unbuffered Python, marked as a rank's, without
     the report port (the wrapper's, not for the command's own launches); where hvdrun placed
     the ranks, Horovod's variables for rank ``place`` (said on stderr when the launcher placed

@@ -1,21 +1,23 @@
-"""Growing an elastic job in place: what hvdrun offers the ranks when hosts are added, and what
-the new ranks learn of their place.
+"""What hvdrun offers the ranks of an elastic job instead of a restart when the hosts change,
+and what a rank that joins learns of its place.
 
 When the discovery adds slots and keeps every running rank's, hvdrun offers a
 :class:`Growth` with its notice answer (protocol.ask_notice). The ranks take it at the same
 commit, start the new ranks through MPI (MPI_Comm_spawn_multiple, one :class:`SpawnPlace` per
-host) and merge them in, instead of leaving for a restart; the running ranks keep their
-processes. Each new rank's wrapper gets a :class:`Joining` on its command line (its number,
-the grown job's layout and generation), since MPI starts it as rank 0.. of a job of its own.
+host) and merge them in; the running ranks keep their processes. Each new rank's wrapper gets
+a :class:`Joining` on its command line (its number, the grown job's layout and generation),
+since MPI starts it as rank 0.. of a job of its own. When the discovery drops slots and adds
+none, hvdrun offers a :class:`Removal`: the ranks on the slots gone leave the world, the
+others go on in their processes.
 
-Both travel as JSON, read only after the signature over them checks out (protocol.py), and
+They travel as JSON, read only after the signature over them checks out (protocol.py), and
 are checked field by field here.
 """
 import json
-from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple, Union
 
-__all__ = ["Growth", "Joining", "SpawnPlace", "growth_json", "joining_json", "read_growth",
-           "read_joining", "JOINED_FLAG"]
+__all__ = ["Growth", "Joining", "Offer", "Removal", "SpawnPlace", "joining_json",
+           "offer_json", "read_joining", "read_offer", "JOINED_FLAG"]
 
 # The rank wrapper's flag before the Joining's JSON: ``wrapper --joined JSON -- command``.
 JOINED_FLAG = "--joined"
@@ -43,6 +45,18 @@ class Growth(NamedTuple):
     places: List[SpawnPlace]
 
 
+class Removal(NamedTuple):
+    """hvdrun's offer to shrink the job in place: the ranks take ``generation`` as theirs, and
+    the ranks ``leaving`` (their places in the world) exit once the others have split the
+    world without them."""
+
+    generation: int
+    leaving: List[int]
+
+
+Offer = Union[Growth, Removal]
+
+
 class Joining(NamedTuple):
     """What a new rank's wrapper is told: ``first``, the number hvdrun gives the first new
     rank (for its reports and output lines; the ranks it started earlier in the life keep
@@ -56,10 +70,12 @@ class Joining(NamedTuple):
     generation: int
 
 
-def growth_json(growth: Growth) -> bytes:
-    """``growth`` as the notice answer carries it (:func:`read_growth` reads it back)."""
-    return json.dumps({"generation": growth.generation, "command": growth.command,
-                       "places": [[p.procs, p.info] for p in growth.places]}).encode()
+def offer_json(offer: Offer) -> bytes:
+    """``offer`` as the notice answer carries it (:func:`read_offer` reads it back)."""
+    if isinstance(offer, Removal):
+        return json.dumps({"generation": offer.generation, "leaving": offer.leaving}).encode()
+    return json.dumps({"generation": offer.generation, "command": offer.command,
+                       "places": [[p.procs, p.info] for p in offer.places]}).encode()
 
 
 def joining_json(joining: Joining) -> str:
@@ -98,8 +114,16 @@ def _fields(text: Any, names: Sequence[str], what: str) -> Dict[str, Any]:
     return found
 
 
-def read_growth(data: bytes) -> Growth:
-    """The Growth in ``data`` (:func:`growth_json`); ValueError naming what is malformed."""
+def read_offer(data: bytes) -> Offer:
+    """The offer in ``data`` (:func:`offer_json`); ValueError naming what is malformed."""
+    if b'"leaving"' in data:
+        found = _fields(data, ("generation", "leaving"), "hvdrun's removal offer")
+        leaving = found["leaving"]
+        if not isinstance(leaving, list) or not leaving or not all(
+                type(rank) is int and rank >= 0 for rank in leaving):
+            raise ValueError(f"the removal offer's leaving ranks are not whole numbers: "
+                             f"{leaving!r:.200}")
+        return Removal(_whole(found["generation"], "the removal offer's generation"), leaving)
     found = _fields(data, ("generation", "command", "places"), "hvdrun's growth offer")
     places = found["places"]
     if not isinstance(places, list) or not places or not all(
