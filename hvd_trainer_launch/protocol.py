@@ -428,7 +428,7 @@ def notice_challenge() -> bytes:
 
 # What a rank sends back: its own challenge, the newest commit it has written, the MAC.
 NOTICE_QUESTION_BYTES = _NONCE_BYTES + 8 + _MAC_BYTES
-NOTICE_OFFER_BYTES = 1 << 15  # the most a growth offer in hvdrun's answer may take
+NOTICE_OFFER_BYTES = 1 << 15  # the most an offer in hvdrun's answer may take
 
 
 class NoticeReply(NamedTuple):
@@ -439,18 +439,18 @@ class NoticeReply(NamedTuple):
 
 
 class Notice(NamedTuple):
-    """What hvdrun told rank 0: the hosts' generation ``number`` and, when it offers to grow
+    """What hvdrun told rank 0: the hosts' generation ``number`` and, when it offers to change
     the job in place, the offer's JSON (offers.py; else empty)."""
 
     number: int
-    growth: bytes
+    offer: bytes
 
 
 def notice_reply(secret: bytes, challenge: bytes, question: bytes,
-                 number: int, growth: bytes = b"") -> Optional[NoticeReply]:
+                 number: int, offer: bytes = b"") -> Optional[NoticeReply]:
     """hvdrun's side of the notice exchange, without the socket: given the ``challenge`` it
     sent and the rank's ``question`` (NOTICE_QUESTION_BYTES), the reply that tells ``number``
-    (the hosts' generation) and ``growth``, bound to both challenges so that it cannot be
+    (the hosts' generation) and ``offer``, bound to both challenges so that it cannot be
     replayed or forged; None when the question does not prove that its sender holds
     ``secret``."""
     theirs = question[:_NONCE_BYTES]
@@ -458,20 +458,20 @@ def notice_reply(secret: bytes, challenge: bytes, question: bytes,
     if not hmac.compare_digest(question[_NONCE_BYTES + 8:],
                                mac(secret, b"ask", challenge, theirs, written)):
         return None
-    told = number.to_bytes(8, "big") + len(growth).to_bytes(4, "big") + growth
+    told = number.to_bytes(8, "big") + len(offer).to_bytes(4, "big") + offer
     return NoticeReply(told + mac(secret, b"tell", challenge, theirs, told),
                        int.from_bytes(written, "big"))
 
 
 def answer_notice(conn: socket.socket, secret: bytes, number: int,
-                  deadline: Optional[float] = None, growth: bytes = b"") -> Optional[int]:
+                  deadline: Optional[float] = None, offer: bytes = b"") -> Optional[int]:
     """:func:`notice_reply` over a blocking ``conn``, the whole exchange by ``deadline``:
     the newest commit the rank reported, or None when it did not prove that it holds
     ``secret`` (then it is told nothing)."""
     mine = notice_challenge()
     conn.sendall(mine)
     reply = notice_reply(secret, mine, receive(conn, NOTICE_QUESTION_BYTES, deadline), number,
-                         growth)
+                         offer)
     if reply is None:
         return None
     conn.sendall(reply.data)
@@ -491,7 +491,7 @@ def ask_notice(conn: socket.socket, secret: bytes, written: int = 0,
     told = receive(conn, 12, deadline)
     length = int.from_bytes(told[8:], "big")
     if length > NOTICE_OFFER_BYTES:
-        raise ValueError(f"the reply is not signed with this job's secret (it claims a growth "
+        raise ValueError(f"the reply is not signed with this job's secret (it claims an "
                          f"offer of {length} bytes, over {NOTICE_OFFER_BYTES})")
     told += receive(conn, length, deadline)
     if not hmac.compare_digest(receive(conn, _MAC_BYTES, deadline),

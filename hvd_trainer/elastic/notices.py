@@ -45,8 +45,8 @@ class HostNotices:
         return self._asker.submit(self.changed)
 
     def changed(self) -> Optional[protocol.Notice]:
-        """hvdrun's notice when it tells of other hosts than this life's (or the last growth's)
-        generation, else None."""
+        """hvdrun's notice when it tells of other hosts than those of this life's generation
+        (or of the last change in place), else None."""
         if not self.address:
             return None
         host, _, port = self.address.rpartition(":")

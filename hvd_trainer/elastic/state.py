@@ -200,14 +200,14 @@ class State(abc.ABC):
         """check_host_updates() with rank 0's answer from hvdrun, ``notice``, at hand."""
         failure = self._store.failure()
         changed = notice is not None
-        offer = notice.growth if notice is not None else b""
+        offer = notice.offer if notice is not None else b""
         if runtime.size() > 1:  # one small exchange; the failures' text only when there is one
             changed, failed = ops.any_rank([changed, failure is not None], "elastic.hosts")
             if failed:
                 every = objects.allgather_object(failure, name="elastic.failures")
                 failure = next(f for f in every if f)
-            if changed:  # rank 0's offer to grow in place, if any
-                offer = objects.broadcast_object(offer, 0, name="elastic.growth")
+            if changed:  # rank 0's offer to change in place, if any
+                offer = objects.broadcast_object(offer, 0, name="elastic.offer")
         if failure:
             raise OSError(failure)
         if changed and offer:
@@ -388,9 +388,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     Every rank first restores the newest commit that any rank holds (or rank 0's state on
     the first start), runs the reset callbacks after a restart, then calls ``func``. When
     ``func`` raises :class:`HostsUpdatedInterrupt`, the state is committed as it is and
-    either, when hvdrun offers it (hosts added, none of the running ranks' gone), the ranks
-    grow the job in place, every rank takes that commit and ``func`` is called again, or the
-    process exits with RESET_EXIT_CODE for hvdrun to restart the job on the new hosts. Under
+    either, when hvdrun offers it (slots only added, or only removed), the ranks grow or
+    shrink the job in place, every rank that stays takes that commit and ``func`` is called
+    again, or the process exits with RESET_EXIT_CODE for hvdrun to restart the job on the new
+    hosts. Under
     ``hvdrun --ulfm``, when ``func`` fails because a rank's process failed, the survivors
     shrink the job to themselves, resume from the newest commit among them and call ``func``
     again, in the same processes (at least ``--min-np`` of them; fewer end this life, and

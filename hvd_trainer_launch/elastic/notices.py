@@ -124,7 +124,7 @@ class NoticeServer:
             return
         told = self.told()
         reply = protocol.notice_reply(self.secret, exchange.challenge,
-                                      bytes(exchange.received), told.number, told.growth)
+                                      bytes(exchange.received), told.number, told.offer)
         if reply is not None:
             try:
                 # At most NOTICE_OFFER_BYTES and 44 more, into an empty send buffer.
@@ -149,7 +149,7 @@ _LOCAL_NAMES = ("localhost", "127.0.0.1")
 class Generation:
     """The notice port (:class:`NoticeServer`) across the job's lives: tells the hosts'
     generation number, which goes up when discovery reports a change (rank 0 asks at each
-    commit), with hvdrun's offer to grow the job in place when it makes one (``growth``,
+    commit), with hvdrun's offer to change the job in place when it makes one (``offer``,
     offers.py's JSON), and hears the newest commit rank 0 has written (``committed``, for the
     next life). It listens on the loopback while every rank runs here, else on the first
     --network-interface (on every interface without one)."""
@@ -157,7 +157,7 @@ class Generation:
     def __init__(self, secret: bytes, nics: Sequence[str] = ()):
         self.secret, self.nics = secret, list(nics)
         self.number = 0
-        self.growth = b""
+        self.offer = b""
         self.committed = 0
         self.server: Optional[NoticeServer] = None
         self.bound: Optional[str] = None
@@ -174,14 +174,14 @@ class Generation:
             self.server.close()
         self.server, self.bound = server, address
 
-    def changed(self, growth: bytes = b"") -> None:
-        """The hosts changed: the next generation, with the offer to grow into them in place
-        (``growth``) or none (the ranks leave for a restart)."""
-        self.growth = growth
+    def changed(self, offer: bytes = b"") -> None:
+        """The hosts changed: the next generation, with the offer to change the job in place
+        (``offer``, offers.py's JSON) or none (the ranks leave for a restart)."""
+        self.offer = offer
         self.number += 1
 
     def _told(self) -> protocol.Notice:
-        return protocol.Notice(self.number, self.growth)
+        return protocol.Notice(self.number, self.offer)
 
     def _heard(self, written: int) -> None:
         self.committed = max(self.committed, written)

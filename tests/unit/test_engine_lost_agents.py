@@ -32,10 +32,10 @@ class GenerationCount:
     """The notice port's generation, without the port."""
 
     def __init__(self):
-        self.number, self.growth = 0, b""
+        self.number, self.offer = 0, b""
 
-    def changed(self, growth=b""):
-        self.number, self.growth = self.number + 1, growth
+    def changed(self, offer=b""):
+        self.number, self.offer = self.number + 1, offer
 
 
 def _watcher(relay, discovery, lost_file=None, life=0, clock=lambda: 0.0):

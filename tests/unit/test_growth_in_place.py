@@ -153,7 +153,7 @@ def test_the_watcher_offers_a_growth_and_takes_the_new_ranks_in_once_they_start(
     watch = watcher.HostWatcher(hosts, Blacklist(None), list(layout), None, GenerationCount(), relay,
                                 resizer=Resizer(mpi.HYDRA, ["t.py"], [HERE], local=True))
     watch.check_hosts()
-    offer = offers.read_offer(watch.generation.growth)
+    offer = offers.read_offer(watch.generation.offer)
     assert watch.generation.number == 1 and offer.places == [offers.SpawnPlace(1, {"host": HERE})]
     assert "grow the job in place onto localhost:1" in capsys.readouterr().err
     watch.check_resized()
@@ -178,7 +178,7 @@ def test_where_no_change_can_be_in_place_the_watcher_asks_for_a_restart(resizer,
     watch = watcher.HostWatcher(Hosts(found), Blacklist(None), [(HERE, 1), ("b", 1)], None,
                                 GenerationCount(), relay, resizer=resizer)
     watch.check_hosts()
-    assert watch.generation.number == 1 and watch.generation.growth == b""
+    assert watch.generation.number == 1 and watch.generation.offer == b""
     assert watch.growing is None and relay.expected is None and watch.leaving == []
 
 
@@ -202,7 +202,7 @@ def test_the_watcher_offers_a_removal_and_drops_the_ranks_once_they_have_exited(
                                 None, GenerationCount(), relay,
                                 resizer=Resizer(mpi.HYDRA, ["t.py"], [a, b], local=True))
     watch.check_hosts()
-    assert offers.read_offer(watch.generation.growth) == offers.Removal(1, [1])
+    assert offers.read_offer(watch.generation.offer) == offers.Removal(1, [1])
     assert f"at their next commit rank 1 on {a} leave the job" in capsys.readouterr().err
     relay.deliver(protocol.Exited(0, 0, 1.0))  # not a leaving rank
     watch.check_resized()
@@ -214,7 +214,7 @@ def test_the_watcher_offers_a_removal_and_drops_the_ranks_once_they_have_exited(
     # after the two ranks left in the world.
     watch.discovery.now = [(a, 2), (b, 1)]
     watch.check_hosts()
-    joining = joining_of(offers.read_offer(watch.generation.growth))
+    joining = joining_of(offers.read_offer(watch.generation.offer))
     assert joining.first == 3 and joining.world_first == 2
 
 
