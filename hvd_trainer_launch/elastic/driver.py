@@ -343,7 +343,9 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
         sys.stdout.buffer.flush()
     watcher = HostWatcher(elastic.discovery, elastic.blacklist, layout, args.max_np,
                           elastic.generation, relay, lives.restarts,
-                          resizer=_resizer(elastic, layout))
+                          resizer=_resizer(elastic, layout),
+                          resets_left=(None if args.reset_limit is None
+                                       else args.reset_limit - lives.restarts))
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,
@@ -358,6 +360,7 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
         server.close()
         watcher.stop()
     lives.used.extend(host for host, _ in watcher.started_on if host not in lives.used)
+    lives.restarts += watcher.in_place  # each counts against --reset-limit, as a restart
     return _Life(watcher.started_on, relay, code)
 
 

@@ -79,7 +79,7 @@ class HostWatcher(threading.Thread):
     def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
                  max_np: Optional[int], generation: Generation, relay: ElasticRelay,
                  life: int = 0, clock: Callable[[], float] = time.monotonic,
-                 resizer: Optional[Resizer] = None):
+                 resizer: Optional[Resizer] = None, resets_left: Optional[int] = None):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
         self.layout, self.max_np, self.generation = layout, max_np, generation
@@ -87,6 +87,10 @@ class HostWatcher(threading.Thread):
         self.growing: Optional[Hosts] = None  # the slots of a growth in place offered
         self.leaving: List[int] = []  # the ranks a removal in place offered leaves out
         self.left: Set[int] = set()  # the ranks that left so
+        # How many more resets --reset-limit allows (None: no limit): a change in place counts
+        # as one, as in Horovod; past the limit the ranks leave and the restart ends the job.
+        self.resets_left = resets_left
+        self.in_place = 0  # the changes in place offered in this life
         self.started_on = list(layout)
         self.lost_file = os.environ.get(protocol.ENGINE_LOST_VARIABLE)
         self.taken: Set[str] = set()  # the lost hosts already taken
@@ -161,7 +165,9 @@ class HostWatcher(threading.Thread):
                     f"onto their slots {KILLED_SLOT_HOLD_SECONDS:g} s after the loss")
             return
         self.raised = True
-        offer = self.offer(running, found) if self.resizer is not None else None
+        allowed = self.resets_left is None or self.in_place < self.resets_left
+        offer = self.offer(running, found) if self.resizer is not None and allowed else None
+        self.in_place += offer is not None
         self.generation.changed(b"" if offer is None else offer_json(offer))
         if isinstance(offer, Growth):
             say(f"elastic: hosts changed to {hosts_text(hosts)}; the ranks grow the job in "

@@ -274,3 +274,15 @@ def test_a_life_grown_in_place_counts_against_its_host_once():
         relay.settle()
         assert driver._after(job, lives, driver._Life([("h", 2), ("h", 1)], relay, 1)) is None
         assert job.blacklist.usable([("h", 3)]) == ([("h", 3)] if life == 1 else [])
+
+
+def test_a_change_in_place_counts_against_the_reset_limit_as_a_restart():
+    """As in Horovod, every reset counts: with none left, the ranks leave instead, and the
+    restart ends the job naming --reset-limit (driver._after)."""
+    for left, offered in ((1, True), (0, False)):
+        relay = ElasticRelay(2, True, None, [(HERE, 2)])
+        watch = watcher.HostWatcher(Hosts([(HERE, 3)]), Blacklist(None), [(HERE, 2)], None,
+                                    GenerationCount(), relay, resets_left=left,
+                                    resizer=Resizer(mpi.HYDRA, ["t.py"], [HERE], local=True))
+        watch.check_hosts()
+        assert (watch.generation.offer != b"") == offered and watch.in_place == int(offered)
