@@ -15,7 +15,7 @@ the ranks leave at their next commit and the job restarts on the new hosts (and 
 ``HVD_ELASTIC_IN_PLACE=0`` in hvdrun's environment).
 """
 import sys
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 from hvd_trainer_launch import mpi, protocol
 from hvd_trainer_launch.elastic.discovery import Hosts, per_host
@@ -36,9 +36,7 @@ _OPEN_MPI_MAPPING = {"PMIX_MAPBY": "slot:OVERSUBSCRIBE"}
 def added_slots(running: Hosts, found: Hosts) -> Optional[Hosts]:
     """The slots of ``found`` beyond those of the ranks ``running`` (host, ranks), host by
     host in ``found``'s order; None when ``found`` lacks a running rank's slot or adds none."""
-    left: Dict[str, int] = {}
-    for host, ranks in running:
-        left[host] = left.get(host, 0) + ranks
+    left = per_host(running)
     added = []
     for host, slots in found:
         kept = min(slots, left.get(host, 0))

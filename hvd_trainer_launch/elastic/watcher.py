@@ -107,6 +107,10 @@ class HostWatcher(threading.Thread):
             if not self.raised:
                 self.check_hosts()
 
+    def started(self) -> int:
+        """How many ranks the life has started, those of growths in place included."""
+        return sum(slots for _, slots in self.started_on)
+
     def gone(self) -> List[int]:
         """The ranks of the life no longer in the world: killed (under --ulfm) or left."""
         return [*self.relay.gone_in_place(), *sorted(self.left)]
@@ -116,8 +120,7 @@ class HostWatcher(threading.Thread):
         counts them), they are the life's, its layout has them last; once the ranks a removal
         leaves out have exited, the layout is without them. Then the discovery is watched
         again."""
-        started = sum(slots for _, slots in self.started_on)
-        if self.growing is not None and self.relay.np != started:
+        if self.growing is not None and self.relay.np != self.started():
             self.started_on += self.growing
             self.growing = None
             what = "grew"
@@ -185,16 +188,15 @@ class HostWatcher(threading.Thread):
         number = self.generation.number + 1
         added, leaving = added_slots(running, found), removed_places(running, found)
         if added is not None:
-            first = sum(slots for _, slots in self.started_on)
-            growth = self.resizer.growth(number, first, running, added)
+            growth = self.resizer.growth(number, self.started(), running, added)
             if growth is not None:
                 self.growing = added
                 self.relay.expect(added)
             return growth
         removal = self.resizer.removal(number, running, leaving) if leaving else None
         if removal is not None:
-            total = sum(slots for _, slots in self.started_on)
-            world = [rank for rank in range(total) if rank not in set(self.gone())]
+            gone = set(self.gone())
+            world = [rank for rank in range(self.started()) if rank not in gone]
             self.leaving = [world[place] for place in leaving]
         return removal
 
