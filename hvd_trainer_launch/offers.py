@@ -109,6 +109,10 @@ def _fields(text: Any, names: Sequence[str], what: str) -> Dict[str, Any]:
         found = json.loads(text)
     except ValueError:
         raise ValueError(f"{what} is not JSON: {text!r:.200}") from None
+    return _exactly(found, names, what, text)
+
+
+def _exactly(found: Any, names: Sequence[str], what: str, text: Any) -> Dict[str, Any]:
     if not isinstance(found, dict) or sorted(found) != sorted(names):
         raise ValueError(f"{what} must have exactly the fields {', '.join(names)}: {text!r:.200}")
     return found
@@ -116,15 +120,19 @@ def _fields(text: Any, names: Sequence[str], what: str) -> Dict[str, Any]:
 
 def read_offer(data: bytes) -> Offer:
     """The offer in ``data`` (:func:`offer_json`); ValueError naming what is malformed."""
-    if b'"leaving"' in data:
-        found = _fields(data, ("generation", "leaving"), "hvdrun's removal offer")
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        raise ValueError(f"hvdrun's offer is not JSON: {data!r:.200}") from None
+    if isinstance(parsed, dict) and "leaving" in parsed:
+        found = _exactly(parsed, ("generation", "leaving"), "hvdrun's removal offer", data)
         leaving = found["leaving"]
         if not isinstance(leaving, list) or not leaving or not all(
                 type(rank) is int and rank >= 0 for rank in leaving):
             raise ValueError(f"the removal offer's leaving ranks are not whole numbers: "
                              f"{leaving!r:.200}")
         return Removal(_whole(found["generation"], "the removal offer's generation"), leaving)
-    found = _fields(data, ("generation", "command", "places"), "hvdrun's growth offer")
+    found = _exactly(parsed, ("generation", "command", "places"), "hvdrun's growth offer", data)
     places = found["places"]
     if not isinstance(places, list) or not places or not all(
             isinstance(p, list) and len(p) == 2 and type(p[0]) is int and p[0] > 0

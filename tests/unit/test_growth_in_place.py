@@ -286,3 +286,8 @@ def test_a_change_in_place_counts_against_the_reset_limit_as_a_restart():
                                     resizer=Resizer(mpi.HYDRA, ["t.py"], [HERE], local=True))
         watch.check_hosts()
         assert (watch.generation.offer != b"") == offered and watch.in_place == int(offered)
+
+
+def test_a_growth_whose_command_names_leaving_reads_back_as_a_growth():
+    offer = offers.Growth(1, ["python", "t.py", "leaving"], [offers.SpawnPlace(1, {})])
+    assert offers.read_offer(offers.offer_json(offer)) == offer
