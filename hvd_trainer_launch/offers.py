@@ -17,10 +17,13 @@ import json
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple, Union
 
 __all__ = ["Growth", "Joining", "Offer", "Removal", "SpawnPlace", "joining_json",
-           "offer_json", "read_joining", "read_offer", "JOINED_FLAG"]
+           "offer_json", "read_joining", "read_offer", "JOINED_FLAG", "LEFT_VARIABLE"]
 
 # The rank wrapper's flag before the Joining's JSON: ``wrapper --joined JSON -- command``.
 JOINED_FLAG = "--joined"
+# A rank that a Removal leaves out sets this in its own environment ("1") before it exits, so
+# that an engine's rank (engines.rank) leaves no result for it: it is no rank of the job now.
+LEFT_VARIABLE = "HVD_ELASTIC_LEFT"
 
 Hosts = List[Tuple[str, int]]
 

@@ -106,19 +106,19 @@ ENGINE_JOB_SECRET_VARIABLE = "HVD_ENGINE_JOB_SECRET"
 ENGINE_RANK_VARIABLES_VARIABLE = "HVD_ENGINE_RANK_VARIABLES"
 
 # An elastic engine job (engines.elastic): hvdrun runs with the first variable set ("1"), and
-# then prints before each life, on its stdout, :data:`ENGINE_LIFE_PREFIX` and the life as JSON
-# (:func:`life_line`), so that the engine launch knows which agent takes each proxy line; it
-# leaves the commit folders on the other hosts to the agents. Each agent keeps a folder of its
-# own for the job's commits on its host, across lives, and hands it to its ranks in the
-# second variable, which stands in for hvdrun's :data:`ELASTIC_DIR_VARIABLE` there.
+# prints on its stdout before each life (and, with its number, before a growth in place: the
+# hosts added) :data:`ENGINE_LIFE_PREFIX` and the life as JSON (:func:`life_line`), so that the
+# engine launch knows which agent takes each proxy line; it leaves the commit folders on the
+# other hosts to the agents. Each agent keeps a folder of its own for the job's commits on its
+# host, across lives, and hands it to its ranks in the second variable, which stands in for
+# hvdrun's :data:`ELASTIC_DIR_VARIABLE` there.
 ENGINE_LIVES_VARIABLE = "HVD_ENGINE_LIVES"
 ENGINE_COMMITS_VARIABLE = "HVD_ENGINE_COMMITS"
 ENGINE_LIFE_PREFIX = "HVD_ENGINE_LIFE: "
 # hvdrun of an elastic engine job reads, in the file the third variable names (in the engine
-# job's private folder, replaced whole), the agents that the engine lost: one JSON object a
-# line (:func:`lost_line`), hvdrun's name of the host and the life it was lost in, so that it
-# ends that life at once, or under --ulfm lets the survivors go on, rather than waiting for
-# ranks that cannot come.
+# job's private folder, replaced whole), the agents that the engine lost: a JSON object a line
+# (:func:`lost_line`), hvdrun's name of the host and the life it was lost in, so that it ends
+# that life at once (under --ulfm the survivors go on), not waiting for ranks that cannot come.
 ENGINE_LOST_VARIABLE = "HVD_ENGINE_LOST"
 # An engine's agent names itself to the ranks its proxy starts (processes.identity): a rank's
 # wrapper ends its rank when that agent is gone, even when the proxy outlives it (an elastic

@@ -8,8 +8,9 @@ in one process is the reference. The training ends once it has run GROWN_STEPS s
 back after a loss (or at a limit of steps): a test waits for the loss and the return, not for
 a fixed number of paced steps. At each life's start rank 0 notes ``start STEP SIZE`` and the
 last rank ``last ACTOR_PID HOST`` (its agent's process: owned_folders names the maker of its
-commits folder; its host: the engine's name in hvdrun's agent name); after each commit rank 0
-notes ``commit STEP``."""
+commits folder; its host: the engine's name in hvdrun's agent name), and rank 0 ``pid PID
+SIZE`` (the same process across a change in place); after each commit rank 0 notes ``commit
+STEP``."""
 import os
 import sys
 import time
@@ -43,6 +44,7 @@ def train(limit, progress, pause=0.25):
     @hvd_elastic.run
     def loop(state):
         note(f"start {state.step} {hvd.size()}")
+        note(f"pid {os.getpid()} {hvd.size()}")
         actor = os.path.basename(os.environ["HVD_ELASTIC_DIR"]).split("-")[1]
         agent = json.loads(os.environ["HVDRUN_HOSTS"])[-1][0]
         note(f"last {actor} {agent.split('-', 2)[2]}", hvd.size() - 1)
@@ -96,12 +98,16 @@ def commits_on_three(path):
     return sum(line.startswith("commit") for line in lines[starts[-1]:]) if starts else 0
 
 
-def check(results, progress, seen):
+def check(results, progress, seen, grew_in_place):
     """A job that lost a host after commit ``seen`` and got it back: grown back to three
     ranks for GROWN_STEPS steps, the life after the loss starting at or after ``seen`` (no
     commit lost), every step committed once, the weights equal to the replay, the same on
-    every rank."""
+    every rank; rank 0 went on in its process from two ranks to three if ``grew_in_place``,
+    else it restarted."""
     (w, sizes), *others = results
+    pids = [(pid, int(size)) for pid, size in notes(progress, "pid")]
+    regrown = [size for _, size in pids].index(3, [size for _, size in pids].index(2))
+    assert (pids[regrown][0] == pids[regrown - 1][0]) == grew_in_place, pids
     assert len(results) == 3
     starts = [(int(step), int(size)) for step, size in notes(progress, "start")]
     after = starts[[size for _, size in starts].index(3):]  # from the first life on three

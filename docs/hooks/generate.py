@@ -88,8 +88,9 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ENGINE_LAUNCH_SECRET": "an engine launch's key under Open MPI, which signs the proxy "
                                 "commands that its launcher agent (`engine_ssh`) hands over",
     "HVD_ENGINE_LIVES": "\"1\" in an elastic engine job's hvdrun: it prints each life's hosts "
-                        "for the engine launch, and leaves the other hosts' commit folders to "
-                        "the agents ([Running on Ray](ray.md#elastic-jobs))",
+                        "(and those a growth in place adds) for the engine launch, and "
+                        "leaves the other hosts' commit folders to the agents ([Running on "
+                        "Ray](ray.md#elastic-jobs))",
     "HVD_ENGINE_LOST": "the file where an elastic engine job's driver lists the agents it "
                        "lost, by life, which its hvdrun reads: that life ends at once, or "
                        "under `--ulfm` the others go on ([Elastic](elastic.md#on-ray))",
@@ -98,6 +99,9 @@ SET_BY_HVDRUN: Dict[str, str] = {
     "HVD_ELASTIC_IN_PLACE": "`0` in hvdrun's environment: hosts added to or removed from an "
                             "elastic job restart every rank instead of changing the job in "
                             "place ([Elastic](elastic.md#how-it-works))",
+    "HVD_ELASTIC_LEFT": "`1` in the environment of a rank that an elastic job left out in "
+                        "place (a removal), set as it exits: an engine job's rank then leaves "
+                        "no result ([Elastic](elastic.md#how-it-works))",
     "HVD_ELASTIC_ULFM": "`1` on the driver of an elastic Ray or Spark job (`ulfm=None`): it "
                         "runs under hvdrun's `--ulfm`, Open MPI 5 ([Running on Ray]"
                         "(ray.md#elastic-jobs), [Running on Spark](spark.md#elastic))",

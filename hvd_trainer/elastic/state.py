@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hvd_trainer_launch import protocol
-from hvd_trainer_launch.offers import Growth, Offer, Removal, read_offer
+from hvd_trainer_launch.offers import LEFT_VARIABLE, Growth, Offer, Removal, read_offer
 from hvd_trainer_launch.protocol import (ELASTIC_DIR_VARIABLE, GENERATION_VARIABLE, MIN_NP_VARIABLE,
                                          NOTIFY_VARIABLE, RESET_EXIT_CODE, ULFM_VARIABLE)
 
@@ -304,6 +304,7 @@ class State(abc.ABC):
         size = membership.leave_out(removal.leaving)
         if size is None:
             log.warning("rank %d: leaves the job, its slot gone from the hosts", rank)
+            os.environ[LEFT_VARIABLE] = "1"
             self._exit_written(0)
         self._notices.generation = removal.generation
         log.warning("rank %d: shrank the job in place from %d to %d ranks", runtime.rank(),

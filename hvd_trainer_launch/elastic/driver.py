@@ -337,21 +337,21 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
         _say(f"running: {shlex.join(command)}")
     if elastic.launcher.flavour == mpi.OPENMPI:  # a killed life's sockets would stop this one
         open_mpi_sessions.sweep()
-    if os.environ.get(ENGINE_LIVES_VARIABLE):  # the engine launch hands out the proxy lines
-        sys.stdout.buffer.write(
-            (protocol.life_line(protocol.EngineLife(lives.restarts, layout)) + "\n").encode())
-        sys.stdout.buffer.flush()
+    engine = bool(os.environ.get(ENGINE_LIVES_VARIABLE))
+    if engine:  # the engine launch hands out the proxy lines
+        _announce(lives.restarts, layout)
     watcher = HostWatcher(elastic.discovery, elastic.blacklist, layout, args.max_np,
                           elastic.generation, relay, lives.restarts,
-                          resizer=_resizer(elastic, layout),
+                          resizer=_resizer(elastic, layout, engine),
+                          announce=(lambda added: _announce(lives.restarts, added))
+                          if engine else None,
                           resets_left=(None if args.reset_limit is None
                                        else args.reset_limit - lives.restarts))
     watcher.start()
     try:
         code = job.run_job(command, env, relay, np, args.start_timeout,
                            failure_grace=None if args.ulfm else FAILURE_GRACE_SECONDS,
-                           ssh=job.ssh_launch(args, os.environ,
-                                              bool(os.environ.get(ENGINE_LIVES_VARIABLE))))
+                           ssh=job.ssh_launch(args, os.environ, engine))
     except OSError as error:  # fork or exec of the launcher failed (e.g. a process limit)
         _say(f"could not start {command[0]}: {error}")
         relay.close()
@@ -364,13 +364,21 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
     return _Life(watcher.started_on, relay, code)
 
 
-def _resizer(elastic: _Job, layout: Hosts) -> Optional[Resizer]:
-    """What this life needs to change in place (resizing.py); None in an engine's job, whose
-    agents start every rank, or where the user turned it off."""
-    if os.environ.get(ENGINE_LIVES_VARIABLE) or os.environ.get(IN_PLACE_VARIABLE) == "0":
+def _announce(life: int, hosts: Hosts) -> None:
+    """Tell the engine launch (on stdout) which hosts the MPI launcher's next proxy lines are
+    for: those of a life as it starts, or those a growth in place adds to it."""
+    sys.stdout.buffer.write((protocol.life_line(protocol.EngineLife(life, hosts)) + "\n").encode())
+    sys.stdout.buffer.flush()
+
+
+def _resizer(elastic: _Job, layout: Hosts, engine: bool) -> Optional[Resizer]:
+    """What this life needs to change in place (resizing.py); None where the user turned it
+    off. An engine's agent names are no machine's (``local`` is not asked)."""
+    if os.environ.get(IN_PLACE_VARIABLE) == "0":
         return None
     return Resizer(elastic.launcher.flavour, elastic.command, [host for host, _ in layout],
-                   all(mpi.this_machine(host) for host, _ in layout), elastic.min_np)
+                   not engine and all(mpi.this_machine(host) for host, _ in layout),
+                   elastic.min_np, engine)
 
 
 def _life_environment(elastic: _Job, lives: _Lives, layout: Hosts, np: int,

@@ -10,8 +10,13 @@ daemons elsewhere lack it). A life shrinks in place when the discovery drops slo
 none, at least --min-np ranks stay, the launcher is MPICH's (whose MPI_Finalize, as hvdrun
 sets it, lets a leaving rank go at once; Open MPI's waits for every rank) and every rank runs
 on this machine (across hosts, the pip wheel's MPICH fails the others' MPI_Finalize later, its
-UCX connections to the rank that left reset). Otherwise
-the ranks leave at their next commit and the job restarts on the new hosts (and always with
+UCX connections to the rank that left reset). In an elastic engine job (engines.elastic),
+whose agents run each host's proxy line, a life grows in place under MPICH onto hosts where it
+runs no rank yet (Hydra hands the new hosts' proxy lines to the engine, whose agents there run
+them; an agent runs one line at a time), and shrinks in place where every rank runs on
+hvdrun's machine (as the ranks' wrappers report it: the agents' names are no machine's).
+Otherwise the ranks
+leave at their next commit and the job restarts on the new hosts (and always with
 ``HVD_ELASTIC_IN_PLACE=0`` in hvdrun's environment).
 """
 import sys
@@ -68,13 +73,15 @@ def removed_places(running: Hosts, found: Hosts) -> Optional[List[int]]:
 class Resizer(NamedTuple):
     """What a life's changes in place need: the launcher's ``flavour``, the user's
     ``command``, the hosts the launcher was started with (``launched_on``), whether hvdrun's
-    ports listen on the loopback only (``local``), and --min-np."""
+    ports listen on the loopback only (``local``), --min-np, and whether an engine's agents
+    run the proxy lines (``engine``)."""
 
     flavour: str
     command: List[str]
     launched_on: Sequence[str]
     local: bool
     min_np: int = 1
+    engine: bool = False
 
     def growth(self, generation: int, first: int, running: Hosts,
                added: Hosts) -> Optional[Growth]:
@@ -82,6 +89,9 @@ class Resizer(NamedTuple):
         ``added`` as the hosts' ``generation``, the first new rank numbered ``first`` (after
         every rank the life started); None where the growth cannot be in place."""
         for host, _ in added:
+            if self.engine and (self.flavour != mpi.HYDRA
+                                or host in {name for name, _ in running}):
+                return None
             if self.local and not mpi.this_machine(host):
                 return None
             if self.flavour == mpi.OPENMPI and not (mpi.this_machine(host)
@@ -89,18 +99,29 @@ class Resizer(NamedTuple):
                 return None
         joining = Joining(first, sum(ranks for _, ranks in running), list(running) + list(added),
                           generation)
-        mapping = _OPEN_MPI_MAPPING if self.flavour == mpi.OPENMPI else {}
-        places = [SpawnPlace(ranks, {"host": host, **mapping}) for host, ranks in added]
+        if self.flavour == mpi.HYDRA:
+            # Hydra takes one host list for a whole spawn (each "host" key replaces the one
+            # before): every new rank's host, in their order, one place.
+            places = [SpawnPlace(sum(ranks for _, ranks in added), {"hosts": ",".join(
+                host for host, ranks in added for _ in range(ranks))})]
+        else:
+            places = [SpawnPlace(ranks, {"host": host, **_OPEN_MPI_MAPPING})
+                      for host, ranks in added]
         growth = Growth(generation, [*WRAPPER, JOINED_FLAG, joining_json(joining), "--",
                                      *self.command], places)
         if len(offer_json(growth)) > protocol.NOTICE_OFFER_BYTES:
             return None
         return growth
 
-    def removal(self, generation: int, running: Hosts, leaving: List[int]) -> Optional[Removal]:
+    def removal(self, generation: int, running: Hosts, leaving: List[int],
+                machines: Sequence[Optional[str]] = ()) -> Optional[Removal]:
         """The offer that leaves the ranks at the world's places ``leaving`` out of the world
-        ``running``, as the hosts' ``generation``; None where it cannot be in place."""
-        if (self.flavour != mpi.HYDRA or not all(mpi.this_machine(host) for host, _ in running)
+        ``running``, as the hosts' ``generation``; None where it cannot be in place. In an
+        engine's job the hosts are its agents' names: ``machines``, where each rank of the
+        world said it runs (its wrapper's report), must all be this machine."""
+        hosts = list(machines) if self.engine else [host for host, _ in running]
+        if (self.flavour != mpi.HYDRA or not hosts
+                or not all(host and mpi.this_machine(host) for host in hosts)
                 or sum(r for _, r in running) - len(leaving) < self.min_np):
             return None
         return Removal(generation, leaving)

@@ -79,11 +79,14 @@ class HostWatcher(threading.Thread):
     def __init__(self, discovery: Discovery, blacklist: Blacklist, layout: Hosts,
                  max_np: Optional[int], generation: Generation, relay: ElasticRelay,
                  life: int = 0, clock: Callable[[], float] = time.monotonic,
-                 resizer: Optional[Resizer] = None, resets_left: Optional[int] = None):
+                 resizer: Optional[Resizer] = None, resets_left: Optional[int] = None,
+                 announce: Optional[Callable[[Hosts], None]] = None):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
         self.layout, self.max_np, self.generation = layout, max_np, generation
         self.relay, self.life, self.clock, self.resizer = relay, life, clock, resizer
+        # In an engine's job: told the hosts of a growth in place before the ranks hear of it.
+        self.announce = announce
         self.growing: Optional[Hosts] = None  # the slots of a growth in place offered
         self.leaving: List[int] = []  # the ranks a removal in place offered leaves out
         self.left: Set[int] = set()  # the ranks that left so
@@ -135,11 +138,13 @@ class HostWatcher(threading.Thread):
         self.raised = False
 
     def take_lost(self) -> None:
-        """Tell the relay of each agent lost in this life, once."""
+        """Tell the relay of each agent lost in this life, once: a host of a growth in place
+        offered too, whose ranks then cannot start (the ranks running would wait in the
+        spawn)."""
         for lost in read_lost(self.lost_file, self.life):
             if lost.host not in self.taken:
                 self.taken.add(lost.host)
-                ranks = ranks_of(self.started_on, lost.host)
+                ranks = ranks_of(self.started_on + (self.growing or []), lost.host)
                 if ranks:
                     self.relay.agent_lost(ranks, lost.cause, lost.absent)
 
@@ -171,6 +176,8 @@ class HostWatcher(threading.Thread):
         allowed = self.resets_left is None or self.in_place < self.resets_left
         offer = self.offer(running, found) if self.resizer is not None and allowed else None
         self.in_place += offer is not None
+        if isinstance(offer, Growth) and self.announce is not None:
+            self.announce(self.growing)
         self.generation.changed(b"" if offer is None else offer_json(offer))
         if isinstance(offer, Growth):
             say(f"elastic: hosts changed to {hosts_text(hosts)}; the ranks grow the job in "
@@ -193,10 +200,13 @@ class HostWatcher(threading.Thread):
                 self.growing = added
                 self.relay.expect(added)
             return growth
-        removal = self.resizer.removal(number, running, leaving) if leaving else None
+        if not leaving:
+            return None
+        gone = set(self.gone())
+        world = [rank for rank in range(self.started()) if rank not in gone]
+        removal = self.resizer.removal(number, running, leaving,
+                                       [self.relay.hosts.get(rank) for rank in world])
         if removal is not None:
-            gone = set(self.gone())
-            world = [rank for rank in range(self.started()) if rank not in gone]
             self.leaving = [world[place] for place in leaving]
         return removal
 

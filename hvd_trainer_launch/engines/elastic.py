@@ -107,6 +107,23 @@ class _Life(NamedTuple):
     hosts: List[engine_launch.HostRanks]
 
 
+class SlotInfo(NamedTuple):
+    """A rank's place in the newest life, as Horovod's driver describes a slot
+    (horovod.runner.common.util.hosts.SlotInfo): ``hostname`` the engine's name of its host
+    ("" for a slot that the life does not have, with -1 in every number)."""
+
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+
+NO_SLOT = SlotInfo("", -1, -1, -1, -1, -1, -1)
+
+
 class ElasticJob:
     """One elastic job of ``payload`` (calls.payload) under hvdrun: :meth:`run` returns the
     final life's results in rank order, or raises EngineError naming why the job ended
@@ -128,6 +145,7 @@ class ElasticJob:
         self._slots: Dict[str, int] = {}  # the hosts in the job now, by the engine's name
         self._names: Dict[str, str] = {}  # the engine's name -> hvdrun's (kept for the job)
         self._lives: Dict[int, _Life] = {}
+        self._dispatched: Dict[Tuple[int, str], Dispatch] = {}  # by life and host
         self._returned: Dict[int, Dict[str, HostOutcome]] = {}
         self._lost: Dict[int, List[LostAgent]] = {}
         self._events: List[Any] = []  # what the ranks logged, in the order it came back
@@ -160,6 +178,26 @@ class ElasticJob:
         """The hosts in the job now, with their slots."""
         with self._lock:
             return dict(self._slots)
+
+    def slot_info(self, host: str, local_rank: int) -> SlotInfo:
+        """Where the newest life put the rank ``local_rank`` of ``host`` (the engine's name);
+        :data:`NO_SLOT` when it has none there (or no life has begun)."""
+        with self._lock:
+            hosts = self._lives[max(self._lives)].hosts if self._lives else []
+        local_sizes = [ranks for _, ranks in hosts]
+        for index, (name, ranks) in enumerate(hosts):
+            if name == host and local_rank < ranks:
+                return SlotInfo(host, sum(local_sizes[:index]) + local_rank, local_rank,
+                                sum(size > local_rank for size in local_sizes[:index]),
+                                sum(local_sizes), ranks,
+                                sum(size > local_rank for size in local_sizes))
+        return NO_SLOT
+
+    def dispatched(self, host: str) -> Optional[Dispatch]:
+        """What the newest life handed the agent of ``host`` (the engine's name): its proxy
+        line, which starts the host's ranks; None when it handed it nothing."""
+        with self._lock:
+            return self._dispatched.get((max(self._lives), host)) if self._lives else None
 
     def returned(self, life: int, host: str, outcome: HostOutcome) -> None:
         """The outcome of ``life`` that the agent of ``host`` returned (its run_life's)."""
@@ -219,14 +257,20 @@ class ElasticJob:
             shutil.rmtree(folder, ignore_errors=True)
 
     def _handed(self, life: engine_launch.LifeLines) -> None:
-        """A life's lines from the launcher: hand each to the engine, by its own host name."""
+        """A life's lines from the launcher: hand each to the engine, by its own host name.
+        Lines for a life already handed out are those of the hosts a growth in place adds
+        (hvdrun's resizing.py): their ranks come after the life's others."""
         with self._lock:
             names = {name: host for host, name in self._names.items()}
             hosts = [engine_launch.HostRanks(names.get(name, name), ranks)
                      for name, ranks in life.hosts]
-            self._lives[life.number] = _Life(hosts)
+            grown = self._lives.get(life.number, _Life([])).hosts
+            self._lives[life.number] = _Life(grown + hosts)
         for (host, _), line in zip(hosts, life.lines):
-            self._serve(Dispatch(life.number, host, line))
+            dispatch = Dispatch(life.number, host, line)
+            with self._lock:
+                self._dispatched[(life.number, host)] = dispatch
+            self._serve(dispatch)
 
     def _results(self, code: int, messages: Sequence[str]) -> List[Any]:
         """The final life's results once its agents have returned (or AGENT_GRACE_SECONDS
@@ -251,9 +295,10 @@ class ElasticJob:
             outcomes.update(outcome.outcomes)
         size = sum(ranks for _, ranks in life.hosts)
         hosts = engine_launch.host_of_ranks(life.hosts)
-        if self.settings.ulfm and code == 0 and outcomes:
-            # The survivors of killed ranks (or of lost agents) ended the job well: their
-            # results, in rank order.
+        if code == 0 and outcomes:
+            # The ranks left in the world ended the job well: their results, in rank order
+            # (those that left it in place, hvdrun's removal, or under --ulfm were killed or
+            # lost with their agent, have none).
             kept = sorted(outcomes)
             outcomes = {index: outcomes[rank] for index, rank in enumerate(kept)}
             hosts = {index: hosts[rank] for index, rank in enumerate(kept)}

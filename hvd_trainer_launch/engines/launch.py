@@ -265,6 +265,11 @@ class AgentLaunch:
             return
         life, lines = self._life, self._lines
         self._life, self._lines = None, {}
+        if len(lines) != len(life.hosts):  # hosts without a line: their ranks would never come
+            self.messages.append(f"the MPI launcher handed over {len(lines)} proxy commands for "
+                                 f"the {len(life.hosts)} hosts announced; ending the job")
+            self._process.send_signal(signal.SIGTERM)
+            return
         self._on_life(LifeLines(life.number, [HostRanks(host, ranks) for host, ranks in life.hosts],
                                 [lines[index] for index in range(len(life.hosts))]))
 

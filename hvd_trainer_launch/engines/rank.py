@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from hvd_trainer_launch import protocol
 from hvd_trainer_launch.engines import calls, registry
 from hvd_trainer_launch.files import signed
+from hvd_trainer_launch.offers import LEFT_VARIABLE
 from hvd_trainer_launch.rank import horovod_shim
 
 
@@ -43,7 +44,8 @@ def call_function(folder: str, secret: bytes, rank: int,
     """Load the function from ``folder`` once its signature checks out, say so to
     ``started`` (if any), call it, and leave this rank's signed :class:`calls.Outcome` there;
     an exception is left too and then raised, so that the rank exits non-zero and hvdrun ends
-    the job naming it. The ranks' side of every call on N ranks (hvd_trainer.run's too)."""
+    the job naming it (but none for a rank that an elastic job left out in place,
+    offers.LEFT_VARIABLE). The ranks' side of every call on N ranks (hvd_trainer.run's too)."""
     func, args, kwargs = pickle.loads(
         signed.read_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret))
     if started is not None:
@@ -52,7 +54,9 @@ def call_function(folder: str, secret: bytes, rank: int,
     try:
         outcome = calls.returned(func(*args, **kwargs))
     except BaseException as error:
-        signed.write_signed(result, secret, calls.raised(error))
+        # A rank that an elastic job went on without (offers.LEFT_VARIABLE) has no result.
+        if not (isinstance(error, SystemExit) and os.environ.get(LEFT_VARIABLE)):
+            signed.write_signed(result, secret, calls.raised(error))
         raise
     signed.write_signed(result, secret, outcome)
 

@@ -84,6 +84,25 @@ class _RayAgent:
         self.agent.close()
 
 
+class ElasticDriver:
+    """``ElasticRayExecutor.driver``: what Horovod's driver tells a discovery of the newest
+    life (Horovod's test discovery paces itself so, waiting for the hosts it reported before
+    to register); before a job runs, it has no slot."""
+
+    def __init__(self, job: Optional[elastic.ElasticJob]):
+        self.job = job
+
+    def get_slot_info(self, host: str, local_rank: int) -> elastic.SlotInfo:
+        """The slot ``local_rank`` of ``host`` in the newest life (``hostname`` "" if none)."""
+        return self.job.slot_info(host, local_rank) if self.job else elastic.NO_SLOT
+
+    def get_worker_client(self, slot: elastic.SlotInfo) -> Optional[elastic.Dispatch]:
+        """Truthy once the agent of ``slot``'s host has the newest life's proxy line, which
+        starts its ranks: hvd_trainer's ranks register with hvdrun, not with this driver, so
+        this stands in for Horovod's client of a registered worker."""
+        return self.job.dispatched(slot.hostname) if self.job and slot.hostname else None
+
+
 class _Serving(NamedTuple):
     """A life's line that an actor runs: the life, the host, the actor."""
 
@@ -130,6 +149,7 @@ class ElasticRayExecutor:
         self.env_vars = engine_checks.rank_env(env_vars, "env_vars", "ElasticRayExecutor")
         self.override_discovery = override_discovery
         self._flavour = ""
+        self.driver = ElasticDriver(None)  # the running job's (Horovod's name)
 
     def discovery(self) -> Any:
         """The discovery of this executor's hosts."""
@@ -168,6 +188,7 @@ class ElasticRayExecutor:
                **{k: v for k, v in self.env_vars.items() if k != "PYTHONPATH"}}
         engine = _RayEngine(self, self._flavour, calls.payload(worker_fn, args, kwargs),
                             job_settings, env, getattr(worker_fn, "__name__", repr(worker_fn)))
+        self.driver = ElasticDriver(engine.job)
         results = engine.run()
         for callback in callbacks or ():
             for event in engine.job.events():

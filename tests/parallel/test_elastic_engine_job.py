@@ -50,11 +50,11 @@ class ThreadEngine:
         for host in hosts:
             self.join(host)
 
-    def join(self, host):
+    def join(self, host, slots=1):
         if host in self.agents:  # the host's earlier agent, gone with its node
             self.agents[host].close()
         self.agents[host] = engine_agent.ElasticAgent()
-        self.job.joined(host, 1)
+        self.job.joined(host, slots)
 
     def serve(self, dispatch):
         agent, job = self.agents[dispatch.host], self.job
@@ -82,6 +82,15 @@ class ThreadEngine:
     def close(self):
         for agent in self.agents.values():
             agent.close()
+
+    def finish(self, runner):
+        """After a test: the job's proxies killed if ``runner`` (its thread) still runs, then
+        every agent closed."""
+        if runner.is_alive():
+            for host in list(self.agents):
+                self.kill(host)
+        runner.join(60)
+        self.close()
 
 
 def _sizes(x):
@@ -121,11 +130,70 @@ def test_loss_shrinks_and_return_grows_with_no_commit_lost(tmp_path):
         engine.join("node-b")
         runner.join(300)
     finally:
-        if runner.is_alive():
-            engine.kill("node-a"), engine.kill("node-b"), engine.kill("node-c")
-        runner.join(60)
-        engine.close()
-    elastic_loops.check(results[0], progress, seen)
+        engine.finish(runner)
+    elastic_loops.check(results[0], progress, seen, grew_in_place=True)
+
+
+def _grow_then_shrink(progress):
+    """Commit until the job has grown to five ranks and shrunk to one (at most 600 steps);
+    each process notes its start in ``progress``. Every rank's place, its agent's commits
+    folder, a sum and the sizes it went through."""
+    import os
+    import time
+    import numpy as np
+    import hvd_trainer as hvd
+    from hvd_trainer import elastic as hvd_elastic
+    with open(progress, "a") as file:
+        file.write(f"started {os.getpid()}\n")
+    hvd.init()
+
+    @hvd_elastic.run
+    def loop(state):
+        while True:
+            if hvd.size() not in state.sizes:
+                state.sizes = state.sizes + [hvd.size()]
+            if (5 in state.sizes and hvd.size() == 1) or state.step == 600:
+                break
+            state.step += 1
+            state.commit()
+            time.sleep(0.2)
+        summed = hvd.allreduce(np.full(2, hvd.rank() + 1.0), op=hvd.Sum)
+        return hvd.rank(), hvd.size(), os.environ["HVD_ELASTIC_DIR"], summed, state.sizes
+    return loop(hvd_elastic.ObjectState(step=0, sizes=[]))
+
+
+def test_hosts_added_at_once_and_removed_change_the_job_in_place(tmp_path):
+    """Horovod's test_ray_elastic.py scenario: node-a's two ranks run; node-b (one slot) and
+    node-c (two) join at once: the two ranks go on in their processes and MPI starts three
+    more, rank 2 under node-b's agent and ranks 3 and 4 under node-c's (MPICH's Hydra takes
+    one host list for a whole spawn: given one host per place, it put every new rank on the
+    last). Then node-a and node-c leave: their ranks leave the world at a commit and node-b's
+    rank goes on alone, in its process, the only result."""
+    progress = str(tmp_path / "progress")
+    engine = ThreadEngine()
+    engine.start(calls.payload(_grow_then_shrink, (progress,)),
+                 elastic.ElasticSettings(min_np=1, start_timeout=60), hosts=())
+    engine.join("node-a", 2)
+    results = []
+    runner = threading.Thread(target=lambda: results.append(engine.job.run()))
+    runner.start()
+    try:
+        elastic_loops.wait(lambda: len(elastic_loops.notes(progress, "started")) >= 2)
+        time.sleep(1)
+        engine.join("node-b", 1)
+        engine.join("node-c", 2)
+        elastic_loops.wait(lambda: len(elastic_loops.notes(progress, "started")) >= 5)
+        time.sleep(1)
+        engine.job.left("node-a")
+        engine.job.left("node-c")
+        runner.join(300)
+    finally:
+        engine.finish(runner)
+    assert results, "the job did not end"
+    [(rank, size, folder, summed, sizes)] = results[0]
+    assert (rank, size, folder, sizes) == (0, 1, engine.agents["node-b"].commits, [2, 5, 1])
+    np.testing.assert_array_equal(summed, np.full(2, 1.0))
+    assert len(elastic_loops.notes(progress, "started")) == 5  # no rank started twice
 
 
 class LosingEngine(ThreadEngine):

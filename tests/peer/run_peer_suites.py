@@ -254,13 +254,38 @@ def _run_elastic(args):
 ''',
     "horovod/runner/elastic/__init__.py": "",
     # Patched by the suites. hvdrun runs discovery every second (no flag changes that), and
-    # reads the elastic timeout from --elastic-timeout, which launch._run_elastic passes.
+    # reads the elastic timeout from --elastic-timeout, which launch._run_elastic passes. The
+    # discovery's pace, patched, is ElasticRayExecutor's (its DISCOVERY_SECONDS), as Horovod's
+    # elastic Ray driver takes it from this module.
     "horovod/runner/elastic/driver.py": '''"""Generated shim: the driver settings the suites patch."""
-from hvd_trainer_launch.elastic.discovery import DISCOVERY_INTERVAL
-from hvd_trainer_launch.elastic.driver import DEFAULT_ELASTIC_TIMEOUT
+import sys
+import types
 
-DISCOVER_HOSTS_FREQUENCY_SECS = DISCOVERY_INTERVAL
+from hvd_trainer_launch.elastic.driver import DEFAULT_ELASTIC_TIMEOUT
+from hvd_trainer_launch.engines import ray_elastic
+
 ELASTIC_TIMEOUT_SECS = DEFAULT_ELASTIC_TIMEOUT
+_PACE = ray_elastic.DISCOVERY_SECONDS
+
+
+class _Driver(types.ModuleType):
+    """This module, whose DISCOVER_HOSTS_FREQUENCY_SECS is ElasticRayExecutor's pace (mock's
+    patch deletes it at the end: the pace is then the default again)."""
+
+    @property
+    def DISCOVER_HOSTS_FREQUENCY_SECS(self):
+        return ray_elastic.DISCOVERY_SECONDS
+
+    @DISCOVER_HOSTS_FREQUENCY_SECS.setter
+    def DISCOVER_HOSTS_FREQUENCY_SECS(self, seconds):
+        ray_elastic.DISCOVERY_SECONDS = seconds
+
+    @DISCOVER_HOSTS_FREQUENCY_SECS.deleter
+    def DISCOVER_HOSTS_FREQUENCY_SECS(self):
+        ray_elastic.DISCOVERY_SECONDS = _PACE
+
+
+sys.modules[__name__].__class__ = _Driver
 ''',
     # test_ray_elastic.py's discovery subclasses Horovod's interface, and the suite patches
     # the driver's address helper (hvdrun finds its own).

@@ -46,7 +46,9 @@ def test_an_offer_under_mpich_places_the_new_ranks_on_any_host_after_the_world()
     grower = Resizer(mpi.HYDRA, ["python", "train.py"], ["a"], local=False)
     offer = grower.growth(4, 5, [("a", 2), ("b", 1)], [("c", 2), ("a", 1)])
     assert offer.generation == 4
-    assert offer.places == [offers.SpawnPlace(2, {"host": "c"}), offers.SpawnPlace(1, {"host": "a"})]
+    # One place: Hydra keeps one host list for a whole spawn (a second "host" key replaced the
+    # first, and every new rank went to the last host).
+    assert offer.places == [offers.SpawnPlace(3, {"hosts": "c,c,a"})]
     assert offer.command[-3:] == ["--", "python", "train.py"]
     # hvdrun numbers the first new rank after the 5 the life started (one was killed under
     # --ulfm); in the world it comes after the 3 running ranks.
@@ -154,7 +156,7 @@ def test_the_watcher_offers_a_growth_and_takes_the_new_ranks_in_once_they_start(
                                 resizer=Resizer(mpi.HYDRA, ["t.py"], [HERE], local=True))
     watch.check_hosts()
     offer = offers.read_offer(watch.generation.offer)
-    assert watch.generation.number == 1 and offer.places == [offers.SpawnPlace(1, {"host": HERE})]
+    assert watch.generation.number == 1 and offer.places == [offers.SpawnPlace(1, {"hosts": HERE})]
     assert "grow the job in place onto localhost:1" in capsys.readouterr().err
     watch.check_resized()
     assert watch.started_on == layout and watch.raised  # nothing started yet
