@@ -10,8 +10,9 @@ this job writes, under a name of the job's own for each agent (so that two agent
 machine are two hosts). Each life's proxy lines come from the MPI launcher as in a fixed
 engine job (engines.launch), and the job hands each to the engine (``serve``: a
 :class:`Dispatch`), whose agent runs it (agent.ElasticAgent.run_life) and returns that host's
-outcome (:meth:`ElasticJob.returned`) or is lost (:meth:`ElasticJob.lost`). The results are
-those of the final life's ranks.
+outcome (:meth:`ElasticJob.returned`) or is lost (:meth:`ElasticJob.lost`). A life that
+grows in place (hvdrun's elastic/resizing.py) hands out more lines mid-life, for the hosts
+it adds. The results are those of the final life's ranks that are still in the job's world.
 """
 import json
 import os

@@ -90,7 +90,8 @@ class HostRanks(NamedTuple):
 class LifeLines(NamedTuple):
     """One life of an elastic engine job (``AgentLaunch(on_life=...)``): its number (the
     restarts before it), its hosts with their ranks in rank order, and each host's proxy
-    command line, in the same order."""
+    command line, in the same order. A life that grows in place comes again, with the same
+    number: the hosts it adds, and theirs."""
 
     number: int
     hosts: List[HostRanks]

@@ -6,7 +6,8 @@ and their resources, :class:`RayHostDiscovery`, or the settings' own ``discovery
 DISCOVERY_SECONDS, starts a Ray actor on each new host (pinned to it by Ray's ``node:<host>``
 resource, holding the CPUs and GPUs of its slots) and says it joined once the actor answers;
 a host that the discovery drops leaves the job, and its actor is killed once its life ends.
-Each life's proxy line goes to the actor of its host (agent.ElasticAgent.run_life); an actor
+Each life's proxy line goes to the actor of its host (agent.ElasticAgent.run_life), and so
+does the line of a host that a growth in place adds mid-life (MPICH); an actor
 that Ray loses (its node died, it was killed) leaves the job, and hvdrun restarts the ranks
 on the others from the last commit (or, under Open MPI with ``ulfm``, the ranks on the others
 go on in their processes).
