@@ -22,7 +22,7 @@ __all__ = ["Growth", "Joining", "Offer", "Removal", "SpawnPlace", "joining_json"
 # The rank wrapper's flag before the Joining's JSON: ``wrapper --joined JSON -- command``.
 JOINED_FLAG = "--joined"
 # A rank that a Removal leaves out sets this in its own environment ("1") before it exits, so
-# that an engine's rank (engines.rank) leaves no result for it: it is no rank of the job now.
+# that an engine's rank (engines.rank) says it left rather than returning a result.
 LEFT_VARIABLE = "HVD_ELASTIC_LEFT"
 
 Hosts = List[Tuple[str, int]]

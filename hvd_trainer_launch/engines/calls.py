@@ -35,11 +35,13 @@ class EngineTimeout(EngineError, TimeoutError):
 
 class Outcome(NamedTuple):
     """What a rank sends back: the function's ``value``, or the exception it ``raised`` (None
-    where it does not survive pickling) with its traceback ``text``."""
+    where it does not survive pickling) with its traceback ``text``, or that it ``left`` the
+    job's world in place (an elastic job went on without it: it has no result)."""
 
     value: Any = None
     raised: Optional[BaseException] = None
     text: str = ""
+    left: bool = False
 
     @property
     def failed(self) -> bool:
@@ -80,6 +82,12 @@ def returned(value: Any) -> bytes:
     return cloudpickle.dumps(Outcome(value=value))
 
 
+def left_job() -> bytes:
+    """The pickled outcome of a rank that an elastic job left out in place."""
+    import cloudpickle
+    return cloudpickle.dumps(Outcome(left=True))
+
+
 def raised(error: BaseException) -> bytes:
     """The pickled outcome of a rank whose function raised ``error``; the text alone where
     the exception does not survive pickling (some cannot be rebuilt). A subclass of SystemExit
@@ -116,7 +124,8 @@ def _load(data: bytes, name: str, rank: int) -> Outcome:
 def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, str],
            code: int, messages: Sequence[str], lost: Sequence[LostAgent] = (),
            proxies: Sequence[HostOutcome] = ()) -> List[Any]:
-    """The ranks' results in rank order from their pickled ``outcomes``; EngineError naming
+    """The ranks' results in rank order from their pickled ``outcomes`` (those that left the
+    world in place have none); EngineError naming
     the rank (and host, where ``hosts`` knows it) that raised, the ranks without a result, or
     the agents ``lost`` and why, with hvdrun's ``messages`` and exit ``code``, and what each
     host's proxy that failed (``proxies``) said."""
@@ -149,7 +158,7 @@ def gather(outcomes: Dict[int, bytes], size: int, name: str, hosts: Dict[int, st
                 if missing else "")
         raise EngineError(f"{name}: {text}hvdrun exited with code {code}"
                           + (said or " (the ranks' output above says why)"))
-    return [loaded[rank].value for rank in range(size)]
+    return [loaded[rank].value for rank in range(size) if not loaded[rank].left]
 
 
 def _quoted(text: str) -> str:

@@ -296,10 +296,9 @@ class ElasticJob:
             outcomes.update(outcome.outcomes)
         size = sum(ranks for _, ranks in life.hosts)
         hosts = engine_launch.host_of_ranks(life.hosts)
-        if code == 0 and outcomes:
-            # The ranks left in the world ended the job well: their results, in rank order
-            # (those that left it in place, hvdrun's removal, or under --ulfm were killed or
-            # lost with their agent, have none).
+        if self.settings.ulfm and code == 0 and outcomes:
+            # The survivors of killed ranks (or of lost agents) ended the job well: their
+            # results, in rank order.
             kept = sorted(outcomes)
             outcomes = {index: outcomes[rank] for index, rank in enumerate(kept)}
             hosts = {index: hosts[rank] for index, rank in enumerate(kept)}

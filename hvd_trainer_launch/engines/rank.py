@@ -44,7 +44,7 @@ def call_function(folder: str, secret: bytes, rank: int,
     """Load the function from ``folder`` once its signature checks out, say so to
     ``started`` (if any), call it, and leave this rank's signed :class:`calls.Outcome` there;
     an exception is left too and then raised, so that the rank exits non-zero and hvdrun ends
-    the job naming it (but none for a rank that an elastic job left out in place,
+    the job naming it (a rank that an elastic job left out in place says so instead,
     offers.LEFT_VARIABLE). The ranks' side of every call on N ranks (hvd_trainer.run's too)."""
     func, args, kwargs = pickle.loads(
         signed.read_signed(os.path.join(folder, protocol.ENGINE_FUNCTION), secret))
@@ -55,8 +55,8 @@ def call_function(folder: str, secret: bytes, rank: int,
         outcome = calls.returned(func(*args, **kwargs))
     except BaseException as error:
         # A rank that an elastic job went on without (offers.LEFT_VARIABLE) has no result.
-        if not (isinstance(error, SystemExit) and os.environ.get(LEFT_VARIABLE)):
-            signed.write_signed(result, secret, calls.raised(error))
+        left = isinstance(error, SystemExit) and os.environ.get(LEFT_VARIABLE)
+        signed.write_signed(result, secret, calls.left_job() if left else calls.raised(error))
         raise
     signed.write_signed(result, secret, outcome)
 

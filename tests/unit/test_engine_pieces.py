@@ -32,6 +32,15 @@ def test_gather_orders_results_by_rank():
     assert calls.gather(outcomes, 3, "f", {}, 0, []) == ["zero", "one", "two"]
 
 
+def test_ranks_that_left_the_world_in_place_have_no_result_and_the_others_keep_their_order():
+    # Horovod's test_ray_elastic.py scenario: ranks 0, 1 and 3 left, rank 2 went on alone.
+    outcomes = {0: calls.left_job(), 1: calls.left_job(), 2: _ok("two"), 3: calls.left_job()}
+    assert calls.gather(outcomes, 4, "f", {}, 0, []) == ["two"]
+    # A rank with neither a result nor word that it left is still missing.
+    with pytest.raises(EngineError, match="rank 3 ended without a result"):
+        calls.gather({0: calls.left_job(), 1: _ok(1), 2: _ok(2)}, 4, "f", {}, 0, [])
+
+
 def test_gather_names_the_rank_and_host_that_raised():
     error = KeyError("boom")
     outcomes = {0: _ok(0), 1: cloudpickle.dumps(Outcome(raised=error, text="Traceback: KeyError boom"))}
