@@ -100,8 +100,8 @@ SET_BY_HVDRUN: Dict[str, str] = {
                             "elastic job restart every rank instead of changing the job in "
                             "place ([Elastic](elastic.md#how-it-works))",
     "HVD_ELASTIC_LEFT": "`1` in the environment of a rank that an elastic job left out in "
-                        "place (a removal), set as it exits: an engine job's rank then leaves "
-                        "no result ([Elastic](elastic.md#how-it-works))",
+                        "place (a removal), set as it exits: an engine job's rank then says it "
+                        "left instead of returning a result ([Elastic](elastic.md#how-it-works))",
     "HVD_ELASTIC_ULFM": "`1` on the driver of an elastic Ray or Spark job (`ulfm=None`): it "
                         "runs under hvdrun's `--ulfm`, Open MPI 5 ([Running on Ray]"
                         "(ray.md#elastic-jobs), [Running on Spark](spark.md#elastic))",
