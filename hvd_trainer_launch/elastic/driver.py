@@ -344,7 +344,7 @@ def _live(elastic: _Job, lives: _Lives) -> _Life:
                           elastic.generation, relay, lives.restarts,
                           resizer=_resizer(elastic, layout, engine),
                           announce=(lambda added: _announce(lives.restarts, added))
-                          if engine else None,
+                          if engine else None, start_timeout=args.start_timeout,
                           resets_left=(None if args.reset_limit is None
                                        else args.reset_limit - lives.restarts))
     watcher.start()

@@ -80,13 +80,17 @@ class HostWatcher(threading.Thread):
                  max_np: Optional[int], generation: Generation, relay: ElasticRelay,
                  life: int = 0, clock: Callable[[], float] = time.monotonic,
                  resizer: Optional[Resizer] = None, resets_left: Optional[int] = None,
-                 announce: Optional[Callable[[Hosts], None]] = None):
+                 announce: Optional[Callable[[Hosts], None]] = None,
+                 start_timeout: Optional[float] = None):
         super().__init__(daemon=True)
         self.discovery, self.blacklist = discovery, blacklist
         self.layout, self.max_np, self.generation = layout, max_np, generation
         self.relay, self.life, self.clock, self.resizer = relay, life, clock, resizer
         # In an engine's job: told the hosts of a growth in place before the ranks hear of it.
         self.announce = announce
+        # How long a growth's new ranks get to start once the launcher has handed out their
+        # proxy lines (an engine's job: relay.launch_blocks), and how many blocks came before.
+        self.start_timeout, self.blocks_before = start_timeout, 0
         self.growing: Optional[Hosts] = None  # the slots of a growth in place offered
         self.leaving: List[int] = []  # the ranks a removal in place offered leaves out
         self.left: Set[int] = set()  # the ranks that left so
@@ -122,7 +126,9 @@ class HostWatcher(threading.Thread):
         """Once the ranks of a growth in place offered have begun to start (the relay then
         counts them), they are the life's, its layout has them last; once the ranks a removal
         leaves out have exited, the layout is without them. Then the discovery is watched
-        again."""
+        again. New ranks that have not started within the start timeout of the launcher's
+        handing out their proxy lines fail the life (the others wait in the spawn)."""
+        self.check_growth_started()
         if self.growing is not None and self.relay.np != self.started():
             self.started_on += self.growing
             self.growing = None
@@ -136,6 +142,18 @@ class HostWatcher(threading.Thread):
         self.layout = survivors(self.started_on, self.gone())
         say(f"elastic: the job {what} in place to {hosts_text(self.layout)}")
         self.raised = False
+
+    def check_growth_started(self) -> None:
+        """Fail the life when a growth's proxy lines were handed out more than the start
+        timeout ago and none of its ranks has started (a proxy that cannot reach the
+        launcher: Hydra's spawn would wait for it for ever)."""
+        blocks = self.relay.launch_blocks[self.blocks_before:]
+        if (self.growing is None or self.relay.np != self.started() or not blocks
+                or self.start_timeout is None or self.clock() - blocks[0] < self.start_timeout):
+            return
+        first = self.started()
+        self.relay.not_started(list(range(first, first + sum(n for _, n in self.growing))),
+                               self.start_timeout)
 
     def take_lost(self) -> None:
         """Tell the relay of each agent lost in this life, once: a host of a growth in place
@@ -176,8 +194,10 @@ class HostWatcher(threading.Thread):
         allowed = self.resets_left is None or self.in_place < self.resets_left
         offer = self.offer(running, found) if self.resizer is not None and allowed else None
         self.in_place += offer is not None
-        if isinstance(offer, Growth) and self.announce is not None:
-            self.announce(self.growing)
+        if isinstance(offer, Growth):
+            self.blocks_before = len(self.relay.launch_blocks)
+            if self.announce is not None:
+                self.announce(self.growing)
         self.generation.changed(b"" if offer is None else offer_json(offer))
         if isinstance(offer, Growth):
             say(f"elastic: hosts changed to {hosts_text(hosts)}; the ranks grow the job in "

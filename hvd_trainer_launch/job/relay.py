@@ -62,6 +62,9 @@ class OutputRelay:
         self.started: Set[int] = set()  # ranks whose wrapper has reported its start
         self.exited: Set[int] = set()  # ranks whose wrapper has reported its exit (0 too)
         self.hosts: Dict[int, str] = {}  # the host each started rank reported
+        # When mpiexec's manual launcher (an engine's job) ended each block of proxy lines:
+        # the life's first, then each spawn's (a growth in place).
+        self.launch_blocks: List[float] = []
         self._slots = [host for host, slots in hosts for _ in range(slots)]
         self._name_hosts = len({host for host, _ in hosts}) > 1
         self.interrupted = False  # set when hvdrun itself ends the job: later exits are not failures
@@ -101,6 +104,8 @@ class OutputRelay:
         for line in iter(pipe.readline, b""):
             prefixed = protocol.LINE_PREFIX.match(line)
             if prefixed is None:  # mpiexec's own message
+                if line.strip() == protocol.MANUAL_LAUNCH_END.encode():
+                    self.launch_blocks.append(time.monotonic())
                 self._show(out, line)
                 continue
             continued = protocol.is_continued(prefixed[3])

@@ -196,6 +196,59 @@ def test_hosts_added_at_once_and_removed_change_the_job_in_place(tmp_path):
     assert len(elastic_loops.notes(progress, "started")) == 5  # no rank started twice
 
 
+class DeafEngine(ThreadEngine):
+    """An engine whose agent on ``deaf`` takes the first life's growth line and never runs it,
+    as when its proxy cannot reach the launcher: the running ranks wait in the spawn."""
+
+    def __init__(self, deaf):
+        super().__init__()
+        self.deaf = deaf
+
+    def serve(self, dispatch):
+        if not (dispatch.host == self.deaf and dispatch.life == 0):
+            super().serve(dispatch)
+
+
+def _grow_to_two():
+    """Commit until the job has two ranks (at most 600 steps); each rank's place."""
+    import time
+    import hvd_trainer as hvd
+    from hvd_trainer import elastic as hvd_elastic
+    hvd.init()
+
+    @hvd_elastic.run
+    def loop(state):
+        while hvd.size() < 2 and state.step < 600:
+            state.step += 1
+            state.commit()
+            time.sleep(0.2)
+        return hvd.rank(), hvd.size()
+    return loop(hvd_elastic.ObjectState(step=0))
+
+
+def test_a_growth_whose_ranks_never_start_ends_its_life_after_the_start_timeout():
+    """node-b joins; its agent never runs the growth's proxy line. Its rank does not start
+    within the start timeout (5 s) of the line's handing out: hvdrun ends the life, in which
+    node-a's rank waited in the spawn, and the next life starts on both (node-b's agent runs
+    that one), rather than the job waiting for ever."""
+    engine = DeafEngine("node-b")
+    engine.start(calls.payload(_grow_to_two),
+                 elastic.ElasticSettings(min_np=1, start_timeout=5), hosts=("node-a",))
+    said, results = io.BytesIO(), []
+    runner = threading.Thread(target=lambda: results.append(engine.job.run(err=said)))
+    runner.start()
+    try:
+        time.sleep(3)
+        engine.join("node-b")
+        runner.join(120)
+    finally:
+        engine.finish(runner)
+    text = said.getvalue().decode(errors="replace")
+    assert results, f"the job did not end:\n{text[-3000:]}"
+    assert results[0] == [(0, 2), (1, 2)]
+    assert "rank 1 did not start within --start-timeout 5 s" in text, text[-3000:]
+
+
 class LosingEngine(ThreadEngine):
     """An engine whose agent on ``lost`` is known lost as the first life is handed to it
     (Ray's actor died, Spark's task failed): it runs no line, and says so."""

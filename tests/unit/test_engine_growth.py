@@ -5,6 +5,7 @@ the offer, and ends the life when the engine loses the agent of a host the ranks
 on; it offers a removal where every rank says it runs on hvdrun's machine; the engine job
 adds the new hosts' ranks to the life's, and Horovod's driver view of the newest life
 (ElasticRayExecutor.driver) reads it. Checked against hand-made layouts."""
+import io
 import socket
 
 import pytest
@@ -112,3 +113,24 @@ def test_horovod_s_driver_view_gives_each_slot_of_the_newest_life():
     assert driver.get_slot_info("b", 1) == elastic.NO_SLOT
     assert driver.get_worker_client(driver.get_slot_info("b", 0)) == elastic.Dispatch(0, "b", "B")
     assert not driver.get_worker_client(elastic.NO_SLOT)
+
+
+def test_a_growth_whose_ranks_never_start_fails_the_life_after_the_start_timeout():
+    now = [100.0]
+    watch = growing_watcher([], RUNNING + [("hvd-agent1-b", 2)])
+    watch.clock, watch.start_timeout = (lambda: now[0]), 5.0
+    relay = watch.relay
+    relay.relay(io.BytesIO(b"HYDRA_LAUNCH: life\nHYDRA_LAUNCH_END\n"), io.BytesIO())
+    watch.check_hosts()  # the growth is offered after the life's own block
+    watch.check_resized()
+    assert relay.failure is None  # the spawn has not begun: no proxy lines handed out yet
+    relay.relay(io.BytesIO(b"HYDRA_LAUNCH: b\nHYDRA_LAUNCH_END\n"), io.BytesIO())
+    relay.launch_blocks[-1] = now[0]  # handed out now, by the watcher's clock
+    now[0] += 4.0
+    watch.check_resized()
+    assert relay.failure is None  # within the start timeout
+    now[0] += 2.0
+    watch.check_resized()
+    # The new ranks would have been 2 and 3: the life fails naming them.
+    assert relay.failure is not None and relay.failure.rank == 2
+    assert relay.failure.how == "did not start"
