@@ -15,9 +15,8 @@ whose agents run each host's proxy line, a life grows in place under MPICH onto 
 runs no rank yet (Hydra hands the new hosts' proxy lines to the engine, whose agents there run
 them; an agent runs one line at a time), and shrinks in place where every rank runs on
 hvdrun's machine (as the ranks' wrappers report it: the agents' names are no machine's).
-Otherwise the ranks
-leave at their next commit and the job restarts on the new hosts (and always with
-``HVD_ELASTIC_IN_PLACE=0`` in hvdrun's environment).
+Otherwise the ranks leave at their next commit and the job restarts on the new hosts (and
+always with ``HVD_ELASTIC_IN_PLACE=0`` in hvdrun's environment).
 """
 import sys
 from typing import List, NamedTuple, Optional, Sequence
@@ -88,10 +87,11 @@ class Resizer(NamedTuple):
         """The offer that grows the world ``running`` (its layout in rank order) by
         ``added`` as the hosts' ``generation``, the first new rank numbered ``first`` (after
         every rank the life started); None where the growth cannot be in place."""
+        running_on = {host for host, _ in running}
+        if self.engine and (self.flavour != mpi.HYDRA
+                            or any(host in running_on for host, _ in added)):
+            return None
         for host, _ in added:
-            if self.engine and (self.flavour != mpi.HYDRA
-                                or host in {name for name, _ in running}):
-                return None
             if self.local and not mpi.this_machine(host):
                 return None
             if self.flavour == mpi.OPENMPI and not (mpi.this_machine(host)

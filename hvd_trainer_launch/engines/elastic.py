@@ -267,10 +267,10 @@ class ElasticJob:
                      for name, ranks in life.hosts]
             grown = self._lives.get(life.number, _Life([])).hosts
             self._lives[life.number] = _Life(grown + hosts)
-        for (host, _), line in zip(hosts, life.lines):
-            dispatch = Dispatch(life.number, host, line)
-            with self._lock:
-                self._dispatched[(life.number, host)] = dispatch
+            dispatches = [Dispatch(life.number, host, line)
+                          for (host, _), line in zip(hosts, life.lines)]
+            self._dispatched.update({(life.number, d.host): d for d in dispatches})
+        for dispatch in dispatches:
             self._serve(dispatch)
 
     def _results(self, code: int, messages: Sequence[str]) -> List[Any]:

@@ -54,7 +54,7 @@ def call_function(folder: str, secret: bytes, rank: int,
     try:
         outcome = calls.returned(func(*args, **kwargs))
     except BaseException as error:
-        # A rank that an elastic job went on without (offers.LEFT_VARIABLE) has no result.
+        # A rank that an elastic job went on without (offers.LEFT_VARIABLE) says so instead.
         left = isinstance(error, SystemExit) and os.environ.get(LEFT_VARIABLE)
         signed.write_signed(result, secret, calls.left_job() if left else calls.raised(error))
         raise
